@@ -1,0 +1,139 @@
+"""Start N ranks through torch's elastic launcher (the machinery behind torchrun), collect their
+results, and turn failures and hangs into one readable message.
+
+Each run gets fresh processes (spawn), a loopback c10d rendezvous on a free port, no restarts,
+and per-rank stdout/stderr files, so a hung rank's stack dump can be shown to the user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from .results import RankResult, RunResult, RunSpec
+
+STDERR_TAIL_LINES = 60
+
+
+class RunFailed(Exception):
+    """One or more ranks failed or hung; the message is meant for the user as is."""
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(devices: int, cpus: int | None = None) -> int:
+    # Ranks share the cores: give each an equal share (at least one) so N ranks never ask for
+    # N x all cores, which makes every rank slower and the figures meaningless.
+    return max(1, (cpus or available_cpus()) // devices)
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    # Spawned ranks inherit the parent's environment at start; restore it afterwards.
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def launch(spec: RunSpec) -> RunResult:
+    """Run `spec` in `spec.devices` fresh ranks; raise RunFailed with the reason if any fails."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from .worker import run_rank
+
+    if spec.accelerator == "cpu":
+        spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+    log_dir = Path(tempfile.mkdtemp(prefix="distperf-"))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=spec.devices,
+        run_id=f"distperf-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # port 0: the store picks a free port, no clashes
+        max_restarts=0,
+        monitor_interval=0.05,
+        start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL),
+    )
+    threads = str(spec.threads_per_rank)
+    start = time.perf_counter()
+    try:
+        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads):
+            returned: dict[int, RankResult] = elastic_launch(config, run_rank)(spec)
+    except ChildFailedError as error:
+        elapsed = time.perf_counter() - start
+        raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
+    finally:
+        elapsed = time.perf_counter() - start
+    try:
+        ranks = tuple(returned[rank] for rank in sorted(returned))
+        return RunResult(spec=spec, ranks=ranks, launch_s=elapsed)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+def _describe_failure(spec: RunSpec, error: object, log_dir: Path, elapsed: float) -> str:
+    failures = getattr(error, "failures", {})
+    timed_out = elapsed >= spec.timeout
+    where = f"[{spec.strategy}, {spec.devices} {spec.accelerator} ranks, {spec.test_id}]"
+    lines: list[str] = []
+    if timed_out:
+        lines.append(
+            f"distperf: ranks still running after --distperf-timeout={spec.timeout:g} s were "
+            f"stopped {where}; stack dumps of the hung ranks follow."
+        )
+    else:
+        ranks = ", ".join(str(r) for r in sorted(failures))
+        lines.append(f"distperf: rank {ranks} of {spec.devices} failed after {elapsed:.1f} s {where}")
+    for rank in sorted(failures):
+        failure = failures[rank]
+        lines.append("")
+        lines.append(f"--- rank {rank} (exit code {failure.exitcode}, pid {failure.pid}) ---")
+        traceback = _traceback(failure)
+        if traceback and not timed_out:
+            lines.append(traceback.rstrip())
+        else:
+            lines.append(_stderr_tail(log_dir, failure.local_rank) or "(no output captured)")
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return "\n".join(lines)
+
+
+def _traceback(failure: object) -> str:
+    data = getattr(failure, "error_file_data", None) or {}
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        callstack = message.get("extraInfo", {}).get("py_callstack")
+        if callstack:
+            return str(callstack)
+        return str(message.get("message", ""))
+    return str(getattr(failure, "message", "") or "")
+
+
+def _stderr_tail(log_dir: Path, local_rank: int) -> str:
+    files = sorted(log_dir.glob(f"**/{local_rank}/stderr.log"))
+    if not files:
+        return ""
+    text = files[-1].read_text(errors="replace").splitlines()
+    return "\n".join(text[-STDERR_TAIL_LINES:])

@@ -1,0 +1,165 @@
+"""Values that travel between ranks and the pytest process: what was asked, what was measured.
+
+Plain frozen dataclasses (picklable, no torch), so the plugin can read results without torch.
+
+How tokens/sec is counted
+-------------------------
+* `tokens_per_sec` is the seed issue's figure: the new tokens of one rank's generation
+  (batch_size x max_new_tokens, the first one from the prefill included) over the wall time of
+  that generation, prefill included. Each repeat's time is the slowest rank's, since the ranks
+  advance in lock-step through collectives; the reported figure is the median over repeats.
+* `decode_tokens_per_sec` leaves the prefill out: (max_new_tokens - 1) x batch over decode time.
+* `aggregate_tokens_per_sec` counts every independent stream: with data-parallel strategies
+  (auto, ddp, and the fsdp family, which shard storage but still give every rank its own batch)
+  each rank decodes its own stream, so the aggregate is `replicas x tokens_per_sec`. A
+  model-parallel strategy (tensor or pipeline parallel) would decode one stream across its
+  group, so its `replicas` is devices / group size.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from .settings import Workload
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a rank needs to know; built in the pytest process, pickled to every rank."""
+
+    test_id: str
+    strategy: str
+    devices: int
+    accelerator: str  # resolved: "cpu" or "cuda"
+    workload: Workload
+    repeats: int
+    warmup: int
+    timeout: float
+    threads_per_rank: int = 1
+    marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed generation on one rank, in seconds."""
+
+    total_s: float  # prefill + decode: the seed's "Time for inference"
+    ttft_s: float  # to the first new token (prefill)
+    decode_s: float  # the remaining max_new_tokens - 1 steps
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """What actually ran, so a figure can never be attributed to the wrong strategy."""
+
+    fabric_strategy: str  # Fabric strategy class, e.g. "FSDPStrategy"
+    sharding: str  # "replicated", "FSDP1 FULL_SHARD", "FSDP2 reshard_after_forward=True", ...
+    backend: str  # torch.distributed backend, "" for one process
+    wrapper: str  # class that wraps the model, e.g. "DistributedDataParallel"
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    samples: tuple[Sample, ...]
+    peak_memory_bytes: int
+    memory_kind: str  # "cuda allocator peak" or "process RSS peak"
+    implementation: Implementation
+    versions: dict[str, str]
+    device_name: str
+    tokens: tuple[tuple[int, ...], ...]  # tokens of the last generation, per batch row
+    replicas: int  # independent decode streams in the run (see module docstring)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What `distperf.run()` returns: every rank's figures reduced to one row."""
+
+    spec: RunSpec
+    ranks: tuple[RankResult, ...]
+    launch_s: float  # wall time of the whole launch, process start to last rank exit
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> str:
+        return self.spec.strategy
+
+    @property
+    def devices(self) -> int:
+        return self.spec.devices
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
+        per_repeat = zip(*(r.samples for r in self.ranks), strict=True)
+        return tuple(max(group, key=lambda s: s.total_s) for group in per_repeat)
+
+    @property
+    def new_tokens(self) -> int:
+        return self.spec.workload.max_new_tokens * self.spec.workload.batch_size
+
+    @property
+    def tokens_per_sec_samples(self) -> tuple[float, ...]:
+        return tuple(self.new_tokens / s.total_s for s in self.samples)
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return statistics.median(self.tokens_per_sec_samples)
+
+    @property
+    def decode_tokens_per_sec(self) -> float | None:
+        steps = (self.spec.workload.max_new_tokens - 1) * self.spec.workload.batch_size
+        if steps == 0:
+            return None
+        return statistics.median(steps / s.decode_s for s in self.samples)
+
+    @property
+    def ttft_s(self) -> float:
+        return statistics.median(s.ttft_s for s in self.samples)
+
+    @property
+    def aggregate_tokens_per_sec(self) -> float:
+        return self.ranks[0].replicas * self.tokens_per_sec
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(r.peak_memory_bytes for r in self.ranks)
+
+    @property
+    def implementation(self) -> Implementation:
+        return self.ranks[0].implementation
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return self.ranks[0].versions
+
+    @property
+    def tokens(self) -> tuple[tuple[int, ...], ...]:
+        return self.ranks[0].tokens
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able row for reports."""
+        return {
+            "test_id": self.spec.test_id,
+            "strategy": self.strategy,
+            "devices": self.devices,
+            "accelerator": self.spec.accelerator,
+            "workload": self.spec.workload.params(),
+            "repeats": self.spec.repeats,
+            "warmup": self.spec.warmup,
+            "tokens_per_sec": self.tokens_per_sec,
+            "tokens_per_sec_samples": list(self.tokens_per_sec_samples),
+            "decode_tokens_per_sec": self.decode_tokens_per_sec,
+            "aggregate_tokens_per_sec": self.aggregate_tokens_per_sec,
+            "ttft_s": self.ttft_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_per_rank": [r.peak_memory_bytes for r in self.ranks],
+            "memory_kind": self.ranks[0].memory_kind,
+            "implementation": vars(self.implementation),
+            "device_name": self.ranks[0].device_name,
+            "versions": self.versions,
+            "launch_s": self.launch_s,
+            **self.extras,
+        }

@@ -1,0 +1,180 @@
+"""Session settings and per-test workloads, validated, with errors that name their source.
+
+Precedence is CLI > ini > default for session settings; a test's `distperf` marker sets its
+workload. Nothing here imports torch, so `pytest --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ACCELERATORS = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class SettingError(ValueError):
+    """A setting with a bad value; the message names the value and where it came from."""
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One setting with its CLI and ini forms sharing one help string (as pytest-timeout does)."""
+
+    name: str  # e.g. "devices" -> --distperf-devices / distperf_devices
+    default: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--distperf-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "distperf_" + self.name
+
+
+OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec("devices", "2", "ranks per test: a positive integer, or 'auto' for all visible GPUs"),
+    OptionSpec("accelerator", "auto", "where ranks run: auto (cuda when visible), cpu or cuda"),
+    OptionSpec("repeats", "5", "timed generations per test (the median is reported)"),
+    OptionSpec("warmup", "1", "untimed generations before the timed ones"),
+    OptionSpec("timeout", "600", "seconds a test's ranks may run before they are stopped"),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the whole session runs with; `devices` is None for 'auto' until resolved."""
+
+    devices: int | None
+    accelerator: str
+    repeats: int
+    warmup: int
+    timeout: float
+
+
+def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{source}: expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise SettingError(f"{source}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _parse_devices(raw: str, source: str) -> int | None:
+    if str(raw).strip().lower() == "auto":
+        return None
+    return _positive_int(raw, source)
+
+
+def _parse_accelerator(raw: str, source: str) -> str:
+    value = str(raw).strip().lower()
+    if value not in ACCELERATORS:
+        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(ACCELERATORS)}")
+    return value
+
+
+def _parse_timeout(raw: str, source: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{source}: expected a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise SettingError(f"{source}: must be > 0 seconds, got {raw!r}")
+    return value
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "devices": _parse_devices,
+    "accelerator": _parse_accelerator,
+    "repeats": _positive_int,
+    "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
+    "timeout": _parse_timeout,
+}
+
+
+def resolve_settings(
+    cli: Mapping[str, str | None], ini: Mapping[str, str | None], ini_file: str | None = None
+) -> Settings:
+    """Build Settings from CLI values (None when absent) and ini values (None or '' when absent)."""
+    values: dict[str, Any] = {}
+    for spec in OPTIONS:
+        raw, source = spec.default, "default"
+        ini_value = ini.get(spec.name)
+        if ini_value not in (None, ""):
+            raw, source = str(ini_value), f"ini option {spec.ini} in {ini_file or 'the ini file'}"
+        cli_value = cli.get(spec.name)
+        if cli_value is not None:
+            raw, source = str(cli_value), f"command-line option {spec.flag}"
+        values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
+    return Settings(**values)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one test generates; set by the `distperf` marker."""
+
+    model: str = "tiny"
+    max_new_tokens: int = 32
+    prompt_length: int = 8
+    batch_size: int = 1
+    precision: str = "fp32"
+    seed: int = 1234
+    # Fraction by which to slow every timed generation, for proving that verdicts can fail.
+    # 0 unless asked for; see README "Proving a gate can fail".
+    slowdown: float = 0.0
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def workload_from_marker(kwargs: Mapping[str, Any], where: str, known_models: tuple[str, ...]) -> Workload:
+    """Validate `distperf(...)` marker arguments; `where` names the test for the message."""
+    fields = {f.name: f for f in dataclasses.fields(Workload)}
+    unknown = sorted(set(kwargs) - set(fields))
+    if unknown:
+        raise SettingError(
+            f"{where}: unknown distperf marker argument(s) {', '.join(unknown)}; "
+            f"valid: {', '.join(fields)}"
+        )
+    values = {**Workload().params(), **kwargs}
+    if values["model"] not in known_models:
+        raise SettingError(
+            f"{where}: distperf(model={values['model']!r}) is not a known model; "
+            f"valid: {', '.join(known_models)}"
+        )
+    if values["precision"] not in PRECISIONS:
+        raise SettingError(
+            f"{where}: distperf(precision={values['precision']!r}) is not one of "
+            f"{', '.join(PRECISIONS)}"
+        )
+    for name in ("max_new_tokens", "prompt_length", "batch_size"):
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SettingError(f"{where}: distperf({name}={value!r}) must be a positive integer")
+    if isinstance(values["seed"], bool) or not isinstance(values["seed"], int):
+        raise SettingError(f"{where}: distperf(seed={values['seed']!r}) must be an integer")
+    slowdown = values["slowdown"]
+    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 1:
+        raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
+    return Workload(**{**values, "slowdown": float(slowdown)})
+
+
+def env_slowdown(environ: Mapping[str, str] = os.environ) -> float | None:
+    """DISTPERF_SLOWDOWN overrides every test's slowdown (for self-checks of the gates)."""
+    raw = environ.get("DISTPERF_SLOWDOWN")
+    if raw in (None, ""):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingError(f"environment variable DISTPERF_SLOWDOWN={raw!r} is not a number") from None
+    if not 0 <= value < 1:
+        raise SettingError(f"environment variable DISTPERF_SLOWDOWN={raw!r} must be in [0, 1)")
+    return value

@@ -1,0 +1,82 @@
+"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each fenced by a
+device synchronisation and a barrier so that no rank's clock starts before the others are ready
+and no clock stops while kernels are still queued."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from distperf_model.generate import decode_one_token, prefill
+
+from .results import Sample
+
+
+@dataclass(frozen=True)
+class Fences:
+    """How to wait for the device and for the other ranks."""
+
+    sync: Callable[[], None]
+    barrier: Callable[[], None]
+
+
+def device_sync(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None  # CPU ops are synchronous
+
+
+@torch.no_grad()
+def timed_generation(
+    model: Callable[..., torch.Tensor],
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    fences: Fences,
+    slowdown: float = 0.0,
+) -> tuple[Sample, torch.Tensor]:
+    """One generation, timed; returns the sample and the new tokens [B, max_new_tokens]."""
+    batch, prompt_length = prompt.shape
+    device = prompt.device
+    fences.sync()
+    fences.barrier()
+    start = time.perf_counter()
+    input_pos = torch.arange(prompt_length, device=device)
+    token = prefill(model, prompt, input_pos)  # [B, 1]
+    fences.sync()
+    first = time.perf_counter()
+    new_tokens = [token]
+    for step in range(max_new_tokens - 1):
+        input_pos = torch.tensor([prompt_length + step], device=device)
+        token = decode_one_token(model, token, input_pos)
+        new_tokens.append(token)
+    fences.sync()
+    end = time.perf_counter()
+    if slowdown:
+        # The documented self-check knob: stretch the generation so the rate drops by `slowdown`.
+        time.sleep((end - start) * slowdown / (1.0 - slowdown))
+        end = time.perf_counter()
+    sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first)
+    return sample, torch.cat(new_tokens, dim=1)
+
+
+def run_workload(
+    model: Callable[..., torch.Tensor],
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    warmup: int,
+    repeats: int,
+    fences: Fences,
+    slowdown: float = 0.0,
+) -> tuple[list[Sample], torch.Tensor]:
+    """Warm-up generations (untimed), then `repeats` timed ones; the last generation's tokens."""
+    tokens = torch.empty(0)
+    for _ in range(warmup):
+        _, tokens = timed_generation(model, prompt, max_new_tokens, fences)
+    samples = []
+    for _ in range(repeats):
+        sample, tokens = timed_generation(model, prompt, max_new_tokens, fences, slowdown)
+        samples.append(sample)
+    return samples, tokens

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+
+from pytest_distperf.settings import (
+    SettingError,
+    Workload,
+    env_slowdown,
+    resolve_settings,
+    workload_from_marker,
+)
+
+MODELS = ("tiny", "pythia-14m")
+
+
+def test_defaults() -> None:
+    settings = resolve_settings({}, {})
+    assert (settings.devices, settings.accelerator, settings.repeats) == (2, "auto", 5)
+    assert (settings.warmup, settings.timeout) == (1, 600.0)
+
+
+def test_cli_beats_ini_beats_default() -> None:
+    settings = resolve_settings({"repeats": "7"}, {"repeats": "3", "warmup": "2"})
+    assert settings.repeats == 7
+    assert settings.warmup == 2
+
+
+def test_devices_auto_is_resolved_later() -> None:
+    assert resolve_settings({"devices": "auto"}, {}).devices is None
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "abc", "1.5"])
+def test_bad_devices_names_value_and_flag(bad: str) -> None:
+    with pytest.raises(SettingError) as info:
+        resolve_settings({"devices": bad}, {})
+    assert "--distperf-devices" in str(info.value)
+    assert repr(bad) in str(info.value)
+
+
+def test_bad_ini_value_names_ini_file() -> None:
+    with pytest.raises(SettingError, match=r"distperf_timeout in /x/pytest.ini.*'-1'"):
+        resolve_settings({}, {"timeout": "-1"}, ini_file="/x/pytest.ini")
+
+
+def test_bad_accelerator_lists_choices() -> None:
+    with pytest.raises(SettingError, match="'tpu' is not one of auto, cpu, cuda"):
+        resolve_settings({"accelerator": "tpu"}, {})
+
+
+def test_workload_from_marker_defaults_and_values() -> None:
+    workload = workload_from_marker({"model": "pythia-14m", "max_new_tokens": 4}, "t", MODELS)
+    assert workload == Workload(model="pythia-14m", max_new_tokens=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"model": "gpt-5"}, r"model='gpt-5'.*valid: tiny, pythia-14m"),
+        ({"precision": "int4"}, r"precision='int4'.*fp32, bf16, fp16"),
+        ({"max_new_tokens": 0}, r"max_new_tokens=0"),
+        ({"batch_size": "2"}, r"batch_size='2'"),
+        ({"seed": 1.5}, r"seed=1.5"),
+        ({"slowdown": 1.0}, r"slowdown=1.0"),
+        ({"temperature": 0.7}, r"unknown distperf marker argument\(s\) temperature"),
+    ],
+)
+def test_bad_marker_arguments(kwargs: dict, message: str) -> None:
+    with pytest.raises(SettingError, match=message) as info:
+        workload_from_marker(kwargs, "tests/test_x.py::test_y", MODELS)
+    assert str(info.value).startswith("tests/test_x.py::test_y")
+
+
+def test_env_slowdown() -> None:
+    assert env_slowdown({}) is None
+    assert env_slowdown({"DISTPERF_SLOWDOWN": "0.5"}) == 0.5
+    with pytest.raises(SettingError, match="DISTPERF_SLOWDOWN='2'"):
+        env_slowdown({"DISTPERF_SLOWDOWN": "2"})
