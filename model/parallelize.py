@@ -7,7 +7,9 @@ from typing import Any
 from torch import nn
 
 
-def fully_shard_blocks(model: nn.Module, device_mesh: Any, reshard_after_forward: bool) -> nn.Module:
+def fully_shard_blocks(
+    model: nn.Module, device_mesh: Any, reshard_after_forward: bool
+) -> nn.Module:
     """FSDP2: one unit per transformer block plus the root (embedding, final norm, head).
 
     `device_mesh` is the mesh Fabric's ModelParallelStrategy passes; only its data-parallel
