@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -56,7 +57,7 @@ def _environment(**values: str) -> Iterator[None]:
 
 def launch(spec: RunSpec) -> RunResult:
     """Run `spec` in `spec.devices` fresh ranks; raise RunFailed with the reason if any fails."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -85,6 +86,13 @@ def launch(spec: RunSpec) -> RunResult:
     except ChildFailedError as error:
         elapsed = time.perf_counter() - start
         raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
+    except SignalException as error:
+        # The elastic agent has already stopped the ranks; a Ctrl-C must still stop the pytest
+        # session rather than fail one test and go on to the next.
+        shutil.rmtree(log_dir, ignore_errors=True)
+        if error.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise
     finally:
         elapsed = time.perf_counter() - start
     try:
@@ -106,16 +114,23 @@ def _describe_failure(spec: RunSpec, error: object, log_dir: Path, elapsed: floa
         )
     else:
         ranks = ", ".join(str(r) for r in sorted(failures))
-        lines.append(f"distperf: rank {ranks} of {spec.devices} failed after {elapsed:.1f} s {where}")
-    for rank in sorted(failures):
-        failure = failures[rank]
+        lines.append(
+            f"distperf: rank {ranks} of {spec.devices} failed after {elapsed:.1f} s {where}"
+        )
+    # On a timeout every rank's stack matters (who waits for whom); otherwise the failed ones.
+    ranks_to_show = range(spec.devices) if timed_out else sorted(failures)
+    for rank in ranks_to_show:
+        failure = failures.get(rank)
+        status = "stopped by the launcher"
+        if failure is not None:
+            status = f"exit code {failure.exitcode}, pid {failure.pid}"
         lines.append("")
-        lines.append(f"--- rank {rank} (exit code {failure.exitcode}, pid {failure.pid}) ---")
-        traceback = _traceback(failure)
+        lines.append(f"--- rank {rank} ({status}) ---")
+        traceback = _traceback(failure) if failure is not None else ""
         if traceback and not timed_out:
             lines.append(traceback.rstrip())
         else:
-            lines.append(_stderr_tail(log_dir, failure.local_rank) or "(no output captured)")
+            lines.append(_stderr_tail(log_dir, rank) or "(no output captured)")
     shutil.rmtree(log_dir, ignore_errors=True)
     return "\n".join(lines)
 

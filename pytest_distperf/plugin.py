@@ -71,6 +71,7 @@ class DistperfPlugin:
 
     settings: Settings
     slowdown: float | None
+    rows: list[dict[str, Any]] = field(default_factory=list)
     _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
@@ -96,6 +97,13 @@ class DistperfPlugin:
         resolved = self.resolve()
         ids = [f"{name}-{resolved.devices}{resolved.accelerator}" for name in names]
         metafunc.parametrize("distperf_strategy", names, ids=ids, scope="function")
+
+    @pytest.hookimpl
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.settings.json:
+            from .report import write_json_report
+
+            write_json_report(self.settings.json, self.rows)
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -172,9 +180,12 @@ def _workload_of(item: pytest.Item) -> Workload:
     if marker and marker.args:
         pytest.fail(f"{item.nodeid}: distperf marker takes keyword arguments only", pytrace=False)
     try:
-        return workload_from_marker(dict(marker.kwargs) if marker else {}, item.nodeid, _known_models())
+        return workload_from_marker(
+            dict(marker.kwargs) if marker else {}, item.nodeid, _known_models()
+        )
     except SettingError as error:
-        pytest.fail(str(error), pytrace=False)
+        message = str(error)
+    pytest.fail(message, pytrace=False)  # outside `except`: no chained duplicate in the report
 
 
 class DistperfRun:
@@ -211,10 +222,14 @@ class DistperfRun:
         try:
             result = launch(self.spec())
         except RunFailed as error:
-            pytest.fail(str(error), pytrace=False)
-        self.results.append(result)
-        self._item.user_properties.append((RESULT_PROPERTY, result.summary()))
-        return result
+            failure = str(error)
+        else:
+            self.results.append(result)
+            row = result.summary()
+            self._plugin.rows.append(row)
+            self._item.user_properties.append((RESULT_PROPERTY, row))
+            return result
+        pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture

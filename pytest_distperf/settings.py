@@ -38,11 +38,14 @@ class OptionSpec:
 
 
 OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("devices", "2", "ranks per test: a positive integer, or 'auto' for all visible GPUs"),
+    OptionSpec(
+        "devices", "2", "ranks per test: a positive integer, or 'auto' for all visible GPUs"
+    ),
     OptionSpec("accelerator", "auto", "where ranks run: auto (cuda when visible), cpu or cuda"),
     OptionSpec("repeats", "5", "timed generations per test (the median is reported)"),
     OptionSpec("warmup", "1", "untimed generations before the timed ones"),
     OptionSpec("timeout", "600", "seconds a test's ranks may run before they are stopped"),
+    OptionSpec("json", "", "write every distperf result of the session to this JSON file"),
 )
 
 
@@ -55,6 +58,7 @@ class Settings:
     repeats: int
     warmup: int
     timeout: float
+    json: str | None = None
 
 
 def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
@@ -96,6 +100,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "repeats": _positive_int,
     "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
     "timeout": _parse_timeout,
+    "json": lambda raw, source: raw or None,
 }
 
 
@@ -118,7 +123,13 @@ def resolve_settings(
 
 @dataclass(frozen=True)
 class Workload:
-    """What one test generates; set by the `distperf` marker."""
+    """What one test generates; set by the `distperf` marker.
+
+    `model` is a preset name of `distperf_model` or "package.module:function", a builder called
+    in every rank as `function(seed=..., device=..., dtype=...)` that returns a module with the
+    reference model's interface (`config`, `block_class`, `setup_caches`,
+    `forward(idx, input_pos)`).
+    """
 
     model: str = "tiny"
     max_new_tokens: int = 32
@@ -134,7 +145,9 @@ class Workload:
         return dataclasses.asdict(self)
 
 
-def workload_from_marker(kwargs: Mapping[str, Any], where: str, known_models: tuple[str, ...]) -> Workload:
+def workload_from_marker(
+    kwargs: Mapping[str, Any], where: str, known_models: tuple[str, ...]
+) -> Workload:
     """Validate `distperf(...)` marker arguments; `where` names the test for the message."""
     fields = {f.name: f for f in dataclasses.fields(Workload)}
     unknown = sorted(set(kwargs) - set(fields))
@@ -144,10 +157,11 @@ def workload_from_marker(kwargs: Mapping[str, Any], where: str, known_models: tu
             f"valid: {', '.join(fields)}"
         )
     values = {**Workload().params(), **kwargs}
-    if values["model"] not in known_models:
+    model = values["model"]
+    if not isinstance(model, str) or (model not in known_models and not _is_import_path(model)):
         raise SettingError(
-            f"{where}: distperf(model={values['model']!r}) is not a known model; "
-            f"valid: {', '.join(known_models)}"
+            f"{where}: distperf(model={model!r}) is not a known model; valid: "
+            f"{', '.join(known_models)}, or 'package.module:function' naming your own builder"
         )
     if values["precision"] not in PRECISIONS:
         raise SettingError(
@@ -161,9 +175,22 @@ def workload_from_marker(kwargs: Mapping[str, Any], where: str, known_models: tu
     if isinstance(values["seed"], bool) or not isinstance(values["seed"], int):
         raise SettingError(f"{where}: distperf(seed={values['seed']!r}) must be an integer")
     slowdown = values["slowdown"]
-    if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 1:
+    if (
+        isinstance(slowdown, bool)
+        or not isinstance(slowdown, (int, float))
+        or not 0 <= slowdown < 1
+    ):
         raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
     return Workload(**{**values, "slowdown": float(slowdown)})
+
+
+def _is_import_path(value: str) -> bool:
+    module, _, function = value.partition(":")
+    return (
+        bool(module)
+        and function.isidentifier()
+        and all(part.isidentifier() for part in module.split("."))
+    )
 
 
 def env_slowdown(environ: Mapping[str, str] = os.environ) -> float | None:
@@ -174,7 +201,9 @@ def env_slowdown(environ: Mapping[str, str] = os.environ) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise SettingError(f"environment variable DISTPERF_SLOWDOWN={raw!r} is not a number") from None
+        raise SettingError(
+            f"environment variable DISTPERF_SLOWDOWN={raw!r} is not a number"
+        ) from None
     if not 0 <= value < 1:
         raise SettingError(f"environment variable DISTPERF_SLOWDOWN={raw!r} must be in [0, 1)")
     return value

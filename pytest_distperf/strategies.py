@@ -31,9 +31,8 @@ def _ddp(accelerator: str, devices: int) -> Any:
 
 
 def _fsdp2(reshard_after_forward: bool, accelerator: str, devices: int) -> Any:
-    from lightning.fabric.strategies import ModelParallelStrategy
-
     from distperf_model.parallelize import fully_shard_blocks
+    from lightning.fabric.strategies import ModelParallelStrategy
 
     return ModelParallelStrategy(
         parallelize_fn=partial(fully_shard_blocks, reshard_after_forward=reshard_after_forward),
@@ -47,9 +46,8 @@ def _fsdp(accelerator: str, devices: int) -> Any:
     # refuses to run on CPU, where the same sharding comes from FSDP2's fully_shard on gloo.
     if accelerator != "cuda":
         return _fsdp2(True, accelerator, devices)
-    from lightning.fabric.strategies import FSDPStrategy
-
     from distperf_model.model import Block
+    from lightning.fabric.strategies import FSDPStrategy
 
     return FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="FULL_SHARD")
 
@@ -57,7 +55,9 @@ def _fsdp(accelerator: str, devices: int) -> Any:
 STRATEGIES: dict[str, StrategySpec] = {
     s.name: s
     for s in (
-        StrategySpec("auto", "Fabric's default: DDP for N > 1, every rank holds the model", False, _auto),
+        StrategySpec(
+            "auto", "Fabric's default: DDP for N > 1, every rank holds the model", False, _auto
+        ),
         StrategySpec("ddp", "explicit DDP: every rank holds the whole model", False, _ddp),
         StrategySpec(
             "fsdp",
@@ -66,12 +66,14 @@ STRATEGIES: dict[str, StrategySpec] = {
             _fsdp,
         ),
         StrategySpec(
-            "fsdp2", "FSDP2 fully_shard per block, resharded after every forward", True,
+            "fsdp2",
+            "FSDP2 fully_shard per block, resharded after every forward",
+            True,
             partial(_fsdp2, True),
         ),
         StrategySpec(
             "fsdp-noreshard",
-            "FSDP2 sharded storage, gathered weights kept across decode steps (no per-token gather)",
+            "FSDP2 sharded storage; gathered weights kept across steps (no per-token gather)",
             True,
             partial(_fsdp2, False),
         ),
@@ -87,9 +89,7 @@ def get_strategy(name: str) -> StrategySpec:
     try:
         return STRATEGIES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}"
-        ) from None
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}") from None
 
 
 def describe_implementation(fabric: Any, module: Any) -> tuple[str, str, str]:

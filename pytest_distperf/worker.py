@@ -7,14 +7,15 @@ MASTER_PORT already set, so Fabric sees an externally launched job and never re-
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import os
 import platform
 import resource
+import signal
 import sys
 from pathlib import Path
 
 import torch
-
 from distperf_model.config import Config
 from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
@@ -32,10 +33,14 @@ def run_rank(spec: RunSpec) -> RankResult:
     # A hung collective never returns to Python, so the watchdog lives in faulthandler's C
     # thread: at the deadline it writes every thread's stack to stderr and exits the rank.
     faulthandler.dump_traceback_later(spec.timeout, exit=True, file=sys.stderr)
+    # When another rank fails or times out, the launcher stops this one with SIGTERM: leave its
+    # stack behind too, so a hang shows where every rank was.
+    faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
         return _run(spec)
     finally:
         faulthandler.cancel_dump_traceback_later()
+        faulthandler.unregister(signal.SIGTERM)
 
 
 def _run(spec: RunSpec) -> RankResult:
@@ -54,9 +59,9 @@ def _run(spec: RunSpec) -> RankResult:
     if spec.marker_file and fabric.global_rank == 0:
         Path(spec.marker_file).write_text(str(os.getpid()))
     device, dtype = fabric.device, DTYPES[workload.precision]
-    config = Config.from_name(workload.model)
     # Every rank builds the same weights from the seed; sharded strategies then keep their shard.
-    model = build_model(config, seed=workload.seed, device=device, dtype=dtype)
+    model = _build(workload.model, workload.seed, device, dtype)
+    config = model.config
     wrapped = fabric.setup_module(model)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
     # broadcast them on every forward; each rank's KV cache is its own.
@@ -71,7 +76,12 @@ def _run(spec: RunSpec) -> RankResult:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     samples, tokens = run_workload(
-        wrapped, prompt, workload.max_new_tokens, spec.warmup, spec.repeats, fences,
+        wrapped,
+        prompt,
+        workload.max_new_tokens,
+        spec.warmup,
+        spec.repeats,
+        fences,
         workload.slowdown,
     )
     fabric_strategy, sharding, wrapper = describe_implementation(fabric, wrapped)
@@ -90,6 +100,14 @@ def _run(spec: RunSpec) -> RankResult:
         tokens=tuple(tuple(int(t) for t in row) for row in tokens.tolist()),
         replicas=fabric.world_size,  # every strategy here is data-parallel (results.py)
     )
+
+
+def _build(name: str, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    if ":" not in name:
+        return build_model(Config.from_name(name), seed=seed, device=device, dtype=dtype)
+    module_name, _, function = name.partition(":")
+    builder = getattr(importlib.import_module(module_name), function)
+    return builder(seed=seed, device=device, dtype=dtype)
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:

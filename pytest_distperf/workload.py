@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
 from distperf_model.generate import decode_one_token, prefill
 
 from .results import Sample

@@ -1,0 +1,137 @@
+"""Plugin behaviour end to end through pytester: options, markers, collection, skips."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+TEST_TWO_STRATEGIES = """
+import pytest
+
+@pytest.mark.strategy("auto", "fsdp")
+@pytest.mark.distperf(model="tiny", max_new_tokens=4)
+def test_throughput(distperf):
+    pass
+"""
+
+
+def test_importing_the_plugin_does_not_import_torch() -> None:
+    code = "import sys, pytest_distperf.plugin; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_help_lists_every_option_with_ini_twin(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    for name in ("devices", "accelerator", "repeats", "warmup", "timeout", "json"):
+        result.stdout.fnmatch_lines([f"*--distperf-{name}*", f"*distperf_{name} *"])
+
+
+def test_markers_are_registered(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.strategy(*names)*", "@pytest.mark.distperf(model=*"])
+
+
+def test_one_item_per_strategy_with_devices_in_id(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_TWO_STRATEGIES)
+    result = pytester.runpytest("--collect-only", "-q", "--distperf-devices", "3")
+    result.stdout.fnmatch_lines(
+        ["*test_throughput[[]auto-3cpu[]]", "*test_throughput[[]fsdp-3cpu[]]"]
+    )
+    assert result.ret == 0
+
+
+def test_ini_sets_devices(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_TWO_STRATEGIES)
+    pytester.makeini("[pytest]\ndistperf_devices = 5\n")
+    result = pytester.runpytest("--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*[[]auto-5cpu[]]"])
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "abc"])
+def test_bad_device_count_is_a_usage_error(pytester: pytest.Pytester, bad: str) -> None:
+    pytester.makepyfile(TEST_TWO_STRATEGIES)
+    result = pytester.runpytest(f"--distperf-devices={bad}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*pytest-distperf: command-line option --distperf-devices*{bad}*"]
+    )
+
+
+def test_bad_ini_value_names_the_ini_file(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ndistperf_repeats = many\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*distperf_repeats in *tox.ini* expected an integer, got 'many'*"])
+
+
+def test_unknown_strategy_fails_collection_naming_test_and_choices(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.strategy("auto", "zero3")
+        def test_x(distperf):
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*test_unknown_strategy_fails_collection_naming_test_and_choices.py::test_x: "
+            "unknown strategy 'zero3'*valid: auto, ddp, fsdp, fsdp2, fsdp-noreshard*"
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        (
+            'model="gpt-9"',
+            "*test_x: distperf(model='gpt-9') is not a known model; valid: pythia-14m*",
+        ),
+        ("max_new_tokens=-1", "*test_x: distperf(max_new_tokens=-1) must be a positive integer*"),
+        ('precision="int8"', "*test_x: distperf(precision='int8') is not one of fp32, bf16, fp16*"),
+        ("temperature=1", "*test_x: unknown distperf marker argument(s) temperature*"),
+        ('"tiny"', "*test_x: distperf marker takes keyword arguments only*"),
+    ],
+)
+def test_bad_distperf_marker_fails_collection(
+    pytester: pytest.Pytester, marker: str, expected: str
+) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.distperf({marker})
+        def test_x(distperf):
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines([expected])
+
+
+def test_more_cuda_devices_than_visible_skips_naming_both(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_TWO_STRATEGIES)
+    visible = _visible_gpus()
+    wanted = visible + 2
+    result = pytester.runpytest(
+        "-rs", "--distperf-accelerator", "cuda", "--distperf-devices", str(wanted)
+    )
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(
+        [f"*{wanted} CUDA devices requested (--distperf-devices) but {visible} visible*"]
+    )
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

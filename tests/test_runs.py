@@ -1,0 +1,206 @@
+"""Real rank processes on CPU (gloo): results, rank failures, hangs, Ctrl-C, leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+FAULTY_BUILDERS = """
+import os
+import time
+
+from distperf_model.config import Config
+from distperf_model.model import build_model
+
+
+def raising(seed, device, dtype):
+    if os.environ["RANK"] == "1":
+        raise ValueError("boom on rank 1")
+    return build_model(Config.from_name("tiny"), seed, device, dtype)
+
+
+def hanging(seed, device, dtype):
+    # rank 1 never arrives, so rank 0 waits in DDP's first collective
+    if os.environ["RANK"] == "1":
+        time.sleep(3600)
+    return build_model(Config.from_name("tiny"), seed, device, dtype)
+"""
+
+
+def _processes_tagged(tag: str) -> list[int]:
+    """Pids of live processes whose environment carries `tag` (ranks inherit it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"DISTPERF_TEST_TAG={tag}".encode() in environ and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_until_gone(tag: str, seconds: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := _processes_tagged(tag)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+@pytest.fixture
+def tag(monkeypatch: pytest.MonkeyPatch) -> str:
+    value = uuid.uuid4().hex
+    monkeypatch.setenv("DISTPERF_TEST_TAG", value)
+    return value
+
+
+def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.strategy("auto", "fsdp")
+        @pytest.mark.distperf(model="tiny", max_new_tokens=6)
+        def test_throughput(distperf):
+            result = distperf.run()
+            assert result.tokens_per_sec > 0
+            assert len(result.samples) == 3
+            assert len(result.ranks) == 2
+            assert result.implementation.backend == "gloo"
+        """
+    )
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "--distperf-devices=2", "--distperf-repeats=3", f"--distperf-json={report}"
+    )
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*distperf results*",
+            "*tok/s*auto*2 x cpu*PASSED*test_throughput[[]auto-2cpu[]]",
+            "*tok/s*fsdp*2 x cpu*PASSED*test_throughput[[]fsdp-2cpu[]]",
+        ]
+    )
+    rows = json.loads(report.read_text())["results"]
+    assert [row["strategy"] for row in rows] == ["auto", "fsdp"]
+    assert rows[1]["implementation"]["sharding"] == "FSDP2 reshard_after_forward=True"
+    assert all(len(row["tokens_per_sec_samples"]) == 3 for row in rows)
+    assert _wait_until_gone(tag) == []
+
+
+def test_failing_rank_shows_rank_and_traceback(pytester: pytest.Pytester, tag: str) -> None:
+    pytester.makepyfile(faulty=FAULTY_BUILDERS)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="faulty:raising")
+        def test_x(distperf):
+            distperf.run()
+        """
+    )
+    result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-timeout=300")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*distperf: rank 1 of 2 failed after * s [[]auto, 2 cpu ranks*",
+            "*--- rank 1 (exit code 1*",
+            "*Traceback*",
+            "*faulty.py*in raising*",
+            "*ValueError: boom on rank 1*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*--distperf-timeout*were stopped*")
+    assert _wait_until_gone(tag) == []
+
+
+def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
+    pytester: pytest.Pytester, tag: str
+) -> None:
+    pytester.makepyfile(faulty=FAULTY_BUILDERS)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="faulty:hanging")
+        def test_a_hangs(distperf):
+            distperf.run()
+
+        @pytest.mark.distperf(model="tiny", max_new_tokens=2)
+        def test_b_runs(distperf):
+            assert distperf.run().tokens_per_sec > 0
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "--distperf-devices=2", "--distperf-timeout=20", "--distperf-repeats=1"
+    )
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ranks still running after --distperf-timeout=20 s were stopped*",
+            "*--- rank 1*",
+            "*Timeout (0:00:20)!*",
+            "*faulty.py*in hanging*",
+        ]
+    )
+    assert _wait_until_gone(tag) == []
+
+
+def test_ctrl_c_leaves_no_process_behind(pytester: pytest.Pytester, tag: str) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="tiny", max_new_tokens=200)
+        def test_long(distperf):
+            distperf.run()
+        """
+    )
+    marker = pytester.path / "ranks-running"
+    env = {**os.environ, "DISTPERF_MARKER_FILE": str(marker)}
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--distperf-devices=2",
+        "--distperf-repeats=1000",
+    ]
+    # A session of its own, so the SIGINT reaches pytest and its ranks as a terminal's Ctrl-C
+    # reaches the foreground process group, and nothing else.
+    process = subprocess.Popen(
+        command,
+        cwd=pytester.path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), process.communicate(timeout=30)[0].decode()
+        assert len(_processes_tagged(tag)) >= 3  # pytest and two ranks
+        os.killpg(process.pid, signal.SIGINT)
+        output = process.communicate(timeout=60)[0].decode()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "KeyboardInterrupt" in output
+    assert _wait_until_gone(tag) == []

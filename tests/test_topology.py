@@ -1,0 +1,813 @@
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_distperf import topology as topo
+from pytest_distperf.topology import (
+    Device,
+    Link,
+    Topology,
+    TopologyFileError,
+    TopologyParseError,
+    load_nvidia_smi_topo,
+    load_topology,
+    parse_nvidia_smi_q_pcie,
+    parse_nvidia_smi_topo,
+    probe,
+    probe_cpu,
+    probe_nvml,
+    resolve_visible_devices,
+)
+
+DATA = Path(__file__).parent / "data" / "topologies"
+TOPO_FILES = sorted(p for p in DATA.glob("topo_*.txt") if not p.name.endswith(".source.txt"))
+OTHER_FILES = sorted(
+    p
+    for pattern in ("nccl_info_*.txt", "smi_q_*.txt", "rocm_smi_*.txt")
+    for p in DATA.glob(pattern)
+    if not p.name.endswith(".source.txt")
+)
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text(encoding="utf-8")
+
+
+def classes(t: Topology) -> Counter[str]:
+    return Counter(link.link_class for link in t.links)
+
+
+# --------------------------------------------------------------------------- real topo -m outputs
+
+
+@dataclass(frozen=True)
+class Expect:
+    count: int
+    pairs: dict[tuple[int, int], str]
+    census: dict[str, int]
+    slowest: str
+
+
+# Facts read off each file and its .source.txt.
+EXPECT = {
+    # The seed issue's box: 4x A10G, every pair through the host bridge.
+    "topo_seed_4x_a10g_phb.txt": Expect(4, {(0, 1): "PHB", (2, 3): "PHB"}, {"PHB": 6}, "PHB"),
+    # The measured 2x H200: 18 NVLinks (through NVSwitch), tabs, empty CPU-affinity cell.
+    "topo_2x_h200_nv18.txt": Expect(2, {(0, 1): "NV18"}, {"NV18": 1}, "NV18"),
+    # The same box with nvidia-smi's ANSI underline kept.
+    "topo_2x_h200_nv18_ansi.txt": Expect(2, {(0, 1): "NV18"}, {"NV18": 1}, "NV18"),
+    # Space-aligned, NIC rows/columns and NIC legend, GPU NUMA ID column.
+    "topo_2x_rtx6000ada_threadripper_phb_spaces.txt": Expect(2, {(0, 1): "PHB"}, {"PHB": 1}, "PHB"),
+    # Two PCIe switches of 4 GPUs each, joined through the host bridge.
+    "topo_8x_p100_pcie_pix_phb.txt": Expect(
+        8,
+        {(0, 1): "PIX", (0, 4): "PHB", (3, 4): "PHB", (4, 7): "PIX"},
+        {"PIX": 12, "PHB": 16},
+        "PHB",
+    ),
+    # DGX-1 hybrid cube mesh: NV1/NV2 pairs, SYS where no NVLink; mlx5 columns; old legend.
+    "topo_dgx1_v100_8x_nv1_nv2_mlx5_oldlegend.txt": Expect(
+        8,
+        {(0, 1): "NV1", (0, 3): "NV2", (0, 4): "NV2", (0, 5): "SYS", (3, 7): "NV1", (1, 5): "NV2"},
+        {"NV1": 8, "NV2": 8, "SYS": 12},
+        "SYS",
+    ),
+    # DGX A100: NVSwitch, NV12 for every pair; twelve mlx5 columns.
+    "topo_dgx_a100_8x_nv12_mlx5.txt": Expect(
+        8, {(0, 7): "NV12", (3, 5): "NV12"}, {"NV12": 28}, "NV12"
+    ),
+}
+
+
+def test_every_topo_fixture_has_expectations() -> None:
+    assert {p.name for p in TOPO_FILES} == set(EXPECT)
+
+
+@pytest.mark.parametrize("path", TOPO_FILES, ids=lambda p: p.stem)
+def test_parse_real_outputs(path: Path) -> None:
+    expect = EXPECT[path.name]
+    t = parse_nvidia_smi_topo(path.read_text(encoding="utf-8"))
+    assert t.accelerator == "cuda"
+    assert t.source == "nvidia-smi"
+    assert t.device_count == expect.count
+    assert t.indices == tuple(range(expect.count))
+    assert t.device_model == "unknown"
+    for (a, b), cls in expect.pairs.items():
+        assert t.link(a, b).link_class == cls
+        assert t.link(b, a) == t.link(a, b)
+    assert classes(t) == Counter(expect.census)
+    assert t.slowest_link().link_class == expect.slowest
+    assert t.notes == ()
+    # matrix() is readable by the same parser and says the same thing.
+    assert parse_nvidia_smi_topo(t.matrix()).links == t.links
+
+
+def test_nvlink_details_from_parse() -> None:
+    t = parse_nvidia_smi_topo(read("topo_2x_h200_nv18.txt"))
+    link = t.link(0, 1)
+    assert link.is_nvlink and link.nvlinks == 18
+    assert link.nvlink_version is None and link.p2p_supported is None
+    assert not parse_nvidia_smi_topo(read("topo_seed_4x_a10g_phb.txt")).link(0, 1).is_nvlink
+
+
+def test_dgx1_slowest_pair_is_a_sys_pair() -> None:
+    t = parse_nvidia_smi_topo(read("topo_dgx1_v100_8x_nv1_nv2_mlx5_oldlegend.txt"))
+    assert (t.slowest_link().a, t.slowest_link().b) == (0, 5)  # first SYS pair, stable choice
+
+
+@pytest.mark.parametrize("path", OTHER_FILES, ids=lambda p: p.stem)
+def test_other_tools_outputs_are_rejected(path: Path) -> None:
+    with pytest.raises(TopologyParseError):
+        parse_nvidia_smi_topo(path.read_text(encoding="utf-8"))
+
+
+def test_rejection_messages_say_what_was_wrong() -> None:
+    with pytest.raises(TopologyParseError, match="no GPU header line"):
+        parse_nvidia_smi_topo(read("nccl_info_8x_rtx4090_pcie_shm_direct.txt"))
+    with pytest.raises(TopologyParseError, match="rocm-smi"):
+        parse_nvidia_smi_topo(read("rocm_smi_showtopo_4x_mi210_xgmi.txt"))
+    with pytest.raises(TopologyParseError, match="no GPU header line"):
+        parse_nvidia_smi_topo("")
+
+
+SEED = read("topo_seed_4x_a10g_phb.txt")
+
+
+def test_parse_without_legend_and_with_crlf() -> None:
+    body = SEED.split("Legend")[0].rstrip()
+    t = parse_nvidia_smi_topo(body.replace("\n", "\r\n"))
+    assert classes(t) == Counter({"PHB": 6})
+
+
+def test_parse_header_stripped_of_leading_whitespace() -> None:
+    t = parse_nvidia_smi_topo(SEED.lstrip())
+    assert t.device_count == 4
+
+
+def test_parse_single_gpu() -> None:
+    t = parse_nvidia_smi_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\t0\n")
+    assert t.device_count == 1 and t.links == ()
+    with pytest.raises(ValueError, match="no links"):
+        t.slowest_link()
+
+
+def test_parse_unknown_token() -> None:
+    text = SEED.replace("GPU1    PHB      X      PHB", "GPU1    PHB      X      XYZ")
+    with pytest.raises(TopologyParseError, match=r"row GPU1 column GPU2: unknown link token 'XYZ'"):
+        parse_nvidia_smi_topo(text)
+
+
+def test_parse_row_length_mismatch() -> None:
+    text = "\tGPU0\tGPU1\tGPU2\tCPU Affinity\nGPU0\t X \tPHB\nGPU1\tPHB\t X \tPHB\n"
+    with pytest.raises(TopologyParseError, match="row GPU0 has 2 link cells but the header names"):
+        parse_nvidia_smi_topo(text)
+
+
+def test_parse_header_without_rows() -> None:
+    with pytest.raises(TopologyParseError, match="no GPU rows"):
+        parse_nvidia_smi_topo("\tGPU0\tGPU1\tCPU Affinity\n\nLegend:\n")
+
+
+def test_parse_missing_diagonal() -> None:
+    text = "\tGPU0\tGPU1\nGPU0\tPHB\tPHB\nGPU1\tPHB\t X \n"
+    with pytest.raises(TopologyParseError, match="expected X on the diagonal"):
+        parse_nvidia_smi_topo(text)
+
+
+def test_parse_old_soc_word_and_asymmetry() -> None:
+    text = "\tGPU0\tGPU1\tGPU2\nGPU0\t X \tSOC\tPIX\nGPU1\tSOC\t X \tPHB\nGPU2\tPHB\tPHB\t X \n"
+    t = parse_nvidia_smi_topo(text)
+    assert t.link(0, 1).link_class == "SYS"
+    assert t.link(0, 2).link_class == "PHB"  # printed PIX one way, PHB the other: slower wins
+    assert any("SOC" in n for n in t.notes)
+    assert any("GPU0-GPU2" in n for n in t.notes)
+
+
+# --------------------------------------------------------------------------- nvidia-smi -q
+
+
+def test_parse_smi_q_pcie() -> None:
+    assert parse_nvidia_smi_q_pcie(read("smi_q_h100_sxm_gen5_x16_linkinfo.txt")) == [
+        {
+            "bus_id": "00000000:19:00.0",
+            "name": "NVIDIA H100 80GB HBM3",
+            "pcie_gen_max": 5,
+            "pcie_gen_current": 5,
+            "pcie_width_max": 16,
+            "pcie_width_current": 16,
+        }
+    ]
+
+
+def test_parse_smi_q_pcie_two_gpus_and_na() -> None:
+    one = read("smi_q_h100_sxm_gen5_x16_linkinfo.txt").split("GPU 00000000:19:00.0\n")[1]
+    second = one.replace("Current                   : 5", "Current                   : N/A")
+    text = "GPU 00000000:19:00.0\n" + one + "GPU 00000000:2A:00.0\n" + second
+    got = parse_nvidia_smi_q_pcie(text)
+    assert [g["bus_id"] for g in got] == ["00000000:19:00.0", "00000000:2A:00.0"]
+    assert got[1]["pcie_gen_current"] is None and got[1]["pcie_gen_max"] == 5
+
+
+def test_parse_smi_q_pcie_on_other_text() -> None:
+    assert parse_nvidia_smi_q_pcie(SEED) == []
+
+
+# --------------------------------------------------------------------------- values
+
+
+def h200_pair(**device_changes: Any) -> Topology:
+    devices = tuple(
+        replace(
+            Device(i, "NVIDIA H200", 150754820096, 5, 5, 16, 16, f"00000000:00:0{6 + i}.0"),
+            **device_changes,
+        )
+        for i in range(2)
+    )
+    return Topology("cuda", devices, (Link(0, 1, "NV18", 18, 4, True),), "nvml", 32, 1)
+
+
+def test_link_is_undirected_and_checked() -> None:
+    assert Link(3, 1, "PHB") == Link(1, 3, "PHB")
+    assert Link(0, 1, "NV12").nvlinks == 12
+    with pytest.raises(ValueError, match="unknown link class 'FOO'"):
+        Link(0, 1, "FOO")
+    with pytest.raises(ValueError, match="NV4 link says it has 2"):
+        Link(0, 1, "NV4", nvlinks=2)
+    with pytest.raises(ValueError, match="twice"):
+        Link(1, 1, "PHB")
+
+
+def test_topology_requires_every_pair_once() -> None:
+    devices = tuple(Device(i, "x", 0) for i in range(3))
+    with pytest.raises(ValueError, match=r"missing \[\(1, 2\)\]"):
+        Topology("cuda", devices, (Link(0, 1, "PHB"), Link(0, 2, "PHB")), "nvml")
+
+
+def test_link_lookup_errors() -> None:
+    t = h200_pair()
+    with pytest.raises(ValueError, match="itself"):
+        t.link(1, 1)
+    with pytest.raises(KeyError, match="no link between devices 0 and 5"):
+        t.link(0, 5)
+
+
+def test_slowest_link_order() -> None:
+    ranks = [topo.link_rank(c) for c in ("NV18", "NV2", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS")]
+    assert ranks == sorted(ranks, reverse=True)
+    assert topo.link_rank("unknown") < topo.link_rank("SYS")
+    devices = tuple(Device(i, "x", 0) for i in range(3))
+    t = Topology(
+        "cuda",
+        devices,
+        (Link(0, 1, "NV2"), Link(0, 2, "NODE"), Link(1, 2, "PXB")),
+        "nvml",
+    )
+    assert t.slowest_link() == Link(0, 2, "NODE")
+    assert probe_cpu(3).slowest_link().link_class == "LOOPBACK"
+
+
+def test_device_model() -> None:
+    assert h200_pair().device_model == "NVIDIA H200"
+    mixed = Topology("cuda", (Device(0, "A", 0), Device(1, "B", 0)), (Link(0, 1, "PHB"),), "nvml")
+    assert mixed.device_model == "mixed"
+
+
+def test_key_is_stable_and_ignores_incidentals() -> None:
+    t = h200_pair()
+    assert t.key() == "cuda_nvidia-h200_x2_nv18x1"
+    assert re.fullmatch(r"[a-z0-9._-]+", t.key())
+    # Same machine seen another day: other bus ids, PCIe dropped to gen 1 at idle, other notes,
+    # other host CPU count, loaded from another source.
+    other = replace(
+        h200_pair(bus_id="00000000:9A:00.0", pcie_gen_current=1),
+        notes=("probed on host-b",),
+        source="nvidia-smi",
+        host_cpus=64,
+    )
+    assert other.key() == t.key()
+    # Link order does not matter.
+    a = parse_nvidia_smi_topo(read("topo_8x_p100_pcie_pix_phb.txt"))
+    b = replace(a, links=tuple(reversed(a.links)))
+    assert a.key() == b.key() == "cuda_unknown_x8_pixx12_phbx16"
+
+
+def test_key_changes_with_what_matters() -> None:
+    base = h200_pair()
+    pcie = replace(base, links=(Link(0, 1, "PHB"),))
+    renamed = h200_pair(name="NVIDIA H100 80GB HBM3")
+    keys = {base.key(), pcie.key(), renamed.key()}
+    assert len(keys) == 3
+    dgx1 = parse_nvidia_smi_topo(read("topo_dgx1_v100_8x_nv1_nv2_mlx5_oldlegend.txt"))
+    dgxa = parse_nvidia_smi_topo(read("topo_dgx_a100_8x_nv12_mlx5.txt"))
+    assert dgx1.key() != dgxa.key()
+    assert dgx1.key() == "cuda_unknown_x8_nv2x8_nv1x8_sysx12"
+
+
+def test_cpu_key_counts_usable_cpus() -> None:
+    t = probe_cpu(2)
+    assert t.key().startswith("cpu_") and t.key().endswith(f"_x2_loopbackx1_{t.host_cpus}cpus")
+    assert replace(t, host_cpus=t.host_cpus + 1).key() != t.key()
+
+
+def test_to_dict_round_trip() -> None:
+    for t in (
+        h200_pair(),
+        probe_cpu(3),
+        parse_nvidia_smi_topo(read("topo_dgx1_v100_8x_nv1_nv2_mlx5_oldlegend.txt")),
+    ):
+        data = json.loads(json.dumps(t.to_dict()))
+        assert data["schema"] == 1
+        assert data["key"] == t.key()
+        assert Topology.from_dict(data) == t
+
+
+def test_matrix_looks_like_nvidia_smi() -> None:
+    lines = h200_pair().matrix().splitlines()
+    assert lines[0].split() == ["GPU0", "GPU1"]
+    assert lines[1].split() == ["GPU0", "X", "NV18"]
+    assert lines[2].split() == ["GPU1", "NV18", "X"]
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_json(tmp_path: Path, data: Any, name: str = "topo.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_load_topology(tmp_path: Path) -> None:
+    t = h200_pair()
+    path = write_json(tmp_path, t.to_dict())
+    loaded = load_topology(path, expected_devices=2)
+    assert loaded.links == t.links and loaded.devices == t.devices
+    assert loaded.source == f"file:{path}"
+    assert loaded.key() == t.key()
+    assert any("first probed via nvml" in n for n in loaded.notes)
+
+
+def test_load_topology_missing(tmp_path: Path) -> None:
+    path = tmp_path / "nope.json"
+    with pytest.raises(TopologyFileError, match=rf"{re.escape(str(path))} does not exist"):
+        load_topology(path)
+
+
+def test_load_topology_not_json(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text("{not json", encoding="utf-8")
+    with pytest.raises(TopologyFileError, match=rf"{re.escape(str(path))} is not JSON"):
+        load_topology(path)
+
+
+def test_load_topology_unreadable(tmp_path: Path) -> None:
+    with pytest.raises(TopologyFileError, match="is a directory"):
+        load_topology(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.pop("schema"), "no 'schema' field"),
+        (lambda d: d.update(schema=2), "schema 2 is not supported"),
+        (lambda d: d.update(devices="two"), "field 'devices' must be list"),
+        (lambda d: d["devices"][0].pop("name"), r"devices\[0\]: missing field 'name'"),
+        (lambda d: d["devices"][1].update(memory_bytes=True), "'memory_bytes' must be int"),
+        (lambda d: d["links"][0].update(link_class="FAST"), "unknown link class 'FAST'"),
+        (lambda d: d.update(links=[]), "links must join every pair"),
+    ],
+)
+def test_load_topology_wrong_shape(tmp_path: Path, change: Any, message: str) -> None:
+    data = h200_pair().to_dict()
+    change(data)
+    path = write_json(tmp_path, data)
+    with pytest.raises(TopologyFileError, match=message) as info:
+        load_topology(path)
+    assert str(path) in str(info.value) and "wrong shape" in str(info.value)
+
+
+def test_load_topology_not_an_object(tmp_path: Path) -> None:
+    with pytest.raises(TopologyFileError, match="expected a JSON object, got list"):
+        load_topology(write_json(tmp_path, [1, 2]))
+
+
+def test_load_topology_too_few_devices(tmp_path: Path) -> None:
+    path = write_json(tmp_path, h200_pair().to_dict())
+    with pytest.raises(TopologyFileError, match="describes 2 devices but the run uses 4") as info:
+        load_topology(path, expected_devices=4)
+    assert str(path) in str(info.value)
+
+
+def test_load_topology_more_devices_keeps_the_first(tmp_path: Path) -> None:
+    dgx = parse_nvidia_smi_topo(read("topo_dgx1_v100_8x_nv1_nv2_mlx5_oldlegend.txt"))
+    loaded = load_topology(write_json(tmp_path, dgx.to_dict()), expected_devices=4)
+    assert loaded.indices == (0, 1, 2, 3)
+    assert classes(loaded) == Counter({"NV1": 3, "NV2": 3})
+    assert any("describes 8 devices; the run uses 4" in n for n in loaded.notes)
+
+
+def test_load_nvidia_smi_topo() -> None:
+    path = DATA / "topo_dgx_a100_8x_nv12_mlx5.txt"
+    t = load_nvidia_smi_topo(path, expected_devices=8)
+    assert t.source == f"nvidia-smi-topo:{path}"
+    assert classes(t) == Counter({"NV12": 28})
+    assert load_nvidia_smi_topo(path, expected_devices=2).device_count == 2
+    with pytest.raises(TopologyFileError, match="describes 2 devices but the run uses 4"):
+        load_nvidia_smi_topo(DATA / "topo_2x_h200_nv18.txt", expected_devices=4)
+
+
+def test_load_nvidia_smi_topo_wrong_file(tmp_path: Path) -> None:
+    path = DATA / "smi_q_h100_sxm_gen5_x16_linkinfo.txt"
+    with pytest.raises(TopologyFileError, match="is not `nvidia-smi topo -m` output") as info:
+        load_nvidia_smi_topo(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(TopologyFileError, match="does not exist"):
+        load_nvidia_smi_topo(tmp_path / "topo.txt")
+
+
+# --------------------------------------------------------------------------- NVML (faked)
+
+
+class FakeNVMLError(Exception):
+    _names = {2: "Invalid Argument", 3: "Not Supported", 12: "NVML Shared Library Not Found"}
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return self._names.get(self.value, f"NVML error {self.value}")
+
+
+@dataclass
+class FakeGPU:
+    name: str
+    uuid: str
+    bus: str
+    # One entry per NVLink: (active, remote bus id, remote device type, NVML version enum).
+    nvlinks: list[tuple[int, str, int, int]] = field(default_factory=list)
+    memory: int = 150754820096
+    pcie: tuple[int, int, int, int] = (5, 5, 16, 16)
+
+
+class FakeNVML(types.ModuleType):
+    """Just enough of pynvml, answering as the 2x H200 machine did (see the _ansi.source.txt)."""
+
+    NVMLError = FakeNVMLError
+    NVML_NVLINK_MAX_LINKS = 36
+    NVML_FEATURE_ENABLED = 1
+    NVML_P2P_CAPS_INDEX_READ = (0,)  # sic: real pynvml defines it with a trailing comma
+    NVML_P2P_CAPS_INDEX_NVLINK = 2
+    NVML_P2P_STATUS_OK = 0
+
+    def __init__(
+        self,
+        gpus: list[FakeGPU],
+        ancestor: int = 30,
+        nvlink_p2p: int = 0,
+        init_error: int | None = None,
+    ) -> None:
+        super().__init__("pynvml")
+        self.gpus = gpus
+        self.ancestor = ancestor
+        self.nvlink_p2p = nvlink_p2p
+        self.init_error = init_error
+        self.shutdowns = 0
+
+    def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise FakeNVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> FakeGPU:
+        return self.gpus[i]
+
+    def nvmlDeviceGetUUID(self, h: FakeGPU) -> str:
+        return h.uuid
+
+    def nvmlDeviceGetName(self, h: FakeGPU) -> bytes:
+        return h.name.encode()  # old pynvml returned bytes
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGPU) -> Any:
+        return types.SimpleNamespace(total=h.memory)
+
+    def nvmlDeviceGetPciInfo(self, h: FakeGPU) -> Any:
+        return types.SimpleNamespace(busId=h.bus)
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeGPU) -> int:
+        return h.pcie[0]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeGPU) -> int:
+        return h.pcie[1]
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeGPU) -> int:
+        return h.pcie[2]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeGPU) -> int:
+        raise FakeNVMLError(3)  # some vGPUs refuse; the probe must carry on
+
+    def _nvlink(self, h: FakeGPU, link: int) -> tuple[int, str, int, int]:
+        if not h.nvlinks:
+            raise FakeNVMLError(3)
+        if link >= len(h.nvlinks):
+            raise FakeNVMLError(2)
+        return h.nvlinks[link]
+
+    def nvmlDeviceGetNvLinkState(self, h: FakeGPU, link: int) -> int:
+        return self._nvlink(h, link)[0]
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: FakeGPU, link: int) -> Any:
+        return types.SimpleNamespace(busId=self._nvlink(h, link)[1])
+
+    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h: FakeGPU, link: int) -> int:
+        return self._nvlink(h, link)[2]
+
+    def nvmlDeviceGetNvLinkVersion(self, h: FakeGPU, link: int) -> int:
+        return self._nvlink(h, link)[3]
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a: FakeGPU, b: FakeGPU) -> int:
+        return self.ancestor
+
+    def nvmlDeviceGetP2PStatus(self, a: FakeGPU, b: FakeGPU, index: int) -> int:
+        if not isinstance(index, int):
+            raise TypeError("ctypes.ArgumentError: wrong type")  # what ctypes does with a tuple
+        return self.nvlink_p2p if index == 2 else 0
+
+
+SWITCH = "FFFFFFFF:FF:FF.0"
+
+
+def h200_box(n: int = 2) -> list[FakeGPU]:
+    uuids = ["GPU-037a76d1-e9ad-3414-16e6-c9727c5e2025", "GPU-5acf2a49-e13b-393b-e264-fcbce5baefab"]
+    uuids += [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(2, n)]
+    return [
+        FakeGPU("NVIDIA H200", uuids[i], f"00000000:00:{6 + i:02X}.0", [(1, SWITCH, 2, 6)] * 18)
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    def install(fake: FakeNVML) -> FakeNVML:
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        return fake
+
+    return install
+
+
+def test_probe_nvml_h200_nvlink_beats_common_ancestor(fake_nvml: Any) -> None:
+    fake = fake_nvml(FakeNVML(h200_box(), ancestor=30))
+    t = probe_nvml([0, 1])
+    link = t.link(0, 1)
+    assert (link.link_class, link.nvlinks, link.nvlink_version, link.p2p_supported) == (
+        "NV18",
+        18,
+        4,
+        True,
+    )
+    assert t.source == "nvml" and t.accelerator == "cuda"
+    assert t.device_model == "NVIDIA H200"
+    d0 = t.devices[0]
+    assert (d0.memory_bytes, d0.pcie_gen_max, d0.pcie_gen_current, d0.pcie_width_max) == (
+        150754820096,
+        5,
+        5,
+        16,
+    )
+    assert d0.pcie_width_current is None
+    assert [d.bus_id for d in t.devices] == ["00000000:00:06.0", "00000000:00:07.0"]
+    assert any("NVSwitch" in n for n in t.notes)
+    assert t.key() == h200_pair().key()
+    assert fake.shutdowns == 1
+
+
+def test_probe_nvml_without_nvlink_uses_pcie_ancestor(fake_nvml: Any) -> None:
+    gpus = [replace(g, nvlinks=[]) for g in h200_box(4)]
+    fake_nvml(FakeNVML(gpus, ancestor=40))
+    t = probe_nvml(None)
+    assert t.device_count == 4
+    assert classes(t) == Counter({"NODE": 6})
+
+
+@pytest.mark.parametrize(("level", "cls"), [(0, "PIX"), (10, "PIX"), (20, "PXB"), (50, "SYS")])
+def test_probe_nvml_ancestor_levels(fake_nvml: Any, level: int, cls: str) -> None:
+    fake_nvml(FakeNVML([replace(g, nvlinks=[]) for g in h200_box()], ancestor=level))
+    assert probe_nvml().link(0, 1).link_class == cls
+
+
+def test_probe_nvml_direct_links_count_only_the_peer(fake_nvml: Any) -> None:
+    # Three GPUs: 0-1 joined by 2 direct links, 0-2 by 1, 1-2 by none (one link of GPU1 is down).
+    bus = ["00000000:1A:00.0", "00000000:1B:00.0", "00000000:1C:00.0"]
+    gpus = [FakeGPU("Tesla V100", f"GPU-{i}", bus[i]) for i in range(3)]
+    gpus[0].nvlinks = [(1, bus[1], 0, 2), (1, bus[1], 0, 2), (1, bus[2], 0, 2)]
+    gpus[1].nvlinks = [(1, bus[0], 0, 2), (1, bus[0], 0, 2), (0, bus[2], 0, 2)]
+    gpus[2].nvlinks = [(1, bus[0], 0, 2)]
+    fake_nvml(FakeNVML(gpus, ancestor=50))
+    t = probe_nvml()
+    assert t.link(0, 1).link_class == "NV2" and t.link(0, 1).nvlink_version == 2
+    assert t.link(0, 2).link_class == "NV1"
+    assert t.link(1, 2).link_class == "SYS"
+    assert t.slowest_link() == t.link(1, 2)
+
+
+def test_probe_nvml_switch_partition_without_peer_access(fake_nvml: Any) -> None:
+    fake_nvml(FakeNVML(h200_box(), ancestor=30, nvlink_p2p=5))
+    t = probe_nvml()
+    assert t.link(0, 1).link_class == "PHB"
+    assert any("no NVLink peer access" in n for n in t.notes)
+
+
+def test_probe_nvml_index_not_visible(fake_nvml: Any) -> None:
+    fake_nvml(FakeNVML(h200_box()))
+    with pytest.raises(ValueError, match=r"uses cuda:2 but only 2 CUDA device\(s\) are visible"):
+        probe_nvml([0, 2])
+
+
+def test_probe_nvml_honours_cuda_visible_devices(
+    fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpus = h200_box(4)
+    gpus[2].name = "NVIDIA H100 80GB HBM3"
+    fake_nvml(FakeNVML(gpus))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    t = probe_nvml([0, 1])
+    assert [d.name for d in t.devices] == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert [d.bus_id for d in t.devices] == ["00000000:00:08.0", "00000000:00:06.0"]
+    assert t.device_model == "mixed"
+    assert any("cuda:0=GPU2, cuda:1=GPU0" in n for n in t.notes)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5acf2a49")  # a UUID prefix
+    t = probe_nvml()
+    assert [d.bus_id for d in t.devices] == ["00000000:00:07.0"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES '1'"):
+        probe_nvml([0, 1])
+
+
+def test_resolve_visible_devices() -> None:
+    uuids = ["GPU-aaaa-1", "GPU-bbbb-2", "GPU-aaab-3"]
+    assert resolve_visible_devices(None, uuids) == ((0, 1, 2), ())
+    assert resolve_visible_devices("2, 0", uuids) == ((2, 0), ())
+    assert resolve_visible_devices("GPU-bbbb-2,GPU-aaab", uuids) == ((1, 2), ())
+    assert resolve_visible_devices("", uuids) == ((), ())
+    visible, notes = resolve_visible_devices("1,7,0", uuids)  # CUDA stops at the bad entry
+    assert visible == (1,) and "'7'" in notes[0]
+    visible, notes = resolve_visible_devices("GPU-aaa", uuids)  # ambiguous prefix
+    assert visible == () and notes
+    assert resolve_visible_devices("-1", uuids)[0] == ()
+    assert resolve_visible_devices("0,0", uuids)[0] == (0,)
+    with pytest.raises(ValueError, match="MIG"):
+        resolve_visible_devices("MIG-GPU-aaaa-1/1/0", uuids)
+
+
+# --------------------------------------------------------------------------- probe fallbacks
+
+
+def no_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topo.shutil, "which", lambda name: None)
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("nvidia-smi must not be run when it is not on PATH")
+
+    monkeypatch.setattr(topo.subprocess, "run", forbidden)
+
+
+def test_probe_degrades_without_nvml_and_nvidia_smi(
+    fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_nvml(FakeNVML(h200_box(), init_error=12))
+    no_nvidia_smi(monkeypatch)
+    t = probe("cuda", 2)
+    assert t.device_count == 2 and t.source == "none"
+    assert t.link(0, 1).link_class == "unknown"
+    assert t.slowest_link().link_class == "unknown"
+    assert t.notes == (
+        "NVML unavailable: FakeNVMLError: NVML Shared Library Not Found; nvidia-smi not found; "
+        "link classes unknown",
+    )
+
+
+def test_probe_degrades_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
+    no_nvidia_smi(monkeypatch)
+    t = probe("cuda", 3)
+    assert classes(t) == Counter({"unknown": 3})
+    assert t.notes[0].startswith("NVML unavailable: ModuleNotFoundError")
+    assert "pynvml" in t.notes[0]
+
+
+def test_probe_falls_back_to_nvidia_smi(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml(FakeNVML(h200_box(), init_error=12))
+    monkeypatch.setattr(topo.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    calls: list[list[str]] = []
+    query = (
+        "0, GPU-037a76d1-e9ad-3414-16e6-c9727c5e2025, NVIDIA H200, 143771, 00000000:00:06.0, "
+        "5, 5, 16, 16\n"
+        "1, GPU-5acf2a49-e13b-393b-e264-fcbce5baefab, NVIDIA H200, 143771, 00000000:00:07.0, "
+        "5, 1, 16, 16\n"
+    )
+
+    def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        assert kwargs["timeout"] == 10
+        out = read("topo_2x_h200_nv18_ansi.txt") if args[1] == "topo" else query
+        return subprocess.CompletedProcess(args, 0, out, "")
+
+    monkeypatch.setattr(topo.subprocess, "run", run)
+    t = probe("cuda", 2)
+    assert calls[0] == ["/usr/bin/nvidia-smi", "topo", "-m"]
+    assert t.source == "nvidia-smi"
+    assert t.link(0, 1).link_class == "NV18"
+    assert t.device_model == "NVIDIA H200"
+    assert t.devices[0].memory_bytes == 143771 * 1024 * 1024
+    assert t.devices[1].pcie_gen_current == 1
+    assert t.key() == h200_pair().key()
+    assert t.notes[0].startswith("NVML unavailable")
+
+
+def test_probe_nvidia_smi_failing(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_nvml(FakeNVML(h200_box(), init_error=12))
+    monkeypatch.setattr(topo.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+
+    def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        raise subprocess.TimeoutExpired(args, kwargs["timeout"])
+
+    monkeypatch.setattr(topo.subprocess, "run", run)
+    t = probe("cuda", 2)
+    expected = "nvidia-smi failed: RuntimeError: `nvidia-smi topo -m` did not answer in 10 s"
+    assert expected in t.notes[0]
+
+
+def test_probe_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert probe("xpu", 2).notes == ("no link probe for accelerator 'xpu'",)
+    assert probe("cpu", 0).device_count == 0  # bad count: a topology that says so, no exception
+
+    def boom(ranks: int) -> Topology:
+        raise RuntimeError("cpuinfo exploded")
+
+    monkeypatch.setattr(topo, "probe_cpu", boom)
+    t = probe("cpu", 2)
+    assert t.notes == ("topology probe failed: RuntimeError: cpuinfo exploded",)
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def test_probe_cpu_on_this_host() -> None:
+    t = probe_cpu(2)
+    assert (t.accelerator, t.source, t.device_count) == ("cpu", "cpu", 2)
+    assert t.link(0, 1).link_class == "LOOPBACK" and not t.link(0, 1).is_nvlink
+    assert t.host_cpus >= 1 and t.sockets >= 1
+    assert t.devices[0].name and t.devices[0].memory_bytes > 0
+    assert probe("cpu", 2) == t
+    with pytest.raises(ValueError, match="at least one rank"):
+        probe_cpu(0)
+
+
+def test_probe_cpu_reads_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    block = "processor\t: {n}\nmodel name\t: AMD EPYC   7534P 32-Core\nphysical id\t: {s}\n"
+    cpuinfo.write_text("\n".join(block.format(n=n, s=n % 2) for n in range(4)), encoding="utf-8")
+    monkeypatch.setattr(topo, "_CPUINFO", cpuinfo)
+    t = probe_cpu(4)
+    assert t.device_model == "AMD EPYC 7534P 32-Core"
+    assert t.sockets == 2
+    assert classes(t) == Counter({"LOOPBACK": 6})
+
+
+def test_probe_cpu_without_cpuinfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(topo, "_CPUINFO", tmp_path / "missing")
+    monkeypatch.setattr(topo.platform, "processor", lambda: "arm")
+    t = probe_cpu(1)
+    assert t.device_model == "arm" and t.sockets == 1 and t.links == ()
+
+
+# --------------------------------------------------------------------------- import hygiene
+
+
+def test_module_imports_neither_torch_nor_pytest_nor_pynvml() -> None:
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('t', {str(Path(topo.__file__))!r})\n"
+        "m = sys.modules['t'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(m)\n"
+        "bad = {'torch', 'pytest', 'pynvml'} & set(sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
