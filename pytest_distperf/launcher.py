@@ -79,6 +79,7 @@ def launch(spec: RunSpec) -> RunResult:
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL),
     )
     threads = str(spec.threads_per_rank)
+    launched_at = time.time()
     start = time.perf_counter()
     try:
         with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads):
@@ -97,7 +98,7 @@ def launch(spec: RunSpec) -> RunResult:
         elapsed = time.perf_counter() - start
     try:
         ranks = tuple(returned[rank] for rank in sorted(returned))
-        return RunResult(spec=spec, ranks=ranks, launch_s=elapsed)
+        return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
 

@@ -8,6 +8,7 @@ imported lazily when a distperf test is actually collected.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,7 @@ class DistperfPlugin:
     settings: Settings
     slowdown: float | None
     rows: list[dict[str, Any]] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)  # pytest start, near enough
     _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
@@ -201,6 +203,15 @@ class DistperfRun:
         self.workload = workload
         self.results: list[RunResult] = []
 
+    @property
+    def accelerator(self) -> str:
+        """Where this session's ranks run: "cpu" or "cuda"."""
+        return self._plugin.resolve().accelerator
+
+    @property
+    def devices(self) -> int:
+        return self._plugin.resolve().devices
+
     def spec(self) -> RunSpec:
         resolved = self._plugin.resolve()
         settings = self._plugin.settings
@@ -226,6 +237,9 @@ class DistperfRun:
         else:
             self.results.append(result)
             row = result.summary()
+            row["session_to_first_timed_s"] = max(r.timed_from for r in result.ranks) - (
+                self._plugin.started_at
+            )
             self._plugin.rows.append(row)
             self._item.user_properties.append((RESULT_PROPERTY, row))
             return result

@@ -71,6 +71,7 @@ class RankResult:
     device_name: str
     tokens: tuple[tuple[int, ...], ...]  # tokens of the last generation, per batch row
     replicas: int  # independent decode streams in the run (see module docstring)
+    timed_from: float  # epoch seconds when this rank began its timed generations
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class RunResult:
     spec: RunSpec
     ranks: tuple[RankResult, ...]
     launch_s: float  # wall time of the whole launch, process start to last rank exit
+    launched_at: float  # epoch seconds when the launch began
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -128,6 +130,12 @@ class RunResult:
         return max(r.peak_memory_bytes for r in self.ranks)
 
     @property
+    def startup_s(self) -> float:
+        """Fixed cost of the test: launch to first timed token (spawn, imports, rendezvous,
+        Fabric, model build, warm-up), as the slowest rank saw it."""
+        return max(r.timed_from for r in self.ranks) - self.launched_at
+
+    @property
     def implementation(self) -> Implementation:
         return self.ranks[0].implementation
 
@@ -161,5 +169,6 @@ class RunResult:
             "device_name": self.ranks[0].device_name,
             "versions": self.versions,
             "launch_s": self.launch_s,
+            "startup_s": self.startup_s,
             **self.extras,
         }

@@ -75,7 +75,7 @@ def _run(spec: RunSpec) -> RankResult:
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    samples, tokens = run_workload(
+    samples, tokens, timed_from = run_workload(
         wrapped,
         prompt,
         workload.max_new_tokens,
@@ -99,6 +99,7 @@ def _run(spec: RunSpec) -> RankResult:
         device_name=_device_name(device),
         tokens=tuple(tuple(int(t) for t in row) for row in tokens.tolist()),
         replicas=fabric.world_size,  # every strategy here is data-parallel (results.py)
+        timed_from=timed_from,
     )
 
 

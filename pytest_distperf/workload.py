@@ -69,13 +69,18 @@ def run_workload(
     repeats: int,
     fences: Fences,
     slowdown: float = 0.0,
-) -> tuple[list[Sample], torch.Tensor]:
-    """Warm-up generations (untimed), then `repeats` timed ones; the last generation's tokens."""
+) -> tuple[list[Sample], torch.Tensor, float]:
+    """Warm-up generations (untimed), then `repeats` timed ones.
+
+    Returns the samples, the last generation's tokens and the wall-clock time (epoch seconds)
+    at which the timed generations began, from which the fixed cost of a test is derived.
+    """
     tokens = torch.empty(0)
     for _ in range(warmup):
         _, tokens = timed_generation(model, prompt, max_new_tokens, fences)
+    timed_from = time.time()
     samples = []
     for _ in range(repeats):
         sample, tokens = timed_generation(model, prompt, max_new_tokens, fences, slowdown)
         samples.append(sample)
-    return samples, tokens
+    return samples, tokens, timed_from

@@ -1,0 +1,49 @@
+"""Every strategy computes the same function: in fp32 its greedy tokens equal one process's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from distperf_model.config import Config
+from distperf_model.generate import generate, make_prompt
+from distperf_model.model import build_model
+
+from pytest_distperf.launcher import launch
+from pytest_distperf.results import RunSpec
+from pytest_distperf.settings import Workload
+from pytest_distperf.strategies import strategy_names
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = Workload(model="tiny", max_new_tokens=12, prompt_length=5, batch_size=2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def single_process_tokens() -> tuple[tuple[int, ...], ...]:
+    config = Config.from_name(WORKLOAD.model)
+    model = build_model(config, seed=WORKLOAD.seed)
+    model.setup_caches(WORKLOAD.batch_size, WORKLOAD.prompt_length + WORKLOAD.max_new_tokens)
+    prompt = make_prompt(config, WORKLOAD.batch_size, WORKLOAD.prompt_length, WORKLOAD.seed)
+    with torch.no_grad():
+        out = generate(model, prompt, WORKLOAD.max_new_tokens)
+    return tuple(tuple(row) for row in out[:, WORKLOAD.prompt_length :].tolist())
+
+
+@pytest.mark.parametrize("strategy", strategy_names())
+def test_strategy_generates_the_single_process_tokens(
+    strategy: str, single_process_tokens: tuple[tuple[int, ...], ...]
+) -> None:
+    spec = RunSpec(
+        test_id=f"correctness-{strategy}",
+        strategy=strategy,
+        devices=2,
+        accelerator="cpu",
+        workload=WORKLOAD,
+        repeats=2,
+        warmup=1,
+        timeout=120,
+    )
+    result = launch(spec)
+    assert len(set(single_process_tokens)) == 2  # the two rows differ: batching is exercised
+    for rank in result.ranks:
+        assert rank.tokens == single_process_tokens, f"rank {rank.rank} of {strategy}"
