@@ -237,6 +237,15 @@ class GPT(nn.Module):
         self.register_buffer("sin", sin.to(dtype), persistent=False)
         self.max_seq_length = max_seq_length
 
+    def clear_caches(self) -> None:
+        """Drop KV caches and rope tables, e.g. before a wrapper that snapshots buffers."""
+        for m in self.modules():
+            if isinstance(m, CausalSelfAttention):
+                m.kv_cache = None
+        self.register_buffer("cos", None, persistent=False)
+        self.register_buffer("sin", None, persistent=False)
+        self.max_seq_length = 0
+
     def forward(self, idx: Tensor, input_pos: Tensor | None = None) -> Tensor:
         B, T = idx.shape  # [B, T] token ids
         if self.config.block_size < T:

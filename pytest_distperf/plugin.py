@@ -7,6 +7,7 @@ imported lazily when a distperf test is actually collected.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .strategies import strategy_names
 STRATEGY_MARKER = "strategy"
 WORKLOAD_MARKER = "distperf"
 RESULT_PROPERTY = "distperf"
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,6 +76,10 @@ class DistperfPlugin:
     slowdown: float | None
     rows: list[dict[str, Any]] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)  # pytest start, near enough
+    # Calibrated once per session (accelerator and device count are fixed for a session) by
+    # the first distperf run, at the union of message sizes of every collected test.
+    calibration_sizes: Any = None
+    calibration: Any = None
     _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
@@ -99,6 +105,18 @@ class DistperfPlugin:
         resolved = self.resolve()
         ids = [f"{name}-{resolved.devices}{resolved.accelerator}" for name in names]
         metafunc.parametrize("distperf_strategy", names, ids=ids, scope="function")
+
+    @pytest.hookimpl
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        workloads = []
+        for item in items:
+            strategy = getattr(getattr(item, "callspec", None), "params", {}).get(
+                "distperf_strategy"
+            )
+            if strategy is not None:
+                workloads.append((strategy, _workload_of(item)))
+        if workloads:
+            self.calibration_sizes = session_message_sizes(workloads, self.resolve().devices)
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -157,6 +175,31 @@ def _strategy_names(metafunc: pytest.Metafunc, where: str) -> list[str]:
     if len(set(names)) != len(names):
         pytest.fail(f"{where}: strategy marker repeats a name: {names}", pytrace=False)
     return names
+
+
+def session_message_sizes(workloads: list[tuple[str, Workload]], devices: int) -> Any:
+    """Union of the message sizes every collected (strategy, workload) really uses."""
+    from distperf_model.config import Config
+
+    from .perfmodel import MessageSizes, message_sizes
+
+    gather: set[int] = set()
+    reduce: set[int] = set()
+    for strategy, workload in workloads:
+        if ":" in workload.model:  # a user's builder: its shape is unknown until a rank builds it
+            continue
+        sizes = message_sizes(
+            Config.from_name(workload.model),
+            strategy,
+            devices,
+            DTYPE_BYTES[workload.precision],
+            workload.batch_size,
+        )
+        gather.update(sizes.all_gather)
+        reduce.update(sizes.all_reduce)
+    if not gather:
+        return None
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)))
 
 
 def _visible_gpus() -> int:
@@ -230,13 +273,20 @@ class DistperfRun:
     def run(self) -> RunResult:
         from .launcher import RunFailed, launch
 
+        plugin = self._plugin
+        spec = self.spec()
+        if plugin.calibration is None and plugin.calibration_sizes is not None:
+            spec = dataclasses.replace(spec, calibration_sizes=plugin.calibration_sizes)
         try:
-            result = launch(self.spec())
+            result = launch(spec)
         except RunFailed as error:
             failure = str(error)
         else:
+            if result.calibration is not None:
+                plugin.calibration = result.calibration
             self.results.append(result)
             row = result.summary()
+            row["calibration"] = plugin.calibration.to_dict() if plugin.calibration else None
             row["session_to_first_timed_s"] = max(r.timed_from for r in result.ranks) - (
                 self._plugin.started_at
             )

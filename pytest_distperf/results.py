@@ -38,6 +38,8 @@ class RunSpec:
     warmup: int
     timeout: float
     threads_per_rank: int = 1
+    reference_steps: int = 8  # decode steps of the unwrapped model, timed before wrapping; 0: off
+    calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
 
 
@@ -72,6 +74,8 @@ class RankResult:
     tokens: tuple[tuple[int, ...], ...]  # tokens of the last generation, per batch row
     replicas: int  # independent decode streams in the run (see module docstring)
     timed_from: float  # epoch seconds when this rank began its timed generations
+    reference_token_s: float | None = None  # see workload.reference_token_time
+    calibration: Any = None  # perfmodel.Calibration when this run calibrated
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,16 @@ class RunResult:
         return max(r.timed_from for r in self.ranks) - self.launched_at
 
     @property
+    def reference_token_s(self) -> float | None:
+        """The slowest rank's per-token time of the whole model run alone (no collectives)."""
+        times = [r.reference_token_s for r in self.ranks if r.reference_token_s is not None]
+        return max(times) if times else None
+
+    @property
+    def calibration(self) -> Any:
+        return self.ranks[0].calibration
+
+    @property
     def implementation(self) -> Implementation:
         return self.ranks[0].implementation
 
@@ -170,5 +184,6 @@ class RunResult:
             "versions": self.versions,
             "launch_s": self.launch_s,
             "startup_s": self.startup_s,
+            "reference_token_s": self.reference_token_s,
             **self.extras,
         }

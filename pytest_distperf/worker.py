@@ -22,7 +22,7 @@ from distperf_model.model import build_model
 
 from .results import Implementation, RankResult, RunSpec
 from .strategies import describe_implementation, get_strategy
-from .workload import Fences, device_sync, run_workload
+from .workload import Fences, device_sync, reference_token_time, run_workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
@@ -59,9 +59,26 @@ def _run(spec: RunSpec) -> RankResult:
     if spec.marker_file and fabric.global_rank == 0:
         Path(spec.marker_file).write_text(str(os.getpid()))
     device, dtype = fabric.device, DTYPES[workload.precision]
+    calibration = None
+    if spec.calibration_sizes is not None:
+        from .calibrate import calibrate
+
+        sizes = spec.calibration_sizes
+        calibration = calibrate(sizes.all_gather, sizes.all_reduce, device, dtype)
     # Every rank builds the same weights from the seed; sharded strategies then keep their shard.
     model = _build(workload.model, workload.seed, device, dtype)
     config = model.config
+    prompt = make_prompt(config, workload.batch_size, workload.prompt_length, workload.seed, device)
+    reference = None
+    if spec.reference_steps:
+        model.setup_caches(
+            workload.batch_size,
+            workload.prompt_length + spec.reference_steps,
+            device=device,
+            dtype=dtype,
+        )
+        reference = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
+        model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
     wrapped = fabric.setup_module(model)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
     # broadcast them on every forward; each rank's KV cache is its own.
@@ -71,7 +88,6 @@ def _run(spec: RunSpec) -> RankResult:
         device=device,
         dtype=dtype,
     )
-    prompt = make_prompt(config, workload.batch_size, workload.prompt_length, workload.seed, device)
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -100,6 +116,8 @@ def _run(spec: RunSpec) -> RankResult:
         tokens=tuple(tuple(int(t) for t in row) for row in tokens.tolist()),
         replicas=fabric.world_size,  # every strategy here is data-parallel (results.py)
         timed_from=timed_from,
+        reference_token_s=reference,
+        calibration=calibration,
     )
 
 

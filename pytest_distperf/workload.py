@@ -87,3 +87,18 @@ def run_workload(
         sample, tokens = timed_generation(model, prompt, max_new_tokens, fences, slowdown)
         samples.append(sample)
     return samples, tokens, timed_from
+
+
+@torch.no_grad()
+def reference_token_time(
+    model: Callable[..., torch.Tensor], prompt: torch.Tensor, steps: int, sync: Callable[[], None]
+) -> float:
+    """Seconds per decode step of this rank's whole, unwrapped model: no collectives at all.
+
+    The compute term of the performance model: it carries the eager-mode launch overhead and
+    the real kernels of this device, which a bandwidth roofline would miss by ~4x.
+    """
+    local = Fences(sync=sync, barrier=lambda: None)
+    timed_generation(model, prompt, steps, local)  # warm-up: allocator, kernels, caches
+    sample, _ = timed_generation(model, prompt, steps, local)
+    return sample.decode_s / max(steps - 1, 1)
