@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Fresh-machine set-up for CPU ranks: a virtual environment in .venv with the CPU build of torch
+# (pinned: an unpinned torch pulls a multi-GB CUDA build) and this project with its test tools.
+# Safe to run again: pip skips what is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e ".[test]"
