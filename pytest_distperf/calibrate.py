@@ -1,0 +1,215 @@
+"""In-rank micro-benchmarks: all-gather and all-reduce at the model's own message sizes, plus the
+device's memory bandwidth, in nccl-tests conventions.
+
+Runs inside an already-initialised torch.distributed process group, in every rank, and returns
+the same `Calibration` on every rank (each figure is the slowest rank's median), so that rank 0
+can report it and every rank can judge with it.
+
+Conventions (nccl-tests, doc/PERFORMANCE.md):
+
+* `bytes` of an all-gather is the size of the gathered OUTPUT tensor; of an all-reduce, the
+  size of the reduced tensor.
+* algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x 2(n-1)/n.
+* memory bandwidth counts a device copy's read and write: 2 x bytes / time.
+
+Timing: every iteration starts with a device sync and a barrier (so no rank times its wait for
+a late peer), ends with a device sync (so no kernel is still queued), and is measured on the host
+clock. Host timing includes the launch cost of one collective, which is what eager code pays too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from .perfmodel import Calibration, CollectiveFigure, MessageSizes, message_sizes
+
+__all__ = ["Calibration", "CollectiveFigure", "MessageSizes", "calibrate", "message_sizes"]
+
+
+def calibrate(
+    sizes_all_gather: Sequence[int],
+    sizes_all_reduce: Sequence[int],
+    device: torch.device | str,
+    dtype: torch.dtype,
+    warmup: int = 1,
+    iters: int = 3,
+    copy_bytes: int = 64 * 1024 * 1024,
+) -> Calibration:
+    """Measure collectives and memory bandwidth in every rank; every rank returns the same value.
+
+    Must be called by every rank of the default process group with the same arguments (the
+    collectives pair up by call order). Sizes are rounded to whole elements of `dtype` (and, for
+    all-gather, to a whole number of elements per rank); the figures carry the bytes that really
+    moved.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("calibrate() needs an initialised torch.distributed process group")
+    if warmup < 0 or iters < 1:
+        raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
+    device = torch.device(device)
+    n = dist.get_world_size()
+    sync = _device_sync(device)
+    element = torch.tensor([], dtype=dtype).element_size()
+
+    def barrier() -> None:
+        # A tiny all-reduce rather than dist.barrier(): it works the same on gloo and NCCL and
+        # needs no device_ids for NCCL.
+        token = torch.zeros(1, device=device)
+        dist.all_reduce(token)
+        sync()
+
+    gather_times = []
+    gathered_bytes = []
+    for size in sorted(set(sizes_all_gather)):
+        per_rank = max(1, -(-size // (element * n)))  # ceil: at least the asked-for bytes
+        shard = torch.ones(per_rank, dtype=dtype, device=device)
+        gathered_bytes.append(per_rank * n * element)
+        gather_times.append(
+            _median_time(
+                partial(_fresh_all_gather, shard, n),
+                sync,
+                barrier,
+                *_repeats(gathered_bytes[-1], warmup, iters),
+            )
+        )
+        del shard
+
+    reduce_times = []
+    reduced_bytes = []
+    for size in sorted(set(sizes_all_reduce)):
+        tensor = torch.ones(max(1, -(-size // element)), dtype=dtype, device=device)
+        reduced_bytes.append(tensor.numel() * element)
+        reduce_times.append(
+            _median_time(
+                partial(dist.all_reduce, tensor),
+                sync,
+                barrier,
+                *_repeats(reduced_bytes[-1], warmup, iters),
+            )
+        )
+        del tensor
+
+    copy_bytes = max(1, int(copy_bytes))
+    copy_time, fresh_copy_time = _copy_times(copy_bytes, device, sync, barrier, warmup, iters)
+    # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
+    local = torch.tensor(
+        [*gather_times, *reduce_times, copy_time, fresh_copy_time],
+        dtype=torch.float64,
+        device=device,
+    )
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    times = local.tolist()
+    gather_times = times[: len(gather_times)]
+    reduce_times = times[len(gather_times) : len(gather_times) + len(reduce_times)]
+    copy_time, fresh_copy_time = times[-2:]
+
+    all_gather = tuple(
+        CollectiveFigure.from_time("all_gather", b, t, n)
+        for b, t in zip(gathered_bytes, gather_times, strict=True)
+    )
+    all_reduce = tuple(
+        CollectiveFigure.from_time("all_reduce", b, t, n)
+        for b, t in zip(reduced_bytes, reduce_times, strict=True)
+    )
+    return Calibration(
+        world_size=n,
+        backend=str(dist.get_backend()),
+        device_type=device.type,
+        all_gather=all_gather,
+        all_reduce=all_reduce,
+        memory_bandwidth=_copy_bandwidth(copy_bytes, copy_time),
+        latency_s=min(f.time_s for f in all_gather) if all_gather else 0.0,
+        fresh_copy_bandwidth=_copy_bandwidth(copy_bytes, fresh_copy_time),
+    )
+
+
+# torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments); older
+# releases only have the former.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+SMALL_MESSAGE_BYTES = 1 << 20
+SMALL_MESSAGE_WARMUP = 5
+SMALL_MESSAGE_ITERS = 20
+
+
+def _repeats(nbytes: int, warmup: int, iters: int) -> tuple[int, int]:
+    # Small messages cost microseconds to a millisecond, and their first calls pay for
+    # connection set-up (gloo: several ms): more repeats cost nothing and steady the median.
+    if nbytes <= SMALL_MESSAGE_BYTES:
+        return max(warmup, SMALL_MESSAGE_WARMUP), max(iters, SMALL_MESSAGE_ITERS)
+    return warmup, iters
+
+
+def _device_sync(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None  # CPU ops (gloo's included, once waited on) are synchronous
+
+
+def _median_time(
+    op: Callable[[], object],
+    sync: Callable[[], None],
+    barrier: Callable[[], None],
+    warmup: int,
+    iters: int,
+) -> float:
+    for _ in range(warmup):
+        op()
+        sync()
+    samples = []
+    for _ in range(iters):
+        sync()
+        barrier()
+        start = time.perf_counter()
+        op()
+        sync()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _fresh_all_gather(shard: torch.Tensor, world_size: int) -> torch.Tensor:
+    # A new output every call, as FSDP does (FSDP1 re-allocates the unsharded flat parameter,
+    # FSDP2 its all-gather buffer): free through CUDA's caching allocator, but on CPU every
+    # call faults in fresh pages, which costs as much as the transfer itself over loopback.
+    out = torch.empty(shard.numel() * world_size, dtype=shard.dtype, device=shard.device)
+    _all_gather(out, shard)
+    return out
+
+
+def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(src).copy_(src)
+
+
+def _copy_bandwidth(nbytes: int, seconds: float) -> float:
+    return 2 * nbytes / seconds if seconds > 0 else 0.0  # read + write, as the copy moves both
+
+
+def _copy_times(
+    copy_bytes: int,
+    device: torch.device,
+    sync: Callable[[], None],
+    barrier: Callable[[], None],
+    warmup: int,
+    iters: int,
+) -> tuple[float, float]:
+    """(copy into an existing tensor, copy into a new one) of `copy_bytes`, median seconds.
+
+    The first is the memory bandwidth weights stream at; the second what FSDP2's copy-out into
+    newly allocated parameters costs (equal on CUDA, several times slower on CPU: page faults).
+    Bytes as uint8 so any size is exact.
+    """
+    src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    try:
+        warm = _median_time(partial(dst.copy_, src), sync, barrier, max(warmup, 1), iters)
+        fresh = _median_time(partial(_fresh_copy, src), sync, barrier, max(warmup, 1), iters)
+        return warm, fresh
+    finally:
+        del src, dst

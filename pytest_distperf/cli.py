@@ -1,0 +1,467 @@
+"""`distperf`: the plugin's command for humans.
+
+    distperf topology [--accelerator auto|cpu|cuda] [--devices N]
+                      [--nvidia-smi-topo FILE | --topology FILE] [--calibration FILE] [--json]
+    distperf predict --model NAME --devices N [--strategy S ...] [--precision bf16]
+                     [--batch-size 1] [--prompt-length 8] [--max-new-tokens 50]
+                     [--nvidia-smi-topo FILE | --topology FILE] [--calibration FILE]
+                     [--compute-ms-per-token X] [--memory-bandwidth-gbps X]
+                     [--bus-bandwidth-gbps X] [--json]
+
+Neither command imports torch: both answer at once and run on a laptop without GPUs. Bad input
+(a missing or malformed file, a device count the topology does not have, an unknown model) exits
+with status 2 and a message naming the value and where it came from, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import perfmodel, topology
+from .perfmodel import GB, MB, Calibration, Links, Prediction
+from .topology import Topology, TopologyError
+
+USAGE_ERROR = 2
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class UsageError(Exception):
+    """Bad input; the message names the value and where it came from."""
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def _add_source_options(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--nvidia-smi-topo",
+        metavar="FILE",
+        help="a saved `nvidia-smi topo -m` output (as pasted into a bug report) instead of probing",
+    )
+    source.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="a topology saved as JSON (`distperf topology --json`) instead of probing",
+    )
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="collective and memory figures measured in the ranks (JSON, as a run reports them)",
+    )
+    parser.add_argument(
+        "--accelerator",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="what to probe when no file is given (auto: cuda when NVIDIA GPUs answer)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distperf",
+        description="Inspect device links and predict tokens/sec per parallel strategy.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    topo = sub.add_parser(
+        "topology",
+        help="print the devices' link matrix with bandwidth per pair",
+        description="Print the probed (or loaded) topology like `nvidia-smi topo -m`, with the "
+        "bus bandwidth of every pair.",
+    )
+    topo.add_argument(
+        "--devices",
+        type=_positive_int,
+        help="devices the run uses (default: all visible GPUs; 2 CPU ranks)",
+    )
+    _add_source_options(topo)
+
+    pred = sub.add_parser(
+        "predict",
+        help="predicted tokens/sec of every strategy, with its bounding term",
+        description="Predict tokens/sec per strategy on this machine or a loaded topology.",
+    )
+    pred.add_argument("--model", required=True, help="a model preset name, e.g. llama-2-7b")
+    pred.add_argument("--devices", type=_positive_int, required=True, help="ranks of the run")
+    pred.add_argument(
+        "--strategy",
+        action="append",
+        choices=tuple(perfmodel.STRATEGY_MODELS),
+        help="a strategy to predict (repeatable; default: all)",
+    )
+    pred.add_argument("--precision", choices=tuple(PRECISION_BYTES), default="bf16")
+    pred.add_argument("--batch-size", type=_positive_int, default=1)
+    pred.add_argument("--prompt-length", type=_positive_int, default=8)
+    pred.add_argument("--max-new-tokens", type=_positive_int, default=50)
+    pred.add_argument(
+        "--compute-ms-per-token",
+        type=_positive_float,
+        metavar="X",
+        help="measured single-rank ms per token (e.g. 1000 / the auto run's tok/s); default: "
+        "a roofline from the memory bandwidth",
+    )
+    pred.add_argument(
+        "--memory-bandwidth-gbps",
+        type=_positive_float,
+        metavar="X",
+        help="device memory bandwidth for the roofline, GB/s (default: from the GPU model)",
+    )
+    pred.add_argument(
+        "--bus-bandwidth-gbps",
+        type=_positive_float,
+        metavar="X",
+        help="all-gather bus bandwidth of the slowest link, GB/s (default: nominal per class)",
+    )
+    _add_source_options(pred)
+    return parser
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
+    try:
+        if args.nvidia_smi_topo:
+            return topology.load_nvidia_smi_topo(args.nvidia_smi_topo, devices)
+        if args.topology:
+            return topology.load_topology(args.topology, devices)
+    except TopologyError as exc:
+        option = "--nvidia-smi-topo" if args.nvidia_smi_topo else "--topology"
+        raise UsageError(f"{option}: {exc}") from None
+    return _probe(args.accelerator, devices)
+
+
+def _gpus_answer() -> bool:
+    # Without torch: NVML first, then the nvidia-smi binary.
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount()) > 0
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no library, no driver, no device: all mean "no GPU"
+        return shutil.which("nvidia-smi") is not None
+
+
+def _probe(accelerator: str, devices: int | None) -> Topology:
+    accel = accelerator
+    if accel == "auto":
+        accel = "cuda" if _gpus_answer() else "cpu"
+    if accel == "cpu":
+        return topology.probe_cpu(devices or 2)
+    if devices is None:
+        try:
+            return topology.probe_nvml(None)
+        except Exception:  # noqa: BLE001 - fall back to probe(), which says what failed
+            devices = 1
+    found = topology.probe(accel, devices)
+    if found.device_count < devices:
+        raise UsageError(
+            f"--devices {devices}: only {found.device_count} CUDA device(s) are visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
+    return found
+
+
+def _load_calibration(path: str | None, devices: int | None) -> Calibration | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--calibration: file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--calibration: file {path} could not be read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--calibration: file {path} is not JSON: {exc}") from None
+    # A run's JSON report may nest it; accept both the bare value and {"calibration": ...}.
+    if isinstance(data, dict) and "calibration" in data:
+        data = data["calibration"]
+    try:
+        calibration = Calibration.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--calibration: file {path} has the wrong shape: {exc}") from None
+    if devices is not None and calibration.world_size != devices:
+        raise UsageError(
+            f"--calibration: file {path} was measured on {calibration.world_size} ranks but "
+            f"--devices is {devices}"
+        )
+    return calibration
+
+
+def _load_config(name: str) -> Any:
+    from distperf_model.config import Config
+
+    try:
+        return Config.from_name(name)
+    except ValueError as exc:
+        raise UsageError(f"--model: {exc}") from None
+
+
+# --------------------------------------------------------------------------- topology command
+
+
+def _pair_rows(topo: Topology) -> list[dict[str, Any]]:
+    rows = []
+    for link in topo.links:
+        notes: list[str] = []
+        busbw, latency = perfmodel.link_figures(topo, link, notes)
+        rows.append(
+            {
+                "a": link.a,
+                "b": link.b,
+                "link_class": link.link_class,
+                "nvlinks": link.nvlinks,
+                "nominal_busbw_gbps": busbw / GB,
+                "nominal_latency_us": latency * 1e6,
+                "basis": notes[-1] if notes else "",
+            }
+        )
+    return rows
+
+
+def _bandwidth_matrix(topo: Topology, pairs: list[dict[str, Any]]) -> str:
+    prefix = "GPU" if topo.accelerator == "cuda" else topo.accelerator.upper()
+    labels = [f"{prefix}{i}" for i in topo.indices]
+    by_pair = {(p["a"], p["b"]): p["nominal_busbw_gbps"] for p in pairs}
+
+    def cell(a: int, b: int) -> str:
+        return "X" if a == b else f"{by_pair[min(a, b), max(a, b)]:.3g}"
+
+    cells = [[cell(a, b) for b in topo.indices] for a in topo.indices]
+    width = max([len(s) for s in labels] + [len(c) for row in cells for c in row] + [4]) + 2
+    lines = [" " * width + "".join(label.ljust(width) for label in labels).rstrip()]
+    for label, row in zip(labels, cells, strict=True):
+        lines.append((label.ljust(width) + "".join(c.ljust(width) for c in row)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _calibration_summary(calibration: Calibration) -> dict[str, Any]:
+    largest = calibration.all_gather[-1] if calibration.all_gather else None
+    return {
+        "world_size": calibration.world_size,
+        "backend": calibration.backend,
+        "all_gather_busbw_gbps": largest.busbw / GB if largest else None,
+        "all_gather_bytes": largest.bytes if largest else None,
+        "latency_us": calibration.latency_s * 1e6,
+        "memory_bandwidth_gbps": calibration.memory_bandwidth / GB,
+    }
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    topo = _load_topology(args, args.devices)
+    calibration = _load_calibration(args.calibration, topo.device_count)
+    pairs = _pair_rows(topo)
+    if args.json:
+        out: dict[str, Any] = {
+            "key": topo.key(),
+            "source": topo.source,
+            "accelerator": topo.accelerator,
+            "devices": topo.device_count,
+            "slowest_link": topo.slowest_link().link_class if topo.links else None,
+            "pairs": pairs,
+            "topology": topo.to_dict(),
+            "notes": list(topo.notes),
+        }
+        if calibration is not None:
+            out["measured"] = _calibration_summary(calibration)
+        print(json.dumps(out, indent=2))
+        return 0
+    print(
+        f"{topo.device_count} {topo.accelerator} device(s), {topo.device_model}; source: "
+        f"{topo.source}; key: {topo.key()}"
+    )
+    print()
+    print(topo.matrix(), end="")
+    if pairs:
+        print()
+        print("Nominal all-gather bus bandwidth per pair (GB/s):")
+        print(_bandwidth_matrix(topo, pairs), end="")
+        print()
+        for p in pairs:
+            print(f"  {p['a']}-{p['b']} {p['link_class']}: {p['basis']}")
+    if calibration is not None:
+        m = _calibration_summary(calibration)
+        print()
+        print(
+            f"Measured ({m['backend']}, {m['world_size']} ranks): all-gather bus bandwidth "
+            f"{m['all_gather_busbw_gbps']:.3g} GB/s at {m['all_gather_bytes'] / MB:.4g} MB, "
+            f"latency {m['latency_us']:.3g} us, memory {m['memory_bandwidth_gbps']:.4g} GB/s"
+        )
+    if topo.notes:
+        print()
+        for note in topo.notes:
+            print(f"note: {note}")
+    return 0
+
+
+# --------------------------------------------------------------------------- predict command
+
+
+def _links(args: argparse.Namespace, topo: Topology, calibration: Calibration | None) -> Links:
+    link_class = topo.slowest_link().link_class if topo.links else "none"
+    if calibration is not None:
+        return perfmodel.links_from_calibration(calibration, link_class)
+    try:
+        return perfmodel.nominal_links(
+            topo,
+            args.devices,
+            memory_bandwidth=args.memory_bandwidth_gbps * GB
+            if args.memory_bandwidth_gbps
+            else None,
+            bus_bandwidth=args.bus_bandwidth_gbps * GB if args.bus_bandwidth_gbps else None,
+        )
+    except ValueError as exc:
+        raise UsageError(f"--devices {args.devices}: {exc}") from None
+
+
+def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Prediction]]:
+    config = _load_config(args.model)
+    topo = _load_topology(args, args.devices)
+    if topo.device_count < args.devices:
+        raise UsageError(
+            f"--devices {args.devices}: the topology ({topo.source}) has only "
+            f"{topo.device_count} device(s)"
+        )
+    calibration = _load_calibration(args.calibration, args.devices)
+    links = _links(args, topo, calibration)
+    if args.prompt_length + args.max_new_tokens > config.block_size:
+        raise UsageError(
+            f"--prompt-length {args.prompt_length} + --max-new-tokens {args.max_new_tokens} "
+            f"exceeds {config.name}'s block_size {config.block_size}"
+        )
+    compute = args.compute_ms_per_token / 1e3 if args.compute_ms_per_token else None
+    predictions = perfmodel.predict_all(
+        config,
+        args.devices,
+        links,
+        args.strategy,
+        device_type=topo.accelerator,
+        batch_size=args.batch_size,
+        prompt_length=args.prompt_length,
+        max_new_tokens=args.max_new_tokens,
+        dtype_bytes=PRECISION_BYTES[args.precision],
+        compute_time_s=compute,
+    )
+    return topo, links, predictions
+
+
+def _shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
+    seen: list[str] = []
+    for p in predictions:
+        for text in p.assumptions:
+            if text not in seen:
+                seen.append(text)
+    return seen
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    topo, links, predictions = _predictions(args)
+    workload = {
+        "model": args.model,
+        "devices": args.devices,
+        "precision": args.precision,
+        "batch_size": args.batch_size,
+        "prompt_length": args.prompt_length,
+        "max_new_tokens": args.max_new_tokens,
+    }
+    if args.json:
+        out = {
+            "workload": workload,
+            "topology": {
+                "key": topo.key(),
+                "source": topo.source,
+                "pairs": [
+                    {"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links
+                ],
+            },
+            "link_class": links.link_class,
+            "bus_bandwidth_gbps": links.busbw / GB,
+            "measured_links": links.measured,
+            "predictions": [p.to_dict() for p in predictions],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    kind = "measured" if links.measured else "nominal"
+    print(
+        f"{args.model} on {args.devices} {topo.accelerator} device(s), {args.precision}, batch "
+        f"{args.batch_size}, {args.prompt_length}-token prompt + {args.max_new_tokens} new tokens"
+    )
+    print(
+        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
+        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
+    )
+    print()
+    header = f"{'strategy':<16}{'tok/s':>9}{'ms/token':>10}  {'bound':<52}{'MB/token':>9}"
+    print(header)
+    print("-" * len(header))
+    for p in predictions:
+        received = p.bytes_per_token.get("all_gather_received", 0.0) / MB
+        bound = f"{p.bound}: {p.bound_description}"
+        print(
+            f"{p.strategy:<16}{p.tokens_per_sec:>9.3g}{p.time_per_token_s * 1e3:>10.4g}  "
+            f"{bound:<52}{received:>9.4g}"
+        )
+    print()
+    print("terms (ms per token):")
+    for p in predictions:
+        terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
+        print(f"  {p.strategy:<16}{p.implementation}: {terms}")
+    print()
+    print("assumptions:")
+    for text in _shared_assumptions(predictions):
+        print(f"  - {text}")
+    return 0
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # argparse itself exits 2 on malformed options
+    handler = {"topology": cmd_topology, "predict": cmd_predict}[args.command]
+    try:
+        return handler(args)
+    except UsageError as exc:
+        print(f"distperf {args.command}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    except BrokenPipeError:
+        # `distperf predict ... | head`: the reader left; nothing to report.
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

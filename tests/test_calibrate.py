@@ -1,0 +1,130 @@
+"""calibrate() in two real gloo ranks on CPU: conventions, agreement between ranks, speed."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import socket
+import time
+import traceback
+from typing import Any
+
+import pytest
+import torch
+from distperf_model.config import PRESETS
+
+from pytest_distperf.calibrate import calibrate, message_sizes
+from pytest_distperf.perfmodel import Calibration, bus_factor
+
+WORLD = 2
+ODD_SIZE = 1001  # not a whole number of fp32 elements per rank: rounded up to 1008 bytes
+
+
+def _rank(rank: int, port: int, results: Any) -> None:
+    """One rank: the cpu-110m calibration the plugin would run, then an odd size and bad args."""
+    import torch.distributed as dist
+
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+        sizes = message_sizes(PRESETS["cpu-110m"], ["auto", "fsdp"], WORLD, 4)
+        start = time.perf_counter()
+        full = calibrate(sizes.all_gather, sizes.all_reduce, "cpu", torch.float32, 1, 3, 64 << 20)
+        elapsed = time.perf_counter() - start
+        odd = calibrate([ODD_SIZE], [ODD_SIZE], "cpu", torch.float32, 0, 1, 1 << 20)
+        try:
+            calibrate([4096], [], "cpu", torch.float32, warmup=0, iters=0)
+        except ValueError as exc:
+            bad = str(exc)
+        else:
+            bad = ""
+        dist.destroy_process_group()
+        results.put((rank, full.to_dict(), odd.to_dict(), elapsed, bad, None))
+    except BaseException:  # noqa: BLE001 - report anything to the parent instead of hanging it
+        results.put((rank, None, None, 0.0, "", traceback.format_exc()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks() -> dict[int, tuple[Any, ...]]:
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, results)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[Any, ...]] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while len(got) < WORLD:
+            try:
+                item = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"ranks did not answer in 60 s (got {sorted(got)})")
+            if item[5] is not None:
+                pytest.fail(f"rank {item[0]} failed:\n{item[5]}")
+            got[item[0]] = item[1:]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return got
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_rank_returns_the_same_figures(ranks: dict[int, tuple[Any, ...]]) -> None:
+    assert ranks[0][0] == ranks[1][0]
+    assert ranks[0][1] == ranks[1][1]
+
+
+def test_calibration_is_complete_and_follows_nccl_tests(ranks: dict[int, tuple[Any, ...]]) -> None:
+    cal = Calibration.from_dict(ranks[0][0])
+    cfg = PRESETS["cpu-110m"]
+    assert (cal.world_size, cal.backend, cal.device_type) == (WORLD, "gloo", "cpu")
+    gathered = [f.bytes for f in cal.all_gather]
+    assert cfg.block_param_count() * 4 in gathered
+    assert cfg.non_block_param_count() * 4 in gathered
+    for f in cal.all_gather:
+        assert f.time_s > 0
+        assert f.algbw == pytest.approx(f.bytes / f.time_s)
+        assert f.busbw == pytest.approx(f.algbw * bus_factor("all_gather", WORLD))
+    for f in cal.all_reduce:
+        assert f.busbw == pytest.approx(f.algbw * bus_factor("all_reduce", WORLD))
+    assert cal.latency_s == min(f.time_s for f in cal.all_gather)
+    assert cal.memory_bandwidth > 0 and cal.fresh_copy_bandwidth > 0
+    # a block's gather moves megabytes: it must take longer than the latency probe
+    assert cal.time_at("all_gather", cfg.block_param_count() * 4) > cal.latency_s
+
+
+def test_sizes_round_up_to_whole_elements(ranks: dict[int, tuple[Any, ...]]) -> None:
+    odd = Calibration.from_dict(ranks[0][1])
+    assert [f.bytes for f in odd.all_gather] == [1008]  # 126 fp32 elements per rank x 2
+    assert [f.bytes for f in odd.all_reduce] == [1004]  # 251 fp32 elements
+
+
+def test_cpu_110m_calibration_is_fast(ranks: dict[int, tuple[Any, ...]]) -> None:
+    assert max(r[2] for r in ranks.values()) < 10.0
+
+
+def test_bad_repeats_are_refused(ranks: dict[int, tuple[Any, ...]]) -> None:
+    assert "iters >= 1" in ranks[0][3]
+
+
+def test_needs_a_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # pragma: no cover - the test process never joins a group
+        pytest.skip("a process group exists in the test process")
+    with pytest.raises(RuntimeError, match="initialised torch.distributed process group"):
+        calibrate([4096], [4096], "cpu", torch.float32)
