@@ -11,6 +11,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from .settings import (
     Settings,
     Workload,
     env_slowdown,
+    gate_from_marker,
     resolve_settings,
     workload_from_marker,
 )
@@ -29,15 +31,19 @@ from .strategies import strategy_names
 
 STRATEGY_MARKER = "strategy"
 WORKLOAD_MARKER = "distperf"
-RESULT_PROPERTY = "distperf"
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("distperf", "distributed performance regression tests")
     for spec in OPTIONS:
-        group.addoption(spec.flag, dest=f"distperf_{spec.name}", default=None, help=spec.help)
-        parser.addini(spec.ini, f"{spec.help} (default {spec.default})", default="")
+        dest = f"distperf_{spec.name}"
+        if spec.is_flag:
+            group.addoption(spec.flag, dest=dest, action="store_true", help=spec.help)
+            parser.addini(spec.ini, spec.help, type="bool", default=False)
+        else:
+            group.addoption(spec.flag, dest=dest, default=None, help=spec.help)
+            parser.addini(spec.ini, f"{spec.help} (default {spec.default or 'unset'})", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,13 +58,15 @@ def pytest_configure(config: pytest.Config) -> None:
         "precision='fp32', seed=1234, slowdown=0.0): the workload a distperf test generates",
     )
     cli = {spec.name: config.getoption(f"distperf_{spec.name}") for spec in OPTIONS}
-    ini = {spec.name: config.getini(spec.ini) for spec in OPTIONS}
+    # An ini switch left at False counts as absent, so a bad command line is what gets named.
+    ini = {spec.name: config.getini(spec.ini) or None for spec in OPTIONS}
     try:
         settings = resolve_settings(cli, ini, str(config.inipath) if config.inipath else None)
         slowdown = env_slowdown()
     except SettingError as error:
         raise pytest.UsageError(f"pytest-distperf: {error}") from None
-    config.pluginmanager.register(DistperfPlugin(settings, slowdown), "distperf-session")
+    plugin = DistperfPlugin(settings, slowdown, rootpath=config.rootpath)
+    config.pluginmanager.register(plugin, "distperf-session")
 
 
 @dataclass
@@ -74,12 +82,14 @@ class DistperfPlugin:
 
     settings: Settings
     slowdown: float | None
+    rootpath: Path = field(default_factory=Path.cwd)
     rows: list[dict[str, Any]] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)  # pytest start, near enough
     # Calibrated once per session (accelerator and device count are fixed for a session) by
     # the first distperf run, at the union of message sizes of every collected test.
     calibration_sizes: Any = None
     calibration: Any = None
+    _gate: Any = field(default=None, repr=False)
     _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
@@ -94,6 +104,32 @@ class DistperfPlugin:
                 devices = visible if accelerator == "cuda" and visible else _cpu_count()
             self._resolved = Resolved(accelerator, devices, visible)
         return self._resolved
+
+    def gate(self) -> Any:
+        """The session's judge (topology probed or loaded once, baseline store), on first use."""
+        if self._gate is None:
+            from .baseline import BaselineStore
+            from .gate import Gate, current_commit, default_baseline_dir
+            from .topology import TopologyError, load_topology, probe
+
+            resolved = self.resolve()
+            if self.settings.topology:
+                try:
+                    topology = load_topology(self.settings.topology, resolved.devices)
+                except TopologyError as error:
+                    raise pytest.UsageError(
+                        f"pytest-distperf: --distperf-topology: {error}"
+                    ) from None
+            else:
+                topology = probe(resolved.accelerator, resolved.devices)
+            directory = self.settings.baseline_dir or default_baseline_dir(self.rootpath)
+            self._gate = Gate(
+                topology=topology,
+                store=BaselineStore(directory),
+                update=self.settings.update_baselines,
+                commit=current_commit(self.rootpath) if self.settings.update_baselines else None,
+            )
+        return self._gate
 
     @pytest.hookimpl
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -117,6 +153,7 @@ class DistperfPlugin:
                 workloads.append((strategy, _workload_of(item)))
         if workloads:
             self.calibration_sizes = session_message_sizes(workloads, self.resolve().devices)
+            self.gate()  # a bad --distperf-topology is a usage error before any rank starts
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -124,6 +161,14 @@ class DistperfPlugin:
             from .report import write_json_report
 
             write_json_report(self.settings.json, self.rows)
+        if self.settings.benchmark_json:
+            from .benchmark_json import default_commit_info, write_benchmark_json
+
+            write_benchmark_json(
+                self.settings.benchmark_json,
+                self.rows,
+                commit_info=default_commit_info(self.rootpath),
+            )
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -132,23 +177,45 @@ class DistperfPlugin:
             for report in terminalreporter.stats.get(key, []):
                 if getattr(report, "when", None) != "call":
                     continue
-                for name, value in report.user_properties:
-                    if name == RESULT_PROPERTY:
-                        rows.append((report.nodeid, key, value))
+                props = {k: v for k, v in report.user_properties if k.startswith("distperf_")}
+                if "distperf_tokens_per_sec" in props:
+                    rows.append((report.nodeid, key, props))
         if not rows:
             return
         terminalreporter.write_sep("-", "distperf results")
-        for nodeid, outcome, row in rows:
-            terminalreporter.write_line(format_result_line(nodeid, outcome, row))
+        if self._gate is not None:
+            topology = self._gate.topology
+            notes = "".join(f"; {note}" for note in topology.notes)
+            terminalreporter.write_line(
+                f"topology {topology.key()} (from {topology.source}){notes}"
+            )
+        terminalreporter.write_line(RESULT_HEADER)
+        for nodeid, outcome, props in rows:
+            terminalreporter.write_line(format_result_line(nodeid, outcome, props))
 
 
-def format_result_line(nodeid: str, outcome: str, row: dict[str, Any]) -> str:
-    decode = row.get("decode_tokens_per_sec")
-    decode_text = f"{decode:.2f}" if decode is not None else "-"
+RESULT_HEADER = (
+    f"{'tok/s':>10} {'decode':>9} {'ttft ms':>8} {'strategy':<15} {'ranks':<9} "
+    f"{'predicted':>9} {'bound':<13} {'baseline':>9} {'change':>7}  {'verdict':<18} test"
+)
+
+
+def format_result_line(nodeid: str, outcome: str, props: dict[str, Any]) -> str:
+    def number(key: str, spec: str) -> str:
+        value = props.get(key)
+        width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+        return format(value, spec) if isinstance(value, (int, float)) else "-".rjust(width)
+
+    ranks = f"{props['distperf_devices']} x {props['distperf_accelerator']}"
+    verdict = props.get("distperf_verdict", "ok") if outcome == "passed" else "FAILED"
     return (
-        f"{row['tokens_per_sec']:10.2f} tok/s  decode {decode_text:>8} tok/s  "
-        f"ttft {row['ttft_s'] * 1000:8.1f} ms  {row['strategy']:<15} "
-        f"{row['devices']} x {row['accelerator']:<4}  {outcome.upper():<6} {nodeid}"
+        f"{number('distperf_tokens_per_sec', '10.2f')} "
+        f"{number('distperf_decode_tokens_per_sec', '9.2f')} "
+        f"{number('distperf_ttft_ms', '8.1f')} {props['distperf_strategy']:<15} {ranks:<9} "
+        f"{number('distperf_predicted_tokens_per_sec', '9.2f')} "
+        f"{props.get('distperf_bound', '-'):<13} "
+        f"{number('distperf_baseline_tokens_per_sec', '9.2f')} "
+        f"{number('distperf_change', '+7.1%')}  {verdict:<18} {nodeid}"
     )
 
 
@@ -220,14 +287,17 @@ def _known_models() -> tuple[str, ...]:
     return tuple(PRESETS)
 
 
-def _workload_of(item: pytest.Item) -> Workload:
+def _marker_kwargs(item: pytest.Item) -> dict[str, Any]:
     marker = item.get_closest_marker(WORKLOAD_MARKER)
     if marker and marker.args:
         pytest.fail(f"{item.nodeid}: distperf marker takes keyword arguments only", pytrace=False)
+    return dict(marker.kwargs) if marker else {}
+
+
+def _workload_of(item: pytest.Item) -> Workload:
+    kwargs = _marker_kwargs(item)
     try:
-        return workload_from_marker(
-            dict(marker.kwargs) if marker else {}, item.nodeid, _known_models()
-        )
+        return workload_from_marker(kwargs, item.nodeid, _known_models())
     except SettingError as error:
         message = str(error)
     pytest.fail(message, pytrace=False)  # outside `except`: no chained duplicate in the report
@@ -271,6 +341,7 @@ class DistperfRun:
         )
 
     def run(self) -> RunResult:
+        """Launch the ranks, then judge the result; a failed gate fails the test here."""
         from .launcher import RunFailed, launch
 
         plugin = self._plugin
@@ -282,18 +353,68 @@ class DistperfRun:
         except RunFailed as error:
             failure = str(error)
         else:
-            if result.calibration is not None:
-                plugin.calibration = result.calibration
-            self.results.append(result)
-            row = result.summary()
-            row["calibration"] = plugin.calibration.to_dict() if plugin.calibration else None
-            row["session_to_first_timed_s"] = max(r.timed_from for r in result.ranks) - (
-                self._plugin.started_at
-            )
-            self._plugin.rows.append(row)
-            self._item.user_properties.append((RESULT_PROPERTY, row))
-            return result
+            failure = self._judge(result)
+            if not failure:
+                return result
         pytest.fail(failure, pytrace=False)
+
+    def _judge(self, result: RunResult) -> str:
+        """Record the result and apply the gates; the failure text, or "" when all passed."""
+        from .baseline import BaselineFileError
+        from .verdict import GateSettings
+
+        plugin = self._plugin
+        if result.calibration is not None:
+            plugin.calibration = result.calibration
+        self.results.append(result)
+        settings = plugin.settings
+        gate = plugin.gate()
+        overrides = gate_from_marker(_marker_kwargs(self._item), self._item.nodeid)
+        gate_settings = GateSettings(
+            efficiency=overrides.get("efficiency", settings.efficiency),
+            tolerance=overrides.get("tolerance", settings.tolerance),
+            strict=settings.strict,
+            fail_on_improvement=settings.fail_on_improvement,
+        )
+        try:
+            decision, prediction = gate.judge(result, gate_settings, plugin.calibration)
+            recorded = gate.record(result, decision, prediction)
+        except BaselineFileError as error:  # never overwritten; the user must look at it
+            return f"distperf: {error}"
+        row = result.summary()
+        row.update(decision.fields())
+        row["topology_key"] = gate.topology_key
+        row["baseline_recorded"] = recorded
+        row["prediction"] = prediction.to_dict() if prediction else None
+        row["calibration"] = plugin.calibration.to_dict() if plugin.calibration else None
+        first_timed = max(r.timed_from for r in result.ranks)
+        row["session_to_first_timed_s"] = first_timed - plugin.started_at
+        plugin.rows.append(row)
+        for key in REPORTED_FIELDS:
+            if row.get(key) is not None:
+                self._item.user_properties.append((f"distperf_{key}", row[key]))
+        self._item.user_properties.append(("distperf_ttft_ms", row["ttft_s"] * 1000))
+        return decision.failure_text()
+
+
+# Scalars that ride on the test report: the terminal table and JUnit XML properties.
+REPORTED_FIELDS = (
+    "tokens_per_sec",
+    "decode_tokens_per_sec",
+    "strategy",
+    "devices",
+    "accelerator",
+    "topology_key",
+    "predicted_tokens_per_sec",
+    "threshold_tokens_per_sec",
+    "bound",
+    "baseline_tokens_per_sec",
+    "change",
+    "tolerance",
+    "detectable_drop",
+    "verdict",
+    "peak_memory_bytes",
+)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ class OptionSpec:
     name: str  # e.g. "devices" -> --distperf-devices / distperf_devices
     default: str
     help: str
+    is_flag: bool = False  # a switch: store_true on the command line, a bool in the ini file
 
     @property
     def flag(self) -> str:
@@ -46,6 +47,26 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("warmup", "1", "untimed generations before the timed ones"),
     OptionSpec("timeout", "600", "seconds a test's ranks may run before they are stopped"),
     OptionSpec("json", "", "write every distperf result of the session to this JSON file"),
+    OptionSpec(
+        "benchmark_json", "", "write the results in pytest-benchmark's JSON format to this file"
+    ),
+    OptionSpec(
+        "efficiency",
+        "0.6",
+        "fail a run below this fraction of the predicted tokens/sec, in (0, 1]",
+    ),
+    OptionSpec(
+        "tolerance",
+        "",
+        "relative drop from the baseline tolerated; default: from the baseline's own noise",
+    ),
+    OptionSpec(
+        "baseline_dir", "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
+    ),
+    OptionSpec("update_baselines", "", "record or refresh the baselines of the tests run", True),
+    OptionSpec("strict", "", "a test without a baseline for this machine fails", True),
+    OptionSpec("fail_on_improvement", "", "a run far faster than its baseline (stale) fails", True),
+    OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
 )
 
 
@@ -59,6 +80,14 @@ class Settings:
     warmup: int
     timeout: float
     json: str | None = None
+    benchmark_json: str | None = None
+    efficiency: float = 0.6
+    tolerance: float | None = None
+    baseline_dir: str | None = None
+    update_baselines: bool = False
+    strict: bool = False
+    fail_on_improvement: bool = False
+    topology: str | None = None
 
 
 def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
@@ -94,6 +123,30 @@ def _parse_timeout(raw: str, source: str) -> float:
     return value
 
 
+def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
+    """A number in (0, 1] (efficiency) or (0, 1) (tolerance)."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{source}: {name} must be a number, got {raw!r}") from None
+    upper_ok = value <= 1 if allow_one else value < 1
+    if isinstance(raw, bool) or not (value > 0 and upper_ok):
+        bounds = "(0, 1]" if allow_one else "(0, 1)"
+        raise SettingError(f"{source}: {name} must be in {bounds}, got {raw!r}")
+    return value
+
+
+def _parse_flag(raw: Any, source: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = str(raw).strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise SettingError(f"{source}: expected true or false, got {raw!r}")
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "devices": _parse_devices,
     "accelerator": _parse_accelerator,
@@ -101,6 +154,16 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
     "timeout": _parse_timeout,
     "json": lambda raw, source: raw or None,
+    "benchmark_json": lambda raw, source: raw or None,
+    "efficiency": lambda raw, source: parse_fraction(raw, source, "efficiency", allow_one=True),
+    "tolerance": lambda raw, source: (
+        parse_fraction(raw, source, "tolerance", allow_one=False) if raw else None
+    ),
+    "baseline_dir": lambda raw, source: raw or None,
+    "update_baselines": lambda raw, source: _parse_flag(raw, source),
+    "strict": lambda raw, source: _parse_flag(raw, source),
+    "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
+    "topology": lambda raw, source: raw or None,
 }
 
 
@@ -115,7 +178,7 @@ def resolve_settings(
         if ini_value not in (None, ""):
             raw, source = str(ini_value), f"ini option {spec.ini} in {ini_file or 'the ini file'}"
         cli_value = cli.get(spec.name)
-        if cli_value is not None:
+        if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
         values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
     return Settings(**values)
@@ -150,13 +213,14 @@ def workload_from_marker(
 ) -> Workload:
     """Validate `distperf(...)` marker arguments; `where` names the test for the message."""
     fields = {f.name: f for f in dataclasses.fields(Workload)}
-    unknown = sorted(set(kwargs) - set(fields))
+    unknown = sorted(set(kwargs) - set(fields) - set(GATE_ARGUMENTS))
     if unknown:
         raise SettingError(
             f"{where}: unknown distperf marker argument(s) {', '.join(unknown)}; "
-            f"valid: {', '.join(fields)}"
+            f"valid: {', '.join([*fields, *GATE_ARGUMENTS])}"
         )
-    values = {**Workload().params(), **kwargs}
+    gate_from_marker(kwargs, where)  # validated here too, so collection reports it
+    values = {**Workload().params(), **{k: v for k, v in kwargs.items() if k in fields}}
     model = values["model"]
     if not isinstance(model, str) or (model not in known_models and not _is_import_path(model)):
         raise SettingError(
@@ -182,6 +246,19 @@ def workload_from_marker(
     ):
         raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
     return Workload(**{**values, "slowdown": float(slowdown)})
+
+
+GATE_ARGUMENTS = ("efficiency", "tolerance")
+
+
+def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, float]:
+    """The marker's per-test overrides of --distperf-efficiency and --distperf-tolerance."""
+    gate = {}
+    for name in GATE_ARGUMENTS:
+        if name in kwargs:
+            source = f"{where}: distperf({name}={kwargs[name]!r})"
+            gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
+    return gate
 
 
 def _is_import_path(value: str) -> bool:

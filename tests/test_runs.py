@@ -72,8 +72,10 @@ def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> N
         """
         import pytest
 
+        # A toy model: per-call overheads, not weights or links, set its rate, so the
+        # threshold (fitted for real model sizes) is relaxed; the gates have their own tests.
         @pytest.mark.strategy("auto", "fsdp")
-        @pytest.mark.distperf(model="tiny", max_new_tokens=6)
+        @pytest.mark.distperf(model="tiny", max_new_tokens=6, efficiency=0.05)
         def test_throughput(distperf):
             result = distperf.run()
             assert result.tokens_per_sec > 0
@@ -90,8 +92,10 @@ def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> N
     result.stdout.fnmatch_lines(
         [
             "*distperf results*",
-            "*tok/s*auto*2 x cpu*PASSED*test_throughput[[]auto-2cpu[]]",
-            "*tok/s*fsdp*2 x cpu*PASSED*test_throughput[[]fsdp-2cpu[]]",
+            "topology cpu_*",
+            "*tok/s*decode*ttft*strategy*predicted*bound*baseline*change*verdict*test",
+            "*auto*2 x cpu*compute*ok*test_throughput[[]auto-2cpu[]]",
+            "*fsdp*2 x cpu*ok*test_throughput[[]fsdp-2cpu[]]",
         ]
     )
     rows = json.loads(report.read_text())["results"]
@@ -139,7 +143,7 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
         def test_a_hangs(distperf):
             distperf.run()
 
-        @pytest.mark.distperf(model="tiny", max_new_tokens=2)
+        @pytest.mark.distperf(model="tiny", max_new_tokens=2, efficiency=0.05)
         def test_b_runs(distperf):
             assert distperf.run().tokens_per_sec > 0
         """

@@ -1,0 +1,119 @@
+"""Judges one RunResult for the session: its prediction on this topology, its baseline, the
+decision, and (with --distperf-update-baselines) the new baseline entry. No pytest here."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .baseline import BaselineEntry, BaselineStore
+from .perfmodel import Prediction, links_from_calibration, nominal_links, predict
+from .results import RunResult
+from .topology import Topology
+from .verdict import FAIL, Decision, GateSettings, baseline_check, memory_check, threshold_check
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BASELINE_DIR_NAME = "distperf-baselines"
+
+
+def test_identity(result: RunResult) -> str:
+    """What makes two runs comparable: node id (strategy and ranks are in it) and workload.
+
+    The slow-down knob is left out on purpose: a slowed run must meet its normal baseline.
+    """
+    params = {k: v for k, v in result.spec.workload.params().items() if k != "slowdown"}
+    described = " ".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{result.spec.test_id} [{described}]"
+
+
+@dataclass
+class Gate:
+    topology: Topology
+    store: BaselineStore
+    update: bool = False
+    commit: str | None = None
+    _known_keys: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def topology_key(self) -> str:
+        return self.topology.key()
+
+    def prediction(self, result: RunResult, calibration: Any) -> tuple[Prediction | None, str]:
+        """The predicted rate, or None with the reason there is none."""
+        workload = result.spec.workload
+        if ":" in workload.model:
+            return None, "own model builder: its size is unknown to the performance model"
+        from distperf_model.config import Config
+
+        link_class = "none"
+        if result.devices > 1:
+            link_class = self.topology.slowest_link().link_class
+        if calibration is not None:
+            links = links_from_calibration(calibration, link_class)
+        else:
+            links = nominal_links(self.topology, result.devices)
+        prediction = predict(
+            Config.from_name(workload.model),
+            result.strategy,
+            result.devices,
+            links,
+            device_type=result.spec.accelerator,
+            batch_size=workload.batch_size,
+            prompt_length=workload.prompt_length,
+            max_new_tokens=workload.max_new_tokens,
+            dtype_bytes=DTYPE_BYTES[workload.precision],
+            compute_time_s=result.reference_token_s,
+        )
+        return prediction, ""
+
+    def judge(
+        self, result: RunResult, settings: GateSettings, calibration: Any
+    ) -> tuple[Decision, Prediction | None]:
+        prediction, _ = self.prediction(result, calibration)
+        checks = [threshold_check(prediction, result.tokens_per_sec, settings.efficiency)]
+        if not self.update:
+            entry = self.store.get(self.topology_key, test_identity(result))
+            samples = result.tokens_per_sec_samples
+            checks.append(
+                baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
+            )
+            checks.append(memory_check(entry, result.peak_memory_bytes, settings))
+        return Decision(tuple(checks)), prediction
+
+    def known_keys(self) -> list[str]:
+        if self._known_keys is None:
+            self._known_keys = self.store.keys()
+        return self._known_keys
+
+    def record(self, result: RunResult, decision: Decision, prediction: Prediction | None) -> bool:
+        """Store this run as the baseline unless it failed its threshold: a run the links
+        cannot explain must not become the yardstick."""
+        if not self.update or any(c.status == FAIL for c in decision.checks):
+            return False
+        extra = {"predicted_tokens_per_sec": prediction.tokens_per_sec} if prediction else None
+        entry = BaselineEntry.from_samples(
+            test_identity(result),
+            result.tokens_per_sec_samples,
+            peak_memory_bytes=result.peak_memory_bytes,
+            versions=result.versions,
+            commit=self.commit,
+            extra=extra,
+        )
+        self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
+        return True
+
+
+def default_baseline_dir(rootpath: Path) -> Path:
+    return rootpath / BASELINE_DIR_NAME
+
+
+def current_commit(cwd: Path) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

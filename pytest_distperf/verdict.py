@@ -1,0 +1,137 @@
+"""Decisions on one run: below the topology-aware threshold, regressed against the baseline,
+stale baseline, memory growth, or fine; each with the message a user acts on.
+
+Small check functions that return a `Check` (pytest-benchmark's `fails()` idea, with a status
+instead of None so that passing runs carry their figures too). Pure: no I/O, no pytest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .baseline import BaselineEntry
+from .perfmodel import Prediction, failure_message, threshold
+from .stats import Comparison, compare, compare_memory
+
+PASS, FAIL, WARN, NOTE = "pass", "fail", "warn", "note"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # "threshold", "baseline" or "memory"
+    status: str  # PASS, FAIL, WARN (reported, not failing) or NOTE (nothing to judge)
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)  # figures for reports
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    efficiency: float
+    tolerance: float | None  # None: derived from the baseline's own noise
+    alpha: float = 0.01
+    memory_tolerance: float = 0.10
+    strict: bool = False  # a missing baseline fails
+    fail_on_improvement: bool = False  # a stale (much faster) baseline fails
+
+
+def threshold_check(prediction: Prediction | None, measured: float, efficiency: float) -> Check:
+    if prediction is None:
+        return Check("threshold", NOTE, "no prediction for this run (see the report header)")
+    floor = threshold(prediction, efficiency)
+    fields = {
+        "predicted_tokens_per_sec": prediction.tokens_per_sec,
+        "threshold_tokens_per_sec": floor,
+        "efficiency": efficiency,
+        "bound": prediction.bound,
+        "bound_description": prediction.bound_description,
+        "link_class": prediction.link_class,
+        "ratio_to_predicted": measured / prediction.tokens_per_sec,
+    }
+    if measured < floor:
+        return Check("threshold", FAIL, failure_message(prediction, measured, efficiency), fields)
+    message = (
+        f"{measured:.4g} tok/s >= {efficiency:.0%} of predicted {prediction.tokens_per_sec:.4g} "
+        f"tok/s (bound: {prediction.bound_description})"
+    )
+    return Check("threshold", PASS, message, fields)
+
+
+def baseline_check(
+    entry: BaselineEntry | None,
+    samples: Sequence[float],
+    settings: GateSettings,
+    topology_key: str,
+    known_keys: Sequence[str],
+) -> Check:
+    if entry is None:
+        others = [k for k in known_keys if k != topology_key]
+        where = f"no baseline for this test on this machine (topology key {topology_key})"
+        if others:
+            where += f"; baselines exist for: {', '.join(others)}"
+        status = FAIL if settings.strict else NOTE
+        hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
+        return Check("baseline", status, where + hint)
+    comparison = compare(entry.samples, samples, tolerance=settings.tolerance, alpha=settings.alpha)
+    fields = _comparison_fields(comparison, entry)
+    status = {
+        "ok": PASS,
+        "regression": FAIL,
+        "improvement": FAIL if settings.fail_on_improvement else WARN,
+        "noisy": WARN,
+    }[comparison.verdict]
+    return Check("baseline", status, comparison.message(), fields)
+
+
+def memory_check(entry: BaselineEntry | None, peak_bytes: int, settings: GateSettings) -> Check:
+    if entry is None or entry.peak_memory_bytes is None:
+        return Check("memory", NOTE, "no baseline peak memory")
+    problem = compare_memory(entry.peak_memory_bytes, peak_bytes, settings.memory_tolerance)
+    if problem:
+        return Check("memory", FAIL, problem)
+    return Check("memory", PASS, "peak memory within tolerance")
+
+
+def _comparison_fields(comparison: Comparison, entry: BaselineEntry) -> dict[str, Any]:
+    return {
+        "baseline_tokens_per_sec": comparison.baseline_median,
+        "change": comparison.change,
+        "tolerance": comparison.tolerance,
+        "p_value": comparison.p_value,
+        "detectable_drop": comparison.detectable_drop,
+        "baseline_verdict": comparison.verdict,
+        "baseline_recorded_at": entry.recorded_at,
+        "baseline_commit": entry.commit,
+    }
+
+
+@dataclass(frozen=True)
+class Decision:
+    checks: tuple[Check, ...]
+
+    @property
+    def failed(self) -> bool:
+        return any(c.status == FAIL for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        """One word for tables: the worst outcome of any check."""
+        for status, word in ((FAIL, "FAIL"), (WARN, "WARN")):
+            names = [c.name for c in self.checks if c.status == status]
+            if names:
+                return f"{word} ({', '.join(names)})"
+        return "ok"
+
+    def failure_text(self) -> str:
+        return "\n\n".join(
+            f"distperf {c.name} check failed:\n{c.message}" for c in self.checks if c.status == FAIL
+        )
+
+    def fields(self) -> dict[str, Any]:
+        merged: dict[str, Any] = {"verdict": self.verdict}
+        for check in self.checks:
+            merged.update(check.fields)
+            merged[f"{check.name}_status"] = check.status
+            merged[f"{check.name}_message"] = check.message
+        return merged

@@ -1,0 +1,135 @@
+"""The gates end to end on CPU ranks: threshold, baselines, reports, and their bad inputs."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# `auto` is predicted from the run's own single-process reference, so its threshold holds even
+# for the tiny model, whose rate per-call overheads set (efficiency 0.3 leaves room for noise).
+TEST_AUTO = """
+import pytest
+
+@pytest.mark.distperf(model="tiny", max_new_tokens=8, efficiency=0.3)
+def test_rate(distperf):
+    distperf.run()
+"""
+
+
+def _baseline_files(root: Path) -> list[Path]:
+    return sorted((root / "distperf-baselines").glob("*.json"))
+
+
+def test_slowdown_knob_fails_the_threshold_with_the_reason(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    assert pytester.runpytest_subprocess("--distperf-devices=2").ret == 0
+    monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.9")
+    result = pytester.runpytest_subprocess("--distperf-devices=2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*distperf threshold check failed:*",
+            "*auto (replicated) on 2 device(s): measured * tok/s is below the threshold "
+            "* tok/s (30% of the predicted * tok/s); measured/predicted = 0.*",
+            "*bound by compute*",
+        ]
+    )
+
+
+def test_record_then_compare_then_catch_a_regression(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    recorded = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-update-baselines")
+    recorded.assert_outcomes(passed=1)
+    [baseline] = _baseline_files(pytester.path)
+    entries = json.loads(baseline.read_text())["entries"]
+    [(test_id, entry)] = entries.items()
+    assert test_id.startswith("test_record_then_compare_then_catch_a_regression.py::test_rate")
+    assert "model=tiny" in test_id and "slowdown" not in test_id
+    assert len(entry["samples"]) == 5
+
+    junit = pytester.path / "junit.xml"
+    same = pytester.runpytest_subprocess("--distperf-devices=2", f"--junitxml={junit}")
+    same.assert_outcomes(passed=1)
+    same.stdout.fnmatch_lines(["*auto*2 x cpu*compute*[+-]*%*test_rate[[]auto-2cpu[]]"])
+    properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+    assert float(properties["distperf_tokens_per_sec"]) > 0
+    assert float(properties["distperf_baseline_tokens_per_sec"]) == entry["median"]
+    assert properties["distperf_topology_key"] == baseline.stem
+
+    monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.5")
+    caught = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-efficiency=0.01")
+    caught.assert_outcomes(failed=1)
+    caught.stdout.fnmatch_lines(
+        [
+            "*distperf baseline check failed:*",
+            "*throughput regression: measured median * tok/s (n=5) vs baseline median "
+            "* tok/s (n=5); change -*% (tolerance *%)*smallest detectable drop*",
+        ]
+    )
+
+
+def test_strict_fails_without_baseline_and_names_the_key(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-strict")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*no baseline for this test on this machine (topology key cpu_*)*"]
+    )
+
+
+def test_corrupt_baseline_file_is_named_and_left_untouched(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-update-baselines")
+    [baseline] = _baseline_files(pytester.path)
+    truncated = baseline.read_bytes()[:40]
+    baseline.write_bytes(truncated)
+    for args in ([], ["--distperf-update-baselines"]):
+        result = pytester.runpytest_subprocess("--distperf-devices=2", *args)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([f"*baseline file {baseline}*"])
+        assert baseline.read_bytes() == truncated
+
+
+def test_bad_topology_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    missing = pytester.path / "nowhere.json"
+    result = pytester.runpytest_subprocess("--distperf-devices=2", f"--distperf-topology={missing}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--distperf-topology*{missing}*"])
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-0.2", "fast"])
+def test_bad_efficiency_is_a_usage_error(pytester: pytest.Pytester, bad: str) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    result = pytester.runpytest(f"--distperf-efficiency={bad}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--distperf-efficiency*{bad}*"])
+
+
+def test_bad_efficiency_in_marker_fails_collection(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_AUTO.replace("efficiency=0.3", "efficiency=2"))
+    result = pytester.runpytest()
+    result.stdout.fnmatch_lines(
+        ["*test_rate: distperf(efficiency=2): efficiency must be in (0, 1]*"]
+    )
+
+
+def test_benchmark_json_is_written(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(TEST_AUTO)
+    path = pytester.path / "bench.json"
+    result = pytester.runpytest_subprocess(
+        "--distperf-devices=2", f"--distperf-benchmark-json={path}"
+    )
+    result.assert_outcomes(passed=1)
+    [benchmark] = json.loads(path.read_text())["benchmarks"]
+    assert benchmark["stats"]["rounds"] == 5
+    assert benchmark["extra_info"]["strategy"] == "auto"

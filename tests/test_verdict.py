@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from pytest_distperf.baseline import BaselineEntry
+from pytest_distperf.perfmodel import Prediction
+from pytest_distperf.verdict import (
+    FAIL,
+    NOTE,
+    PASS,
+    WARN,
+    Decision,
+    GateSettings,
+    baseline_check,
+    memory_check,
+    threshold_check,
+)
+
+SETTINGS = GateSettings(efficiency=0.6, tolerance=None)
+BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
+
+
+def _prediction(rate: float = 10.0) -> Prediction:
+    return Prediction(
+        strategy="fsdp",
+        devices=4,
+        tokens_per_sec=rate,
+        time_per_token_s=1 / rate,
+        terms={"compute": 0.01, "all_gather": 1 / rate - 0.01},
+        bound="all_gather",
+        bytes_per_token={"all_gather": 2.6e9},
+        link_class="PHB",
+        bandwidth_used=12e9,
+        assumptions=(),
+    )
+
+
+def _entry(samples: list[float] = BASE, peak: int | None = 1000) -> BaselineEntry:
+    return BaselineEntry.from_samples("t", samples, peak_memory_bytes=peak, versions={})
+
+
+def test_threshold_passes_at_or_above_efficiency_times_prediction() -> None:
+    check = threshold_check(_prediction(10.0), 6.0, 0.6)
+    assert check.status == PASS
+    assert check.fields["threshold_tokens_per_sec"] == 6.0
+
+
+def test_threshold_failure_names_the_figures() -> None:
+    check = threshold_check(_prediction(10.0), 3.0, 0.6)
+    assert check.status == FAIL
+    for text in ("fsdp", "4 device", "PHB", "predicted 10", "all-gather", "measured 3", "0.30"):
+        assert text in check.message, text
+
+
+def test_no_prediction_is_a_note() -> None:
+    assert threshold_check(None, 3.0, 0.6).status == NOTE
+
+
+def test_missing_baseline_is_a_note_listing_other_keys_or_a_failure_when_strict() -> None:
+    check = baseline_check(None, BASE, SETTINGS, "cuda_h200_x2", ["cpu_x2", "cuda_h200_x2"])
+    assert check.status == NOTE
+    assert "no baseline for this test on this machine (topology key cuda_h200_x2)" in check.message
+    assert "baselines exist for: cpu_x2" in check.message
+    strict = GateSettings(efficiency=0.6, tolerance=None, strict=True)
+    assert baseline_check(None, BASE, strict, "k", []).status == FAIL
+
+
+def test_regression_fails_with_baseline_measured_change_tolerance() -> None:
+    check = baseline_check(_entry(), [70.0, 71.0, 69.5, 70.5, 70.2], SETTINGS, "k", ["k"])
+    assert check.status == FAIL
+    for text in (
+        "regression",
+        "baseline median 100",
+        "measured median 70",
+        "change -29.8%",
+        "tolerance",
+    ):
+        assert text in check.message, text
+    assert check.fields["detectable_drop"] < 0.3
+
+
+def test_unchanged_run_passes_and_improvement_warns_or_fails() -> None:
+    assert (
+        baseline_check(_entry(), [100.2, 99.8, 100.9, 99.1, 100.0], SETTINGS, "k", []).status
+        == PASS
+    )
+    faster = [140.0, 141.0, 139.0, 140.5, 139.5]
+    assert baseline_check(_entry(), faster, SETTINGS, "k", []).status == WARN
+    strict = GateSettings(efficiency=0.6, tolerance=None, fail_on_improvement=True)
+    assert baseline_check(_entry(), faster, strict, "k", []).status == FAIL
+
+
+def test_memory_growth_fails() -> None:
+    assert memory_check(_entry(peak=1000), 1200, SETTINGS).status == FAIL
+    assert memory_check(_entry(peak=1000), 1050, SETTINGS).status == PASS
+    assert memory_check(None, 1050, SETTINGS).status == NOTE
+
+
+def test_decision_reports_the_worst_check() -> None:
+    passing = threshold_check(_prediction(10.0), 9.0, 0.6)
+    failing = baseline_check(_entry(), [70.0, 71.0, 69.5, 70.5, 70.2], SETTINGS, "k", [])
+    decision = Decision((passing, failing))
+    assert decision.failed
+    assert decision.verdict == "FAIL (baseline)"
+    assert decision.failure_text().startswith("distperf baseline check failed:")
+    assert Decision((passing,)).verdict == "ok"
