@@ -20,4 +20,6 @@ done
 DISTPERF_SLOWDOWN=0.1 "${base[@]}" --distperf-json "$OUT/slow10.json" > "$OUT/slow10.log" 2>&1
 echo "slowdown 10%: rc=$? $(tail -1 "$OUT/slow10.log")"
 grep -h "throughput\|detectable" "$OUT/slow10.log" | head -4
-tar czf "$OUT/logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.json) baselines && rm -f "$OUT"/rerun-*.log "$OUT"/rerun-*.json
+# one archive: the device tool brings back only a few files
+tar czf "$OUT/gates.tgz" -C "$OUT" $(cd "$OUT" && ls *.log *.json) baselines \
+  && (cd "$OUT" && rm -rf ./*.log ./*.json baselines)
