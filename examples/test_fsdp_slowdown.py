@@ -14,14 +14,14 @@ import pytest
 
 
 @pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard")
-@pytest.mark.distperf(model="cpu-110m", max_new_tokens=16)
+@pytest.mark.distperf(model="cpu-110m", max_new_tokens=8)
 def test_generation_throughput(distperf):
     result = distperf.run()
     assert result.tokens_per_sec > 0
 
 
 @pytest.mark.strategy("auto", "fsdp")
-@pytest.mark.distperf(model="pythia-14m", max_new_tokens=32)
+@pytest.mark.distperf(model="pythia-14m", max_new_tokens=16)
 def test_small_pythia_throughput(distperf):
     result = distperf.run()
     assert result.tokens_per_sec > 0

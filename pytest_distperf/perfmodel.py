@@ -944,11 +944,12 @@ def predict_all(
 # --------------------------------------------------------------------------- verdict text
 
 
-# The model lands within +17% / -31% of every measured row (tests/test_perfmodel.py): a run at
-# 60% of the prediction is at least ~30% below any row's measured/predicted ratio (0.86 at
-# worst, CPU fsdp and FSDP2 pythia-2.8b over NVLink), while a run slowed by half (0.43 of the
-# prediction at worst) is ~30% under it, so both a healthy and a broken run have room for noise.
-DEFAULT_EFFICIENCY = 0.6
+# Healthy runs land at 0.86-1.4 x the prediction (docs/benchmarks: the H200 rows, where the
+# model errs to the slow side by up to 31%, and CPU cpu-110m fsdp, measured 1.26 vs predicted
+# 0.95 tok/s). 0.7 keeps ~20% headroom under the worst healthy ratio, and still fails a run that
+# the knob slows by half on every row (1.33 x 0.5 = 0.67 at worst). The threshold is the coarse
+# gate ("the links cannot explain this"); drops of 5-15% are the baselines' job.
+DEFAULT_EFFICIENCY = 0.7
 
 
 def threshold(prediction: Prediction, efficiency: float) -> float:

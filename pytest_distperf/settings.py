@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .perfmodel import DEFAULT_EFFICIENCY
+
 ACCELERATORS = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -52,7 +54,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "efficiency",
-        "0.6",
+        str(DEFAULT_EFFICIENCY),
         "fail a run below this fraction of the predicted tokens/sec, in (0, 1]",
     ),
     OptionSpec(
@@ -81,7 +83,7 @@ class Settings:
     timeout: float
     json: str | None = None
     benchmark_json: str | None = None
-    efficiency: float = 0.6
+    efficiency: float = DEFAULT_EFFICIENCY
     tolerance: float | None = None
     baseline_dir: str | None = None
     update_baselines: bool = False
