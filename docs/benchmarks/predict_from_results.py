@@ -13,6 +13,7 @@ import json
 import sys
 
 from distperf_model.config import Config
+
 from pytest_distperf.gate import DTYPE_BYTES
 from pytest_distperf.perfmodel import Calibration, links_from_calibration, predict
 
@@ -20,16 +21,23 @@ from pytest_distperf.perfmodel import Calibration, links_from_calibration, predi
 def rows(link_class: str, paths: list[str]) -> list[str]:
     out = []
     for path in paths:
-        results = json.load(open(path))["results"]
+        with open(path) as stream:
+            results = json.load(stream)["results"]
         calibration = next(r["calibration"] for r in results if r.get("calibration"))
         links = links_from_calibration(Calibration.from_dict(calibration), link_class)
         for r in results:
             w = r["workload"]
             p = predict(
-                Config.from_name(w["model"]), r["strategy"], r["devices"], links,
-                device_type=r["accelerator"], batch_size=w["batch_size"],
-                prompt_length=w["prompt_length"], max_new_tokens=w["max_new_tokens"],
-                dtype_bytes=DTYPE_BYTES[w["precision"]], compute_time_s=r["reference_token_s"],
+                Config.from_name(w["model"]),
+                r["strategy"],
+                r["devices"],
+                links,
+                device_type=r["accelerator"],
+                batch_size=w["batch_size"],
+                prompt_length=w["prompt_length"],
+                max_new_tokens=w["max_new_tokens"],
+                dtype_bytes=DTYPE_BYTES[w["precision"]],
+                compute_time_s=r["reference_token_s"],
             )
             error = (p.tokens_per_sec - r["tokens_per_sec"]) / r["tokens_per_sec"]
             out.append(
@@ -40,6 +48,6 @@ def rows(link_class: str, paths: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("| model | strategy | implementation | measured tok/s | predicted tok/s | error | bound |")
+    print("| model | strategy | implementation | measured | predicted | error | bound |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows(sys.argv[1], sys.argv[2:])))
