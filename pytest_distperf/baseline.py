@@ -25,7 +25,6 @@ import numbers
 import os
 import re
 import statistics
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,6 +34,7 @@ from typing import Any
 
 import filelock
 
+from .files import atomic_write_text
 from .stats import relative_spread
 
 SCHEMA = 1
@@ -343,7 +343,7 @@ class BaselineStore:
                 topology_key, old_topology if new_topology is None else new_topology, merged
             )
             if raw != text.encode("utf-8"):
-                _atomic_write(path, text)
+                atomic_write_text(path, text, temp_prefix=_temp_prefix(path))
         finally:
             lock.release()
         return path
@@ -453,39 +453,6 @@ def _remove_orphaned_temps(path: Path) -> None:
     # belongs to a writer that died between writing and renaming.
     for orphan in path.parent.glob(f"{_temp_prefix(path)}*.tmp"):
         orphan.unlink(missing_ok=True)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        # mkstemp creates 0600; keep the mode an existing file had, else the usual 0644 for a
-        # file checked into a repository.
-        try:
-            mode = path.stat().st_mode & 0o777
-        except FileNotFoundError:
-            mode = 0o644
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable; POSIX only (directories cannot be opened on Windows).
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- small helpers ------------------------------------------------------------------------------

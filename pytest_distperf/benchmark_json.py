@@ -31,11 +31,12 @@ import os
 import platform
 import statistics
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from .files import atomic_write_text
 
 # The saved-JSON layout has been stable since pytest-benchmark 3.1 (which added "ops"); this is
 # written as "version" when pytest-benchmark itself is not installed.
@@ -91,19 +92,7 @@ def write_benchmark_json(
     document = to_benchmark_json(rows, machine_info=machine_info, commit_info=commit_info)
     # Strict JSON (no NaN/Infinity) because JavaScript readers of this format reject them.
     text = json.dumps(_finite(document), indent=4, ensure_ascii=True, allow_nan=False, default=str)
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text + "\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_text(path, text + "\n")
 
 
 def compute_stats(data: Sequence[float]) -> dict[str, Any]:

@@ -205,7 +205,17 @@ def _load_calibration(path: str | None, devices: int | None) -> Calibration | No
         raise UsageError(f"--calibration: file {path} could not be read: {exc}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--calibration: file {path} is not JSON: {exc}") from None
-    # A run's JSON report may nest it; accept both the bare value and {"calibration": ...}.
+    # Accept the bare value, {"calibration": ...}, or a --distperf-json report, whose rows
+    # carry the session's calibration.
+    if isinstance(data, dict) and isinstance(data.get("results"), list):
+        found = [
+            r["calibration"]
+            for r in data["results"]
+            if isinstance(r, dict) and r.get("calibration")
+        ]
+        if not found:
+            raise UsageError(f"--calibration: report {path} holds no calibration")
+        data = found[0]
     if isinstance(data, dict) and "calibration" in data:
         data = data["calibration"]
     try:

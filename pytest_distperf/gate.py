@@ -3,7 +3,10 @@ decision, and (with --distperf-update-baselines) the new baseline entry. No pyte
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,12 +36,15 @@ class Gate:
     topology: Topology
     store: BaselineStore
     update: bool = False
+    writes: bool = True  # False on ranks other than 0 of a launched job
     commit: str | None = None
     _known_keys: list[str] | None = field(default=None, repr=False)
 
     @property
     def topology_key(self) -> str:
-        return self.topology.key()
+        """The topology's key, plus NCCL settings that change the transport: a run with
+        peer-to-peer disabled must never be compared with one over NVLink."""
+        return self.topology.key() + transport_suffix(self.topology.accelerator)
 
     def prediction(self, result: RunResult, calibration: Any) -> tuple[Prediction | None, str]:
         """The predicted rate, or None with the reason there is none."""
@@ -50,6 +56,7 @@ class Gate:
         link_class = "none"
         if result.devices > 1:
             link_class = self.topology.slowest_link().link_class
+            link_class += transport_suffix(self.topology.accelerator).replace("_", " ")
         if calibration is not None:
             links = links_from_calibration(calibration, link_class)
         else:
@@ -79,7 +86,8 @@ class Gate:
             checks.append(
                 baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
             )
-            checks.append(memory_check(entry, result.peak_memory_bytes, settings))
+            exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
+            checks.append(memory_check(entry, result.peak_memory_bytes, settings, exact))
         return Decision(tuple(checks)), prediction
 
     def known_keys(self) -> list[str]:
@@ -90,7 +98,7 @@ class Gate:
     def record(self, result: RunResult, decision: Decision, prediction: Prediction | None) -> bool:
         """Store this run as the baseline unless it failed its threshold: a run the links
         cannot explain must not become the yardstick."""
-        if not self.update or any(c.status == FAIL for c in decision.checks):
+        if not (self.update and self.writes) or any(c.status == FAIL for c in decision.checks):
             return False
         extra = {"predicted_tokens_per_sec": prediction.tokens_per_sec} if prediction else None
         entry = BaselineEntry.from_samples(
@@ -103,6 +111,21 @@ class Gate:
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True
+
+
+TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET")
+
+
+def transport_suffix(accelerator: str, environ: Mapping[str, str] = os.environ) -> str:
+    """E.g. "_nccl-p2p-disable-1" when NCCL_P2P_DISABLE=1 is set for a CUDA run."""
+    if accelerator != "cuda":
+        return ""
+    parts = [
+        f"{name.lower().replace('_', '-')}-{environ[name].strip().lower()}"
+        for name in TRANSPORT_VARIABLES
+        if environ.get(name, "").strip()
+    ]
+    return "".join(f"_{re.sub(r'[^a-z0-9.-]', '-', part)}" for part in parts)
 
 
 def default_baseline_dir(rootpath: Path) -> Path:

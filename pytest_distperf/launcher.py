@@ -14,8 +14,8 @@ import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .results import RankResult, RunResult, RunSpec
@@ -55,6 +55,51 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[key] = old
 
 
+@dataclass(frozen=True)
+class LaunchedJob:
+    """This pytest process is one rank of a job torchrun (or srun with the same variables)
+    already started: every rank runs the same tests in the same order."""
+
+    rank: int
+    world_size: int
+    local_world_size: int
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // self.local_world_size)
+
+
+def launched_job(environ: Mapping[str, str] = os.environ) -> LaunchedJob | None:
+    """The job this process belongs to, from torchrun's variables; None when there is none."""
+    if "RANK" not in environ or "WORLD_SIZE" not in environ:
+        return None
+    try:
+        rank, world = int(environ["RANK"]), int(environ["WORLD_SIZE"])
+        local = int(environ.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        raise ValueError(
+            f"RANK={environ['RANK']!r} / WORLD_SIZE={environ['WORLD_SIZE']!r} / "
+            f"LOCAL_WORLD_SIZE={environ.get('LOCAL_WORLD_SIZE')!r} in the environment are not "
+            "integers"
+        ) from None
+    return LaunchedJob(rank, world, local)
+
+
+def run_in_job(spec: RunSpec) -> RunResult:
+    """Run `spec` in this process as its rank of the launched job; every rank gets every
+    rank's result. A failing or hung rank stops the whole job (the job launcher's business)."""
+    import torch.distributed as dist
+
+    from .worker import run_rank
+
+    launched_at, start = time.time(), time.perf_counter()
+    mine = run_rank(spec)
+    everyone: list[RankResult | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    ranks = tuple(sorted((r for r in everyone if r is not None), key=lambda r: r.rank))
+    return RunResult(spec, ranks, time.perf_counter() - start, launched_at)
+
+
 def launch(spec: RunSpec) -> RunResult:
     """Run `spec` in `spec.devices` fresh ranks; raise RunFailed with the reason if any fails."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
@@ -82,7 +127,7 @@ def launch(spec: RunSpec) -> RunResult:
     launched_at = time.time()
     start = time.perf_counter()
     try:
-        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads):
+        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads), _own_signals():
             returned: dict[int, RankResult] = elastic_launch(config, run_rank)(spec)
     except ChildFailedError as error:
         elapsed = time.perf_counter() - start
@@ -90,17 +135,35 @@ def launch(spec: RunSpec) -> RunResult:
     except SignalException as error:
         # The elastic agent has already stopped the ranks; a Ctrl-C must still stop the pytest
         # session rather than fail one test and go on to the next.
-        shutil.rmtree(log_dir, ignore_errors=True)
         if error.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
         raise
-    finally:
-        elapsed = time.perf_counter() - start
-    try:
-        ranks = tuple(returned[rank] for rank in sorted(returned))
-        return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
+    except Exception as error:  # rendezvous, store or spawn trouble: still this test's failure
+        where = f"[{spec.strategy}, {spec.devices} {spec.accelerator} ranks, {spec.test_id}]"
+        raise RunFailed(
+            f"distperf: could not run the ranks {where}: {type(error).__name__}: {error}"
+        ) from error
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
+    elapsed = time.perf_counter() - start
+    ranks = tuple(returned[rank] for rank in sorted(returned))
+    return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
+
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@contextlib.contextmanager
+def _own_signals() -> Iterator[None]:
+    """Give pytest its signal handlers back: the elastic agent installs its own for the run and
+    leaves them, after which a Ctrl-C between tests would only fail the next test."""
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)
 
 
 def _describe_failure(spec: RunSpec, error: object, log_dir: Path, elapsed: float) -> str:
@@ -132,7 +195,6 @@ def _describe_failure(spec: RunSpec, error: object, log_dir: Path, elapsed: floa
             lines.append(traceback.rstrip())
         else:
             lines.append(_stderr_tail(log_dir, rank) or "(no output captured)")
-    shutil.rmtree(log_dir, ignore_errors=True)
     return "\n".join(lines)
 
 

@@ -40,7 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest = f"distperf_{spec.name}"
         if spec.is_flag:
             group.addoption(spec.flag, dest=dest, action="store_true", help=spec.help)
-            parser.addini(spec.ini, spec.help, type="bool", default=False)
+            # a string, not type="bool": pytest's own bool parsing fails without naming the option
+            parser.addini(spec.ini, f"{spec.help} (true/false)", default="")
         else:
             group.addoption(spec.flag, dest=dest, default=None, help=spec.help)
             parser.addini(spec.ini, f"{spec.help} (default {spec.default or 'unset'})", default="")
@@ -58,14 +59,19 @@ def pytest_configure(config: pytest.Config) -> None:
         "precision='fp32', seed=1234, slowdown=0.0): the workload a distperf test generates",
     )
     cli = {spec.name: config.getoption(f"distperf_{spec.name}") for spec in OPTIONS}
-    # An ini switch left at False counts as absent, so a bad command line is what gets named.
     ini = {spec.name: config.getini(spec.ini) or None for spec in OPTIONS}
     try:
         settings = resolve_settings(cli, ini, str(config.inipath) if config.inipath else None)
         slowdown = env_slowdown()
     except SettingError as error:
         raise pytest.UsageError(f"pytest-distperf: {error}") from None
-    plugin = DistperfPlugin(settings, slowdown, rootpath=config.rootpath)
+    from .launcher import launched_job
+
+    try:
+        job = launched_job()
+    except ValueError as error:
+        raise pytest.UsageError(f"pytest-distperf: {error}") from None
+    plugin = DistperfPlugin(settings, slowdown, rootpath=config.rootpath, job=job)
     config.pluginmanager.register(plugin, "distperf-session")
 
 
@@ -90,6 +96,13 @@ class DistperfPlugin:
     calibration_sizes: Any = None
     calibration: Any = None
     _gate: Any = field(default=None, repr=False)
+    job: Any = None  # launcher.LaunchedJob when pytest runs inside a torchrun/SLURM job
+
+    @property
+    def writes_files(self) -> bool:
+        """Only rank 0 of a launched job writes reports and baselines."""
+        return self.job is None or self.job.rank == 0
+
     _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
@@ -100,8 +113,12 @@ class DistperfPlugin:
             if accelerator == "auto":
                 accelerator = "cuda" if visible else "cpu"
             devices = self.settings.devices
-            if devices is None:  # "auto": all visible GPUs; on CPU, one rank per core
+            if self.job is not None:
+                devices = self.job.world_size  # the job's ranks are the test's ranks
+            elif devices is None:  # "auto": all visible GPUs; on CPU, one rank per core
                 devices = visible if accelerator == "cuda" and visible else _cpu_count()
+            if self.job is not None and accelerator == "cuda":
+                visible = devices  # one GPU per rank, each rank sees its own
             self._resolved = Resolved(accelerator, devices, visible)
         return self._resolved
 
@@ -120,6 +137,12 @@ class DistperfPlugin:
                     raise pytest.UsageError(
                         f"pytest-distperf: --distperf-topology: {error}"
                     ) from None
+                if topology.accelerator != resolved.accelerator:
+                    raise pytest.UsageError(
+                        f"pytest-distperf: --distperf-topology {self.settings.topology} "
+                        f"describes {topology.accelerator} devices but the ranks run on "
+                        f"{resolved.accelerator}"
+                    )
             else:
                 topology = probe(resolved.accelerator, resolved.devices)
             directory = self.settings.baseline_dir or default_baseline_dir(self.rootpath)
@@ -127,6 +150,7 @@ class DistperfPlugin:
                 topology=topology,
                 store=BaselineStore(directory),
                 update=self.settings.update_baselines,
+                writes=self.writes_files,
                 commit=current_commit(self.rootpath) if self.settings.update_baselines else None,
             )
         return self._gate
@@ -157,6 +181,8 @@ class DistperfPlugin:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not self.writes_files:
+            return
         if self.settings.json:
             from .report import write_json_report
 
@@ -297,10 +323,30 @@ def _marker_kwargs(item: pytest.Item) -> dict[str, Any]:
 def _workload_of(item: pytest.Item) -> Workload:
     kwargs = _marker_kwargs(item)
     try:
-        return workload_from_marker(kwargs, item.nodeid, _known_models())
+        workload = workload_from_marker(kwargs, item.nodeid, _known_models())
+        _check_fits(workload, item.nodeid)
+        return workload
     except SettingError as error:
         message = str(error)
     pytest.fail(message, pytrace=False)  # outside `except`: no chained duplicate in the report
+
+
+def _check_fits(workload: Workload, where: str) -> None:
+    """The KV cache must hold the prompt and every new token (and the reference's steps)."""
+    if ":" in workload.model:
+        return
+    from distperf_model.config import Config
+
+    from .results import RunSpec
+
+    steps = max(workload.max_new_tokens, RunSpec.reference_steps)
+    block_size = Config.from_name(workload.model).block_size
+    if workload.prompt_length + steps > block_size:
+        raise SettingError(
+            f"{where}: distperf(prompt_length={workload.prompt_length}, "
+            f"max_new_tokens={workload.max_new_tokens}) needs {workload.prompt_length + steps} "
+            f"positions but model {workload.model!r} has block_size={block_size}"
+        )
 
 
 class DistperfRun:
@@ -342,14 +388,17 @@ class DistperfRun:
 
     def run(self) -> RunResult:
         """Launch the ranks, then judge the result; a failed gate fails the test here."""
-        from .launcher import RunFailed, launch
+        from .launcher import RunFailed, launch, run_in_job
 
         plugin = self._plugin
         spec = self.spec()
         if plugin.calibration is None and plugin.calibration_sizes is not None:
             spec = dataclasses.replace(spec, calibration_sizes=plugin.calibration_sizes)
         try:
-            result = launch(spec)
+            if plugin.job is not None:
+                result = run_in_job(dataclasses.replace(spec, nodes=plugin.job.nodes))
+            else:
+                result = launch(spec)
         except RunFailed as error:
             failure = str(error)
         else:
@@ -373,6 +422,7 @@ class DistperfRun:
         gate_settings = GateSettings(
             efficiency=overrides.get("efficiency", settings.efficiency),
             tolerance=overrides.get("tolerance", settings.tolerance),
+            alpha=settings.alpha,
             strict=settings.strict,
             fail_on_improvement=settings.fail_on_improvement,
         )
@@ -381,6 +431,8 @@ class DistperfRun:
             recorded = gate.record(result, decision, prediction)
         except BaselineFileError as error:  # never overwritten; the user must look at it
             return f"distperf: {error}"
+        except (OSError, TimeoutError) as error:  # unwritable directory, lock held too long
+            return f"distperf: baseline store {gate.store!r}: {type(error).__name__}: {error}"
         row = result.summary()
         row.update(decision.fields())
         row["topology_key"] = gate.topology_key

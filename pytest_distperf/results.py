@@ -38,6 +38,7 @@ class RunSpec:
     warmup: int
     timeout: float
     threads_per_rank: int = 1
+    nodes: int = 1  # > 1 only inside a multi-node job launched by torchrun/SLURM
     reference_steps: int = 8  # decode steps of the unwrapped model, timed before wrapping; 0: off
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)

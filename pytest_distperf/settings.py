@@ -7,6 +7,7 @@ workload. Nothing here imports torch, so `pytest --help` stays fast.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,6 +64,9 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "relative drop from the baseline tolerated; default: from the baseline's own noise",
     ),
     OptionSpec(
+        "alpha", "0.01", "false-alarm rate of the baseline test: a regression needs p <= alpha"
+    ),
+    OptionSpec(
         "baseline_dir", "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
     ),
     OptionSpec("update_baselines", "", "record or refresh the baselines of the tests run", True),
@@ -85,6 +89,7 @@ class Settings:
     benchmark_json: str | None = None
     efficiency: float = DEFAULT_EFFICIENCY
     tolerance: float | None = None
+    alpha: float = 0.01
     baseline_dir: str | None = None
     update_baselines: bool = False
     strict: bool = False
@@ -120,8 +125,8 @@ def _parse_timeout(raw: str, source: str) -> float:
         value = float(raw)
     except (TypeError, ValueError):
         raise SettingError(f"{source}: expected a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise SettingError(f"{source}: must be > 0 seconds, got {raw!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise SettingError(f"{source}: must be a finite number of seconds > 0, got {raw!r}")
     return value
 
 
@@ -161,6 +166,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "tolerance": lambda raw, source: (
         parse_fraction(raw, source, "tolerance", allow_one=False) if raw else None
     ),
+    "alpha": lambda raw, source: parse_fraction(raw, source, "alpha", allow_one=False),
     "baseline_dir": lambda raw, source: raw or None,
     "update_baselines": lambda raw, source: _parse_flag(raw, source),
     "strict": lambda raw, source: _parse_flag(raw, source),

@@ -46,10 +46,24 @@ def _fsdp(accelerator: str, devices: int) -> Any:
     # refuses to run on CPU, where the same sharding comes from FSDP2's fully_shard on gloo.
     if accelerator != "cuda":
         return _fsdp2(True, accelerator, devices)
-    from distperf_model.model import Block
     from lightning.fabric.strategies import FSDPStrategy
 
-    return FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy="FULL_SHARD")
+    return FSDPStrategy(auto_wrap_policy=_wrap_blocks, sharding_strategy="FULL_SHARD")
+
+
+# The FSDP1 wrap unit is the built model's `block_class`, known only once the rank has built
+# it (a user's builder brings its own); the worker sets it before the model is wrapped.
+_wrap_units: tuple[type, ...] = ()
+
+
+def set_wrap_unit(block_class: type) -> None:
+    global _wrap_units
+    _wrap_units = (block_class,)
+
+
+def _wrap_blocks(module: Any, recurse: bool, nonwrapped_numel: int) -> bool:
+    # FSDP1's policy protocol: descend everywhere, wrap each transformer block as one unit.
+    return True if recurse else isinstance(module, _wrap_units)
 
 
 STRATEGIES: dict[str, StrategySpec] = {

@@ -84,12 +84,17 @@ def baseline_check(
     return Check("baseline", status, comparison.message(), fields)
 
 
-def memory_check(entry: BaselineEntry | None, peak_bytes: int, settings: GateSettings) -> Check:
+def memory_check(
+    entry: BaselineEntry | None, peak_bytes: int, settings: GateSettings, exact: bool = True
+) -> Check:
+    """`exact`: the figure is an allocator peak (CUDA). A process RSS peak (CPU ranks) also
+    counts the unsharded build and allocator caching and moves by ~10% between identical runs,
+    so it only warns."""
     if entry is None or entry.peak_memory_bytes is None:
         return Check("memory", NOTE, "no baseline peak memory")
     problem = compare_memory(entry.peak_memory_bytes, peak_bytes, settings.memory_tolerance)
     if problem:
-        return Check("memory", FAIL, problem)
+        return Check("memory", FAIL if exact else WARN, problem)
     return Check("memory", PASS, "peak memory within tolerance")
 
 

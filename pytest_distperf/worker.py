@@ -21,7 +21,7 @@ from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
 
 from .results import Implementation, RankResult, RunSpec
-from .strategies import describe_implementation, get_strategy
+from .strategies import describe_implementation, get_strategy, set_wrap_unit
 from .workload import Fences, device_sync, reference_token_time, run_workload
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -51,7 +51,8 @@ def _run(spec: RunSpec) -> RankResult:
     workload = spec.workload
     fabric = Fabric(
         accelerator=spec.accelerator,
-        devices=spec.devices,
+        devices=spec.devices // spec.nodes,
+        num_nodes=spec.nodes,
         strategy=get_strategy(spec.strategy).build(spec.accelerator, spec.devices),
         precision=FABRIC_PRECISION[workload.precision],
     )
@@ -79,6 +80,7 @@ def _run(spec: RunSpec) -> RankResult:
         )
         reference = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
         model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
+    set_wrap_unit(model.block_class)
     wrapped = fabric.setup_module(model)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
     # broadcast them on every forward; each rank's KV cache is its own.

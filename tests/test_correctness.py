@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 from distperf_model.config import Config
@@ -43,7 +45,10 @@ def test_strategy_generates_the_single_process_tokens(
         warmup=1,
         timeout=120,
     )
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     result = launch(spec)
+    # the elastic agent's handlers must not outlive the launch (Ctrl-C between tests)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
     assert len(set(single_process_tokens)) == 2  # the two rows differ: batching is exercised
     for rank in result.ranks:
         assert rank.tokens == single_process_tokens, f"rank {rank.rank} of {strategy}"

@@ -133,3 +133,17 @@ def test_benchmark_json_is_written(pytester: pytest.Pytester) -> None:
     [benchmark] = json.loads(path.read_text())["benchmarks"]
     assert benchmark["stats"]["rounds"] == 5
     assert benchmark["extra_info"]["strategy"] == "auto"
+
+
+def test_topology_of_another_accelerator_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    from pytest_distperf.topology import parse_nvidia_smi_topo
+
+    text = (Path(__file__).parent / "data/topologies/topo_2x_h200_nv18.txt").read_text()
+    saved = pytester.path / "gpu.json"
+    saved.write_text(json.dumps(parse_nvidia_smi_topo(text).to_dict()))
+    pytester.makepyfile(TEST_AUTO)
+    result = pytester.runpytest_subprocess(
+        "--distperf-devices=2", "--distperf-accelerator=cpu", f"--distperf-topology={saved}"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpu.json describes cuda devices but the ranks run on cpu*"])

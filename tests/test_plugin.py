@@ -135,3 +135,27 @@ def _visible_gpus() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def test_bad_ini_switch_names_the_ini_option(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ndistperf_strict = maybe\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*distperf_strict in *tox.ini* expected true or false*maybe*"])
+
+
+def test_workload_longer_than_the_model_context_fails_collection(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="tiny", prompt_length=200, max_new_tokens=100)
+        def test_x(distperf):
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        ["*test_x: *needs 300 positions but model 'tiny' has block_size=256*"]
+    )

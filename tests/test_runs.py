@@ -208,3 +208,48 @@ def test_ctrl_c_leaves_no_process_behind(pytester: pytest.Pytester, tag: str) ->
     assert process.returncode == pytest.ExitCode.INTERRUPTED, output
     assert "KeyboardInterrupt" in output
     assert _wait_until_gone(tag) == []
+
+
+def test_inside_a_torchrun_job_uses_its_ranks_and_rank_0_writes(
+    pytester: pytest.Pytester, tag: str
+) -> None:
+    pytester.makepyfile(
+        """
+        import os
+
+        import pytest
+
+        @pytest.mark.strategy("auto", "fsdp")
+        @pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.05)
+        def test_in_job(distperf):
+            result = distperf.run()
+            assert len(result.ranks) == 2
+            assert {r.rank for r in result.ranks} == {0, 1}
+            assert result.implementation.backend == "gloo"
+        """
+    )
+    report = pytester.path / "report.json"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=localhost:0",
+        "--max-restarts=0",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "--distperf-update-baselines",
+        f"--distperf-json={report}",
+    ]
+    done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("2 passed") == 2  # each rank's pytest ran both items
+    rows = json.loads(report.read_text())["results"]
+    assert [row["strategy"] for row in rows] == ["auto", "fsdp"]
+    assert all(row["devices"] == 2 for row in rows)
+    [baseline] = (pytester.path / "distperf-baselines").glob("*.json")
+    assert len(json.loads(baseline.read_text())["entries"]) == 2
+    assert _wait_until_gone(tag) == []

@@ -75,3 +75,18 @@ def test_env_slowdown() -> None:
     assert env_slowdown({"DISTPERF_SLOWDOWN": "0.5"}) == 0.5
     with pytest.raises(SettingError, match="DISTPERF_SLOWDOWN='2'"):
         env_slowdown({"DISTPERF_SLOWDOWN": "2"})
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "0"])
+def test_timeout_must_be_finite_and_positive(bad: str) -> None:
+    with pytest.raises(SettingError, match=f"--distperf-timeout = '{bad}'"):
+        resolve_settings({"timeout": bad}, {})
+
+
+def test_alpha_and_switches() -> None:
+    settings = resolve_settings({"alpha": "0.05", "strict": True}, {"update_baselines": "true"})
+    assert (settings.alpha, settings.strict, settings.update_baselines) == (0.05, True, True)
+    with pytest.raises(SettingError, match="alpha must be in"):
+        resolve_settings({"alpha": "1"}, {})
+    with pytest.raises(SettingError, match=r"distperf_strict in t.ini = 'maybe'.*true or false"):
+        resolve_settings({}, {"strict": "maybe"}, ini_file="t.ini")

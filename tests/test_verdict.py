@@ -102,3 +102,34 @@ def test_decision_reports_the_worst_check() -> None:
     assert decision.verdict == "FAIL (baseline)"
     assert decision.failure_text().startswith("distperf baseline check failed:")
     assert Decision((passing,)).verdict == "ok"
+
+
+def test_cpu_rss_growth_only_warns() -> None:
+    assert memory_check(_entry(peak=1000), 1200, SETTINGS, exact=False).status == WARN
+
+
+def test_nccl_transport_settings_change_the_key() -> None:
+    from pytest_distperf.gate import transport_suffix
+
+    assert transport_suffix("cuda", {}) == ""
+    assert transport_suffix("cuda", {"NCCL_P2P_DISABLE": "1"}) == "_nccl-p2p-disable-1"
+    assert transport_suffix("cpu", {"NCCL_P2P_DISABLE": "1"}) == ""
+
+
+def test_fsdp1_wraps_the_built_models_block_class() -> None:
+    from pytest_distperf.strategies import _wrap_blocks, set_wrap_unit
+
+    class MyBlock:
+        pass
+
+    set_wrap_unit(MyBlock)
+    assert _wrap_blocks(MyBlock(), recurse=False, nonwrapped_numel=1)
+    assert not _wrap_blocks(object(), recurse=False, nonwrapped_numel=1)
+    assert _wrap_blocks(object(), recurse=True, nonwrapped_numel=1)
+
+
+def test_reports_are_world_readable(tmp_path) -> None:
+    from pytest_distperf.report import write_json_report
+
+    path = write_json_report(tmp_path / "r.json", [])
+    assert path.stat().st_mode & 0o777 == 0o644
