@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .perfmodel import Calibration, CollectiveFigure, MessageSizes, message_sizes
+from .workload import device_sync
 
 __all__ = ["Calibration", "CollectiveFigure", "MessageSizes", "calibrate", "message_sizes"]
 
@@ -54,7 +55,7 @@ def calibrate(
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
     device = torch.device(device)
     n = dist.get_world_size()
-    sync = _device_sync(device)
+    sync = device_sync(device)
     element = torch.tensor([], dtype=dtype).element_size()
 
     def barrier() -> None:
@@ -145,12 +146,6 @@ def _repeats(nbytes: int, warmup: int, iters: int) -> tuple[int, int]:
     if nbytes <= SMALL_MESSAGE_BYTES:
         return max(warmup, SMALL_MESSAGE_WARMUP), max(iters, SMALL_MESSAGE_ITERS)
     return warmup, iters
-
-
-def _device_sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None  # CPU ops (gloo's included, once waited on) are synchronous
 
 
 def _median_time(

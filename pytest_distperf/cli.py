@@ -26,10 +26,10 @@ from typing import Any
 
 from . import perfmodel, topology
 from .perfmodel import GB, MB, Calibration, Links, Prediction
+from .settings import PRECISION_BYTES
 from .topology import Topology, TopologyError
 
 USAGE_ERROR = 2
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 class UsageError(Exception):

@@ -14,10 +14,18 @@ from typing import Any
 from .baseline import BaselineEntry, BaselineStore
 from .perfmodel import Prediction, links_from_calibration, nominal_links, predict
 from .results import RunResult
+from .settings import PRECISION_BYTES
 from .topology import Topology
-from .verdict import FAIL, Decision, GateSettings, baseline_check, memory_check, threshold_check
+from .verdict import (
+    FAIL,
+    Decision,
+    GateSettings,
+    baseline_check,
+    detectable_check,
+    memory_check,
+    threshold_check,
+)
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 BASELINE_DIR_NAME = "distperf-baselines"
 
 
@@ -70,7 +78,7 @@ class Gate:
             batch_size=workload.batch_size,
             prompt_length=workload.prompt_length,
             max_new_tokens=workload.max_new_tokens,
-            dtype_bytes=DTYPE_BYTES[workload.precision],
+            dtype_bytes=PRECISION_BYTES[workload.precision],
             compute_time_s=result.reference_token_s,
         )
         return prediction, ""
@@ -80,7 +88,9 @@ class Gate:
     ) -> tuple[Decision, Prediction | None]:
         prediction, _ = self.prediction(result, calibration)
         checks = [threshold_check(prediction, result.tokens_per_sec, settings.efficiency)]
-        if not self.update:
+        if self.update:
+            checks.append(detectable_check(result.tokens_per_sec_samples, settings))
+        else:
             entry = self.store.get(self.topology_key, test_identity(result))
             samples = result.tokens_per_sec_samples
             checks.append(

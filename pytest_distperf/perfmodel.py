@@ -12,8 +12,9 @@ tokens/sec counts all of them over the whole time. With short prompts the prefil
 decode step, so the time per token is the time per forward. Terms (seconds per token):
 
 ``compute``  (measured)
-    The single-rank time per token measured in the same pytest session: the replicated `auto`
-    run of the same test (every rank holds the whole model and runs it alone), or a 1-rank run.
+    The single-process time per token measured in the same run: before the strategy wraps the
+    model, every rank times a few decode steps of the whole model alone (no collectives;
+    `workload.reference_token_time`), and the slowest rank's figure is used.
     It holds weights streaming, kernels *and* eager-mode launch overhead, which a roofline misses
     (measurements.md: eager decode on an H200 reaches ~25% of the copy bandwidth). With it, the
     threshold becomes a statement about the strategy's *scaling on these links*, the seed's

@@ -19,6 +19,7 @@ import pytest
 from .results import RunResult, RunSpec
 from .settings import (
     OPTIONS,
+    PRECISION_BYTES,
     SettingError,
     Settings,
     Workload,
@@ -31,7 +32,6 @@ from .strategies import strategy_names
 
 STRATEGY_MARKER = "strategy"
 WORKLOAD_MARKER = "distperf"
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -222,7 +222,8 @@ class DistperfPlugin:
 
 RESULT_HEADER = (
     f"{'tok/s':>10} {'decode':>9} {'ttft ms':>8} {'strategy':<15} {'ranks':<9} "
-    f"{'predicted':>9} {'bound':<13} {'baseline':>9} {'change':>7}  {'verdict':<18} test"
+    f"{'predicted':>9} {'bound':<13} {'baseline':>9} {'change':>7} {'detect':>6}  "
+    f"{'verdict':<18} test"
 )
 
 
@@ -241,7 +242,8 @@ def format_result_line(nodeid: str, outcome: str, props: dict[str, Any]) -> str:
         f"{number('distperf_predicted_tokens_per_sec', '9.2f')} "
         f"{props.get('distperf_bound', '-'):<13} "
         f"{number('distperf_baseline_tokens_per_sec', '9.2f')} "
-        f"{number('distperf_change', '+7.1%')}  {verdict:<18} {nodeid}"
+        f"{number('distperf_change', '+7.1%')} {number('distperf_detectable_drop', '6.0%')}  "
+        f"{verdict:<18} {nodeid}"
     )
 
 
@@ -285,7 +287,7 @@ def session_message_sizes(workloads: list[tuple[str, Workload]], devices: int) -
             Config.from_name(workload.model),
             strategy,
             devices,
-            DTYPE_BYTES[workload.precision],
+            PRECISION_BYTES[workload.precision],
             workload.batch_size,
         )
         gather.update(sizes.all_gather)

@@ -16,7 +16,8 @@ from typing import Any
 from .perfmodel import DEFAULT_EFFICIENCY
 
 ACCELERATORS = ("auto", "cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PRECISIONS = tuple(PRECISION_BYTES)
 
 
 class SettingError(ValueError):

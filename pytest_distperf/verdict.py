@@ -7,13 +7,14 @@ instead of None so that passing runs carry their figures too). Pure: no I/O, no 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .baseline import BaselineEntry
 from .perfmodel import Prediction, failure_message, threshold
-from .stats import Comparison, compare, compare_memory
+from .stats import Comparison, compare, compare_memory, detectable_drop
 
 PASS, FAIL, WARN, NOTE = "pass", "fail", "warn", "note"
 
@@ -66,13 +67,14 @@ def baseline_check(
     known_keys: Sequence[str],
 ) -> Check:
     if entry is None:
+        check = detectable_check(samples, settings)
         others = [k for k in known_keys if k != topology_key]
         where = f"no baseline for this test on this machine (topology key {topology_key})"
         if others:
             where += f"; baselines exist for: {', '.join(others)}"
         status = FAIL if settings.strict else NOTE
         hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
-        return Check("baseline", status, where + hint)
+        return Check("baseline", status, f"{where}{hint}; {check.message}", check.fields)
     comparison = compare(entry.samples, samples, tolerance=settings.tolerance, alpha=settings.alpha)
     fields = _comparison_fields(comparison, entry)
     status = {
@@ -82,6 +84,21 @@ def baseline_check(
         "noisy": WARN,
     }[comparison.verdict]
     return Check("baseline", status, comparison.message(), fields)
+
+
+def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
+    """What a baseline made of these samples would let the gate catch."""
+    if len(samples) < 2:
+        return Check("baseline", NOTE, "one sample: no drop is detectable", {})
+    drop = detectable_drop(
+        samples, len(samples), tolerance=settings.tolerance, alpha=settings.alpha
+    )
+    text = (
+        "no drop is detectable with this noise and these repeats"
+        if math.isinf(drop)
+        else f"as a baseline these samples would catch drops of {drop:.1%} or more"
+    )
+    return Check("baseline", NOTE, text, {"detectable_drop": drop})
 
 
 def memory_check(

@@ -23,9 +23,11 @@ def test_importing_the_plugin_does_not_import_torch() -> None:
 
 
 def test_help_lists_every_option_with_ini_twin(pytester: pytest.Pytester) -> None:
+    from pytest_distperf.settings import OPTIONS
+
     result = pytester.runpytest("--help")
-    for name in ("devices", "accelerator", "repeats", "warmup", "timeout", "json"):
-        result.stdout.fnmatch_lines([f"*--distperf-{name}*", f"*distperf_{name} *"])
+    for spec in OPTIONS:
+        result.stdout.fnmatch_lines([f"*{spec.flag}*", f"*{spec.ini} *"])
 
 
 def test_markers_are_registered(pytester: pytest.Pytester) -> None:
@@ -35,7 +37,9 @@ def test_markers_are_registered(pytester: pytest.Pytester) -> None:
 
 def test_one_item_per_strategy_with_devices_in_id(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(TEST_TWO_STRATEGIES)
-    result = pytester.runpytest("--collect-only", "-q", "--distperf-devices", "3")
+    result = pytester.runpytest(
+        "--collect-only", "-q", "--distperf-devices", "3", "--distperf-accelerator", "cpu"
+    )
     result.stdout.fnmatch_lines(
         ["*test_throughput[[]auto-3cpu[]]", "*test_throughput[[]fsdp-3cpu[]]"]
     )
@@ -44,7 +48,7 @@ def test_one_item_per_strategy_with_devices_in_id(pytester: pytest.Pytester) -> 
 
 def test_ini_sets_devices(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(TEST_TWO_STRATEGIES)
-    pytester.makeini("[pytest]\ndistperf_devices = 5\n")
+    pytester.makeini("[pytest]\ndistperf_devices = 5\ndistperf_accelerator = cpu\n")
     result = pytester.runpytest("--collect-only", "-q")
     result.stdout.fnmatch_lines(["*[[]auto-5cpu[]]"])
 
@@ -159,3 +163,12 @@ def test_workload_longer_than_the_model_context_fails_collection(pytester: pytes
     result.stdout.fnmatch_lines(
         ["*test_x: *needs 300 positions but model 'tiny' has block_size=256*"]
     )
+
+
+def test_strategy_registries_agree() -> None:
+    """A strategy the plugin can run must be one the performance model can predict."""
+    from pytest_distperf.perfmodel import STRATEGY_MODELS
+    from pytest_distperf.strategies import STRATEGIES
+
+    assert set(STRATEGIES) == set(STRATEGY_MODELS)
+    assert all(STRATEGIES[n].sharded == STRATEGY_MODELS[n].sharded for n in STRATEGIES)

@@ -14,8 +14,8 @@ import sys
 
 from distperf_model.config import Config
 
-from pytest_distperf.gate import DTYPE_BYTES
 from pytest_distperf.perfmodel import Calibration, links_from_calibration, predict
+from pytest_distperf.settings import PRECISION_BYTES
 
 
 def rows(link_class: str, paths: list[str]) -> list[str]:
@@ -36,7 +36,7 @@ def rows(link_class: str, paths: list[str]) -> list[str]:
                 batch_size=w["batch_size"],
                 prompt_length=w["prompt_length"],
                 max_new_tokens=w["max_new_tokens"],
-                dtype_bytes=DTYPE_BYTES[w["precision"]],
+                dtype_bytes=PRECISION_BYTES[w["precision"]],
                 compute_time_s=r["reference_token_s"],
             )
             error = (p.tokens_per_sec - r["tokens_per_sec"]) / r["tokens_per_sec"]
