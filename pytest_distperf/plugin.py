@@ -65,6 +65,16 @@ def pytest_configure(config: pytest.Config) -> None:
         slowdown = env_slowdown()
     except SettingError as error:
         raise pytest.UsageError(f"pytest-distperf: {error}") from None
+    for name in ("json", "benchmark_json"):  # fail now, not after an hour of tests
+        path = getattr(settings, name)
+        if path:
+            try:
+                Path(path).resolve().parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                flag = f"--distperf-{name.replace('_', '-')}"
+                raise pytest.UsageError(
+                    f"pytest-distperf: {flag} {path}: cannot create its directory: {error}"
+                ) from None
     from .launcher import launched_job
 
     try:

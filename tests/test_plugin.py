@@ -172,3 +172,13 @@ def test_strategy_registries_agree() -> None:
 
     assert set(STRATEGIES) == set(STRATEGY_MODELS)
     assert all(STRATEGIES[n].sharded == STRATEGY_MODELS[n].sharded for n in STRATEGIES)
+
+
+def test_report_path_that_cannot_be_written_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    blocker = pytester.path / "a-file"
+    blocker.write_text("")
+    result = pytester.runpytest(f"--distperf-json={blocker}/report.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--distperf-json *a-file/report.json: cannot create its directory*"]
+    )
