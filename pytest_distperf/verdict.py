@@ -32,6 +32,10 @@ class GateSettings:
     efficiency: float
     tolerance: float | None  # None: derived from the baseline's own noise
     alpha: float = 0.01
+    # Repeats within one run share the machine's state, so their spread misses drift between
+    # runs: identical runs of the example suite on the 2-core CI VM moved by up to 8.1%
+    # (docs/benchmarks/cpu.md). The tolerance derived from noise never goes below this.
+    tolerance_floor: float = 0.10
     memory_tolerance: float = 0.10
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
@@ -75,7 +79,13 @@ def baseline_check(
         status = FAIL if settings.strict else NOTE
         hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
         return Check("baseline", status, f"{where}{hint}; {check.message}", check.fields)
-    comparison = compare(entry.samples, samples, tolerance=settings.tolerance, alpha=settings.alpha)
+    comparison = compare(
+        entry.samples,
+        samples,
+        tolerance=settings.tolerance,
+        alpha=settings.alpha,
+        tolerance_floor=settings.tolerance_floor,
+    )
     fields = _comparison_fields(comparison, entry)
     status = {
         "ok": PASS,
@@ -91,7 +101,11 @@ def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
     if len(samples) < 2:
         return Check("baseline", NOTE, "one sample: no drop is detectable", {})
     drop = detectable_drop(
-        samples, len(samples), tolerance=settings.tolerance, alpha=settings.alpha
+        samples,
+        len(samples),
+        tolerance=settings.tolerance,
+        alpha=settings.alpha,
+        tolerance_floor=settings.tolerance_floor,
     )
     text = (
         "no drop is detectable with this noise and these repeats"
