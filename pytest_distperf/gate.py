@@ -12,9 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from .baseline import BaselineEntry, BaselineStore
-from .perfmodel import Prediction, links_from_calibration, nominal_links, predict
+from .perfmodel import (
+    MessageSizes,
+    Prediction,
+    links_from_calibration,
+    message_sizes,
+    nominal_links,
+    predict,
+)
 from .results import RunResult
-from .settings import PRECISION_BYTES
+from .settings import PRECISION_BYTES, Workload
 from .topology import Topology
 from .verdict import (
     FAIL,
@@ -150,3 +157,28 @@ def current_commit(cwd: Path) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def session_message_sizes(
+    workloads: list[tuple[str, Workload]], devices: int
+) -> MessageSizes | None:
+    """Union of the message sizes every collected (strategy, workload) really uses."""
+    from distperf_model.config import Config
+
+    gather: set[int] = set()
+    reduce: set[int] = set()
+    for strategy, workload in workloads:
+        if ":" in workload.model:  # a user's builder: its shape is unknown until a rank builds it
+            continue
+        sizes = message_sizes(
+            Config.from_name(workload.model),
+            strategy,
+            devices,
+            PRECISION_BYTES[workload.precision],
+            workload.batch_size,
+        )
+        gather.update(sizes.all_gather)
+        reduce.update(sizes.all_reduce)
+    if not gather:
+        return None
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)))

@@ -19,7 +19,6 @@ import pytest
 from .results import RunResult, RunSpec
 from .settings import (
     OPTIONS,
-    PRECISION_BYTES,
     SettingError,
     Settings,
     Workload,
@@ -186,6 +185,8 @@ class DistperfPlugin:
             if strategy is not None:
                 workloads.append((strategy, _workload_of(item)))
         if workloads:
+            from .gate import session_message_sizes
+
             self.calibration_sizes = session_message_sizes(workloads, self.resolve().devices)
             self.gate()  # a bad --distperf-topology is a usage error before any rank starts
 
@@ -225,36 +226,11 @@ class DistperfPlugin:
             terminalreporter.write_line(
                 f"topology {topology.key()} (from {topology.source}){notes}"
             )
+        from .report import RESULT_HEADER, format_result_line
+
         terminalreporter.write_line(RESULT_HEADER)
         for nodeid, outcome, props in rows:
             terminalreporter.write_line(format_result_line(nodeid, outcome, props))
-
-
-RESULT_HEADER = (
-    f"{'tok/s':>10} {'decode':>9} {'ttft ms':>8} {'strategy':<15} {'ranks':<9} "
-    f"{'predicted':>9} {'bound':<13} {'baseline':>9} {'change':>7} {'detect':>6}  "
-    f"{'verdict':<18} test"
-)
-
-
-def format_result_line(nodeid: str, outcome: str, props: dict[str, Any]) -> str:
-    def number(key: str, spec: str) -> str:
-        value = props.get(key)
-        width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-        return format(value, spec) if isinstance(value, (int, float)) else "-".rjust(width)
-
-    ranks = f"{props['distperf_devices']} x {props['distperf_accelerator']}"
-    verdict = props.get("distperf_verdict", "ok") if outcome == "passed" else "FAILED"
-    return (
-        f"{number('distperf_tokens_per_sec', '10.2f')} "
-        f"{number('distperf_decode_tokens_per_sec', '9.2f')} "
-        f"{number('distperf_ttft_ms', '8.1f')} {props['distperf_strategy']:<15} {ranks:<9} "
-        f"{number('distperf_predicted_tokens_per_sec', '9.2f')} "
-        f"{props.get('distperf_bound', '-'):<13} "
-        f"{number('distperf_baseline_tokens_per_sec', '9.2f')} "
-        f"{number('distperf_change', '+7.1%')} {number('distperf_detectable_drop', '6.0%')}  "
-        f"{verdict:<18} {nodeid}"
-    )
 
 
 def _strategy_names(metafunc: pytest.Metafunc, where: str) -> list[str]:
@@ -280,31 +256,6 @@ def _strategy_names(metafunc: pytest.Metafunc, where: str) -> list[str]:
     if len(set(names)) != len(names):
         pytest.fail(f"{where}: strategy marker repeats a name: {names}", pytrace=False)
     return names
-
-
-def session_message_sizes(workloads: list[tuple[str, Workload]], devices: int) -> Any:
-    """Union of the message sizes every collected (strategy, workload) really uses."""
-    from distperf_model.config import Config
-
-    from .perfmodel import MessageSizes, message_sizes
-
-    gather: set[int] = set()
-    reduce: set[int] = set()
-    for strategy, workload in workloads:
-        if ":" in workload.model:  # a user's builder: its shape is unknown until a rank builds it
-            continue
-        sizes = message_sizes(
-            Config.from_name(workload.model),
-            strategy,
-            devices,
-            PRECISION_BYTES[workload.precision],
-            workload.batch_size,
-        )
-        gather.update(sizes.all_gather)
-        reduce.update(sizes.all_reduce)
-    if not gather:
-        return None
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)))
 
 
 def _visible_gpus() -> int:
