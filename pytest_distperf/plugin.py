@@ -383,8 +383,8 @@ class DistperfRun:
         gate = plugin.gate()
         overrides = gate_from_marker(_marker_kwargs(self._item), self._item.nodeid)
         gate_settings = GateSettings(
-            efficiency=overrides.get("efficiency", settings.efficiency),
-            tolerance=overrides.get("tolerance", settings.tolerance),
+            efficiency=settings.gate_value("efficiency", overrides),
+            tolerance=settings.gate_value("tolerance", overrides),
             alpha=settings.alpha,
             strict=settings.strict,
             fail_on_improvement=settings.fail_on_improvement,

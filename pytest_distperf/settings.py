@@ -96,6 +96,13 @@ class Settings:
     strict: bool = False
     fail_on_improvement: bool = False
     topology: str | None = None
+    explicit: frozenset[str] = frozenset()  # names set on the command line or in the ini file
+
+    def gate_value(self, name: str, marker: Mapping[str, float]) -> Any:
+        """CLI > ini > marker > default (DESIGN.md), for settings a marker may also set."""
+        if name in marker and name not in self.explicit:
+            return marker[name]
+        return getattr(self, name)
 
 
 def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
@@ -181,16 +188,19 @@ def resolve_settings(
 ) -> Settings:
     """Build Settings from CLI values (None when absent) and ini values (None or '' when absent)."""
     values: dict[str, Any] = {}
+    explicit: set[str] = set()
     for spec in OPTIONS:
         raw, source = spec.default, "default"
         ini_value = ini.get(spec.name)
         if ini_value not in (None, ""):
             raw, source = str(ini_value), f"ini option {spec.ini} in {ini_file or 'the ini file'}"
+            explicit.add(spec.name)
         cli_value = cli.get(spec.name)
         if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
+            explicit.add(spec.name)
         values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
-    return Settings(**values)
+    return Settings(**values, explicit=frozenset(explicit))
 
 
 @dataclass(frozen=True)

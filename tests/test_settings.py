@@ -90,3 +90,13 @@ def test_alpha_and_switches() -> None:
         resolve_settings({"alpha": "1"}, {})
     with pytest.raises(SettingError, match=r"distperf_strict in t.ini = 'maybe'.*true or false"):
         resolve_settings({}, {"strict": "maybe"}, ini_file="t.ini")
+
+
+def test_command_line_beats_ini_beats_marker() -> None:
+    marker = {"efficiency": 0.3}
+    assert resolve_settings({}, {}).gate_value("efficiency", marker) == 0.3
+    assert resolve_settings({}, {}).gate_value("efficiency", {}) == 0.7
+    from_ini = resolve_settings({}, {"efficiency": "0.5"})
+    assert from_ini.gate_value("efficiency", marker) == 0.5
+    from_cli = resolve_settings({"efficiency": "0.9"}, {"efficiency": "0.5"})
+    assert from_cli.gate_value("efficiency", marker) == 0.9
