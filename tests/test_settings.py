@@ -100,3 +100,13 @@ def test_command_line_beats_ini_beats_marker() -> None:
     assert from_ini.gate_value("efficiency", marker) == 0.5
     from_cli = resolve_settings({"efficiency": "0.9"}, {"efficiency": "0.5"})
     assert from_cli.gate_value("efficiency", marker) == 0.9
+
+
+def test_launched_job_from_torchrun_variables() -> None:
+    from pytest_distperf.launcher import launched_job
+
+    assert launched_job({}) is None
+    job = launched_job({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})
+    assert (job.rank, job.world_size, job.nodes) == (1, 4, 2)
+    with pytest.raises(ValueError, match="RANK='x' / WORLD_SIZE='2'"):
+        launched_job({"RANK": "x", "WORLD_SIZE": "2"})
