@@ -98,9 +98,14 @@ def calibrate(
 
     copy_bytes = max(1, int(copy_bytes))
     copy_time, fresh_copy_time = _copy_times(copy_bytes, device, sync, barrier, warmup, iters)
+    overlap_times = (0.0, 0.0, 0.0)
+    if gathered_bytes and n > 1:
+        overlap_times = _overlap_times(
+            gathered_bytes[-1], gather_times[-1], device, dtype, sync, barrier, warmup, iters
+        )
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     local = torch.tensor(
-        [*gather_times, *reduce_times, copy_time, fresh_copy_time],
+        [*gather_times, *reduce_times, copy_time, fresh_copy_time, *overlap_times],
         dtype=torch.float64,
         device=device,
     )
@@ -108,7 +113,8 @@ def calibrate(
     times = local.tolist()
     gather_times = times[: len(gather_times)]
     reduce_times = times[len(gather_times) : len(gather_times) + len(reduce_times)]
-    copy_time, fresh_copy_time = times[-2:]
+    copy_time, fresh_copy_time = times[-5:-3]
+    overlap = overlap_fraction(*times[-3:])
 
     all_gather = tuple(
         CollectiveFigure.from_time("all_gather", b, t, n)
@@ -127,6 +133,7 @@ def calibrate(
         memory_bandwidth=_copy_bandwidth(copy_bytes, copy_time),
         latency_s=min(f.time_s for f in all_gather) if all_gather else 0.0,
         fresh_copy_bandwidth=_copy_bandwidth(copy_bytes, fresh_copy_time),
+        overlap=overlap,
     )
 
 
@@ -208,3 +215,76 @@ def _copy_times(
         return warm, fresh
     finally:
         del src, dst
+
+
+# Host-issued work for the overlap probe: kernels on a tiny tensor cost their launch, not their
+# bytes, which is what eager decode and FSDP's hooks spend a token on.
+HOST_WORK_ELEMENTS = 256
+HOST_WORK_PROBE_OPS = 200
+HOST_WORK_MAX_OPS = 200_000
+
+
+def overlap_fraction(transfer_s: float, host_s: float, both_s: float) -> float:
+    """Share of the shorter of two activities hidden when they run at once, in [0, 1].
+
+    `transfer_s` and `host_s` alone, `both_s` together: 1 when together takes only the longer
+    of the two, 0 when it takes their sum (or more: they slow each other down).
+    """
+    shorter = min(transfer_s, host_s)
+    if shorter <= 0:
+        return 0.0
+    hidden = transfer_s + host_s - both_s
+    return min(max(hidden / shorter, 0.0), 1.0)
+
+
+def _host_work(scratch: torch.Tensor, ops: int) -> None:
+    for _ in range(ops):
+        scratch.add_(1.0)
+
+
+def _overlap_times(
+    gathered_bytes: int,
+    gather_s: float,
+    device: torch.device,
+    dtype: torch.dtype,
+    sync: Callable[[], None],
+    barrier: Callable[[], None],
+    warmup: int,
+    iters: int,
+) -> tuple[float, float, float]:
+    """(all-gather alone, host work alone, both at once), median seconds, this rank.
+
+    The all-gather is the largest calibrated size, started asynchronously as FSDP starts the
+    next unit's gather; meanwhile the host issues about as much small-kernel work as the gather
+    lasts (equal lengths make the hidden share easiest to see). Whether the two overlap depends
+    on the machine: the collective's stream and copy engines on a GPU, on a CPU whether the
+    backend's thread finds a free core.
+    """
+    n = dist.get_world_size()
+    element = torch.tensor([], dtype=dtype).element_size()
+    shard = torch.ones(max(1, gathered_bytes // (element * n)), dtype=dtype, device=device)
+    scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
+    probe = _median_time(
+        partial(_host_work, scratch, HOST_WORK_PROBE_OPS), sync, barrier, max(warmup, 1), iters
+    )
+    per_op = probe / HOST_WORK_PROBE_OPS
+    # Every rank must issue the same work, or the faster host would wait for the slower.
+    ops_local = torch.tensor([gather_s / per_op if per_op > 0 else 0.0], device=device)
+    dist.all_reduce(ops_local, op=dist.ReduceOp.MIN)
+    ops = int(min(max(ops_local.item(), HOST_WORK_PROBE_OPS), HOST_WORK_MAX_OPS))
+
+    gather = _median_time(partial(_fresh_all_gather, shard, n), sync, barrier, warmup, iters)
+    host = _median_time(partial(_host_work, scratch, ops), sync, barrier, warmup, iters)
+    together = _median_time(
+        partial(_gather_during_host_work, shard, n, scratch, ops), sync, barrier, warmup, iters
+    )
+    return gather, host, together
+
+
+def _gather_during_host_work(
+    shard: torch.Tensor, world_size: int, scratch: torch.Tensor, ops: int
+) -> None:
+    out = torch.empty(shard.numel() * world_size, dtype=shard.dtype, device=shard.device)
+    handle = _all_gather(out, shard, async_op=True)
+    _host_work(scratch, ops)
+    handle.wait()

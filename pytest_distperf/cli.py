@@ -286,6 +286,7 @@ def _calibration_summary(calibration: Calibration) -> dict[str, Any]:
         "all_gather_bytes": largest.bytes if largest else None,
         "latency_us": calibration.latency_s * 1e6,
         "memory_bandwidth_gbps": calibration.memory_bandwidth / GB,
+        "overlap": calibration.overlap,
     }
 
 
@@ -327,7 +328,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
         print(
             f"Measured ({m['backend']}, {m['world_size']} ranks): all-gather bus bandwidth "
             f"{m['all_gather_busbw_gbps']:.3g} GB/s at {m['all_gather_bytes'] / MB:.4g} MB, "
-            f"latency {m['latency_us']:.3g} us, memory {m['memory_bandwidth_gbps']:.4g} GB/s"
+            f"latency {m['latency_us']:.3g} us, memory {m['memory_bandwidth_gbps']:.4g} GB/s, "
+            f"transfer/host overlap {m['overlap']:.0%}"
         )
     if topo.notes:
         print()

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import time
 import uuid
@@ -126,10 +127,15 @@ def launch(spec: RunSpec) -> RunResult:
     threads = str(spec.threads_per_rank)
     launched_at = time.time()
     start = time.perf_counter()
+    signals = _SignalsSeen()
     try:
-        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads), _own_signals():
+        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads), _own_signals(signals):
             returned: dict[int, RankResult] = elastic_launch(config, run_rank)(spec)
     except ChildFailedError as error:
+        # A terminal's Ctrl-C reaches the ranks too; when they stop before the agent's own
+        # handler acts, the run ends as a rank failure, but it is still the user's interrupt.
+        if signal.SIGINT in signals.seen:
+            raise KeyboardInterrupt from None
         elapsed = time.perf_counter() - start
         raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
     except SignalException as error:
@@ -153,14 +159,39 @@ def launch(spec: RunSpec) -> RunResult:
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
+class _SignalsSeen:
+    """The signals this process received, whoever's handler ran (filled by `_own_signals`)."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+
+
 @contextlib.contextmanager
-def _own_signals() -> Iterator[None]:
+def _own_signals(signals: _SignalsSeen | None = None) -> Iterator[None]:
     """Give pytest its signal handlers back: the elastic agent installs its own for the run and
-    leaves them, after which a Ctrl-C between tests would only fail the next test."""
+    leaves them, after which a Ctrl-C between tests would only fail the next test.
+
+    Also notes every signal that arrives meanwhile in `signals`, through Python's wakeup fd,
+    which is written whichever handler is installed (the agent replaces the handlers).
+    """
     saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    try:
+        previous_fd: int | None = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: signals go to the main thread's handlers anyway
+        previous_fd = None
     try:
         yield
     finally:
+        if previous_fd is not None:
+            signal.set_wakeup_fd(previous_fd)
+            if signals is not None:
+                with contextlib.suppress(BlockingIOError):
+                    signals.seen.update(reader.recv(4096))
+        reader.close()
+        writer.close()
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)

@@ -47,11 +47,20 @@ decode step, so the time per token is the time per forward. Terms (seconds per t
     per-parameter tensors, both newly allocated: 2 x bytes x (1 + 1/n) over the bandwidth of a
     copy into new memory (a GPU's own; a CPU's is several times lower, page faults).
 
-The terms add up. That is right when the host, not the device, sets the pace, as eager decode
-does, and on the reference host even for the host-staged path (7.05 tok/s measured, 7.16
-predicted); on another H200 host the host-staged FSDP1 run hid compute and per-unit cost behind
-the transfer (9.72 measured, 6.78 predicted). Adding errs towards slow, the safe side for a
-threshold.
+``overlap``  (negative)
+    The part of the two paths that hides behind the other. The host path (``compute``,
+    ``weights``, ``launch``, ``fsdp_overhead``) is work the host issues in order; the transfer
+    path (``all_gather``, ``latency``, ``gather_copies``) runs on the collective's own stream.
+    FSDP starts a unit's all-gather and the host goes on issuing work while it runs, so when
+    nothing makes the host wait for the device (this project's decode loop never does within a
+    generation) a token costs about the longer path, not the sum: ``overlap = -f x min(host
+    path, transfer path)``, where f is measured in the ranks (`calibrate`: a large all-gather
+    and host-issued small kernels, alone and at once). Measured f: ~1 on 2 x H200, 0.03-0.15
+    for gloo ranks on a 2-core host (the backend's thread finds no free core). Without a
+    calibration f = 0 and the terms add up, which errs slow, the safe side for a threshold.
+    The reference host of measurements.md added up (host-staged FSDP1 7.05 tok/s, additive
+    prediction 7.0); this project's H200 host hid its per-unit work behind the transfer
+    (9.81 measured, 9.79 predicted with f = 1, 6.86 added up).
 
 Strategies (a registry, `STRATEGY_MODELS`; tensor and pipeline parallel add an entry each):
 
@@ -135,6 +144,7 @@ TERM_DESCRIPTIONS = {
     "latency": "per-collective latency",
     "fsdp_overhead": "FSDP per-unit overhead",
     "gather_copies": "FSDP2 copy-in/copy-out of gathered weights",
+    "overlap": "transfer and host work hidden behind each other (negative)",
 }
 
 
@@ -199,7 +209,9 @@ class Calibration:
     `memory_bandwidth` is a large device copy's bytes read + written per second; `latency_s` the
     smallest-message all-gather time (launch and synchronisation included);
     `fresh_copy_bandwidth` the same copy into a newly allocated tensor, what FSDP2's copies into
-    new buffers cost (0: not measured, use `memory_bandwidth`).
+    new buffers cost (0: not measured, use `memory_bandwidth`); `overlap` the share of the
+    shorter of (a large all-gather, host-issued small kernels) that is hidden when both run at
+    once, in [0, 1] (0: not measured, nothing hidden).
     """
 
     world_size: int
@@ -210,8 +222,11 @@ class Calibration:
     memory_bandwidth: float
     latency_s: float
     fresh_copy_bandwidth: float = 0.0
+    overlap: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"calibration: overlap must be in [0, 1], got {self.overlap!r}")
         # Sorted by size so that interpolation can bisect; tuples whatever the caller passed.
         for op in OPS:
             figures = tuple(sorted(getattr(self, op), key=lambda f: f.bytes))
@@ -261,6 +276,7 @@ class Calibration:
             "memory_bandwidth": self.memory_bandwidth,
             "latency_s": self.latency_s,
             "fresh_copy_bandwidth": self.fresh_copy_bandwidth,
+            "overlap": self.overlap,
         }
 
     @classmethod
@@ -289,6 +305,10 @@ class Calibration:
                 _field(data, "fresh_copy_bandwidth", (int, float), "calibration")
                 if "fresh_copy_bandwidth" in data
                 else 0.0
+            ),
+            # Reports written before the overlap was measured: nothing hidden, terms add up.
+            overlap=float(
+                _field(data, "overlap", (int, float), "calibration") if "overlap" in data else 0.0
             ),
         )
 
@@ -369,6 +389,7 @@ class Links:
     calibration: Calibration | None = None
     assumptions: tuple[str, ...] = field(default=())
     copy_bandwidth: float | None = None  # copies into new buffers; None: memory_bandwidth
+    overlap: float = 0.0  # share of transfer and host work hidden behind each other (measured)
 
     @property
     def fresh_copy_bandwidth(self) -> float | None:
@@ -592,6 +613,10 @@ def nominal_links(
         busbw = bus_bandwidth
         notes.append(f"{cls} bus bandwidth: given, {busbw / GB:.4g} GB/s")
     notes.append(f"collective latency: nominal {latency * 1e6:g} us for {cls}")
+    notes.append(
+        "overlap: none assumed (transfers and host work add up); only a calibration in the "
+        "ranks can show a host that hides one behind the other"
+    )
     return Links(
         cls, n, busbw, latency, memory_bandwidth, False, None, tuple(notes), copy_bandwidth
     )
@@ -615,6 +640,7 @@ def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
         calibration,
         notes,
         calibration.fresh_copy_bandwidth or None,
+        calibration.overlap,
     )
 
 
@@ -634,16 +660,19 @@ class Overheads:
     # Eager decode launches ~30-40 kernels per layer; on top of weights streaming, 0.28 ms per
     # layer reproduces eager pythia-2.8b (98 vs 103.8 tok/s) and llama-2-7b (83 vs 79).
     launch_per_layer_s: float = 0.28e-3
-    # FSDP1 FULL_SHARD, per unit: (measured - compute - all-gathers at their calibrated sizes)
-    # / units is 0.82 ms (pythia-2.8b, NVLink), 0.93 (llama-2-7b, NVLink), 0.92 (pythia,
-    # host-staged); SHARD_GRAD_OP, which keeps its gathered weights, still pays ~0.9 ms per unit:
-    # it is hooks and views, not traffic.
-    fsdp1_unit_s: float = 0.85e-3
+    # FSDP1 FULL_SHARD, per unit. Where nothing overlaps (the reference host, measurements.md),
+    # (measured - compute - all-gathers at their calibrated sizes) / units is 0.82 ms
+    # (pythia-2.8b, NVLink), 0.93 (llama-2-7b, NVLink), 0.92 (pythia, host-staged); on this
+    # project's host, which hides the NVLink gathers behind the host (overlap ~1),
+    # (measured - compute) / units is 0.87 (pythia) and 1.09 (llama). SHARD_GRAD_OP, which
+    # keeps its gathered weights, still pays ~0.9 ms per unit: hooks and views, not traffic.
+    fsdp1_unit_s: float = 0.95e-3
     # FSDP2 per unit that does not gather (reshard_after_forward=False): 0.2-0.38 ms.
     fsdp2_unit_s: float = 0.3e-3
     # FSDP2 per unit that gathers, on top of the above and of `gather_copies`: 0.64 ms
-    # (pythia-2.8b) and ~0 (llama-2-7b) on the reference host, 0.26 ms (pythia) on another.
-    fsdp2_gather_s: float = 0.4e-3
+    # (pythia-2.8b) and ~0 (llama-2-7b) on the reference host (no overlap); 0.76 ms (pythia,
+    # NVLink) on this project's host once the hidden transfer is taken out.
+    fsdp2_gather_s: float = 0.6e-3
 
 
 DEFAULT_OVERHEADS = Overheads()
@@ -868,6 +897,24 @@ def _compute_terms(
     return {"weights": (weights + kv) / bw, "launch": launch}, moved, notes
 
 
+# Work that the host issues in order on the compute stream; everything else (all-gathers, their
+# latency, FSDP2's copies around them) runs on the collective's own stream.
+HOST_PATH_TERMS = frozenset({"compute", "weights", "launch", "fsdp_overhead"})
+
+
+def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
+    """Seconds per token that the two paths hide behind each other.
+
+    FSDP issues each unit's all-gather on its own stream and the host goes on issuing compute
+    while it runs, so where the host is never made to wait for the device (this project's
+    decode loop) a token costs about the longer of the two paths, not their sum. How much a
+    machine really hides is `overlap`, measured in the ranks (`calibrate`).
+    """
+    host = sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
+    transfer = sum(v for k, v in terms.items() if k not in HOST_PATH_TERMS)
+    return overlap * min(host, transfer)
+
+
 def predict(
     config: Config,
     strategy: str,
@@ -911,6 +958,13 @@ def predict(
     cost = model.cost(x) if devices > 1 else _replicated(x)
     terms.update(cost.terms)
     moved.update(cost.bytes_per_token)
+    hidden = _hidden_by_overlap(terms, links.overlap)
+    if hidden:
+        terms["overlap"] = -hidden
+        notes += (
+            f"overlap: {links.overlap:.0%} of the shorter of host path and transfer path "
+            f"hidden (measured), {_ms(hidden)} per token",
+        )
     total = sum(terms.values())
     bound = max(terms, key=lambda k: terms[k])
     return Prediction(

@@ -14,7 +14,7 @@ import pytest
 import torch
 from distperf_model.config import PRESETS
 
-from pytest_distperf.calibrate import calibrate, message_sizes
+from pytest_distperf.calibrate import calibrate, message_sizes, overlap_fraction
 from pytest_distperf.perfmodel import Calibration, bus_factor
 
 WORLD = 2
@@ -103,6 +103,7 @@ def test_calibration_is_complete_and_follows_nccl_tests(ranks: dict[int, tuple[A
         assert f.busbw == pytest.approx(f.algbw * bus_factor("all_reduce", WORLD))
     assert cal.latency_s == min(f.time_s for f in cal.all_gather)
     assert cal.memory_bandwidth > 0 and cal.fresh_copy_bandwidth > 0
+    assert 0.0 <= cal.overlap <= 1.0
     # a block's gather moves megabytes: it must take longer than the latency probe
     assert cal.time_at("all_gather", cfg.block_param_count() * 4) > cal.latency_s
 
@@ -128,3 +129,18 @@ def test_needs_a_process_group() -> None:
         pytest.skip("a process group exists in the test process")
     with pytest.raises(RuntimeError, match="initialised torch.distributed process group"):
         calibrate([4096], [4096], "cpu", torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("transfer", "host", "both", "expected"),
+    [
+        (10.0, 4.0, 10.0, 1.0),  # the host work hid entirely behind the transfer
+        (10.0, 4.0, 14.0, 0.0),  # they added up
+        (10.0, 4.0, 12.0, 0.5),
+        (10.0, 4.0, 16.0, 0.0),  # slowed each other: nothing hidden, never negative
+        (10.0, 4.0, 9.0, 1.0),  # timing noise below the longer one: capped at 1
+        (0.0, 4.0, 4.0, 0.0),  # nothing to hide
+    ],
+)
+def test_overlap_fraction(transfer: float, host: float, both: float, expected: float) -> None:
+    assert overlap_fraction(transfer, host, both) == pytest.approx(expected)

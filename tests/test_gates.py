@@ -57,7 +57,12 @@ def test_record_then_compare_then_catch_a_regression(
     assert len(entry["samples"]) == 5
 
     junit = pytester.path / "junit.xml"
-    same = pytester.runpytest_subprocess("--distperf-devices=2", f"--junitxml={junit}")
+    # A tiny model on two shared cores moves by up to a third between runs (seen once in this
+    # suite); the test is about the mechanics, so the unchanged run gets a wide tolerance and
+    # the regression below is made far larger than it.
+    same = pytester.runpytest_subprocess(
+        "--distperf-devices=2", f"--junitxml={junit}", "--distperf-tolerance=0.45"
+    )
     same.assert_outcomes(passed=1)
     same.stdout.fnmatch_lines(["*auto*2 x cpu*compute*[+-]*%*test_rate[[]auto-2cpu[]]"])
     properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
@@ -65,8 +70,10 @@ def test_record_then_compare_then_catch_a_regression(
     assert float(properties["distperf_baseline_tokens_per_sec"]) == entry["median"]
     assert properties["distperf_topology_key"] == baseline.stem
 
-    monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.5")
-    caught = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-efficiency=0.01")
+    monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.8")
+    caught = pytester.runpytest_subprocess(
+        "--distperf-devices=2", "--distperf-efficiency=0.01", "--distperf-tolerance=0.45"
+    )
     caught.assert_outcomes(failed=1)
     caught.stdout.fnmatch_lines(
         [

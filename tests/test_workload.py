@@ -1,0 +1,37 @@
+"""Timing helpers of the rank-side workload that need no process group."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from pytest_distperf.workload import steady_minimum
+
+
+def _sequence(values: list[float]) -> tuple[Callable[[], float], Iterator[float]]:
+    it = iter(values)
+    return lambda: next(it), it
+
+
+def test_stops_once_the_figure_stops_improving() -> None:
+    # a device warming up: three slow figures, then steady ones
+    measure, rest = _sequence([3.0, 2.5, 1.0, 1.01, 0.995, 1.0, 99.0])
+    best, calls = steady_minimum(measure, patience=3, max_repeats=10)
+    assert (best, calls) == (0.995, 6)
+    assert next(rest) == 99.0  # nothing measured beyond the stop
+
+
+def test_a_new_best_restarts_the_patience() -> None:
+    measure, _ = _sequence([2.0, 2.0, 2.0, 1.5, 1.5, 1.5, 1.5])
+    assert steady_minimum(measure, patience=3, max_repeats=10) == (1.5, 7)
+
+
+def test_never_more_than_max_repeats() -> None:
+    measure, _ = _sequence([10.0, 9.0, 8.0, 7.0, 6.0, 5.0])
+    assert steady_minimum(measure, patience=2, max_repeats=4) == (7.0, 4)
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="patience <= max_repeats, got 0, 5"):
+        steady_minimum(lambda: 1.0, patience=0, max_repeats=5)
