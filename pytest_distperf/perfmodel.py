@@ -13,8 +13,10 @@ decode step, so the time per token is the time per forward. Terms (seconds per t
 
 ``compute``  (measured)
     The single-process time per token measured in the same run: before the strategy wraps the
-    model, every rank times a few decode steps of the whole model alone (no collectives;
-    `workload.reference_token_time`), and the slowest rank's figure is used.
+    model, every rank times decode steps of the whole model alone (no collectives;
+    `workload.reference_token_time`: repeated until it stops improving, the best kept), and
+    the slowest rank's figure is used. A replicated model is timed again after the run and the
+    two are averaged, so that a host whose speed drifts is measured on both sides of the run.
     It holds weights streaming, kernels *and* eager-mode launch overhead, which a roofline misses
     (measurements.md: eager decode on an H200 reaches ~25% of the copy bandwidth). With it, the
     threshold becomes a statement about the strategy's *scaling on these links*, the seed's
