@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pytest_distperf.workload import steady_minimum
+from pytest_distperf.workload import steady_median
 
 
 def _sequence(values: list[float]) -> tuple[Callable[[], float], Iterator[float]]:
@@ -16,22 +16,29 @@ def _sequence(values: list[float]) -> tuple[Callable[[], float], Iterator[float]
 
 def test_stops_once_the_figure_stops_improving() -> None:
     # a device warming up: three slow figures, then steady ones
-    measure, rest = _sequence([3.0, 2.5, 1.0, 1.01, 0.995, 1.0, 99.0])
-    best, calls = steady_minimum(measure, patience=3, max_repeats=10)
-    assert (best, calls) == (0.995, 6)
+    measure, rest = _sequence([3.0, 2.5, 1.0, 1.01, 0.995, 1.02, 99.0])
+    steady, calls = steady_median(measure, patience=3, max_repeats=10)
+    assert calls == 6
+    assert steady == pytest.approx(1.005)  # median of the steady stretch 1.0, 1.01, 0.995, 1.02
     assert next(rest) == 99.0  # nothing measured beyond the stop
+
+
+def test_a_lucky_fast_repeat_does_not_set_the_figure() -> None:
+    measure, _ = _sequence([1.0, 0.6, 1.0, 1.05, 0.98])
+    steady, calls = steady_median(measure, patience=3, max_repeats=10)
+    assert calls == 5 and steady == pytest.approx(0.99)  # not 0.6
 
 
 def test_a_new_best_restarts_the_patience() -> None:
     measure, _ = _sequence([2.0, 2.0, 2.0, 1.5, 1.5, 1.5, 1.5])
-    assert steady_minimum(measure, patience=3, max_repeats=10) == (1.5, 7)
+    assert steady_median(measure, patience=3, max_repeats=10) == (1.5, 7)
 
 
 def test_never_more_than_max_repeats() -> None:
     measure, _ = _sequence([10.0, 9.0, 8.0, 7.0, 6.0, 5.0])
-    assert steady_minimum(measure, patience=2, max_repeats=4) == (7.0, 4)
+    assert steady_median(measure, patience=2, max_repeats=4) == (8.0, 4)
 
 
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="patience <= max_repeats, got 0, 5"):
-        steady_minimum(lambda: 1.0, patience=0, max_repeats=5)
+        steady_median(lambda: 1.0, patience=0, max_repeats=5)
