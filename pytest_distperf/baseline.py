@@ -26,7 +26,7 @@ import os
 import re
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
@@ -37,7 +37,11 @@ import filelock
 from .files import atomic_write_text
 from .stats import relative_spread
 
-SCHEMA = 1
+SCHEMA = 2  # 2 added run_medians; schema 1 files are read (no history) and written as 2
+READABLE_SCHEMAS = (1, 2)
+# Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
+# of speed leaves the window (the spread is a MAD, so it ignores a change in under half of it).
+RUN_HISTORY = 10
 
 # Conservative on purpose: keys become file names on every OS a runner may use and appear in
 # shell commands and CI logs. 200 leaves room for ".json.lock" and the temp-file affixes.
@@ -58,6 +62,7 @@ _ENTRY_FIELDS = frozenset(
         "extra",
     }
 )
+_OPTIONAL_ENTRY_FIELDS = frozenset({"run_medians"})  # absent from schema 1 files
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
 _SIGNIFICANT_DIGITS = 6
@@ -122,6 +127,9 @@ class BaselineEntry:
     versions: Mapping[str, str] = field(default_factory=dict, hash=False)
     #: Free-form JSON data (e.g. the predicted bound and its bounding term).
     extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: Medians of the last RUN_HISTORY runs recorded for this test on this topology, oldest
+    #: first, this entry's own last: how much whole runs drift, which the repeats cannot show.
+    run_medians: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         validate_test_id(self.test_id)
@@ -163,6 +171,13 @@ class BaselineEntry:
             extra = json.loads(json.dumps(dict(self.extra), allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{self.test_id}: extra must be JSON-serializable ({exc})") from exc
+        history = tuple(self.run_medians)
+        for value in history:
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(
+                    f"{self.test_id}: run_medians must be positive numbers, got {value!r}"
+                )
+        object.__setattr__(self, "run_medians", tuple(float(v) for v in history))
         object.__setattr__(self, "samples", tuple(float(v) for v in samples))
         object.__setattr__(self, "versions", MappingProxyType(dict(sorted(self.versions.items()))))
         object.__setattr__(self, "extra", MappingProxyType(extra))
@@ -204,7 +219,15 @@ class BaselineEntry:
             commit=commit,
             versions=dict(versions),
             extra=dict(extra or {}),
+            run_medians=(_round(statistics.median(rounded)),),
         )
+
+    def following(self, previous: BaselineEntry) -> BaselineEntry:
+        """This entry with `previous`'s run history before its own median (RUN_HISTORY kept)."""
+        earlier = previous.run_medians or (previous.median,)
+        if previous == replace(self, run_medians=previous.run_medians):
+            return replace(self, run_medians=earlier)  # the same run saved again: no new run
+        return replace(self, run_medians=(*earlier, self.median)[-RUN_HISTORY:])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -219,6 +242,7 @@ class BaselineEntry:
             "commit": self.commit,
             "versions": dict(self.versions),
             "extra": json.loads(json.dumps(dict(self.extra))),
+            "run_medians": list(self.run_medians),
         }
 
     @classmethod
@@ -227,7 +251,7 @@ class BaselineEntry:
         if not isinstance(data, Mapping):
             raise ValueError(f"an entry must be a JSON object, got {type(data).__name__}")
         missing = sorted(_ENTRY_FIELDS - data.keys())
-        unknown = sorted(data.keys() - _ENTRY_FIELDS)
+        unknown = sorted(data.keys() - _ENTRY_FIELDS - _OPTIONAL_ENTRY_FIELDS)
         if missing or unknown:
             raise ValueError(f"entry fields: missing {missing}, unknown {unknown}")
         samples = data["samples"]
@@ -236,6 +260,9 @@ class BaselineEntry:
         for name in ("versions", "extra"):
             if not isinstance(data[name], Mapping):
                 raise ValueError(f"{name} must be a JSON object")
+        history = data.get("run_medians", [])
+        if not isinstance(history, list):
+            raise ValueError("run_medians must be a list of numbers")
         return cls(
             test_id=data["test_id"],
             samples=tuple(samples),
@@ -248,6 +275,7 @@ class BaselineEntry:
             commit=data["commit"],
             versions=data["versions"],
             extra=data["extra"],
+            run_medians=tuple(history),
         )
 
 
@@ -297,8 +325,13 @@ class BaselineStore:
         topology_key: str,
         entries: Mapping[str, BaselineEntry],
         topology: Mapping[str, Any] | None = None,
+        *,
+        keep_history: bool = True,
     ) -> Path:
         """Merge ``entries`` into the file for ``topology_key``; other test ids are kept.
+
+        With ``keep_history`` an entry that replaces a stored one carries the stored entry's run
+        medians before its own (`BaselineEntry.following`).
 
         ``topology`` replaces the stored description when given. Raises BaselineFileError (and
         leaves the file byte-identical) when the existing file is unreadable, and TimeoutError
@@ -338,6 +371,11 @@ class BaselineStore:
             # Parsing inside the lock is what makes this a merge rather than last-writer-wins;
             # an unreadable file raises here, before anything is written.
             old_topology, merged = ({}, {}) if raw is None else _parse(path, raw, topology_key)
+            if keep_history:
+                # Read under the lock, so two refreshes of one test both land in its history.
+                for test_id, entry in updates.items():
+                    if test_id in merged:
+                        updates[test_id] = entry.following(merged[test_id])
             merged.update(updates)
             text = _render(
                 topology_key, old_topology if new_topology is None else new_topology, merged
@@ -410,11 +448,12 @@ def _parse(
         raise BaselineFileError(path, f"expected a JSON object, found {type(data).__name__}")
     if "schema" not in data:
         raise BaselineFileError(path, "no 'schema' field: not a pytest-distperf baseline file")
-    if data["schema"] != SCHEMA:
+    if data["schema"] not in READABLE_SCHEMAS or isinstance(data["schema"], bool):
+        readable = ", ".join(map(str, READABLE_SCHEMAS))
         raise BaselineFileError(
             path,
-            f"unknown schema version {data['schema']!r} (this pytest-distperf reads schema "
-            f"{SCHEMA}; a newer version may have written it)",
+            f"unknown schema version {data['schema']!r} (this pytest-distperf reads schemas "
+            f"{readable}; a newer version may have written it)",
         )
     missing = sorted(_FILE_FIELDS - data.keys())
     unknown = sorted(data.keys() - _FILE_FIELDS)

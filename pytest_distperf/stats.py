@@ -40,6 +40,12 @@ _MAD_TO_SIGMA = 1.4826
 # show (a perfectly steady test still moves a few percent from one job to the next).
 TOLERANCE_SIGMAS = 3.0
 
+# Drift between runs, measured: the medians of the runs recorded for a test (one per baseline
+# refresh), once there are this many. Within-run repeats cannot see it, and on some machines it
+# dwarfs them: unchanged reruns of the example suite on a 2 x H200 VM moved by 11-17% (CV of
+# the run medians) while each run's repeats agreed within a few percent.
+MIN_RUNS_FOR_DRIFT = 3
+
 # Exact permutation distribution of the rank sum up to this many pooled samples; past it the
 # normal approximation (with tie correction) is accurate and the exact table gets large. At 50 the
 # subset counts (C(50, 25) ~ 1.3e14) are still exact integers in float64.
@@ -75,6 +81,8 @@ class Comparison:
     alpha: float
     method: Method
     unit: str = "tok/s"
+    #: Number of recorded runs whose spread set the tolerance (0: it came from the repeats).
+    tolerance_runs: int = 0
 
     @property
     def significant(self) -> bool:
@@ -92,7 +100,13 @@ class Comparison:
         parts = [
             f"{headline}: measured median {self.current_median:.5g} {self.unit} "
             f"(n={self.n_current}) vs baseline median {self.baseline_median:.5g} {self.unit} "
-            f"(n={self.n_baseline}); change {self.change:+.1%} (tolerance {self.tolerance:.1%})",
+            f"(n={self.n_baseline}); change {self.change:+.1%} (tolerance {self.tolerance:.1%}"
+            + (
+                f", from the spread of {self.tolerance_runs} recorded runs"
+                if self.tolerance_runs
+                else ""
+            )
+            + ")",
         ]
         if self.method == "none":
             parts.append(
@@ -127,10 +141,33 @@ def relative_spread(samples: Sequence[float]) -> float:
     return _MAD_TO_SIGMA * mad / median
 
 
-def default_tolerance(baseline: Sequence[float], tolerance_floor: float = 0.05) -> float:
-    """The tolerance used when none is given: max(floor, 3 * robust relative spread)."""
+def default_tolerance(
+    baseline: Sequence[float],
+    tolerance_floor: float = 0.05,
+    run_medians: Sequence[float] = (),
+) -> float:
+    """The tolerance used when none is given: max(floor, 3 x robust relative spread of the
+    baseline's repeats, 3 x that of the recorded runs' medians when there are enough of them)."""
     _check_fraction(tolerance_floor, "tolerance_floor", upper=math.inf)
-    return max(tolerance_floor, TOLERANCE_SIGMAS * relative_spread(baseline))
+    return max(
+        tolerance_floor,
+        TOLERANCE_SIGMAS * relative_spread(baseline),
+        TOLERANCE_SIGMAS * run_drift(run_medians),
+    )
+
+
+def run_drift(run_medians: Sequence[float]) -> float:
+    """Robust relative spread of per-run medians; 0 with fewer than MIN_RUNS_FOR_DRIFT runs."""
+    if len(run_medians) < MIN_RUNS_FOR_DRIFT:
+        return 0.0
+    return relative_spread(run_medians)
+
+
+def _drift_sets_tolerance(
+    baseline: Sequence[float], tolerance_floor: float, run_medians: Sequence[float]
+) -> bool:
+    drift = TOLERANCE_SIGMAS * run_drift(run_medians)
+    return drift > 0 and drift >= max(tolerance_floor, TOLERANCE_SIGMAS * relative_spread(baseline))
 
 
 def mann_whitney_floor(n_baseline: int, n_current: int) -> float:
@@ -146,19 +183,25 @@ def compare(
     alpha: float = 0.01,
     tolerance_floor: float = 0.05,
     unit: str = "tok/s",
+    run_medians: Sequence[float] = (),
 ) -> Comparison:
     """Decide whether ``current`` throughput samples regressed against ``baseline`` samples.
 
-    ``tolerance`` is relative (0.1 = 10%); None derives it from the baseline's noise with
+    ``tolerance`` is relative (0.1 = 10%); None derives it from the baseline's noise and from
+    ``run_medians`` (the medians of the runs recorded for this test) with
     :func:`default_tolerance`. Verdicts: "regression" (slower beyond tolerance and significant),
     "improvement" (faster beyond tolerance and significant: the baseline is stale), "noisy"
     (beyond tolerance either way but not significant, or untestable), "ok" otherwise.
     """
     base = _checked(baseline, "baseline")
     cur = _checked(current, "current")
+    runs = _checked(run_medians, "run_medians") if run_medians else []
     _check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
-    tol = default_tolerance(base, tolerance_floor) if tolerance is None else tolerance
+    tol = default_tolerance(base, tolerance_floor, runs) if tolerance is None else tolerance
     _check_fraction(tol, "tolerance", upper=math.inf)
+    tolerance_runs = (
+        len(runs) if tolerance is None and _drift_sets_tolerance(base, tolerance_floor, runs) else 0
+    )
 
     base_median = statistics.median(base)
     cur_median = statistics.median(cur)
@@ -188,6 +231,7 @@ def compare(
         alpha=alpha,
         method=method,
         unit=unit,
+        tolerance_runs=tolerance_runs,
     )
 
 
@@ -198,6 +242,7 @@ def detectable_drop(
     tolerance: float | None = None,
     alpha: float = 0.01,
     tolerance_floor: float = 0.05,
+    run_medians: Sequence[float] = (),
 ) -> float:
     """Smallest relative drop that :func:`compare` would flag as a regression.
 
@@ -214,7 +259,8 @@ def detectable_drop(
     if n_cur < 1:
         raise ValueError(f"n_current must be at least 1, got {n_cur}")
     _check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
-    tol = default_tolerance(base, tolerance_floor) if tolerance is None else tolerance
+    runs = _checked(run_medians, "run_medians") if run_medians else []
+    tol = default_tolerance(base, tolerance_floor, runs) if tolerance is None else tolerance
     _check_fraction(tol, "tolerance", upper=math.inf)
     if tol >= 1.0:
         return math.inf

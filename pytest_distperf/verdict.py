@@ -85,6 +85,7 @@ def baseline_check(
         tolerance=settings.tolerance,
         alpha=settings.alpha,
         tolerance_floor=settings.tolerance_floor,
+        run_medians=entry.run_medians,
     )
     fields = _comparison_fields(comparison, entry)
     status = {
@@ -134,6 +135,7 @@ def _comparison_fields(comparison: Comparison, entry: BaselineEntry) -> dict[str
         "baseline_tokens_per_sec": comparison.baseline_median,
         "change": comparison.change,
         "tolerance": comparison.tolerance,
+        "tolerance_runs": comparison.tolerance_runs,
         "p_value": comparison.p_value,
         "detectable_drop": comparison.detectable_drop,
         "baseline_verdict": comparison.verdict,

@@ -13,6 +13,7 @@ import filelock
 import pytest
 
 from pytest_distperf.baseline import (
+    RUN_HISTORY,
     BaselineEntry,
     BaselineFileError,
     BaselineStore,
@@ -90,7 +91,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert store.get(KEY, "other") is None
     assert store.topology(KEY) == {"gpus": 4, "link": "NV18"}
     document = json.loads(path.read_text())
-    assert document["schema"] == 1
+    assert document["schema"] == 2
     assert document["topology_key"] == KEY
 
 
@@ -128,9 +129,47 @@ def test_save_merges_and_keeps_other_entries(tmp_path: Path) -> None:
     assert store.topology(KEY) == {"gpus": 4}  # kept when not given
     faster = make_entry("a", 1.5)
     store.save(KEY, {"a": faster})
-    assert store.load(KEY) == {"a": faster, "b": b}
+    assert store.load(KEY) == {"a": faster.following(a), "b": b}
+    assert store.load(KEY)["a"].run_medians == (a.median, faster.median)
     store.save("cpu-gloo-x2", {"a": a})
-    assert store.load(KEY)["a"] == faster
+    assert store.load(KEY)["a"].samples == faster.samples
+
+
+def test_refreshes_build_a_capped_history_of_run_medians(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    runs = [make_entry("t", 1.0 + i / 100) for i in range(RUN_HISTORY + 3)]
+    for entry in runs:
+        store.save(KEY, {"t": entry})
+        store.save(KEY, {"t": entry})  # the same run saved twice is one run
+    stored = store.get(KEY, "t")
+    assert stored is not None and stored.samples == runs[-1].samples
+    assert stored.run_medians == tuple(e.median for e in runs[-RUN_HISTORY:])
+    store.save(KEY, {"t": runs[0]}, keep_history=False)
+    assert store.get(KEY, "t") == runs[0]
+
+
+def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    old = make_entry("t")
+    document = {"schema": 1, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
+    del document["entries"]["t"]["run_medians"]
+    store.path(KEY).write_text(json.dumps(document))
+    loaded = store.get(KEY, "t")
+    assert loaded is not None and loaded.run_medians == ()
+    newer = make_entry("t", 1.2)
+    store.save(KEY, {"t": newer})
+    assert json.loads(store.path(KEY).read_text())["schema"] == 2
+    assert store.get(KEY, "t").run_medians == (old.median, newer.median)
+
+
+def test_bad_run_medians_are_refused() -> None:
+    data = make_entry("t").to_dict()
+    data["run_medians"] = [100.0, -1.0]
+    with pytest.raises(ValueError, match="run_medians must be positive numbers, got -1.0"):
+        BaselineEntry.from_dict(data)
+    data["run_medians"] = "100"
+    with pytest.raises(ValueError, match="run_medians must be a list"):
+        BaselineEntry.from_dict(data)
 
 
 def test_save_checks_entries(tmp_path: Path) -> None:
@@ -300,7 +339,9 @@ def _concurrent_writer(directory: str, writer: int, rounds: int) -> None:
         )
         store.save(KEY, {test_id: entry})
         # Readers take no lock: atomic replaces must make every read whole and current.
-        assert store.get(KEY, test_id) == entry
+        stored = store.get(KEY, test_id)
+        assert stored is not None and stored.samples == entry.samples
+        assert stored.run_medians[-1] == entry.median
 
 
 def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
@@ -321,6 +362,8 @@ def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
         entry = entries[f"tests/test_perf.py::test_gen[writer{w}]"]
         assert entry.median == 100.0 + rounds - 1
         assert dict(entry.versions) == {"w": str(w)}
+        # every round landed in the history, in order: no refresh lost to another writer
+        assert entry.run_medians == tuple(100.0 + r for r in range(rounds - RUN_HISTORY, rounds))
     assert not list(tmp_path.glob("*.tmp"))
 
 
@@ -368,5 +411,5 @@ def test_writer_killed_mid_write_leaves_old_file_and_no_stale_lock(tmp_path: Pat
     started = time.monotonic()
     store.save(KEY, {"t": newer})
     assert time.monotonic() - started < 5
-    assert store.load(KEY) == {"t": newer}
+    assert store.load(KEY) == {"t": newer.following(old)}
     assert not temp.exists()  # the dead writer's temp file is cleaned up under the lock

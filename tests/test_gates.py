@@ -55,6 +55,7 @@ def test_record_then_compare_then_catch_a_regression(
     assert test_id.startswith("test_record_then_compare_then_catch_a_regression.py::test_rate")
     assert "model=tiny" in test_id and "slowdown" not in test_id
     assert len(entry["samples"]) == 5
+    assert entry["run_medians"] == [entry["median"]]  # the first recorded run of this test
 
     junit = pytester.path / "junit.xml"
     # A tiny model on two shared cores moves by up to a third between runs (seen once in this

@@ -15,6 +15,7 @@ from pytest_distperf.stats import (
     detectable_drop,
     mann_whitney_floor,
     relative_spread,
+    run_drift,
 )
 
 
@@ -252,3 +253,52 @@ def test_compare_memory() -> None:
         compare_memory(gib, -1)
     with pytest.raises(ValueError, match="tolerance"):
         compare_memory(gib, gib, tolerance=-0.1)
+
+
+# --- drift between recorded runs --------------------------------------------------------------
+
+STEADY = [100.0, 101.0, 99.0, 100.5, 99.5]  # within-run spread ~1%
+DRIFTING_RUNS = [100.0, 88.0, 112.0, 95.0, 106.0]  # whole runs moved by ~10%
+
+
+def test_drift_needs_enough_runs() -> None:
+    assert run_drift([]) == 0.0
+    assert run_drift([100.0, 120.0]) == 0.0
+    assert run_drift(DRIFTING_RUNS) == pytest.approx(relative_spread(DRIFTING_RUNS))
+
+
+def test_tolerance_covers_the_drift_of_recorded_runs() -> None:
+    assert default_tolerance(STEADY, 0.05) == 0.05
+    with_runs = default_tolerance(STEADY, 0.05, DRIFTING_RUNS)
+    assert with_runs == pytest.approx(3 * relative_spread(DRIFTING_RUNS))
+    assert with_runs > 0.2
+
+
+def test_a_run_within_the_drift_passes_and_says_why() -> None:
+    slower_run = [v * 0.88 for v in STEADY]  # like the slowest recorded run
+    alone = compare(STEADY, slower_run, tolerance_floor=0.05)
+    assert alone.verdict == "regression"  # the repeats alone cannot know runs drift
+    drift = compare(STEADY, slower_run, tolerance_floor=0.05, run_medians=DRIFTING_RUNS)
+    assert drift.verdict == "ok"
+    assert drift.tolerance_runs == 5
+    assert "from the spread of 5 recorded runs" in drift.message()
+    beyond = compare(
+        STEADY, [v * 0.5 for v in STEADY], tolerance_floor=0.05, run_medians=DRIFTING_RUNS
+    )
+    assert beyond.verdict == "regression"
+
+
+def test_detectable_drop_reports_the_drift() -> None:
+    assert detectable_drop(STEADY, 5, tolerance_floor=0.05, run_medians=DRIFTING_RUNS) == (
+        pytest.approx(default_tolerance(STEADY, 0.05, DRIFTING_RUNS))
+    )
+
+
+def test_an_explicit_tolerance_wins_over_the_drift() -> None:
+    result = compare(STEADY, STEADY, tolerance=0.02, run_medians=DRIFTING_RUNS)
+    assert result.tolerance == 0.02 and result.tolerance_runs == 0
+
+
+def test_bad_run_medians_are_named() -> None:
+    with pytest.raises(ValueError, match="run_medians: rates must be finite and positive"):
+        compare(STEADY, STEADY, run_medians=[100.0, 0.0, 90.0])
