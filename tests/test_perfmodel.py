@@ -532,3 +532,40 @@ def test_prediction_to_dict_is_json() -> None:
     data = json.loads(json.dumps(p.to_dict()))
     assert data["bound"] == "all_gather" and data["link_class"] == "LOOPBACK"
     assert data["terms"]["compute"] == pytest.approx(0.034)
+
+
+# --------------------------------------------------------------------------- recorded runs
+
+RECORDED = Path(__file__).parent.parent / "docs" / "benchmarks" / "data" / "h200-v2"
+
+
+@pytest.mark.parametrize("report", ["call1-nvlink.json", "call1-p2p-disabled.json"])
+def test_fsdp_rows_of_the_recorded_h200_runs(report: str) -> None:
+    # Each sharded row predicted from what its own run recorded (calibration with the measured
+    # overlap, single-process reference), as the plugin does: FSDP1 lands within 5% on both
+    # models and both paths once the transfer hides behind the host work.
+    from distperf_model.config import Config
+
+    from pytest_distperf.settings import PRECISION_BYTES
+
+    results = json.loads((RECORDED / report).read_text())["results"]
+    calibration = Calibration.from_dict(next(r["calibration"] for r in results if r["calibration"]))
+    assert calibration.overlap > 0.8  # measured: this host hides one path behind the other
+    links = links_from_calibration(calibration, "NV18")
+    fsdp = [r for r in results if r["strategy"] == "fsdp"]
+    assert len(fsdp) == 2
+    for r in fsdp:
+        w = r["workload"]
+        p = predict(
+            Config.from_name(w["model"]),
+            "fsdp",
+            r["devices"],
+            links,
+            batch_size=w["batch_size"],
+            prompt_length=w["prompt_length"],
+            max_new_tokens=w["max_new_tokens"],
+            dtype_bytes=PRECISION_BYTES[w["precision"]],
+            compute_time_s=r["reference_token_s"],
+        )
+        assert abs(_error(p.tokens_per_sec, r["tokens_per_sec"])) <= 0.05, (w["model"], p.terms)
+        assert "overlap" in p.terms
