@@ -12,11 +12,12 @@ tokens/sec counts all of them over the whole time. With short prompts the prefil
 decode step, so the time per token is the time per forward. Terms (seconds per token):
 
 ``compute``  (measured)
-    The single-process time per token measured in the same run: before the strategy wraps the
-    model, every rank times decode steps of the whole model alone (no collectives;
-    `workload.reference_token_time`: repeated until it stops improving, the best kept), and
-    the slowest rank's figure is used. A replicated model is timed again after the run and the
-    two are averaged, so that a host whose speed drifts is measured on both sides of the run.
+    The single-process time per token measured in the same run, in every rank (the slowest
+    rank's figure is used): the whole model alone, no collectives. A replicated model is timed
+    unwrapped right after each timed generation (median of those), so that a host whose speed
+    drifts moves both alike; a sharded one only exists whole before it is wrapped, and is timed
+    then, until the figure stops improving (`workload.reference_token_time`, median of the
+    steady stretch).
     It holds weights streaming, kernels *and* eager-mode launch overhead, which a roofline misses
     (measurements.md: eager decode on an H200 reaches ~25% of the copy bandwidth). With it, the
     threshold becomes a statement about the strategy's *scaling on these links*, the seed's

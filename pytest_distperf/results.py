@@ -39,8 +39,8 @@ class RunSpec:
     timeout: float
     threads_per_rank: int = 1
     nodes: int = 1  # > 1 only inside a multi-node job launched by torchrun/SLURM
-    # Decode steps of the unwrapped model, timed before wrapping (replicated: also after the
-    # run, averaged); 0: off.
+    # Decode steps of the unwrapped model timed before wrapping a sharded model (a replicated
+    # one is timed beside each sample, over the workload's own steps); 0: no reference at all.
     reference_steps: int = 8
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)

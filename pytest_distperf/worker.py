@@ -12,6 +12,7 @@ import os
 import platform
 import resource
 import signal
+import statistics
 import sys
 from pathlib import Path
 
@@ -22,7 +23,13 @@ from distperf_model.model import build_model
 
 from .results import Implementation, RankResult, RunSpec
 from .strategies import describe_implementation, get_strategy, set_wrap_unit
-from .workload import Fences, device_sync, reference_token_time, run_workload
+from .workload import (
+    Fences,
+    device_sync,
+    reference_token_time,
+    run_workload,
+    timed_generation,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
@@ -70,8 +77,14 @@ def _run(spec: RunSpec) -> RankResult:
     model = _build(workload.model, workload.seed, device, dtype)
     config = model.config
     prompt = make_prompt(config, workload.batch_size, workload.prompt_length, workload.seed, device)
+    # A replicated model stays whole after wrapping, so its reference (the same model unwrapped,
+    # no collectives) is timed beside every sample of the run: on a 2 x H200 VM eager decode
+    # switched between two speeds ~1.5x apart within seconds, and a reference timed before the
+    # run landed on the other speed in a third of the runs. A sharded model can only be timed
+    # whole before it is wrapped.
+    paired = not get_strategy(spec.strategy).sharded and workload.max_new_tokens > 1
     reference = None
-    if spec.reference_steps:
+    if spec.reference_steps and not paired:
         model.setup_caches(
             workload.batch_size,
             workload.prompt_length + spec.reference_steps,
@@ -91,9 +104,16 @@ def _run(spec: RunSpec) -> RankResult:
         dtype=dtype,
     )
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
+    unwrapped = Fences(sync=device_sync(device), barrier=lambda: None)
+
+    def reference_beside() -> float:
+        # The same generation through the bare model (same object, same caches): no wrapper.
+        sample, _ = timed_generation(model, prompt, workload.max_new_tokens, unwrapped)
+        return sample.decode_s / (workload.max_new_tokens - 1)
+
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    samples, tokens, timed_from = run_workload(
+    samples, tokens, timed_from, beside = run_workload(
         wrapped,
         prompt,
         workload.max_new_tokens,
@@ -101,19 +121,10 @@ def _run(spec: RunSpec) -> RankResult:
         spec.repeats,
         fences,
         workload.slowdown,
+        paired=reference_beside if paired and spec.reference_steps else None,
     )
-    if reference is not None and not get_strategy(spec.strategy).sharded:
-        # A replicated model is still whole after the run: timing it again and averaging brackets
-        # the run, which matters on hosts whose speed drifts (a 2 x H200 VM's eager decode moved
-        # by up to 1.6x between tests a minute apart).
-        model.setup_caches(
-            workload.batch_size,
-            workload.prompt_length + spec.reference_steps,
-            device=device,
-            dtype=dtype,
-        )
-        after = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
-        reference = (reference + after) / 2
+    if beside:
+        reference = statistics.median(beside)
     fabric_strategy, sharding, wrapper = describe_implementation(fabric, wrapped)
     backend = ""
     if torch.distributed.is_initialized():

@@ -73,21 +73,31 @@ def run_workload(
     repeats: int,
     fences: Fences,
     slowdown: float = 0.0,
-) -> tuple[list[Sample], torch.Tensor, float]:
+    paired: Callable[[], float] | None = None,
+) -> tuple[list[Sample], torch.Tensor, float, list[float]]:
     """Warm-up generations (untimed), then `repeats` timed ones.
 
-    Returns the samples, the last generation's tokens and the wall-clock time (epoch seconds)
-    at which the timed generations began, from which the fixed cost of a test is derived.
+    `paired`, when given, is run after every warm-up and timed generation, outside the timing,
+    and its results are returned: a reference measured right beside each sample, so that a
+    host whose speed drifts moves both alike.
+
+    Returns the samples, the last generation's tokens, the wall-clock time (epoch seconds) at
+    which the timed generations began (from which the fixed cost of a test is derived) and the
+    paired results of the timed phase.
     """
     tokens = torch.empty(0)
     for _ in range(warmup):
         _, tokens = timed_generation(model, prompt, max_new_tokens, fences)
+        if paired is not None:
+            paired()
     timed_from = time.time()
-    samples = []
+    samples, beside = [], []
     for _ in range(repeats):
         sample, tokens = timed_generation(model, prompt, max_new_tokens, fences, slowdown)
         samples.append(sample)
-    return samples, tokens, timed_from
+        if paired is not None:
+            beside.append(paired())
+    return samples, tokens, timed_from, beside
 
 
 # The reference is timed right after start-up (and, in a session's first test, right after the
