@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .results import RankResult, RunResult, RunSpec
 
@@ -111,6 +112,7 @@ def launch(spec: RunSpec) -> RunResult:
 
     if spec.accelerator == "cpu":
         spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+    binding = numa_options(spec)  # before anything is created: a bad setting fails cleanly
     log_dir = Path(tempfile.mkdtemp(prefix="distperf-"))
     config = LaunchConfig(
         min_nodes=1,
@@ -123,6 +125,7 @@ def launch(spec: RunSpec) -> RunResult:
         monitor_interval=0.05,
         start_method="spawn",
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL),
+        numa_options=binding,
     )
     threads = str(spec.threads_per_rank)
     launched_at = time.time()
@@ -154,6 +157,27 @@ def launch(spec: RunSpec) -> RunResult:
     elapsed = time.perf_counter() - start
     ranks = tuple(returned[rank] for rank in sorted(returned))
     return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
+
+
+def numa_options(spec: RunSpec) -> Any:
+    """torch's NUMA binding for the ranks (`torch.numa.binding.NumaOptions`), or None."""
+    if spec.numa_binding is None:
+        return None
+    if spec.accelerator != "cuda":
+        raise RunFailed(
+            f"distperf: --distperf-numa-binding={spec.numa_binding} binds each rank to the CPUs "
+            f"near its GPU; these ranks run on {spec.accelerator}"
+        )
+    try:
+        from torch.numa.binding import AffinityMode, NumaOptions
+    except ImportError:
+        import torch
+
+        raise RunFailed(
+            f"distperf: --distperf-numa-binding needs torch's NUMA binding (torch.numa.binding), "
+            f"which torch {torch.__version__} does not have"
+        ) from None
+    return NumaOptions(affinity_mode=AffinityMode(spec.numa_binding))
 
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)

@@ -347,6 +347,7 @@ class DistperfRun:
             warmup=settings.warmup,
             timeout=settings.timeout,
             marker_file=os.environ.get("DISTPERF_MARKER_FILE"),
+            numa_binding=settings.numa_binding,
         )
 
     def run(self) -> RunResult:

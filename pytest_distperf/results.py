@@ -44,6 +44,7 @@ class RunSpec:
     reference_steps: int = 8
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
+    numa_binding: str | None = None  # torch.numa.binding.AffinityMode value; None: no binding
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import Any
 from .perfmodel import DEFAULT_EFFICIENCY
 
 ACCELERATORS = ("auto", "cpu", "cuda")
+# torch.numa.binding.AffinityMode values (torch's own NUMA binding, as `torchrun --numa-binding`)
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISIONS = tuple(PRECISION_BYTES)
 
@@ -74,6 +76,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("strict", "", "a test without a baseline for this machine fails", True),
     OptionSpec("fail_on_improvement", "", "a run far faster than its baseline (stale) fails", True),
     OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
+    OptionSpec(
+        "numa_binding",
+        "",
+        "bind each CUDA rank to CPUs near its GPU with torch's NUMA binding: "
+        f"{', '.join(NUMA_BINDINGS)} (default: no binding; inside torchrun use its --numa-binding)",
+    ),
 )
 
 
@@ -96,6 +104,7 @@ class Settings:
     strict: bool = False
     fail_on_improvement: bool = False
     topology: str | None = None
+    numa_binding: str | None = None
     explicit: frozenset[str] = frozenset()  # names set on the command line or in the ini file
 
     def gate_value(self, name: str, marker: Mapping[str, float]) -> Any:
@@ -151,6 +160,15 @@ def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
     return value
 
 
+def _parse_numa_binding(raw: str, source: str) -> str | None:
+    value = str(raw).strip().lower()
+    if not value:
+        return None
+    if value not in NUMA_BINDINGS:
+        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(NUMA_BINDINGS)}")
+    return value
+
+
 def _parse_flag(raw: Any, source: str) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -180,6 +198,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "strict": lambda raw, source: _parse_flag(raw, source),
     "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
     "topology": lambda raw, source: raw or None,
+    "numa_binding": lambda raw, source: _parse_numa_binding(raw, source),
 }
 
 

@@ -37,3 +37,22 @@ def test_nothing_seen_when_nothing_arrives() -> None:
     with _own_signals(seen):
         pass
     assert seen.seen == set()
+
+
+def test_numa_binding_is_torchs_own() -> None:
+    import pytest
+    from torch.numa.binding import AffinityMode
+
+    from pytest_distperf.launcher import RunFailed, numa_options
+    from pytest_distperf.results import RunSpec
+    from pytest_distperf.settings import Workload
+
+    spec = RunSpec("t.py::test", "fsdp", 2, "cuda", Workload(), 5, 1, 60.0)
+    assert numa_options(spec) is None
+    bound = numa_options(
+        RunSpec("t.py::test", "fsdp", 2, "cuda", Workload(), 5, 1, 60.0, numa_binding="exclusive")
+    )
+    assert bound.affinity_mode == AffinityMode.EXCLUSIVE
+    cpu = RunSpec("t.py::test", "fsdp", 2, "cpu", Workload(), 5, 1, 60.0, numa_binding="node")
+    with pytest.raises(RunFailed, match="numa-binding=node binds each rank.*run on cpu"):
+        numa_options(cpu)

@@ -47,6 +47,16 @@ def test_bad_accelerator_lists_choices() -> None:
         resolve_settings({"accelerator": "tpu"}, {})
 
 
+def test_numa_binding_is_off_unless_asked_and_checked() -> None:
+    assert resolve_settings({}, {}).numa_binding is None
+    assert resolve_settings({"numa_binding": "Exclusive"}, {}).numa_binding == "exclusive"
+    with pytest.raises(
+        SettingError,
+        match="--distperf-numa-binding = 'numa'.*not one of node, socket, exclusive, core-complex",
+    ):
+        resolve_settings({"numa_binding": "numa"}, {})
+
+
 def test_workload_from_marker_defaults_and_values() -> None:
     workload = workload_from_marker({"model": "pythia-14m", "max_new_tokens": 4}, "t", MODELS)
     assert workload == Workload(model="pythia-14m", max_new_tokens=4)
