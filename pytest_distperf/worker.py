@@ -81,8 +81,11 @@ def _run(spec: RunSpec) -> RankResult:
     # no collectives) is timed beside every sample of the run: on a 2 x H200 VM eager decode
     # switched between two speeds ~1.5x apart within seconds, and a reference timed before the
     # run landed on the other speed in a third of the runs. A sharded model can only be timed
-    # whole before it is wrapped.
-    paired = not get_strategy(spec.strategy).sharded and workload.max_new_tokens > 1
+    # whole before it is wrapped; so can a generation too short to time a reference beside it
+    # (a step or two of a tiny model is all noise), which is timed until steady instead.
+    paired = (
+        not get_strategy(spec.strategy).sharded and workload.max_new_tokens > spec.reference_steps
+    )
     reference = None
     if spec.reference_steps and not paired:
         model.setup_caches(

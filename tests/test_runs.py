@@ -156,10 +156,12 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
         [
             "*ranks still running after --distperf-timeout=20 s were stopped*",
             "*--- rank 1*",
-            "*Timeout (0:00:20)!*",
             "*faulty.py*in hanging*",
         ]
     )
+    # Each rank's own watchdog fires at the timeout; whichever fires first dumps under this
+    # header and exits, and the launcher's SIGTERM makes the other dump its stack as it is.
+    result.stdout.fnmatch_lines(["*Timeout (0:00:20)!*"])
     assert _wait_until_gone(tag) == []
 
 
