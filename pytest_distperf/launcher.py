@@ -130,14 +130,14 @@ def launch(spec: RunSpec) -> RunResult:
     threads = str(spec.threads_per_rank)
     launched_at = time.time()
     start = time.perf_counter()
-    signals = _SignalsSeen()
+    signals: set[int] = set()
     try:
         with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads), _own_signals(signals):
             returned: dict[int, RankResult] = elastic_launch(config, run_rank)(spec)
     except ChildFailedError as error:
         # A terminal's Ctrl-C reaches the ranks too; when they stop before the agent's own
         # handler acts, the run ends as a rank failure, but it is still the user's interrupt.
-        if signal.SIGINT in signals.seen:
+        if signal.SIGINT in signals:
             raise KeyboardInterrupt from None
         elapsed = time.perf_counter() - start
         raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
@@ -183,15 +183,8 @@ def numa_options(spec: RunSpec) -> Any:
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-class _SignalsSeen:
-    """The signals this process received, whoever's handler ran (filled by `_own_signals`)."""
-
-    def __init__(self) -> None:
-        self.seen: set[int] = set()
-
-
 @contextlib.contextmanager
-def _own_signals(signals: _SignalsSeen | None = None) -> Iterator[None]:
+def _own_signals(signals: set[int] | None = None) -> Iterator[None]:
     """Give pytest its signal handlers back: the elastic agent installs its own for the run and
     leaves them, after which a Ctrl-C between tests would only fail the next test.
 
@@ -213,7 +206,7 @@ def _own_signals(signals: _SignalsSeen | None = None) -> Iterator[None]:
             signal.set_wakeup_fd(previous_fd)
             if signals is not None:
                 with contextlib.suppress(BlockingIOError):
-                    signals.seen.update(reader.recv(4096))
+                    signals.update(reader.recv(4096))
         reader.close()
         writer.close()
         for sig, handler in saved.items():

@@ -163,13 +163,6 @@ def run_drift(run_medians: Sequence[float]) -> float:
     return relative_spread(run_medians)
 
 
-def _drift_sets_tolerance(
-    baseline: Sequence[float], tolerance_floor: float, run_medians: Sequence[float]
-) -> bool:
-    drift = TOLERANCE_SIGMAS * run_drift(run_medians)
-    return drift > 0 and drift >= max(tolerance_floor, TOLERANCE_SIGMAS * relative_spread(baseline))
-
-
 def mann_whitney_floor(n_baseline: int, n_current: int) -> float:
     """Smallest one-sided p-value the exact Mann-Whitney U test can produce (no ties)."""
     return 1.0 / math.comb(n_baseline + n_current, n_current)
@@ -199,9 +192,8 @@ def compare(
     _check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
     tol = default_tolerance(base, tolerance_floor, runs) if tolerance is None else tolerance
     _check_fraction(tol, "tolerance", upper=math.inf)
-    tolerance_runs = (
-        len(runs) if tolerance is None and _drift_sets_tolerance(base, tolerance_floor, runs) else 0
-    )
+    drift = TOLERANCE_SIGMAS * run_drift(runs)
+    tolerance_runs = len(runs) if tolerance is None and drift > 0 and drift == tol else 0
 
     base_median = statistics.median(base)
     cur_median = statistics.median(cur)

@@ -80,7 +80,7 @@ def _run(spec: RunSpec) -> RankResult:
     # A replicated model stays whole after wrapping, so its reference (the same model unwrapped,
     # no collectives) is timed beside every sample of the run: on a 2 x H200 VM eager decode
     # switched between two speeds ~1.5x apart within seconds, and a reference timed before the
-    # run landed on the other speed in a third of the runs. A sharded model can only be timed
+    # run was more than 25% off it in 9 of 18 runs. A sharded model can only be timed
     # whole before it is wrapped; so can a generation too short to time a reference beside it
     # (a step or two of a tiny model is all noise), which is timed until steady instead.
     paired = (

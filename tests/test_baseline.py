@@ -231,6 +231,8 @@ def _corrupt(kind: str) -> str:
         return "<<<<<<< HEAD\nthis is not json\n"
     if kind == "schema-99":
         doc["schema"] = 99
+    elif kind == "schema-true":
+        doc["schema"] = True  # equal to 1 in Python, but not a schema number
     elif kind == "no-schema":
         del doc["schema"]
     elif kind == "top-level-list":
@@ -261,6 +263,7 @@ CORRUPTIONS = [
     "empty",
     "not-json",
     "schema-99",
+    "schema-true",
     "no-schema",
     "top-level-list",
     "entries-list",
@@ -302,6 +305,7 @@ def test_bad_file_messages_name_the_problem(tmp_path: Path) -> None:
         "truncated": "not valid JSON",
         "empty": "empty",
         "schema-99": "unknown schema version 99",
+        "schema-true": "unknown schema version True",
         "median-mismatch": "does not match",
         "other-topology": "'cpu-gloo-x2'",
         "duplicate-test-id": "appears twice",

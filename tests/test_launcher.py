@@ -6,7 +6,7 @@ import os
 import signal
 from types import FrameType
 
-from pytest_distperf.launcher import _own_signals, _SignalsSeen
+from pytest_distperf.launcher import _own_signals
 
 
 def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None:
@@ -18,14 +18,14 @@ def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None
     before = signal.getsignal(signal.SIGHUP)
     previous_usr1 = signal.signal(signal.SIGUSR1, handler)
     try:
-        seen = _SignalsSeen()
+        seen: set[int] = set()
         with _own_signals(seen):
             # what the elastic agent does: replace a handler for the run
             signal.signal(signal.SIGHUP, handler)
             os.kill(os.getpid(), signal.SIGUSR1)
             os.kill(os.getpid(), signal.SIGHUP)
         assert caught == [signal.SIGUSR1, signal.SIGHUP]
-        assert {signal.SIGUSR1, signal.SIGHUP} <= seen.seen
+        assert {signal.SIGUSR1, signal.SIGHUP} <= seen
         assert signal.getsignal(signal.SIGHUP) is before
         assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd was given back too
     finally:
@@ -33,10 +33,10 @@ def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None
 
 
 def test_nothing_seen_when_nothing_arrives() -> None:
-    seen = _SignalsSeen()
+    seen: set[int] = set()
     with _own_signals(seen):
         pass
-    assert seen.seen == set()
+    assert seen == set()
 
 
 def test_numa_binding_is_torchs_own() -> None:
@@ -56,3 +56,18 @@ def test_numa_binding_is_torchs_own() -> None:
     cpu = RunSpec("t.py::test", "fsdp", 2, "cpu", Workload(), 5, 1, 60.0, numa_binding="node")
     with pytest.raises(RunFailed, match="numa-binding=node binds each rank.*run on cpu"):
         numa_options(cpu)
+
+
+def test_numa_binding_without_torch_support_is_named(monkeypatch) -> None:
+    import sys
+
+    import pytest
+
+    from pytest_distperf.launcher import RunFailed, numa_options
+    from pytest_distperf.results import RunSpec
+    from pytest_distperf.settings import Workload
+
+    monkeypatch.setitem(sys.modules, "torch.numa.binding", None)  # as on a torch without it
+    spec = RunSpec("t.py::test", "fsdp", 2, "cuda", Workload(), 5, 1, 60.0, numa_binding="node")
+    with pytest.raises(RunFailed, match=r"needs torch's NUMA binding \(torch.numa.binding\)"):
+        numa_options(spec)

@@ -201,6 +201,9 @@ def test_calibrated_overlap_reaches_the_links() -> None:
     assert Calibration.from_dict(old_report).overlap == 0.0
     with pytest.raises(ValueError, match="overlap must be in"):
         replace(cal, overlap=1.5)
+    old_report["overlap"] = "most"
+    with pytest.raises(ValueError, match="field 'overlap' has the wrong type"):
+        Calibration.from_dict(old_report)
 
 
 @pytest.mark.parametrize(("model", "measured"), [("pythia-2.8b", 103.8), ("llama-2-7b", 79.0)])
