@@ -1,7 +1,7 @@
 """Baseline store: one reviewable JSON file per topology key, merged under a file lock.
 
 Layout: ``<directory>/<topology_key>.json`` holding
-``{"schema": 1, "topology_key": ..., "topology": {...}, "entries": {test_id: entry, ...}}``.
+``{"schema": 3, "topology_key": ..., "topology": {...}, "entries": {test_id: entry, ...}}``.
 Files are written sorted and indented so that a baseline update reads as a small diff in review.
 
 Concurrency: readers take no lock, because writers replace the file atomically (temp file in the
@@ -37,8 +37,9 @@ import filelock
 from .files import atomic_write_text
 from .stats import relative_spread
 
-SCHEMA = 2  # 2 added run_medians; schema 1 files are read (no history) and written as 2
-READABLE_SCHEMAS = (1, 2)
+# 2 added run_medians, 3 the relative speed; older files are read (without them), written as 3
+SCHEMA = 3
+READABLE_SCHEMAS = (1, 2, 3)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
 # of speed leaves the window (the spread is a MAD, so it ignores a change in under half of it).
 RUN_HISTORY = 10
@@ -62,7 +63,8 @@ _ENTRY_FIELDS = frozenset(
         "extra",
     }
 )
-_OPTIONAL_ENTRY_FIELDS = frozenset({"run_medians"})  # absent from schema 1 files
+# Absent from older files: run_medians before schema 2, the relative speed before schema 3.
+_OPTIONAL_ENTRY_FIELDS = frozenset({"run_medians", "relative_samples", "relative_run_medians"})
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
 _SIGNIFICANT_DIGITS = 6
@@ -130,6 +132,14 @@ class BaselineEntry:
     #: Medians of the last RUN_HISTORY runs recorded for this test on this topology, oldest
     #: first, this entry's own last: how much whole runs drift, which the repeats cannot show.
     run_medians: tuple[float, ...] = ()
+    #: Speed relative to the bare model timed beside each repeat (results.RunResult), and the
+    #: medians of the last RUN_HISTORY recorded runs of it; empty when the run had no bare model.
+    relative_samples: tuple[float, ...] = ()
+    relative_run_medians: tuple[float, ...] = ()
+
+    @property
+    def relative_median(self) -> float | None:
+        return statistics.median(self.relative_samples) if self.relative_samples else None
 
     def __post_init__(self) -> None:
         validate_test_id(self.test_id)
@@ -171,13 +181,14 @@ class BaselineEntry:
             extra = json.loads(json.dumps(dict(self.extra), allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{self.test_id}: extra must be JSON-serializable ({exc})") from exc
-        history = tuple(self.run_medians)
-        for value in history:
-            if not _is_number(value) or not math.isfinite(value) or value <= 0:
-                raise ValueError(
-                    f"{self.test_id}: run_medians must be positive numbers, got {value!r}"
-                )
-        object.__setattr__(self, "run_medians", tuple(float(v) for v in history))
+        for name in ("run_medians", "relative_samples", "relative_run_medians"):
+            values = tuple(getattr(self, name))
+            for value in values:
+                if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                    raise ValueError(
+                        f"{self.test_id}: {name} must be positive numbers, got {value!r}"
+                    )
+            object.__setattr__(self, name, tuple(float(v) for v in values))
         object.__setattr__(self, "samples", tuple(float(v) for v in samples))
         object.__setattr__(self, "versions", MappingProxyType(dict(sorted(self.versions.items()))))
         object.__setattr__(self, "extra", MappingProxyType(extra))
@@ -192,18 +203,14 @@ class BaselineEntry:
         commit: str | None = None,
         now: datetime | None = None,
         extra: Mapping[str, Any] | None = None,
+        relative_samples: Iterable[float] = (),
     ) -> BaselineEntry:
-        """Build an entry from raw tokens/sec repeats, computing the summary statistics."""
-        values = list(samples)
-        if not values:
+        """Build an entry from raw tokens/sec repeats (and the relative speed of each, when
+        known), computing the summary statistics."""
+        rounded = _rounded_samples(samples, test_id, "samples")
+        if not rounded:
             raise ValueError(f"{test_id}: no samples")
-        for value in values:
-            # numbers.Real admits numpy scalars but not strings, which float() would accept.
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise ValueError(f"{test_id}: samples must be numbers, got {value!r}")
-            if not math.isfinite(value) or value <= 0:
-                raise ValueError(f"{test_id}: samples must be positive numbers, got {value!r}")
-        rounded = tuple(_round(float(v)) for v in values)
+        relative = _rounded_samples(relative_samples, test_id, "relative_samples")
         when = datetime.now(timezone.utc) if now is None else now
         if when.tzinfo is None:
             raise ValueError("now must be timezone-aware (baselines record UTC)")
@@ -220,14 +227,32 @@ class BaselineEntry:
             versions=dict(versions),
             extra=dict(extra or {}),
             run_medians=(_round(statistics.median(rounded)),),
+            relative_samples=relative,
+            relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
         )
 
     def following(self, previous: BaselineEntry) -> BaselineEntry:
         """This entry with `previous`'s run history before its own median (RUN_HISTORY kept)."""
         earlier = previous.run_medians or (previous.median,)
-        if previous == replace(self, run_medians=previous.run_medians):
-            return replace(self, run_medians=earlier)  # the same run saved again: no new run
-        return replace(self, run_medians=(*earlier, self.median)[-RUN_HISTORY:])
+        earlier_relative = previous.relative_run_medians
+        if not earlier_relative and previous.relative_median is not None:
+            earlier_relative = (previous.relative_median,)
+        same_run = previous == replace(
+            self,
+            run_medians=previous.run_medians,
+            relative_run_medians=previous.relative_run_medians,
+        )
+        if same_run:  # the same run saved again: no new run
+            return replace(self, run_medians=earlier, relative_run_medians=earlier_relative)
+        relative = self.relative_median
+        return replace(
+            self,
+            run_medians=(*earlier, self.median)[-RUN_HISTORY:],
+            # A run without a bare model breaks the relative history: no gap-spanning spread.
+            relative_run_medians=()
+            if relative is None
+            else (*earlier_relative, _round(relative))[-RUN_HISTORY:],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -243,6 +268,8 @@ class BaselineEntry:
             "versions": dict(self.versions),
             "extra": json.loads(json.dumps(dict(self.extra))),
             "run_medians": list(self.run_medians),
+            "relative_samples": list(self.relative_samples),
+            "relative_run_medians": list(self.relative_run_medians),
         }
 
     @classmethod
@@ -260,9 +287,11 @@ class BaselineEntry:
         for name in ("versions", "extra"):
             if not isinstance(data[name], Mapping):
                 raise ValueError(f"{name} must be a JSON object")
-        history = data.get("run_medians", [])
-        if not isinstance(history, list):
-            raise ValueError("run_medians must be a list of numbers")
+        lists = {}
+        for name in ("run_medians", "relative_samples", "relative_run_medians"):
+            lists[name] = data.get(name, [])
+            if not isinstance(lists[name], list):
+                raise ValueError(f"{name} must be a list of numbers")
         return cls(
             test_id=data["test_id"],
             samples=tuple(samples),
@@ -275,8 +304,22 @@ class BaselineEntry:
             commit=data["commit"],
             versions=data["versions"],
             extra=data["extra"],
-            run_medians=tuple(history),
+            run_medians=tuple(lists["run_medians"]),
+            relative_samples=tuple(lists["relative_samples"]),
+            relative_run_medians=tuple(lists["relative_run_medians"]),
         )
+
+
+def _rounded_samples(values: Iterable[float], test_id: str, name: str) -> tuple[float, ...]:
+    result = []
+    for value in values:
+        # numbers.Real admits numpy scalars but not strings, which float() would accept.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{test_id}: {name} must be numbers, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{test_id}: {name} must be positive numbers, got {value!r}")
+        result.append(_round(float(value)))
+    return tuple(result)
 
 
 class BaselineStore:

@@ -30,6 +30,7 @@ from .verdict import (
     baseline_check,
     detectable_check,
     memory_check,
+    relative_speed_check,
     threshold_check,
 )
 
@@ -103,6 +104,7 @@ class Gate:
             checks.append(
                 baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
             )
+            checks.append(relative_speed_check(entry, result.relative_speed_samples, settings))
             exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
             checks.append(memory_check(entry, result.peak_memory_bytes, settings, exact))
         return Decision(tuple(checks)), prediction
@@ -125,6 +127,7 @@ class Gate:
             versions=result.versions,
             commit=self.commit,
             extra=extra,
+            relative_samples=result.relative_speed_samples,
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True

@@ -428,6 +428,9 @@ REPORTED_FIELDS = (
     "change",
     "tolerance",
     "detectable_drop",
+    "relative_speed",
+    "relative_speed_change",
+    "relative_speed_detectable_drop",
     "verdict",
     "peak_memory_bytes",
 )

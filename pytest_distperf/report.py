@@ -21,8 +21,8 @@ def write_json_report(path: str | os.PathLike[str], rows: Sequence[dict[str, Any
 
 RESULT_HEADER = (
     f"{'tok/s':>10} {'decode':>9} {'ttft ms':>8} {'strategy':<15} {'ranks':<9} "
-    f"{'predicted':>9} {'bound':<13} {'baseline':>9} {'change':>7} {'detect':>6}  "
-    f"{'verdict':<18} test"
+    f"{'predicted':>9} {'bound':<13} {'baseline':>9} {'change':>7} {'detect':>6} "
+    f"{'rel.chg':>7} {'detect':>6}  {'verdict':<18} test"
 )
 
 
@@ -41,6 +41,8 @@ def format_result_line(nodeid: str, outcome: str, props: dict[str, Any]) -> str:
         f"{number('distperf_predicted_tokens_per_sec', '9.2f')} "
         f"{props.get('distperf_bound', '-'):<13} "
         f"{number('distperf_baseline_tokens_per_sec', '9.2f')} "
-        f"{number('distperf_change', '+7.1%')} {number('distperf_detectable_drop', '6.0%')}  "
+        f"{number('distperf_change', '+7.1%')} {number('distperf_detectable_drop', '6.0%')} "
+        f"{number('distperf_relative_speed_change', '+7.1%')} "
+        f"{number('distperf_relative_speed_detectable_drop', '6.0%')}  "
         f"{verdict:<18} {nodeid}"
     )

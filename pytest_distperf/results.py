@@ -79,6 +79,8 @@ class RankResult:
     replicas: int  # independent decode streams in the run (see module docstring)
     timed_from: float  # epoch seconds when this rank began its timed generations
     reference_token_s: float | None = None  # see workload.reference_token_time
+    # The bare model's generation run right after each timed one (worker.py), when it has one.
+    bare_samples: tuple[Sample, ...] = ()
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
 
 
@@ -150,6 +152,22 @@ class RunResult:
         return max(times) if times else None
 
     @property
+    def relative_speed_samples(self) -> tuple[float, ...]:
+        """Per repeat: the bare model's generation time over the wrapped one's (slowest rank's
+        of each), e.g. 0.3 = the strategy runs at 30% of the bare model's speed. A host whose
+        speed drifts moves both alike; empty when some rank had no bare model."""
+        if not all(r.bare_samples for r in self.ranks):
+            return ()
+        per_repeat = zip(*(r.bare_samples for r in self.ranks), strict=True)
+        bare = [max(s.total_s for s in group) for group in per_repeat]
+        return tuple(b / s.total_s for b, s in zip(bare, self.samples, strict=True))
+
+    @property
+    def relative_speed(self) -> float | None:
+        samples = self.relative_speed_samples
+        return statistics.median(samples) if samples else None
+
+    @property
     def calibration(self) -> Any:
         return self.ranks[0].calibration
 
@@ -189,5 +207,7 @@ class RunResult:
             "launch_s": self.launch_s,
             "startup_s": self.startup_s,
             "reference_token_s": self.reference_token_s,
+            "relative_speed": self.relative_speed,
+            "relative_speed_samples": list(self.relative_speed_samples),
             **self.extras,
         }

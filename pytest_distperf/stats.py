@@ -81,6 +81,8 @@ class Comparison:
     alpha: float
     method: Method
     unit: str = "tok/s"
+    #: What was compared, for the message's headline.
+    subject: str = "throughput"
     #: Number of recorded runs whose spread set the tolerance (0: it came from the repeats).
     tolerance_runs: int = 0
 
@@ -89,14 +91,16 @@ class Comparison:
         return not math.isnan(self.p_value) and self.p_value <= self.alpha
 
     def message(self) -> str:
-        headline = {
-            "ok": "throughput within tolerance",
-            "regression": "throughput regression",
-            "improvement": "throughput improved beyond tolerance; the baseline looks stale, "
-            "update it",
-            "noisy": "throughput changed beyond tolerance but without statistical support; "
-            "rerun with more repeats",
-        }[self.verdict]
+        headline = (
+            self.subject
+            + {
+                "ok": " within tolerance",
+                "regression": " regression",
+                "improvement": " improved beyond tolerance; the baseline looks stale, update it",
+                "noisy": " changed beyond tolerance but without statistical support; "
+                "rerun with more repeats",
+            }[self.verdict]
+        )
         parts = [
             f"{headline}: measured median {self.current_median:.5g} {self.unit} "
             f"(n={self.n_current}) vs baseline median {self.baseline_median:.5g} {self.unit} "
@@ -177,6 +181,7 @@ def compare(
     tolerance_floor: float = 0.05,
     unit: str = "tok/s",
     run_medians: Sequence[float] = (),
+    subject: str = "throughput",
 ) -> Comparison:
     """Decide whether ``current`` throughput samples regressed against ``baseline`` samples.
 
@@ -223,6 +228,7 @@ def compare(
         alpha=alpha,
         method=method,
         unit=unit,
+        subject=subject,
         tolerance_runs=tolerance_runs,
     )
 

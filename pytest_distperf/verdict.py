@@ -36,6 +36,9 @@ class GateSettings:
     # runs: identical runs of the example suite on the 2-core CI VM moved by up to 8.1%
     # (docs/benchmarks/cpu.md). The tolerance derived from noise never goes below this.
     tolerance_floor: float = 0.10
+    # The speed relative to the bare model timed beside each sample does not move with the
+    # host: a floor for what is left (pairing jitter, the strategy's own variance).
+    relative_tolerance_floor: float = 0.05
     memory_tolerance: float = 0.10
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
@@ -95,6 +98,50 @@ def baseline_check(
         "noisy": WARN,
     }[comparison.verdict]
     return Check("baseline", status, comparison.message(), fields)
+
+
+def relative_speed_check(
+    entry: BaselineEntry | None, samples: Sequence[float], settings: GateSettings
+) -> Check:
+    """The strategy's speed relative to the bare model run beside each sample, against the
+    baseline's. The host's own speed cancels out of it, so it can be held to a tolerance the
+    throughput of a drifting host cannot; a model that got slower by itself moves both runs
+    alike and shows in the throughput check only."""
+    name = "relative_speed"
+    if not samples:
+        return Check(name, NOTE, "no bare model was timed beside this run")
+    if entry is None or not entry.relative_samples:
+        return Check(name, NOTE, "no baseline of the speed relative to the bare model")
+    comparison = compare(
+        entry.relative_samples,
+        samples,
+        tolerance=settings.tolerance,
+        alpha=settings.alpha,
+        tolerance_floor=settings.relative_tolerance_floor,
+        unit="x bare",
+        run_medians=entry.relative_run_medians,
+        subject="relative speed",
+    )
+    fields = {
+        "relative_speed_baseline": comparison.baseline_median,
+        "relative_speed_change": comparison.change,
+        "relative_speed_tolerance": comparison.tolerance,
+        "relative_speed_p_value": comparison.p_value,
+        "relative_speed_detectable_drop": comparison.detectable_drop,
+        "relative_speed_verdict": comparison.verdict,
+    }
+    status = {
+        "ok": PASS,
+        "regression": FAIL,
+        "improvement": FAIL if settings.fail_on_improvement else WARN,
+        "noisy": WARN,
+    }[comparison.verdict]
+    message = (
+        f"{comparison.message()} (relative speed: this run's generation time over that of the "
+        "bare model, no wrapper and no collectives, run right after it; the host's own speed "
+        "cancels out)"
+    )
+    return Check(name, status, message, fields)
 
 
 def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:

@@ -6,6 +6,7 @@ MASTER_PORT already set, so Fabric sees an externally launched job and never re-
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import importlib
 import os
@@ -21,7 +22,7 @@ from distperf_model.config import Config
 from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
 
-from .results import Implementation, RankResult, RunSpec
+from .results import Implementation, RankResult, RunSpec, Sample
 from .strategies import describe_implementation, get_strategy, set_wrap_unit
 from .workload import (
     Fences,
@@ -77,15 +78,17 @@ def _run(spec: RunSpec) -> RankResult:
     model = _build(workload.model, workload.seed, device, dtype)
     config = model.config
     prompt = make_prompt(config, workload.batch_size, workload.prompt_length, workload.seed, device)
-    # A replicated model stays whole after wrapping, so its reference (the same model unwrapped,
-    # no collectives) is timed beside every sample of the run: on a 2 x H200 VM eager decode
-    # switched between two speeds ~1.5x apart within seconds, and a reference timed before the
-    # run was more than 25% off it in 9 of 18 runs. A sharded model can only be timed
-    # whole before it is wrapped; so can a generation too short to time a reference beside it
-    # (a step or two of a tiny model is all noise), which is timed until steady instead.
-    paired = (
-        not get_strategy(spec.strategy).sharded and workload.max_new_tokens > spec.reference_steps
-    )
+    # The bare model (no wrapper, no collectives) runs one generation beside every timed one:
+    # on a 2 x H200 VM the host's own speed switched between two levels ~1.8x apart within
+    # seconds (docs/benchmarks/h200-2026-11-30.md), which moves the wrapped and the bare run
+    # alike, so their ratio stays put where tokens/sec does not. A replicated model is the same
+    # object after wrapping; a sharded one is a whole copy made before wrapping, on CUDA only,
+    # where its bytes can be taken out of the allocator peak (a CPU rank's RSS peak cannot).
+    strategy = get_strategy(spec.strategy)
+    # The threshold's reference: for replicated strategies the median of the bare runs beside
+    # the samples; a sharded model (and a generation too short to time a reference beside it,
+    # a step or two of a tiny model being all noise) is timed until steady before wrapping.
+    paired = not strategy.sharded and workload.max_new_tokens > spec.reference_steps
     reference = None
     if spec.reference_steps and not paired:
         model.setup_caches(
@@ -96,6 +99,19 @@ def _run(spec: RunSpec) -> RankResult:
         )
         reference = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
         model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
+    bare, bare_bytes = None, 0
+    if spec.reference_steps and not strategy.sharded:
+        bare = model
+    elif spec.reference_steps and device.type == "cuda":
+        allocated = torch.cuda.memory_allocated(device)
+        bare = copy.deepcopy(model)
+        bare.setup_caches(
+            workload.batch_size,
+            workload.prompt_length + workload.max_new_tokens,
+            device=device,
+            dtype=dtype,
+        )
+        bare_bytes = torch.cuda.memory_allocated(device) - allocated
     set_wrap_unit(model.block_class)
     wrapped = fabric.setup_module(model)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
@@ -108,11 +124,17 @@ def _run(spec: RunSpec) -> RankResult:
     )
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
     unwrapped = Fences(sync=device_sync(device), barrier=lambda: None)
+    wrapped_peaks: list[int] = []
 
-    def reference_beside() -> float:
-        # The same generation through the bare model (same object, same caches): no wrapper.
-        sample, _ = timed_generation(model, prompt, workload.max_new_tokens, unwrapped)
-        return sample.decode_s / (workload.max_new_tokens - 1)
+    def bare_beside() -> Sample:
+        # Runs right after each wrapped generation. With a copy, the allocator peak is read
+        # before and reset after the bare run, so the peak reported is the wrapped run's own.
+        if bare_bytes:
+            wrapped_peaks.append(torch.cuda.max_memory_allocated(device))
+        sample, _ = timed_generation(bare, prompt, workload.max_new_tokens, unwrapped)
+        if bare_bytes:
+            torch.cuda.reset_peak_memory_stats(device)
+        return sample
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -124,15 +146,18 @@ def _run(spec: RunSpec) -> RankResult:
         spec.repeats,
         fences,
         workload.slowdown,
-        paired=reference_beside if paired and spec.reference_steps else None,
+        paired=bare_beside if bare is not None else None,
     )
-    if beside:
-        reference = statistics.median(beside)
+    if paired and beside:
+        steps = max(workload.max_new_tokens - 1, 1)
+        reference = statistics.median(s.decode_s / steps for s in beside)
     fabric_strategy, sharding, wrapper = describe_implementation(fabric, wrapped)
     backend = ""
     if torch.distributed.is_initialized():
         backend = str(torch.distributed.get_backend())
     peak, memory_kind = _peak_memory(device)
+    if bare_bytes:
+        peak = max(wrapped_peaks) - bare_bytes
     return RankResult(
         rank=fabric.global_rank,
         samples=tuple(samples),
@@ -145,6 +170,7 @@ def _run(spec: RunSpec) -> RankResult:
         replicas=fabric.world_size,  # every strategy here is data-parallel (results.py)
         timed_from=timed_from,
         reference_token_s=reference,
+        bare_samples=tuple(beside),
         calibration=calibration,
     )
 

@@ -8,11 +8,14 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
 from .results import Sample
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,8 @@ def run_workload(
     repeats: int,
     fences: Fences,
     slowdown: float = 0.0,
-    paired: Callable[[], float] | None = None,
-) -> tuple[list[Sample], torch.Tensor, float, list[float]]:
+    paired: Callable[[], T] | None = None,
+) -> tuple[list[Sample], torch.Tensor, float, list[T]]:
     """Warm-up generations (untimed), then `repeats` timed ones.
 
     `paired`, when given, is run after every warm-up and timed generation, outside the timing,
@@ -91,7 +94,8 @@ def run_workload(
         if paired is not None:
             paired()
     timed_from = time.time()
-    samples, beside = [], []
+    samples: list[Sample] = []
+    beside: list[T] = []
     for _ in range(repeats):
         sample, tokens = timed_generation(model, prompt, max_new_tokens, fences, slowdown)
         samples.append(sample)

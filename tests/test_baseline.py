@@ -14,6 +14,7 @@ import pytest
 
 from pytest_distperf.baseline import (
     RUN_HISTORY,
+    SCHEMA,
     BaselineEntry,
     BaselineFileError,
     BaselineStore,
@@ -91,7 +92,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert store.get(KEY, "other") is None
     assert store.topology(KEY) == {"gpus": 4, "link": "NV18"}
     document = json.loads(path.read_text())
-    assert document["schema"] == 2
+    assert document["schema"] == 3
     assert document["topology_key"] == KEY
 
 
@@ -158,8 +159,56 @@ def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
     assert loaded is not None and loaded.run_medians == ()
     newer = make_entry("t", 1.2)
     store.save(KEY, {"t": newer})
-    assert json.loads(store.path(KEY).read_text())["schema"] == 2
+    assert json.loads(store.path(KEY).read_text())["schema"] == SCHEMA
     assert store.get(KEY, "t").run_medians == (old.median, newer.median)
+
+
+def _with_relative(test_id: str, relative: list[float], scale: float = 1.0) -> BaselineEntry:
+    entry = make_entry(test_id, scale)
+    return BaselineEntry.from_samples(
+        entry.test_id,
+        entry.samples,
+        peak_memory_bytes=entry.peak_memory_bytes,
+        versions=entry.versions,
+        now=WHEN,
+        relative_samples=relative,
+    )
+
+
+def test_relative_speed_round_trips_and_keeps_its_own_history(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    first = _with_relative("t", [0.31, 0.3, 0.32])
+    store.save(KEY, {"t": first})
+    assert store.get(KEY, "t") == first
+    assert first.relative_median == 0.31 and first.relative_run_medians == (0.31,)
+    store.save(KEY, {"t": _with_relative("t", [0.28, 0.27, 0.29], 1.1)})
+    assert store.get(KEY, "t").relative_run_medians == (0.31, 0.28)
+    # A refresh without a bare model (e.g. a sharded run on CPU ranks) breaks that history.
+    store.save(KEY, {"t": make_entry("t", 1.2)})
+    stored = store.get(KEY, "t")
+    assert stored.relative_samples == () and stored.relative_run_medians == ()
+    assert len(stored.run_medians) == 3
+
+
+def test_schema_2_files_are_read_without_relative_speed(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    old = make_entry("t")
+    document = {"schema": 2, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
+    del document["entries"]["t"]["relative_samples"]
+    del document["entries"]["t"]["relative_run_medians"]
+    store.path(KEY).write_text(json.dumps(document))
+    assert store.get(KEY, "t") == old
+    store.save(KEY, {"t": _with_relative("t", [0.5, 0.52])})
+    assert store.get(KEY, "t").relative_run_medians == (0.51,)
+
+
+def test_bad_relative_samples_are_refused() -> None:
+    with pytest.raises(ValueError, match="relative_samples must be positive numbers, got 0.0"):
+        _with_relative("t", [0.3, 0.0])
+    data = _with_relative("t", [0.3]).to_dict()
+    data["relative_run_medians"] = {"a": 1}
+    with pytest.raises(ValueError, match="relative_run_medians must be a list"):
+        BaselineEntry.from_dict(data)
 
 
 def test_bad_run_medians_are_refused() -> None:

@@ -56,6 +56,8 @@ def test_record_then_compare_then_catch_a_regression(
     assert "model=tiny" in test_id and "slowdown" not in test_id
     assert len(entry["samples"]) == 5
     assert entry["run_medians"] == [entry["median"]]  # the first recorded run of this test
+    # The bare model ran beside each repeat: the run's speed relative to it is recorded too.
+    assert len(entry["relative_samples"]) == 5 and all(v > 0 for v in entry["relative_samples"])
 
     junit = pytester.path / "junit.xml"
     # A tiny model on two shared cores moves by up to a third between runs (seen once in this
@@ -70,6 +72,7 @@ def test_record_then_compare_then_catch_a_regression(
     assert float(properties["distperf_tokens_per_sec"]) > 0
     assert float(properties["distperf_baseline_tokens_per_sec"]) == entry["median"]
     assert properties["distperf_topology_key"] == baseline.stem
+    assert float(properties["distperf_relative_speed"]) > 0
 
     monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.8")
     caught = pytester.runpytest_subprocess(
@@ -81,6 +84,9 @@ def test_record_then_compare_then_catch_a_regression(
             "*distperf baseline check failed:*",
             "*throughput regression: measured median * tok/s (n=5) vs baseline median "
             "* tok/s (n=5); change -*% (tolerance *%)*smallest detectable drop*",
+            "*distperf relative_speed check failed:*",
+            "*relative speed regression: measured median * x bare (n=5) vs baseline median "
+            "* x bare (n=5); change -*%*the host's own speed cancels out)",
         ]
     )
 

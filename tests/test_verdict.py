@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pytest_distperf.baseline import BaselineEntry
 from pytest_distperf.perfmodel import Prediction
 from pytest_distperf.verdict import (
@@ -11,6 +13,7 @@ from pytest_distperf.verdict import (
     GateSettings,
     baseline_check,
     memory_check,
+    relative_speed_check,
     threshold_check,
 )
 
@@ -86,6 +89,36 @@ def test_unchanged_run_passes_and_improvement_warns_or_fails() -> None:
     assert baseline_check(_entry(), faster, SETTINGS, "k", []).status == WARN
     strict = GateSettings(efficiency=0.6, tolerance=None, fail_on_improvement=True)
     assert baseline_check(_entry(), faster, strict, "k", []).status == FAIL
+
+
+RELATIVE = [0.300, 0.302, 0.298, 0.301, 0.299, 0.300, 0.303, 0.297, 0.300, 0.301]
+
+
+def _relative_entry(relative: list[float] = RELATIVE) -> BaselineEntry:
+    return BaselineEntry.from_samples(
+        "t", BASE, peak_memory_bytes=None, versions={}, relative_samples=relative
+    )
+
+
+def test_relative_speed_catches_a_ten_percent_slowdown_the_throughput_tolerance_hides() -> None:
+    # A host whose speed drifts: throughput has a wide tolerance from its recorded runs...
+    drifting = replace(_relative_entry(), run_medians=(70.0, 130.0, 85.0, 120.0, 100.0))
+    slowed = [v * 0.9 for v in RELATIVE]
+    throughput = baseline_check(drifting, [80.0, 81.0, 79.0], SETTINGS, "k", [])
+    assert throughput.status == PASS and throughput.fields["tolerance"] > 0.3
+    # ...while the run's speed relative to the bare model beside it moved by the slow-down only.
+    check = relative_speed_check(drifting, slowed, SETTINGS)
+    assert check.status == FAIL
+    assert "relative speed regression" in check.message
+    assert "0.3 x bare" in check.message and "change -10.0%" in check.message
+    assert check.fields["relative_speed_tolerance"] == SETTINGS.relative_tolerance_floor
+    assert relative_speed_check(drifting, RELATIVE[::-1], SETTINGS).status == PASS
+
+
+def test_relative_speed_without_a_bare_model_or_its_baseline_is_a_note() -> None:
+    assert relative_speed_check(_relative_entry(), [], SETTINGS).status == NOTE
+    assert relative_speed_check(_entry(), RELATIVE, SETTINGS).status == NOTE
+    assert relative_speed_check(None, RELATIVE, SETTINGS).status == NOTE
 
 
 def test_memory_growth_fails() -> None:

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+
+from pytest_distperf.results import Implementation, RankResult, RunResult, RunSpec, Sample
+from pytest_distperf.settings import Workload
+
+
+def _rank(rank: int, totals: list[float], bare: list[float]) -> RankResult:
+    return RankResult(
+        rank=rank,
+        samples=tuple(Sample(t, 0.01, t - 0.01) for t in totals),
+        peak_memory_bytes=0,
+        memory_kind="cuda allocator peak",
+        implementation=Implementation("FSDPStrategy", "FSDP1 FULL_SHARD", "nccl", "FSDP"),
+        versions={},
+        device_name="gpu",
+        tokens=((1,),),
+        replicas=2,
+        timed_from=0.0,
+        bare_samples=tuple(Sample(t, 0.01, t - 0.01) for t in bare),
+    )
+
+
+def _result(*ranks: RankResult) -> RunResult:
+    spec = RunSpec("t", "fsdp", len(ranks), "cuda", Workload(), repeats=2, warmup=0, timeout=9.0)
+    return RunResult(spec=spec, ranks=ranks, launch_s=1.0, launched_at=0.0)
+
+
+def test_relative_speed_pairs_each_repeat_with_the_bare_run_beside_it() -> None:
+    # Repeat 2 ran on a host twice as slow: the wrapped and the bare runs both took twice as long.
+    result = _result(_rank(0, [1.0, 2.0], [0.30, 0.60]), _rank(1, [1.1, 2.0], [0.33, 0.50]))
+    # Slowest rank per repeat on each side: 0.33 / 1.1 and 0.60 / 2.0.
+    assert result.relative_speed_samples == pytest.approx((0.3, 0.3))
+    assert result.relative_speed == pytest.approx(0.3)
+    assert result.summary()["relative_speed_samples"] == pytest.approx([0.3, 0.3])
+
+
+def test_no_relative_speed_when_a_rank_had_no_bare_model() -> None:
+    result = _result(_rank(0, [1.0, 2.0], [0.3, 0.6]), _rank(1, [1.0, 2.0], []))
+    assert result.relative_speed_samples == ()
+    assert result.relative_speed is None
