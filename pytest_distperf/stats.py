@@ -17,6 +17,7 @@ the plugin stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -85,6 +86,8 @@ class Comparison:
     subject: str = "throughput"
     #: Number of recorded runs whose spread set the tolerance (0: it came from the repeats).
     tolerance_runs: int = 0
+    #: Number of recorded runs whose median set the baseline's level (0: the latest run's).
+    level_runs: int = 0
 
     @property
     def significant(self) -> bool:
@@ -104,7 +107,9 @@ class Comparison:
         parts = [
             f"{headline}: measured median {self.current_median:.5g} {self.unit} "
             f"(n={self.n_current}) vs baseline median {self.baseline_median:.5g} {self.unit} "
-            f"(n={self.n_baseline}); change {self.change:+.1%} (tolerance {self.tolerance:.1%}"
+            f"(n={self.n_baseline}"
+            + (f", the median of {self.level_runs} recorded runs" if self.level_runs else "")
+            + f"); change {self.change:+.1%} (tolerance {self.tolerance:.1%}"
             + (
                 f", from the spread of {self.tolerance_runs} recorded runs"
                 if self.tolerance_runs
@@ -161,10 +166,17 @@ def default_tolerance(
 
 
 def run_drift(run_medians: Sequence[float]) -> float:
-    """Robust relative spread of per-run medians; 0 with fewer than MIN_RUNS_FOR_DRIFT runs."""
+    """Relative spread of per-run medians: the larger of the robust one (MAD) and the
+    coefficient of variation; 0 with fewer than MIN_RUNS_FOR_DRIFT runs.
+
+    The MAD alone fails on the hosts that need this most: a host with two speed levels gives
+    run medians such as (100, 100, 160), whose MAD is 0. On a 2 x H200 VM three recorded runs
+    then let 4 of 8 unchanged runs fail; the CV sees the second level.
+    """
     if len(run_medians) < MIN_RUNS_FOR_DRIFT:
         return 0.0
-    return relative_spread(run_medians)
+    values = _checked(run_medians, "run_medians")
+    return max(relative_spread(values), statistics.stdev(values) / statistics.fmean(values))
 
 
 def mann_whitney_floor(n_baseline: int, n_current: int) -> float:
@@ -231,6 +243,55 @@ def compare(
         subject=subject,
         tolerance_runs=tolerance_runs,
     )
+
+
+def compare_to_recorded_runs(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    run_medians: Sequence[float],
+    *,
+    tolerance: float | None = None,
+    alpha: float = 0.01,
+    tolerance_floor: float = 0.05,
+    unit: str = "tok/s",
+    subject: str = "throughput",
+) -> Comparison:
+    """:func:`compare` for a quantity whose whole runs agree better than their repeats do.
+
+    The relative speed (results.RunResult) is one: a repeat straddling a switch of the host's
+    speed pairs a wrapped run at one speed with a bare run at the other, so its repeats spread
+    widely (robust CV 1-30% on a 2 x H200 VM) while the medians of 11 unchanged runs spread
+    by 1.3-3.4%. So from MIN_RUNS_FOR_DRIFT recorded runs on, their median is the baseline's
+    level (the latest run's repeats, rescaled to it, keep their shape for the significance
+    test) and the default tolerance is max(floor, 3 x their robust spread). With fewer runs
+    this is :func:`compare`.
+    """
+    runs = _checked(run_medians, "run_medians") if run_medians else []
+    if len(runs) < MIN_RUNS_FOR_DRIFT:
+        return compare(
+            baseline,
+            current,
+            tolerance=tolerance,
+            alpha=alpha,
+            tolerance_floor=tolerance_floor,
+            unit=unit,
+            run_medians=runs,
+            subject=subject,
+        )
+    _check_fraction(tolerance_floor, "tolerance_floor", upper=math.inf)
+    base = _checked(baseline, "baseline")
+    scale = statistics.median(runs) / statistics.median(base)
+    derived = max(tolerance_floor, TOLERANCE_SIGMAS * run_drift(runs))
+    comparison = compare(
+        [v * scale for v in base],
+        current,
+        tolerance=derived if tolerance is None else tolerance,
+        alpha=alpha,
+        unit=unit,
+        subject=subject,
+    )
+    from_runs = len(runs) if tolerance is None and derived > tolerance_floor else 0
+    return dataclasses.replace(comparison, tolerance_runs=from_runs, level_runs=len(runs))
 
 
 def detectable_drop(

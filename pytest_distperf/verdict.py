@@ -14,7 +14,13 @@ from typing import Any
 
 from .baseline import BaselineEntry
 from .perfmodel import Prediction, failure_message, threshold
-from .stats import Comparison, compare, compare_memory, detectable_drop
+from .stats import (
+    Comparison,
+    compare,
+    compare_memory,
+    compare_to_recorded_runs,
+    detectable_drop,
+)
 
 PASS, FAIL, WARN, NOTE = "pass", "fail", "warn", "note"
 
@@ -112,14 +118,14 @@ def relative_speed_check(
         return Check(name, NOTE, "no bare model was timed beside this run")
     if entry is None or not entry.relative_samples:
         return Check(name, NOTE, "no baseline of the speed relative to the bare model")
-    comparison = compare(
+    comparison = compare_to_recorded_runs(
         entry.relative_samples,
         samples,
+        entry.relative_run_medians,
         tolerance=settings.tolerance,
         alpha=settings.alpha,
         tolerance_floor=settings.relative_tolerance_floor,
         unit="x bare",
-        run_medians=entry.relative_run_medians,
         subject="relative speed",
     )
     fields = {

@@ -6,7 +6,6 @@ MASTER_PORT already set, so Fabric sees an externally launched job and never re-
 
 from __future__ import annotations
 
-import copy
 import faulthandler
 import importlib
 import os
@@ -82,8 +81,9 @@ def _run(spec: RunSpec) -> RankResult:
     # on a 2 x H200 VM the host's own speed switched between two levels ~1.8x apart within
     # seconds (docs/benchmarks/h200-2026-11-30.md), which moves the wrapped and the bare run
     # alike, so their ratio stays put where tokens/sec does not. A replicated model is the same
-    # object after wrapping; a sharded one is a whole copy made before wrapping, on CUDA only,
-    # where its bytes can be taken out of the allocator peak (a CPU rank's RSS peak cannot).
+    # object after wrapping; a sharded one is rebuilt whole from the seed once wrapping has
+    # freed the unsharded weights (so a CPU rank's RSS peak, which counts the first build,
+    # barely moves), and on CUDA its bytes are taken out of the allocator peak.
     strategy = get_strategy(spec.strategy)
     # The threshold's reference: for replicated strategies the median of the bare runs beside
     # the samples; a sharded model (and a generation too short to time a reference beside it,
@@ -99,19 +99,6 @@ def _run(spec: RunSpec) -> RankResult:
         )
         reference = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
         model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
-    bare, bare_bytes = None, 0
-    if spec.reference_steps and not strategy.sharded:
-        bare = model
-    elif spec.reference_steps and device.type == "cuda":
-        allocated = torch.cuda.memory_allocated(device)
-        bare = copy.deepcopy(model)
-        bare.setup_caches(
-            workload.batch_size,
-            workload.prompt_length + workload.max_new_tokens,
-            device=device,
-            dtype=dtype,
-        )
-        bare_bytes = torch.cuda.memory_allocated(device) - allocated
     set_wrap_unit(model.block_class)
     wrapped = fabric.setup_module(model)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
@@ -122,6 +109,20 @@ def _run(spec: RunSpec) -> RankResult:
         device=device,
         dtype=dtype,
     )
+    bare, bare_bytes = None, 0
+    if spec.reference_steps and not strategy.sharded:
+        bare = model
+    elif spec.reference_steps:
+        allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        bare = _build(workload.model, workload.seed, device, dtype)
+        bare.setup_caches(
+            workload.batch_size,
+            workload.prompt_length + workload.max_new_tokens,
+            device=device,
+            dtype=dtype,
+        )
+        if device.type == "cuda":
+            bare_bytes = torch.cuda.memory_allocated(device) - allocated
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
     unwrapped = Fences(sync=device_sync(device), barrier=lambda: None)
     wrapped_peaks: list[int] = []

@@ -3,50 +3,61 @@
     python docs/benchmarks/replay_gates.py REFRESHES RUN.json [RUN.json ...]
 
 The first REFRESHES reports play baseline refreshes (`--distperf-update-baselines` on, say,
-main-branch CI): the last of them gives the baseline's samples and all of them its run medians,
-exactly as `BaselineStore.save` would have kept them. Every later report is compared with
-`stats.compare` under the default settings (tolerance floor 10%, alpha 0.01). Only measured
-samples go in; nothing is simulated.
+main-branch CI): each becomes a `BaselineEntry` following the previous one, exactly as
+`BaselineStore.save` keeps them (samples of the last, run medians of all). Every later report
+is judged by the plugin's own `baseline_check` (throughput) and `relative_speed_check` under
+the default settings. Only measured samples go in; nothing is simulated.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
-from pytest_distperf.stats import compare
-from pytest_distperf.verdict import GateSettings
+from pytest_distperf.baseline import BaselineEntry
+from pytest_distperf.verdict import GateSettings, baseline_check, relative_speed_check
 
 
-def _samples(path: str) -> dict[str, list[float]]:
+def _rows(path: str) -> dict[str, dict]:
     results = json.loads(Path(path).read_text())["results"]
-    return {r["test_id"].split("::")[-1]: r["tokens_per_sec_samples"] for r in results}
+    return {r["test_id"].split("::")[-1]: r for r in results}
+
+
+def _entry(test: str, row: dict) -> BaselineEntry:
+    return BaselineEntry.from_samples(
+        test,
+        row["tokens_per_sec_samples"],
+        peak_memory_bytes=None,
+        versions={},
+        relative_samples=row.get("relative_speed_samples") or (),
+    )
 
 
 def main(refreshes: int, paths: list[str]) -> None:
-    runs = [_samples(p) for p in paths]
+    runs = [_rows(p) for p in paths]
     recorded, later = runs[:refreshes], list(zip(paths[refreshes:], runs[refreshes:], strict=True))
-    defaults = GateSettings(efficiency=0.7, tolerance=None)
+    settings = GateSettings(efficiency=0.7, tolerance=None)
     for test in recorded[-1]:
-        history = [statistics.median(r[test]) for r in recorded]
-        print(
-            f"\n{test}: run medians of the {refreshes} recorded runs "
-            + ", ".join(f"{m:.1f}" for m in history)
-        )
+        entry = _entry(test, recorded[0][test])
+        for run in recorded[1:]:
+            entry = _entry(test, run[test]).following(entry)
+        print(f"\n{test}: {refreshes} recorded runs")
         for path, run in later:
-            c = compare(
-                recorded[-1][test],
-                run[test],
-                alpha=defaults.alpha,
-                tolerance_floor=defaults.tolerance_floor,
-                run_medians=history,
+            row = run[test]
+            checks = (
+                baseline_check(entry, row["tokens_per_sec_samples"], settings, "k", []),
+                relative_speed_check(entry, row.get("relative_speed_samples") or (), settings),
             )
-            print(
-                f"  {Path(path).stem:<10} {c.verdict:<11} change {c.change:+6.1%}  tolerance "
-                f"{c.tolerance:.1%}  p={c.p_value:.3g}  detectable {c.detectable_drop:.1%}"
-            )
+            print(f"  {Path(path).stem:<10}", end="")
+            for check in checks:
+                change = check.fields.get("change", check.fields.get("relative_speed_change"))
+                tolerance = check.fields.get(
+                    "tolerance", check.fields.get("relative_speed_tolerance")
+                )
+                figures = "" if change is None else f" {change:+6.1%} (tol {tolerance:.1%})"
+                print(f"  {check.name} {check.status}{figures}", end="")
+            print()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # knob at 10%. pytest runs inside torchrun (one pytest per GPU, the plugin's in-job mode), so
 # each pass pays start-up once instead of once per test. Logs, JSON reports and the baselines
 # go into $OUT/gates.tgz.
-#   OUT=/some/dir bash docs/benchmarks/run_h200_gates.sh [RERUNS]
+#   OUT=/some/dir [RECORDS=3] [REPEATS=10] bash docs/benchmarks/run_h200_gates.sh [RERUNS]
+# RECORDS refreshes build the entries' run history, as main-branch CI refreshing them would.
 set -uo pipefail
 reruns=${1:-10}
 OUT=${OUT:-/tmp/distperf-gates}
@@ -14,10 +15,10 @@ export PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
 # Toy models: per-call overheads dominate them, so the threshold is set low (see h200 doc);
-# the baselines are what is under test here. 10 repeats: a short generation is noisy.
+# the baselines are what is under test here. Many repeats: a short generation is noisy.
 base=(timeout -s INT -k 10 90 torchrun --standalone --nproc-per-node 2 -m pytest
   examples/test_fsdp_slowdown.py -p no:cacheprovider -q --distperf-accelerator cuda
-  --distperf-baseline-dir "$work/baselines" --distperf-efficiency 0.3 --distperf-repeats 10)
+  --distperf-baseline-dir "$work/baselines" --distperf-efficiency 0.3 --distperf-repeats "${REPEATS:-10}")
 last=0
 pass() {
   local name=$1; shift
@@ -30,7 +31,9 @@ pass() {
 # DEADLINE (seconds, default 540): no rerun starts unless two more passes still fit, so the
 # slowed pass and the archive always happen within a device call's limit.
 deadline=${DEADLINE:-540}
-pass record "${base[@]}" --distperf-update-baselines
+for r in $(seq 1 "${RECORDS:-1}"); do
+  pass "record-$r" "${base[@]}" --distperf-update-baselines
+done
 for i in $(seq 1 "$reruns"); do
   if ((SECONDS + 2 * last > deadline)); then echo "deadline: stopped before rerun $i"; break; fi
   pass "rerun-$i" "${base[@]}"
