@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from statistics import NormalDist
 
 import pytest
@@ -11,6 +12,7 @@ from pytest_distperf.stats import (
     Comparison,
     compare,
     compare_memory,
+    compare_to_recorded_runs,
     default_tolerance,
     detectable_drop,
     mann_whitney_floor,
@@ -261,17 +263,56 @@ STEADY = [100.0, 101.0, 99.0, 100.5, 99.5]  # within-run spread ~1%
 DRIFTING_RUNS = [100.0, 88.0, 112.0, 95.0, 106.0]  # whole runs moved by ~10%
 
 
+def _cv(values: list[float]) -> float:
+    return statistics.stdev(values) / statistics.fmean(values)
+
+
 def test_drift_needs_enough_runs() -> None:
     assert run_drift([]) == 0.0
     assert run_drift([100.0, 120.0]) == 0.0
-    assert run_drift(DRIFTING_RUNS) == pytest.approx(relative_spread(DRIFTING_RUNS))
+    assert run_drift(DRIFTING_RUNS) == pytest.approx(
+        max(relative_spread(DRIFTING_RUNS), _cv(DRIFTING_RUNS))
+    )
+
+
+def test_drift_sees_a_host_with_two_speed_levels() -> None:
+    # Two of three recorded runs at one level: their MAD is 0, their CV is not.
+    two_levels = [100.0, 100.0, 160.0]
+    assert relative_spread(two_levels) == 0.0
+    assert run_drift(two_levels) == pytest.approx(_cv(two_levels))
+    assert compare(STEADY, [v * 0.7 for v in STEADY], run_medians=two_levels).verdict == "ok"
 
 
 def test_tolerance_covers_the_drift_of_recorded_runs() -> None:
     assert default_tolerance(STEADY, 0.05) == 0.05
     with_runs = default_tolerance(STEADY, 0.05, DRIFTING_RUNS)
-    assert with_runs == pytest.approx(3 * relative_spread(DRIFTING_RUNS))
+    assert with_runs == pytest.approx(3 * run_drift(DRIFTING_RUNS))
     assert with_runs > 0.2
+
+
+RATIOS = [0.30, 0.36, 0.25, 0.31, 0.29, 0.33, 0.27, 0.30, 0.34, 0.28]  # repeats spread widely
+RATIO_RUNS = [0.33, 0.30, 0.31, 0.30, 0.30]  # whole runs agree; the latest one ran high
+
+
+def test_recorded_runs_set_the_level_and_the_tolerance() -> None:
+    latest = [v * 1.1 for v in RATIOS]  # the latest recorded run, 10% above the others
+    unchanged = compare_to_recorded_runs(latest, RATIOS, RATIO_RUNS, tolerance_floor=0.05)
+    assert unchanged.verdict == "ok"
+    assert unchanged.baseline_median == pytest.approx(0.30)
+    assert unchanged.tolerance == pytest.approx(3 * run_drift(RATIO_RUNS))
+    assert unchanged.tolerance_runs == 5 and unchanged.level_runs == 5
+    assert "the median of 5 recorded runs" in unchanged.message()
+    # The repeats' own spread (robust CV ~12%) would have hidden a 15% drop.
+    assert compare(latest, [v * 0.85 for v in RATIOS], tolerance_floor=0.05).verdict == "ok"
+    slowed = compare_to_recorded_runs(latest, [v * 0.85 for v in RATIOS], RATIO_RUNS)
+    assert slowed.verdict == "regression" and slowed.change == pytest.approx(-0.15)
+
+
+def test_few_recorded_runs_fall_back_to_compare() -> None:
+    fallback = compare_to_recorded_runs(RATIOS, RATIOS, RATIO_RUNS[:2], tolerance_floor=0.05)
+    assert fallback == compare(RATIOS, RATIOS, tolerance_floor=0.05, run_medians=RATIO_RUNS[:2])
+    explicit = compare_to_recorded_runs(RATIOS, RATIOS, RATIO_RUNS, tolerance=0.2)
+    assert explicit.tolerance == 0.2 and explicit.tolerance_runs == 0
 
 
 def test_a_run_within_the_drift_passes_and_says_why() -> None:
