@@ -41,7 +41,8 @@ from .stats import relative_spread
 SCHEMA = 3
 READABLE_SCHEMAS = (1, 2, 3)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
-# of speed leaves the window (the spread is a MAD, so it ignores a change in under half of it).
+# of speed leaves the window (the spread is interquartile, so a change in under a quarter of
+# the window is ignored, and one in more widens the tolerance until it leaves).
 RUN_HISTORY = 10
 
 # Conservative on purpose: keys become file names on every OS a runner may use and appear in

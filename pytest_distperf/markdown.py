@@ -3,8 +3,10 @@
     python -m pytest_distperf.markdown distperf.json [--title TITLE]
 
 prints one table row per result: test, strategy, devices, tok/s, and, when the rows carry them,
-the baseline (``baseline_tokens_per_sec``), the change (``change``: current / baseline - 1) and
-the ``verdict``. Plain standard library, so it runs where the report is, torch or not.
+the baseline (``baseline_tokens_per_sec``), the change (``change``: current / baseline - 1), the
+relative speed and its change (``relative_speed``, ``relative_speed_change``) and the
+``verdict``; then the message of every check that failed or warned (``<check>_message``). Plain
+standard library, so it runs where the report is, torch or not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 _PASSING = frozenset({"ok", "pass", "passed"})
+# The plugin's checks, in the order a reader wants their messages (verdict.py).
+_CHECKS = ("threshold", "baseline", "relative_speed", "memory")
+_TELLING = frozenset({"fail", "warn"})
 _MISSING = "–"
 
 
@@ -45,8 +50,11 @@ def render_markdown(
         facts.append(", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())))
     lines += [" · ".join(facts), ""]
 
-    lines.append("| Test | Strategy | Devices | tok/s | Baseline tok/s | Change | Verdict |")
-    lines.append("|---|---|--:|--:|--:|--:|---|")
+    lines.append(
+        "| Test | Strategy | Devices | tok/s | Baseline tok/s | Change | Relative speed "
+        "| Rel. change | Verdict |"
+    )
+    lines.append("|---|---|--:|--:|--:|--:|--:|--:|---|")
     for row in rows:
         cells = [
             f"`{row.get('test_id', '?')}`",
@@ -55,18 +63,24 @@ def render_markdown(
             _rate(row.get("tokens_per_sec")),
             _rate(row.get("baseline_tokens_per_sec")),
             _change(row.get("change")),
+            _ratio(row.get("relative_speed")),
+            _change(row.get("relative_speed_change")),
             _verdict(row.get("verdict")),
         ]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
 
     messages = [
-        (row.get("test_id", "?"), row["message"])
+        (row.get("test_id", "?"), name, row[f"{name}_message"])
         for row in rows
-        if isinstance(row.get("message"), str) and row["message"]
+        for name in _CHECKS
+        if row.get(f"{name}_status") in _TELLING and isinstance(row.get(f"{name}_message"), str)
     ]
     if messages:
         lines += ["", "<details><summary>Messages</summary>", ""]
-        lines += [f"- `{test_id}`: {' '.join(message.split())}" for test_id, message in messages]
+        lines += [
+            f"- `{test_id}` {name}: {' '.join(message.split())}"
+            for test_id, name, message in messages
+        ]
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
 
@@ -98,6 +112,10 @@ def _rate(value: Any) -> str:
     if not _is_number(value):
         return _MISSING
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
+
+
+def _ratio(value: Any) -> str:
+    return f"{value:.3f}" if _is_number(value) else _MISSING
 
 
 def _change(value: Any) -> str:

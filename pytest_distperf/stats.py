@@ -30,6 +30,7 @@ Method = Literal["mann-whitney", "welch-log", "student-log", "none"]
 # 1.4826 * MAD estimates the standard deviation for normal data (1 / Phi^-1(3/4)), so the spread
 # below is on the same scale as a coefficient of variation, yet one wild repeat cannot inflate it.
 _MAD_TO_SIGMA = 1.4826
+_IQR_TO_SIGMA = 1.349  # the same for the interquartile range (2 x Phi^-1(3/4))
 
 # Default tolerance = max(floor, K * robust relative spread), K = 3 (the Shewhart 3-sigma rule).
 # The median of 5 repeats has a standard error of about 1.25 * sigma / sqrt(5), so the difference
@@ -46,6 +47,7 @@ TOLERANCE_SIGMAS = 3.0
 # dwarfs them: unchanged reruns of the example suite on a 2 x H200 VM moved by 11-17% (CV of
 # the run medians) while each run's repeats agreed within a few percent.
 MIN_RUNS_FOR_DRIFT = 3
+MIN_RUNS_FOR_QUARTILES = 5
 
 # Exact permutation distribution of the rank sum up to this many pooled samples; past it the
 # normal approximation (with tie correction) is accurate and the exact table gets large. At 50 the
@@ -156,7 +158,8 @@ def default_tolerance(
     run_medians: Sequence[float] = (),
 ) -> float:
     """The tolerance used when none is given: max(floor, 3 x robust relative spread of the
-    baseline's repeats, 3 x that of the recorded runs' medians when there are enough of them)."""
+    baseline's repeats, 3 x the drift of the recorded runs' medians when there are enough of
+    them, see :func:`run_drift`)."""
     _check_fraction(tolerance_floor, "tolerance_floor", upper=math.inf)
     return max(
         tolerance_floor,
@@ -166,17 +169,28 @@ def default_tolerance(
 
 
 def run_drift(run_medians: Sequence[float]) -> float:
-    """Relative spread of per-run medians: the larger of the robust one (MAD) and the
-    coefficient of variation; 0 with fewer than MIN_RUNS_FOR_DRIFT runs.
+    """Relative spread of per-run medians; 0 with fewer than MIN_RUNS_FOR_DRIFT runs.
 
-    The MAD alone fails on the hosts that need this most: a host with two speed levels gives
-    run medians such as (100, 100, 160), whose MAD is 0. On a 2 x H200 VM three recorded runs
-    then let 4 of 8 unchanged runs fail; the CV sees the second level.
+    From MIN_RUNS_FOR_QUARTILES runs on: interquartile range / 1.349 (a standard deviation for
+    normal data) / median. Before that: the larger of the MAD-based spread and the coefficient
+    of variation.
+
+    Not the MAD: a host with two speed levels gives run medians such as (100, 100, 160), or six
+    at one level and four at the other, whose MAD is 0; on a 2 x H200 VM three recorded runs
+    then let 4 of 8 unchanged runs fail. The quartiles see a second level once it holds a
+    quarter of the runs, yet ignore one run at a new level among ten (an accepted speed-up,
+    say), which a standard deviation would turn into a tolerance of ~90% for ten refreshes.
+    Three or four runs have no quartiles worth the name; on that VM, replaying two gate calls
+    with three recorded runs, 2 of 13 unchanged runs failed with this rule and 6 with the
+    quartiles.
     """
     if len(run_medians) < MIN_RUNS_FOR_DRIFT:
         return 0.0
     values = _checked(run_medians, "run_medians")
-    return max(relative_spread(values), statistics.stdev(values) / statistics.fmean(values))
+    if len(values) < MIN_RUNS_FOR_QUARTILES:
+        return max(relative_spread(values), statistics.stdev(values) / statistics.fmean(values))
+    lower, _, upper = statistics.quantiles(values, n=4, method="inclusive")
+    return (upper - lower) / _IQR_TO_SIGMA / statistics.median(values)
 
 
 def mann_whitney_floor(n_baseline: int, n_current: int) -> float:
@@ -263,7 +277,7 @@ def compare_to_recorded_runs(
     widely (robust CV 1-30% on a 2 x H200 VM) while the medians of 11 unchanged runs spread
     by 1.3-3.4%. So from MIN_RUNS_FOR_DRIFT recorded runs on, their median is the baseline's
     level (the latest run's repeats, rescaled to it, keep their shape for the significance
-    test) and the default tolerance is max(floor, 3 x their robust spread). With fewer runs
+    test) and the default tolerance is max(floor, 3 x their :func:`run_drift`). With fewer runs
     this is :func:`compare`.
     """
     runs = _checked(run_medians, "run_medians") if run_medians else []

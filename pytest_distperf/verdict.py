@@ -27,7 +27,7 @@ PASS, FAIL, WARN, NOTE = "pass", "fail", "warn", "note"
 
 @dataclass(frozen=True)
 class Check:
-    name: str  # "threshold", "baseline" or "memory"
+    name: str  # "threshold", "baseline", "relative_speed" or "memory"
     status: str  # PASS, FAIL, WARN (reported, not failing) or NOTE (nothing to judge)
     message: str
     fields: dict[str, Any] = field(default_factory=dict)  # figures for reports
@@ -143,9 +143,9 @@ def relative_speed_check(
         "noisy": WARN,
     }[comparison.verdict]
     message = (
-        f"{comparison.message()} (relative speed: this run's generation time over that of the "
-        "bare model, no wrapper and no collectives, run right after it; the host's own speed "
-        "cancels out)"
+        f"{comparison.message()} (relative speed: the generation time of the bare model, no "
+        "wrapper and no collectives, run right after each repeat, over this run's; the host's "
+        "own speed cancels out)"
     )
     return Check(name, status, message, fields)
 

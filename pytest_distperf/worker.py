@@ -15,6 +15,7 @@ import signal
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from distperf_model.config import Config
@@ -22,6 +23,7 @@ from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
 
 from .results import Implementation, RankResult, RunSpec, Sample
+from .settings import Workload
 from .strategies import describe_implementation, get_strategy, set_wrap_unit
 from .workload import (
     Fences,
@@ -81,9 +83,8 @@ def _run(spec: RunSpec) -> RankResult:
     # on a 2 x H200 VM the host's own speed switched between two levels ~1.8x apart within
     # seconds (docs/benchmarks/h200-2026-11-30.md), which moves the wrapped and the bare run
     # alike, so their ratio stays put where tokens/sec does not. A replicated model is the same
-    # object after wrapping; a sharded one is rebuilt whole from the seed once wrapping has
-    # freed the unsharded weights (so a CPU rank's RSS peak, which counts the first build,
-    # barely moves), and on CUDA its bytes are taken out of the allocator peak.
+    # object after wrapping; a sharded one is rebuilt whole from the seed after wrapping (see
+    # _whole_copy for what that does to the reported peak memory).
     strategy = get_strategy(spec.strategy)
     # The threshold's reference: for replicated strategies the median of the bare runs beside
     # the samples; a sharded model (and a generation too short to time a reference beside it,
@@ -109,37 +110,36 @@ def _run(spec: RunSpec) -> RankResult:
         device=device,
         dtype=dtype,
     )
-    bare, bare_bytes = None, 0
+    bare: torch.nn.Module | None = None
+    bare_bytes, rss_before_copy = 0, None
     if spec.reference_steps and not strategy.sharded:
         bare = model
     elif spec.reference_steps:
-        allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        try:
-            bare = _build(workload.model, workload.seed, device, dtype)
-            bare.setup_caches(
-                workload.batch_size,
-                workload.prompt_length + workload.max_new_tokens,
-                device=device,
-                dtype=dtype,
-            )
-        except torch.cuda.OutOfMemoryError:
-            # The whole model fitted before wrapping but not beside its shard: run without it
-            # (the relative speed check then says no bare model was timed).
-            bare = None
-            torch.cuda.empty_cache()
-        if bare is not None and device.type == "cuda":
-            bare_bytes = torch.cuda.memory_allocated(device) - allocated
+        if device.type == "cpu":  # ru_maxrss cannot be reset: keep what it was without the copy
+            rss_before_copy = _peak_memory(device)[0]
+        bare, bare_bytes = _whole_copy(workload, device, dtype)
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
     unwrapped = Fences(sync=device_sync(device), barrier=lambda: None)
     wrapped_peaks: list[int] = []
 
-    def bare_beside() -> Sample:
-        # Runs right after each wrapped generation. With a copy, the allocator peak is read
-        # before and reset after the bare run, so the peak reported is the wrapped run's own.
+    def bare_beside() -> Sample | None:
+        # Runs right after each wrapped generation. With a copy on CUDA, the allocator peak is
+        # read before and reset after the bare run: the peak reported is the wrapped run's own.
+        nonlocal bare, bare_bytes
+        if bare is None:
+            return None
         if bare_bytes:
-            wrapped_peaks.append(torch.cuda.max_memory_allocated(device))
-        sample, _ = timed_generation(bare, prompt, workload.max_new_tokens, unwrapped)
-        if bare_bytes:
+            wrapped_peaks.append(torch.cuda.max_memory_allocated(device) - bare_bytes)
+        try:
+            sample: Sample | None = timed_generation(
+                bare, prompt, workload.max_new_tokens, unwrapped
+            )[0]
+        except torch.cuda.OutOfMemoryError:
+            sample = None
+        if sample is None:  # out of memory: drop the copy, the run goes on without it
+            bare, bare_bytes = None, 0
+            torch.cuda.empty_cache()
+        elif bare_bytes:
             torch.cuda.reset_peak_memory_stats(device)
         return sample
 
@@ -155,16 +155,23 @@ def _run(spec: RunSpec) -> RankResult:
         workload.slowdown,
         paired=bare_beside if bare is not None else None,
     )
-    if paired and beside:
+    bare_samples = [s for s in beside if s is not None]
+    if len(bare_samples) < len(samples):
+        bare_samples = []  # the copy was dropped during the run: no pairs to speak of
+    if paired and bare_samples:
         steps = max(workload.max_new_tokens - 1, 1)
-        reference = statistics.median(s.decode_s / steps for s in beside)
+        reference = statistics.median(s.decode_s / steps for s in bare_samples)
     fabric_strategy, sharding, wrapper = describe_implementation(fabric, wrapped)
     backend = ""
     if torch.distributed.is_initialized():
         backend = str(torch.distributed.get_backend())
     peak, memory_kind = _peak_memory(device)
-    if bare_bytes:
-        peak = max(wrapped_peaks) - bare_bytes
+    if wrapped_peaks:
+        # With the copy dropped mid-run, the plain peak since then may still hold part of the
+        # bare run that failed: a slight overestimate in a rare case.
+        peak = max(wrapped_peaks) if bare is not None else max(peak, *wrapped_peaks)
+    if rss_before_copy is not None:
+        peak, memory_kind = rss_before_copy, f"{memory_kind} (before the bare copy was built)"
     return RankResult(
         rank=fabric.global_rank,
         samples=tuple(samples),
@@ -177,7 +184,7 @@ def _run(spec: RunSpec) -> RankResult:
         replicas=fabric.world_size,  # every strategy here is data-parallel (results.py)
         timed_from=timed_from,
         reference_token_s=reference,
-        bare_samples=tuple(beside),
+        bare_samples=tuple(bare_samples),
         calibration=calibration,
     )
 
@@ -188,6 +195,39 @@ def _build(name: str, seed: int, device: torch.device, dtype: torch.dtype) -> to
     module_name, _, function = name.partition(":")
     builder = getattr(importlib.import_module(module_name), function)
     return builder(seed=seed, device=device, dtype=dtype)
+
+
+def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
+    """A sharded rank's whole, unwrapped model with its own KV cache, built from the seed once
+    wrapping has freed the unsharded weights; (None, 0) when it does not fit.
+
+    On CUDA, its bytes are returned so that they can be taken out of the allocator peak, and
+    it is kept only if as much memory again stays free (room for what the wrapped run gathers,
+    which for fsdp-noreshard is the whole model). On CPU ranks its bytes cannot be taken out of
+    the process RSS peak, which is read before it is built instead (the whole-model build before
+    wrapping already set that peak).
+    """
+    cuda = device.type == "cuda"
+    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+    try:
+        copy = _build(workload.model, workload.seed, device, dtype)
+        copy.setup_caches(
+            workload.batch_size,
+            workload.prompt_length + workload.max_new_tokens,
+            device=device,
+            dtype=dtype,
+        )
+    except torch.cuda.OutOfMemoryError:
+        copy = None
+    if not cuda:
+        return copy, 0
+    copy_bytes = torch.cuda.memory_allocated(device) - allocated
+    if copy is not None and torch.cuda.mem_get_info(device)[0] < copy_bytes:
+        copy = None
+    if copy is None:
+        torch.cuda.empty_cache()
+        return None, 0
+    return copy, copy_bytes
 
 
 def _peak_memory(device: torch.device) -> tuple[int, str]:

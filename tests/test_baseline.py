@@ -153,7 +153,8 @@ def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
     old = make_entry("t")
     document = {"schema": 1, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
-    del document["entries"]["t"]["run_medians"]
+    for name in ("run_medians", "relative_samples", "relative_run_medians"):
+        del document["entries"]["t"][name]
     store.path(KEY).write_text(json.dumps(document))
     loaded = store.get(KEY, "t")
     assert loaded is not None and loaded.run_medians == ()
@@ -181,9 +182,12 @@ def test_relative_speed_round_trips_and_keeps_its_own_history(tmp_path: Path) ->
     store.save(KEY, {"t": first})
     assert store.get(KEY, "t") == first
     assert first.relative_median == 0.31 and first.relative_run_medians == (0.31,)
-    store.save(KEY, {"t": _with_relative("t", [0.28, 0.27, 0.29], 1.1)})
+    second = _with_relative("t", [0.28, 0.27, 0.29], 1.1)
+    store.save(KEY, {"t": second})
+    store.save(KEY, {"t": second})  # the same run saved twice is one run
     assert store.get(KEY, "t").relative_run_medians == (0.31, 0.28)
-    # A refresh without a bare model (e.g. a sharded run on CPU ranks) breaks that history.
+    assert store.get(KEY, "t").run_medians == (first.median, second.median)
+    # A refresh without a bare model (its copy did not fit, say) breaks that history.
     store.save(KEY, {"t": make_entry("t", 1.2)})
     stored = store.get(KEY, "t")
     assert stored.relative_samples == () and stored.relative_run_medians == ()

@@ -35,8 +35,15 @@ ROWS = [
         "tokens_per_sec": 412.345,
         "baseline_tokens_per_sec": 600.0,
         "change": -0.3128,
-        "verdict": "regression",
-        "message": "throughput regression: measured median 412 tok/s\nvs baseline 600 tok/s",
+        "relative_speed": 0.3012,
+        "relative_speed_change": -0.021,
+        "verdict": "FAIL (baseline)",
+        "baseline_status": "fail",
+        "baseline_message": (
+            "throughput regression: measured median 412 tok/s\nvs baseline 600 tok/s"
+        ),
+        "relative_speed_status": "pass",
+        "relative_speed_message": "relative speed within tolerance",
     },
     {
         "test_id": "examples/test_generate.py::test_generate[ddp]",
@@ -49,6 +56,8 @@ ROWS = [
         "baseline_tokens_per_sec": 1230.0,
         "change": 0.0037,
         "verdict": "ok",
+        "baseline_status": "pass",
+        "baseline_message": "throughput within tolerance",
     },
     {  # no baseline keys at all: a run before any baseline was recorded
         "test_id": "examples/test_tiny.py::test_tiny[a|b]",
@@ -255,7 +264,7 @@ def test_dry_run_compare(tmp_path: Path, report: Path) -> None:
     assert "## distperf: compared with baselines" in done.stdout
     assert (
         "| `examples/test_generate.py::test_generate[fsdp]` | fsdp | 2 | 412.3 | 600.0 | -31.3% "
-        "| **regression** |" in done.stdout
+        "| 0.301 | -2.1% | **FAIL (baseline)** |" in done.stdout
     )
     assert not (tmp_path / "distperf-report").exists()  # a dry run writes nothing
 
@@ -405,24 +414,37 @@ def test_render_markdown() -> None:
     assert lines[0] == "## distperf results"
     assert lines[2] == (
         "3 results · accelerator cpu · device cpu · topology `cpu_cpu_x2_loopbackx1_2cpus` · "
-        "1 ok, 1 regression"
+        "1 FAIL (baseline), 1 ok"
     )
     table = [line for line in lines if line.startswith("|")]
     assert table == [
-        "| Test | Strategy | Devices | tok/s | Baseline tok/s | Change | Verdict |",
-        "|---|---|--:|--:|--:|--:|---|",
+        "| Test | Strategy | Devices | tok/s | Baseline tok/s | Change | Relative speed "
+        "| Rel. change | Verdict |",
+        "|---|---|--:|--:|--:|--:|--:|--:|---|",
         "| `examples/test_generate.py::test_generate[fsdp]` | fsdp | 2 | 412.3 | 600.0 | -31.3% "
-        "| **regression** |",
+        "| 0.301 | -2.1% | **FAIL (baseline)** |",
         "| `examples/test_generate.py::test_generate[ddp]` | ddp | 2 | 1,234.5 | 1,230.0 | +0.4% "
-        "| ok |",
-        "| `examples/test_tiny.py::test_tiny[a\\|b]` | auto | 1 | 7.25 | – | – | – |",
+        "| – | – | ok |",
+        "| `examples/test_tiny.py::test_tiny[a\\|b]` | auto | 1 | 7.25 | – | – | – | – | – |",
     ]
-    # multi-line messages fold into one list item
-    assert (
-        "- `examples/test_generate.py::test_generate[fsdp]`: throughput regression: measured "
-        "median 412 tok/s vs baseline 600 tok/s" in lines
-    )
+    # only failed or warning checks speak; a multi-line message folds into one list item
+    messages = [line for line in lines if line.startswith("- ")]
+    assert messages == [
+        "- `examples/test_generate.py::test_generate[fsdp]` baseline: throughput regression: "
+        "measured median 412 tok/s vs baseline 600 tok/s"
+    ]
     assert render_markdown(ROWS) == text  # a bare list of rows works too
+
+
+def test_render_markdown_of_a_real_report() -> None:
+    # The plugin's own JSON report of a gate run on 2 x H200 with the slow-down knob at 10%.
+    path = ROOT / "docs" / "benchmarks" / "data" / "gates-v3b" / "slow10.json"
+    text = render_markdown(json.loads(path.read_text()))
+    assert "**FAIL (relative_speed)**" in text
+    assert "test_generation_throughput[auto-2cuda]` relative_speed: relative speed regression" in (
+        text
+    )
+    assert "test_generation_throughput[fsdp-2cuda]` baseline: throughput regression" in text
 
 
 def test_render_markdown_without_results() -> None:

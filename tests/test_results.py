@@ -40,3 +40,31 @@ def test_no_relative_speed_when_a_rank_had_no_bare_model() -> None:
     result = _result(_rank(0, [1.0, 2.0], [0.3, 0.6]), _rank(1, [1.0, 2.0], []))
     assert result.relative_speed_samples == ()
     assert result.relative_speed is None
+
+
+def test_result_line_shows_the_relative_speed_change_and_what_it_can_detect() -> None:
+    from pytest_distperf.report import RESULT_HEADER, format_result_line
+
+    props = {
+        "distperf_tokens_per_sec": 16.99,
+        "distperf_devices": 2,
+        "distperf_accelerator": "cuda",
+        "distperf_strategy": "fsdp",
+        "distperf_change": -0.335,
+        "distperf_detectable_drop": 0.208,
+        "distperf_relative_speed_change": 0.038,
+        "distperf_relative_speed_detectable_drop": 0.135,
+        "distperf_verdict": "FAIL (baseline)",
+    }
+    line = format_result_line("t.py::test[fsdp-2cuda]", "passed", props)
+    assert "-33.5%    21%   +3.8%    14%  FAIL (baseline)" in line
+    assert "rel.chg detect  verdict" in RESULT_HEADER
+    assert "      -      -  ok" in format_result_line("t", "passed", {**props, **_no_relative()})
+
+
+def _no_relative() -> dict:
+    return {
+        "distperf_relative_speed_change": None,
+        "distperf_relative_speed_detectable_drop": None,
+        "distperf_verdict": "ok",
+    }

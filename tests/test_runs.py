@@ -102,6 +102,11 @@ def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> N
     assert [row["strategy"] for row in rows] == ["auto", "fsdp"]
     assert rows[1]["implementation"]["sharding"] == "FSDP2 reshard_after_forward=True"
     assert all(len(row["tokens_per_sec_samples"]) == 3 for row in rows)
+    # The bare model ran beside every repeat: the run's own model for auto, a whole copy for
+    # fsdp, which on two gloo ranks all-gathering every step runs well below it.
+    assert all(len(row["relative_speed_samples"]) == 3 for row in rows)
+    assert 0 < rows[1]["relative_speed"] < rows[0]["relative_speed"]
+    assert rows[1]["memory_kind"] == "process RSS peak (before the bare copy was built)"
     assert _wait_until_gone(tag) == []
 
 

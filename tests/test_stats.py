@@ -270,9 +270,10 @@ def _cv(values: list[float]) -> float:
 def test_drift_needs_enough_runs() -> None:
     assert run_drift([]) == 0.0
     assert run_drift([100.0, 120.0]) == 0.0
-    assert run_drift(DRIFTING_RUNS) == pytest.approx(
-        max(relative_spread(DRIFTING_RUNS), _cv(DRIFTING_RUNS))
-    )
+    # five runs: interquartile (95 .. 106 of median 100)
+    assert run_drift(DRIFTING_RUNS) == pytest.approx((106.0 - 95.0) / 1.349 / 100.0)
+    three = DRIFTING_RUNS[:3]  # three runs: the larger of the MAD-based spread and the CV
+    assert run_drift(three) == pytest.approx(max(relative_spread(three), _cv(three)))
 
 
 def test_drift_sees_a_host_with_two_speed_levels() -> None:
@@ -281,6 +282,13 @@ def test_drift_sees_a_host_with_two_speed_levels() -> None:
     assert relative_spread(two_levels) == 0.0
     assert run_drift(two_levels) == pytest.approx(_cv(two_levels))
     assert compare(STEADY, [v * 0.7 for v in STEADY], run_medians=two_levels).verdict == "ok"
+    six_and_four = [100.0] * 6 + [160.0] * 4
+    assert relative_spread(six_and_four) == 0.0 and run_drift(six_and_four) > 0.3
+
+
+def test_drift_ignores_one_accepted_change_of_speed_among_ten() -> None:
+    # A deliberate 2x speed-up recorded once: the tolerance must not open to ~90% for it.
+    assert run_drift([100.0] * 9 + [200.0]) == 0.0
 
 
 def test_tolerance_covers_the_drift_of_recorded_runs() -> None:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from pytest_distperf.baseline import BaselineEntry
 from pytest_distperf.perfmodel import Prediction
 from pytest_distperf.verdict import (
@@ -113,6 +115,20 @@ def test_relative_speed_catches_a_ten_percent_slowdown_the_throughput_tolerance_
     assert "0.3 x bare" in check.message and "change -10.0%" in check.message
     assert check.fields["relative_speed_tolerance"] == SETTINGS.relative_tolerance_floor
     assert relative_speed_check(drifting, RELATIVE[::-1], SETTINGS).status == PASS
+
+
+def test_relative_speed_from_recorded_runs_uses_their_median_and_spread() -> None:
+    # The latest recorded run came out 10% high; the four before it agree with each other.
+    high = [v * 1.1 for v in RELATIVE]
+    runs = (0.30, 0.302, 0.299, 0.301, 0.33)
+    entry = replace(_relative_entry(high), relative_run_medians=runs)
+    check = relative_speed_check(entry, RELATIVE, SETTINGS)
+    assert check.status == PASS
+    assert check.fields["relative_speed_baseline"] == pytest.approx(0.301)
+    assert check.fields["relative_speed_tolerance"] == SETTINGS.relative_tolerance_floor
+    assert "the median of 5 recorded runs" in check.message
+    slowed = relative_speed_check(entry, [v * 0.85 for v in RELATIVE], SETTINGS)
+    assert slowed.status == FAIL
 
 
 def test_relative_speed_without_a_bare_model_or_its_baseline_is_a_note() -> None:
