@@ -181,7 +181,7 @@ def run_drift(run_medians: Sequence[float]) -> float:
     quarter of the runs, yet ignore one run at a new level among ten (an accepted speed-up,
     say), which a standard deviation would turn into a tolerance of ~90% for ten refreshes.
     Three or four runs have no quartiles worth the name; on that VM, replaying two gate calls
-    with three recorded runs, 2 of 13 unchanged runs failed with this rule and 6 with the
+    with three recorded runs, 2 of 13 unchanged runs failed with this rule and 4 with the
     quartiles.
     """
     if len(run_medians) < MIN_RUNS_FOR_DRIFT:
