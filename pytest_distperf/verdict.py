@@ -97,12 +97,7 @@ def baseline_check(
         run_medians=entry.run_medians,
     )
     fields = _comparison_fields(comparison, entry)
-    status = {
-        "ok": PASS,
-        "regression": FAIL,
-        "improvement": FAIL if settings.fail_on_improvement else WARN,
-        "noisy": WARN,
-    }[comparison.verdict]
+    status = _comparison_status(comparison, settings)
     return Check("baseline", status, comparison.message(), fields)
 
 
@@ -136,12 +131,7 @@ def relative_speed_check(
         "relative_speed_detectable_drop": comparison.detectable_drop,
         "relative_speed_verdict": comparison.verdict,
     }
-    status = {
-        "ok": PASS,
-        "regression": FAIL,
-        "improvement": FAIL if settings.fail_on_improvement else WARN,
-        "noisy": WARN,
-    }[comparison.verdict]
+    status = _comparison_status(comparison, settings)
     message = (
         f"{comparison.message()} (relative speed: the generation time of the bare model, no "
         "wrapper and no collectives, run right after each repeat, over this run's; the host's "
@@ -181,6 +171,17 @@ def memory_check(
     if problem:
         return Check("memory", FAIL if exact else WARN, problem)
     return Check("memory", PASS, "peak memory within tolerance")
+
+
+def _comparison_status(comparison: Comparison, settings: GateSettings) -> str:
+    """A stale (much faster) baseline warns unless --distperf-fail-on-improvement; a change
+    beyond the tolerance without statistical support only warns."""
+    return {
+        "ok": PASS,
+        "regression": FAIL,
+        "improvement": FAIL if settings.fail_on_improvement else WARN,
+        "noisy": WARN,
+    }[comparison.verdict]
 
 
 def _comparison_fields(comparison: Comparison, entry: BaselineEntry) -> dict[str, Any]:
