@@ -19,6 +19,7 @@ How tokens/sec is counted
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +106,7 @@ class RunResult:
     @property
     def samples(self) -> tuple[Sample, ...]:
         """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
-        per_repeat = zip(*(r.samples for r in self.ranks), strict=True)
-        return tuple(max(group, key=lambda s: s.total_s) for group in per_repeat)
+        return _slowest_per_repeat(r.samples for r in self.ranks)
 
     @property
     def new_tokens(self) -> int:
@@ -158,9 +158,8 @@ class RunResult:
         speed drifts moves both alike; empty when some rank had no bare model."""
         if not all(r.bare_samples for r in self.ranks):
             return ()
-        per_repeat = zip(*(r.bare_samples for r in self.ranks), strict=True)
-        bare = [max(s.total_s for s in group) for group in per_repeat]
-        return tuple(b / s.total_s for b, s in zip(bare, self.samples, strict=True))
+        bare = _slowest_per_repeat(r.bare_samples for r in self.ranks)
+        return tuple(b.total_s / s.total_s for b, s in zip(bare, self.samples, strict=True))
 
     @property
     def relative_speed(self) -> float | None:
@@ -211,3 +210,8 @@ class RunResult:
             "relative_speed_samples": list(self.relative_speed_samples),
             **self.extras,
         }
+
+
+def _slowest_per_repeat(per_rank: Iterable[tuple[Sample, ...]]) -> tuple[Sample, ...]:
+    per_repeat = zip(*per_rank, strict=True)
+    return tuple(max(group, key=lambda s: s.total_s) for group in per_repeat)

@@ -274,11 +274,11 @@ def compare_to_recorded_runs(
 
     The relative speed (results.RunResult) is one: a repeat straddling a switch of the host's
     speed pairs a wrapped run at one speed with a bare run at the other, so its repeats spread
-    widely (robust CV 1-30% on a 2 x H200 VM) while the medians of 11 unchanged runs spread
-    by 1.3-3.4%. So from MIN_RUNS_FOR_DRIFT recorded runs on, their median is the baseline's
-    level (the latest run's repeats, rescaled to it, keep their shape for the significance
-    test) and the default tolerance is max(floor, 3 x their :func:`run_drift`). With fewer runs
-    this is :func:`compare`.
+    widely (robust CV 0.6-30% on a 2 x H200 VM) while the medians of 11 unchanged runs spread
+    by 2.1-4.3% (CV; their tokens/sec by 12-21%). So from MIN_RUNS_FOR_DRIFT recorded runs on,
+    their median is the baseline's level (the latest run's repeats, rescaled to it, keep their
+    shape for the significance test) and the default tolerance is max(floor, 3 x their
+    :func:`run_drift`). With fewer runs this is :func:`compare`.
     """
     runs = _checked(run_medians, "run_medians") if run_medians else []
     if len(runs) < MIN_RUNS_FOR_DRIFT:
