@@ -21,6 +21,7 @@ import time
 import torch
 from distperf_model import Config, build_model
 from distperf_model.generate import decode_one_token, make_prompt, prefill
+from host_speed_sampler import python_work  # beside this script
 
 
 def current_cpu() -> int:
@@ -32,14 +33,6 @@ def current_cpu() -> int:
 def steal_ticks() -> int:
     with open("/proc/stat") as f:
         return int(f.readline().split()[8])
-
-
-def python_work() -> float:
-    start = time.perf_counter()
-    total = 0
-    for i in range(200_000):
-        total += i * i % 7
-    return time.perf_counter() - start
 
 
 def main() -> None:
