@@ -1,7 +1,7 @@
 """Baseline store: one reviewable JSON file per topology key, merged under a file lock.
 
 Layout: ``<directory>/<topology_key>.json`` holding
-``{"schema": 3, "topology_key": ..., "topology": {...}, "entries": {test_id: entry, ...}}``.
+``{"schema": 4, "topology_key": ..., "topology": {...}, "entries": {test_id: entry, ...}}``.
 Files are written sorted and indented so that a baseline update reads as a small diff in review.
 
 Concurrency: readers take no lock, because writers replace the file atomically (temp file in the
@@ -37,9 +37,10 @@ import filelock
 from .files import atomic_write_text
 from .stats import relative_spread
 
-# 2 added run_medians, 3 the relative speed; older files are read (without them), written as 3
-SCHEMA = 3
-READABLE_SCHEMAS = (1, 2, 3)
+# 2 added run_medians, 3 the relative speed, 4 the host's own speed; older files are read
+# (without them), written as 4
+SCHEMA = 4
+READABLE_SCHEMAS = (1, 2, 3, 4)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
 # of speed leaves the window (the spread is interquartile, so a change in under a quarter of
 # the window is ignored, and one in more widens the tolerance until it leaves).
@@ -64,8 +65,10 @@ _ENTRY_FIELDS = frozenset(
         "extra",
     }
 )
-# Absent from older files: run_medians before schema 2, the relative speed before schema 3.
-_OPTIONAL_ENTRY_FIELDS = frozenset({"run_medians", "relative_samples", "relative_run_medians"})
+# Absent from older files: run_medians before schema 2, the relative speed before schema 3,
+# the host loop before schema 4.
+_LIST_FIELDS = ("run_medians", "relative_samples", "relative_run_medians", "host_loop_run_medians")
+_OPTIONAL_ENTRY_FIELDS = frozenset(_LIST_FIELDS)
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
 _SIGNIFICANT_DIGITS = 6
@@ -137,6 +140,9 @@ class BaselineEntry:
     #: medians of the last RUN_HISTORY recorded runs of it; empty when the run had no bare model.
     relative_samples: tuple[float, ...] = ()
     relative_run_medians: tuple[float, ...] = ()
+    #: Median seconds of the host-speed loop (hostspeed.py) timed beside the repeats of each of
+    #: the last RUN_HISTORY recorded runs: how fast the machine itself was; empty if unknown.
+    host_loop_run_medians: tuple[float, ...] = ()
 
     @property
     def relative_median(self) -> float | None:
@@ -182,7 +188,7 @@ class BaselineEntry:
             extra = json.loads(json.dumps(dict(self.extra), allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{self.test_id}: extra must be JSON-serializable ({exc})") from exc
-        for name in ("run_medians", "relative_samples", "relative_run_medians"):
+        for name in _LIST_FIELDS:
             values = tuple(getattr(self, name))
             for value in values:
                 if not _is_number(value) or not math.isfinite(value) or value <= 0:
@@ -205,13 +211,15 @@ class BaselineEntry:
         now: datetime | None = None,
         extra: Mapping[str, Any] | None = None,
         relative_samples: Iterable[float] = (),
+        host_loop_samples: Iterable[float] = (),
     ) -> BaselineEntry:
-        """Build an entry from raw tokens/sec repeats (and the relative speed of each, when
-        known), computing the summary statistics."""
+        """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
+        time of each, when known), computing the summary statistics."""
         rounded = _rounded_samples(samples, test_id, "samples")
         if not rounded:
             raise ValueError(f"{test_id}: no samples")
         relative = _rounded_samples(relative_samples, test_id, "relative_samples")
+        host = _rounded_samples(host_loop_samples, test_id, "host_loop_samples")
         when = datetime.now(timezone.utc) if now is None else now
         if when.tzinfo is None:
             raise ValueError("now must be timezone-aware (baselines record UTC)")
@@ -230,6 +238,7 @@ class BaselineEntry:
             run_medians=(_round(statistics.median(rounded)),),
             relative_samples=relative,
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
+            host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
         )
 
     def following(self, previous: BaselineEntry) -> BaselineEntry:
@@ -238,21 +247,26 @@ class BaselineEntry:
         earlier_relative = previous.relative_run_medians
         if not earlier_relative and previous.relative_median is not None:
             earlier_relative = (previous.relative_median,)
-        same_run = previous == replace(
-            self,
-            run_medians=previous.run_medians,
-            relative_run_medians=previous.relative_run_medians,
-        )
-        if same_run:  # the same run saved again: no new run
-            return replace(self, run_medians=earlier, relative_run_medians=earlier_relative)
-        relative = self.relative_median
+        histories = {
+            "run_medians": previous.run_medians,
+            "relative_run_medians": previous.relative_run_medians,
+            "host_loop_run_medians": previous.host_loop_run_medians,
+        }
+        if previous == replace(self, **histories):  # the same run saved again: no new run
+            return replace(
+                self,
+                run_medians=earlier,
+                relative_run_medians=earlier_relative,
+                host_loop_run_medians=previous.host_loop_run_medians,
+            )
         return replace(
             self,
             run_medians=(*earlier, self.median)[-RUN_HISTORY:],
-            # A run without a bare model breaks the relative history: no gap-spanning spread.
-            relative_run_medians=()
-            if relative is None
-            else (*earlier_relative, _round(relative))[-RUN_HISTORY:],
+            # A run without a bare model (or host loop) breaks that history: no spread across gaps.
+            relative_run_medians=_extended(earlier_relative, self.relative_run_medians),
+            host_loop_run_medians=_extended(
+                previous.host_loop_run_medians, self.host_loop_run_medians
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,6 +285,7 @@ class BaselineEntry:
             "run_medians": list(self.run_medians),
             "relative_samples": list(self.relative_samples),
             "relative_run_medians": list(self.relative_run_medians),
+            "host_loop_run_medians": list(self.host_loop_run_medians),
         }
 
     @classmethod
@@ -289,7 +304,7 @@ class BaselineEntry:
             if not isinstance(data[name], Mapping):
                 raise ValueError(f"{name} must be a JSON object")
         lists = {}
-        for name in ("run_medians", "relative_samples", "relative_run_medians"):
+        for name in _LIST_FIELDS:
             lists[name] = data.get(name, [])
             if not isinstance(lists[name], list):
                 raise ValueError(f"{name} must be a list of numbers")
@@ -308,7 +323,14 @@ class BaselineEntry:
             run_medians=tuple(lists["run_medians"]),
             relative_samples=tuple(lists["relative_samples"]),
             relative_run_medians=tuple(lists["relative_run_medians"]),
+            host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
         )
+
+
+def _extended(history: tuple[float, ...], own: tuple[float, ...]) -> tuple[float, ...]:
+    """This run's median (the last of `own`) after `history`, RUN_HISTORY kept; nothing when
+    this run has none."""
+    return (*history, own[-1])[-RUN_HISTORY:] if own else ()
 
 
 def _rounded_samples(values: Iterable[float], test_id: str, name: str) -> tuple[float, ...]:

@@ -29,6 +29,7 @@ from .verdict import (
     GateSettings,
     baseline_check,
     detectable_check,
+    machine_check,
     memory_check,
     relative_speed_check,
     threshold_check,
@@ -101,10 +102,11 @@ class Gate:
         else:
             entry = self.store.get(self.topology_key, test_identity(result))
             samples = result.tokens_per_sec_samples
-            checks.append(
-                baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
+            baseline = baseline_check(
+                entry, samples, settings, self.topology_key, self.known_keys()
             )
-            checks.append(relative_speed_check(entry, result.relative_speed_samples, settings))
+            relative = relative_speed_check(entry, result.relative_speed_samples, settings)
+            checks += [machine_check(baseline, relative, entry, result.host_loop_samples), relative]
             exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
             checks.append(memory_check(entry, result.peak_memory_bytes, settings, exact))
         return Decision(tuple(checks)), prediction
@@ -128,6 +130,7 @@ class Gate:
             commit=self.commit,
             extra=extra,
             relative_samples=result.relative_speed_samples,
+            host_loop_samples=result.host_loop_samples,
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True

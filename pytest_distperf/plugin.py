@@ -431,6 +431,8 @@ REPORTED_FIELDS = (
     "relative_speed",
     "relative_speed_change",
     "relative_speed_detectable_drop",
+    "bare_change",
+    "host_change",
     "verdict",
     "peak_memory_bytes",
 )

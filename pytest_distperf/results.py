@@ -82,6 +82,8 @@ class RankResult:
     reference_token_s: float | None = None  # see workload.reference_token_time
     # The bare model's generation run right after each timed one (worker.py), when it has one.
     bare_samples: tuple[Sample, ...] = ()
+    # Seconds of hostspeed's fixed interpreter loop, timed right after each timed generation.
+    host_loop_s: tuple[float, ...] = ()
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
 
 
@@ -167,6 +169,15 @@ class RunResult:
         return statistics.median(samples) if samples else None
 
     @property
+    def host_loop_samples(self) -> tuple[float, ...]:
+        """Per repeat, the slowest rank's time for the host-speed loop (hostspeed.py): the
+        speed of the machine itself beside each sample; empty when some rank has none."""
+        per_rank = [r.host_loop_s for r in self.ranks]
+        if not all(len(times) == self.spec.repeats for times in per_rank):
+            return ()
+        return tuple(max(times) for times in zip(*per_rank, strict=True))
+
+    @property
     def calibration(self) -> Any:
         return self.ranks[0].calibration
 
@@ -208,6 +219,7 @@ class RunResult:
             "reference_token_s": self.reference_token_s,
             "relative_speed": self.relative_speed,
             "relative_speed_samples": list(self.relative_speed_samples),
+            "host_loop_samples": list(self.host_loop_samples),
             **self.extras,
         }
 

@@ -22,6 +22,7 @@ from distperf_model.config import Config
 from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
 
+from .hostspeed import interpreter_loop_seconds
 from .results import Implementation, RankResult, RunSpec, Sample
 from .settings import Workload
 from .strategies import describe_implementation, get_strategy, set_wrap_unit
@@ -122,9 +123,13 @@ def _run(spec: RunSpec) -> RankResult:
     unwrapped = Fences(sync=device_sync(device), barrier=lambda: None)
     wrapped_peaks: list[int] = []
 
-    def bare_beside() -> Sample | None:
-        # Runs right after each wrapped generation. With a copy on CUDA, the allocator peak is
-        # read before and reset after the bare run: the peak reported is the wrapped run's own.
+    def beside() -> tuple[Sample | None, float]:
+        # Runs right after each wrapped generation: the bare model's generation, then the host's
+        # own speed (hostspeed.py). With a copy on CUDA, the allocator peak is read before and
+        # reset after the bare run: the peak reported is the wrapped run's own.
+        return bare_generation(), interpreter_loop_seconds()
+
+    def bare_generation() -> Sample | None:
         nonlocal bare, bare_bytes
         if bare is None:
             return None
@@ -145,7 +150,7 @@ def _run(spec: RunSpec) -> RankResult:
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    samples, tokens, timed_from, beside = run_workload(
+    samples, tokens, timed_from, besides = run_workload(
         wrapped,
         prompt,
         workload.max_new_tokens,
@@ -153,9 +158,10 @@ def _run(spec: RunSpec) -> RankResult:
         spec.repeats,
         fences,
         workload.slowdown,
-        paired=bare_beside if bare is not None else None,
+        paired=beside,
     )
-    bare_samples = [s for s in beside if s is not None]
+    bare_samples = [s for s, _ in besides if s is not None]
+    host_loop_s = tuple(seconds for _, seconds in besides)
     if len(bare_samples) < len(samples):
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     if paired and bare_samples:
@@ -185,6 +191,7 @@ def _run(spec: RunSpec) -> RankResult:
         timed_from=timed_from,
         reference_token_s=reference,
         bare_samples=tuple(bare_samples),
+        host_loop_s=host_loop_s,
         calibration=calibration,
     )
 

@@ -92,7 +92,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert store.get(KEY, "other") is None
     assert store.topology(KEY) == {"gpus": 4, "link": "NV18"}
     document = json.loads(path.read_text())
-    assert document["schema"] == 3
+    assert document["schema"] == SCHEMA == 4
     assert document["topology_key"] == KEY
 
 
@@ -153,7 +153,12 @@ def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
     old = make_entry("t")
     document = {"schema": 1, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
-    for name in ("run_medians", "relative_samples", "relative_run_medians"):
+    for name in (
+        "run_medians",
+        "relative_samples",
+        "relative_run_medians",
+        "host_loop_run_medians",
+    ):
         del document["entries"]["t"][name]
     store.path(KEY).write_text(json.dumps(document))
     loaded = store.get(KEY, "t")
@@ -164,7 +169,9 @@ def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
     assert store.get(KEY, "t").run_medians == (old.median, newer.median)
 
 
-def _with_relative(test_id: str, relative: list[float], scale: float = 1.0) -> BaselineEntry:
+def _with_relative(
+    test_id: str, relative: list[float], scale: float = 1.0, host: tuple[float, ...] = ()
+) -> BaselineEntry:
     entry = make_entry(test_id, scale)
     return BaselineEntry.from_samples(
         entry.test_id,
@@ -173,6 +180,7 @@ def _with_relative(test_id: str, relative: list[float], scale: float = 1.0) -> B
         versions=entry.versions,
         now=WHEN,
         relative_samples=relative,
+        host_loop_samples=host,
     )
 
 
@@ -192,6 +200,36 @@ def test_relative_speed_round_trips_and_keeps_its_own_history(tmp_path: Path) ->
     stored = store.get(KEY, "t")
     assert stored.relative_samples == () and stored.relative_run_medians == ()
     assert len(stored.run_medians) == 3
+
+
+def test_host_loop_keeps_a_history_of_run_medians(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    first = _with_relative("t", [0.3], host=(0.013, 0.012, 0.023))
+    assert first.host_loop_run_medians == (0.013,)
+    store.save(KEY, {"t": first})
+    assert store.get(KEY, "t") == first
+    second = _with_relative("t", [0.3], 1.1, host=(0.022, 0.024))
+    store.save(KEY, {"t": second})
+    store.save(KEY, {"t": second})  # the same run saved twice is one run
+    assert store.get(KEY, "t").host_loop_run_medians == (0.013, 0.023)
+    store.save(KEY, {"t": _with_relative("t", [0.3], 1.2)})  # a run without the loop
+    assert store.get(KEY, "t").host_loop_run_medians == ()
+
+
+def test_schema_3_files_are_read_without_host_loop(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    old = _with_relative("t", [0.5])
+    document = {"schema": 3, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
+    del document["entries"]["t"]["host_loop_run_medians"]
+    store.path(KEY).write_text(json.dumps(document))
+    assert store.get(KEY, "t") == old
+    store.save(KEY, {"t": _with_relative("t", [0.5], 1.1, host=(0.02,))})
+    assert store.get(KEY, "t").host_loop_run_medians == (0.02,)
+
+
+def test_bad_host_loop_samples_are_refused() -> None:
+    with pytest.raises(ValueError, match="host_loop_samples must be positive numbers, got -1"):
+        _with_relative("t", [0.5], host=(0.01, -1))
 
 
 def test_schema_2_files_are_read_without_relative_speed(tmp_path: Path) -> None:

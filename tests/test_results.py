@@ -6,7 +6,9 @@ from pytest_distperf.results import Implementation, RankResult, RunResult, RunSp
 from pytest_distperf.settings import Workload
 
 
-def _rank(rank: int, totals: list[float], bare: list[float]) -> RankResult:
+def _rank(
+    rank: int, totals: list[float], bare: list[float], host: tuple[float, ...] = ()
+) -> RankResult:
     return RankResult(
         rank=rank,
         samples=tuple(Sample(t, 0.01, t - 0.01) for t in totals),
@@ -19,6 +21,7 @@ def _rank(rank: int, totals: list[float], bare: list[float]) -> RankResult:
         replicas=2,
         timed_from=0.0,
         bare_samples=tuple(Sample(t, 0.01, t - 0.01) for t in bare),
+        host_loop_s=host,
     )
 
 
@@ -40,6 +43,20 @@ def test_no_relative_speed_when_a_rank_had_no_bare_model() -> None:
     result = _result(_rank(0, [1.0, 2.0], [0.3, 0.6]), _rank(1, [1.0, 2.0], []))
     assert result.relative_speed_samples == ()
     assert result.relative_speed is None
+
+
+def test_host_loop_per_repeat_is_the_slowest_ranks() -> None:
+    result = _result(
+        _rank(0, [1.0, 2.0], [], (0.013, 0.025)), _rank(1, [1.0, 2.0], [], (0.014, 0.022))
+    )
+    assert result.host_loop_samples == (0.014, 0.025)
+    assert result.summary()["host_loop_samples"] == [0.014, 0.025]
+    assert (
+        _result(
+            _rank(0, [1.0, 2.0], [], (0.013, 0.025)), _rank(1, [1.0, 2.0], [])
+        ).host_loop_samples
+        == ()
+    )
 
 
 def test_result_line_shows_the_relative_speed_change_and_what_it_can_detect() -> None:

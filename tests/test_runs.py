@@ -106,6 +106,9 @@ def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> N
     # fsdp, which on two gloo ranks all-gathering every step runs well below it.
     assert all(len(row["relative_speed_samples"]) == 3 for row in rows)
     assert 0 < rows[1]["relative_speed"] < rows[0]["relative_speed"]
+    # And the host-speed loop beside every repeat: milliseconds, not zero, not a stray second.
+    assert all(len(row["host_loop_samples"]) == 3 for row in rows)
+    assert all(0.0005 < t < 1.0 for row in rows for t in row["host_loop_samples"])
     assert rows[1]["memory_kind"] == "process RSS peak (before the bare copy was built)"
     assert _wait_until_gone(tag) == []
 

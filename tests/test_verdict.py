@@ -11,9 +11,11 @@ from pytest_distperf.verdict import (
     NOTE,
     PASS,
     WARN,
+    Check,
     Decision,
     GateSettings,
     baseline_check,
+    machine_check,
     memory_check,
     relative_speed_check,
     threshold_check,
@@ -135,6 +137,63 @@ def test_relative_speed_without_a_bare_model_or_its_baseline_is_a_note() -> None
     assert relative_speed_check(_relative_entry(), [], SETTINGS).status == NOTE
     assert relative_speed_check(_entry(), RELATIVE, SETTINGS).status == NOTE
     assert relative_speed_check(None, RELATIVE, SETTINGS).status == NOTE
+
+
+def _judged(slower_by: float, relative: list[float], host_now_s: float, host_then_s=0.013):
+    """Throughput and relative checks of a run `slower_by` slower than its baseline, and the
+    machine check over them with the host loop taking `host_now_s` (recorded: host_then_s)."""
+    entry = replace(_relative_entry(), host_loop_run_medians=(host_then_s,))
+    samples = [v * (1 - slower_by) for v in BASE]
+    throughput = baseline_check(entry, samples, SETTINGS, "k", [])
+    relative_check = relative_speed_check(entry, relative, SETTINGS)
+    loop = [host_now_s * f for f in (0.97, 1.0, 1.02, 0.99, 1.01)]
+    return throughput, relative_check, machine_check(throughput, relative_check, entry, loop)
+
+
+def test_a_slower_machine_warns_instead_of_failing() -> None:
+    # Bare and wrapped model 30% slower alike, and the interpreter loop 41% slower: the host.
+    throughput, relative, judged = _judged(0.3, RELATIVE, host_now_s=0.022)
+    assert throughput.status == FAIL and relative.status == PASS
+    assert judged.status == WARN
+    assert judged.fields["baseline_verdict"] == "machine slower"
+    assert judged.fields["bare_change"] == pytest.approx(-0.3, abs=0.01)
+    assert judged.fields["host_change"] == pytest.approx(0.013 / 0.022 - 1)
+    for text in ("change -30.0%", "the machine itself ran slower", "30.0% slower", "22 ms"):
+        assert text in judged.message, text
+
+
+def test_a_slower_model_on_a_steady_host_still_fails() -> None:
+    # The same 30% on both the bare and the wrapped model, but the loop did not move: the
+    # model's own code got slower, which the gate must not excuse.
+    _, _, judged = _judged(0.3, RELATIVE, host_now_s=0.0132)
+    assert judged.status == FAIL
+    assert judged.fields["bare_change"] == pytest.approx(-0.3, abs=0.01)
+    assert judged.fields["host_change"] == pytest.approx(0.013 / 0.0132 - 1)
+
+
+def test_a_slower_strategy_on_a_slower_host_still_fails() -> None:
+    # Relative speed fell too: the strategy lost speed beyond what the machine explains.
+    throughput, relative, judged = _judged(0.3, [v * 0.8 for v in RELATIVE], host_now_s=0.022)
+    assert relative.status == FAIL and judged == throughput
+
+
+def test_a_drop_the_bare_model_does_not_explain_still_fails() -> None:
+    # A relative check too noisy to fail (as fsdp on CPU ranks) while the run lost more to the
+    # bare model than the throughput tolerance allows: not the machine's doing.
+    throughput, _, _ = _judged(0.3, RELATIVE, host_now_s=0.022)
+    noisy = Check("relative_speed", PASS, "", {"relative_speed_change": -0.15})
+    entry = replace(_relative_entry(), host_loop_run_medians=(0.013,))
+    judged = machine_check(throughput, noisy, entry, [0.03])
+    assert throughput.fields["tolerance"] < 0.15 and judged.status == FAIL
+
+
+def test_without_the_host_loop_a_regression_stays_a_failure() -> None:
+    entry = _relative_entry()  # recorded before the loop was timed
+    throughput = baseline_check(entry, [v * 0.7 for v in BASE], SETTINGS, "k", [])
+    relative = relative_speed_check(entry, RELATIVE, SETTINGS)
+    assert machine_check(throughput, relative, entry, [0.03]) == throughput
+    entry = replace(entry, host_loop_run_medians=(0.013,))
+    assert machine_check(throughput, relative, entry, []) == throughput
 
 
 def test_memory_growth_fails() -> None:

@@ -21,7 +21,8 @@ import time
 import torch
 from distperf_model import Config, build_model
 from distperf_model.generate import decode_one_token, make_prompt, prefill
-from host_speed_sampler import python_work  # beside this script
+
+from pytest_distperf.hostspeed import interpreter_loop_seconds as python_work
 
 
 def current_cpu() -> int:
