@@ -49,6 +49,27 @@ TOLERANCE_SIGMAS = 3.0
 MIN_RUNS_FOR_DRIFT = 3
 MIN_RUNS_FOR_QUARTILES = 5
 
+
+def drift_sigmas(runs: int, alpha: float = 0.01) -> float:
+    """How many drift spreads one more run may fall from the recorded runs' level before the
+    gate calls it a change: the one-sided (1 - alpha) prediction interval for a new run from
+    `runs` recorded ones, Student's t quantile with runs - 1 degrees of freedom times
+    sqrt(1 + 1 / runs), and never fewer than TOLERANCE_SIGMAS.
+
+    A spread estimated from three runs is itself a guess: 3 of them would leave about 6% of
+    unchanged runs outside (t with 2 degrees of freedom), per test, and on a 2 x H200 VM whose
+    host changes speed 1 of 10 unchanged runs of five tests failed with three records. The
+    factor is 8.0 from 3 runs, 4.1 from 5, 3.4 from 7, and TOLERANCE_SIGMAS from 10 on: the
+    report's detectable drop says what the gate is worth until enough runs are recorded.
+    """
+    from scipy.stats import t  # lazy: keeps `import pytest_distperf...` cheap
+
+    if runs < 2:
+        raise ValueError(f"a spread needs at least 2 runs, got {runs}")
+    quantile = float(t.ppf(1.0 - alpha, runs - 1)) * math.sqrt(1.0 + 1.0 / runs)
+    return max(TOLERANCE_SIGMAS, quantile)
+
+
 # Exact permutation distribution of the rank sum up to this many pooled samples; past it the
 # normal approximation (with tie correction) is accurate and the exact table gets large. At 50 the
 # subset counts (C(50, 25) ~ 1.3e14) are still exact integers in float64.
@@ -156,16 +177,22 @@ def default_tolerance(
     baseline: Sequence[float],
     tolerance_floor: float = 0.05,
     run_medians: Sequence[float] = (),
+    alpha: float = 0.01,
 ) -> float:
     """The tolerance used when none is given: max(floor, 3 x robust relative spread of the
-    baseline's repeats, 3 x the drift of the recorded runs' medians when there are enough of
-    them, see :func:`run_drift`)."""
+    baseline's repeats, the drift of the recorded runs' medians when there are enough of them
+    (:func:`run_drift`) times :func:`drift_sigmas`)."""
     _check_fraction(tolerance_floor, "tolerance_floor", upper=math.inf)
     return max(
         tolerance_floor,
         TOLERANCE_SIGMAS * relative_spread(baseline),
-        TOLERANCE_SIGMAS * run_drift(run_medians),
+        _drift_tolerance(run_medians, alpha),
     )
+
+
+def _drift_tolerance(run_medians: Sequence[float], alpha: float) -> float:
+    drift = run_drift(run_medians)
+    return drift_sigmas(len(run_medians), alpha) * drift if drift else 0.0
 
 
 def run_drift(run_medians: Sequence[float]) -> float:
@@ -221,9 +248,9 @@ def compare(
     cur = _checked(current, "current")
     runs = _checked(run_medians, "run_medians") if run_medians else []
     _check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
-    tol = default_tolerance(base, tolerance_floor, runs) if tolerance is None else tolerance
+    tol = default_tolerance(base, tolerance_floor, runs, alpha) if tolerance is None else tolerance
     _check_fraction(tol, "tolerance", upper=math.inf)
-    drift = TOLERANCE_SIGMAS * run_drift(runs)
+    drift = _drift_tolerance(runs, alpha)
     tolerance_runs = len(runs) if tolerance is None and drift > 0 and drift == tol else 0
 
     base_median = statistics.median(base)
@@ -278,7 +305,7 @@ def compare_to_recorded_runs(
     by 2.1-4.3% (CV; their tokens/sec by 12-21%). So from MIN_RUNS_FOR_DRIFT recorded runs on,
     their median is the baseline's level (the latest run's repeats, rescaled to it, keep their
     shape for the significance test) and the default tolerance is max(floor, 3 x their
-    :func:`run_drift`). With fewer runs this is :func:`compare`.
+    :func:`run_drift` times :func:`drift_sigmas`). With fewer runs this is :func:`compare`.
     """
     runs = _checked(run_medians, "run_medians") if run_medians else []
     if len(runs) < MIN_RUNS_FOR_DRIFT:
@@ -295,7 +322,7 @@ def compare_to_recorded_runs(
     _check_fraction(tolerance_floor, "tolerance_floor", upper=math.inf)
     base = _checked(baseline, "baseline")
     scale = statistics.median(runs) / statistics.median(base)
-    derived = max(tolerance_floor, TOLERANCE_SIGMAS * run_drift(runs))
+    derived = max(tolerance_floor, _drift_tolerance(runs, alpha))
     comparison = compare(
         [v * scale for v in base],
         current,
@@ -333,7 +360,7 @@ def detectable_drop(
         raise ValueError(f"n_current must be at least 1, got {n_cur}")
     _check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
     runs = _checked(run_medians, "run_medians") if run_medians else []
-    tol = default_tolerance(base, tolerance_floor, runs) if tolerance is None else tolerance
+    tol = default_tolerance(base, tolerance_floor, runs, alpha) if tolerance is None else tolerance
     _check_fraction(tol, "tolerance", upper=math.inf)
     if tol >= 1.0:
         return math.inf

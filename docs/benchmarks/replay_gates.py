@@ -5,8 +5,9 @@
 The first REFRESHES reports play baseline refreshes (`--distperf-update-baselines` on, say,
 main-branch CI): each becomes a `BaselineEntry` following the previous one, exactly as
 `BaselineStore.save` keeps them (samples of the last, run medians of all). Every later report
-is judged by the plugin's own `baseline_check` (throughput) and `relative_speed_check` under
-the default settings. Only measured samples go in; nothing is simulated.
+is judged by the plugin's own `baseline_check` (throughput), `relative_speed_check` and
+`machine_check` (reports with the host-speed loop) under the default settings. Only measured
+samples go in; nothing is simulated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ import sys
 from pathlib import Path
 
 from pytest_distperf.baseline import BaselineEntry
-from pytest_distperf.verdict import GateSettings, baseline_check, relative_speed_check
+from pytest_distperf.verdict import (
+    GateSettings,
+    baseline_check,
+    machine_check,
+    relative_speed_check,
+)
 
 
 def _rows(path: str) -> dict[str, dict]:
@@ -31,6 +37,7 @@ def _entry(test: str, row: dict) -> BaselineEntry:
         peak_memory_bytes=None,
         versions={},
         relative_samples=row.get("relative_speed_samples") or (),
+        host_loop_samples=row.get("host_loop_samples") or (),
     )
 
 
@@ -46,10 +53,12 @@ def main(refreshes: int, paths: list[str]) -> None:
         print(f"\n{test}: {refreshes} recorded runs")
         for path, run in later:
             row = run[test]
-            checks = (
-                baseline_check(entry, row["tokens_per_sec_samples"], settings, "k", []),
-                relative_speed_check(entry, row.get("relative_speed_samples") or (), settings),
+            throughput = baseline_check(entry, row["tokens_per_sec_samples"], settings, "k", [])
+            relative = relative_speed_check(
+                entry, row.get("relative_speed_samples") or (), settings
             )
+            host = row.get("host_loop_samples") or ()
+            checks = (machine_check(throughput, relative, entry, host), relative)
             print(f"  {Path(path).stem:<10}", end="")
             for check in checks:
                 change = check.fields.get("change", check.fields.get("relative_speed_change"))

@@ -16,12 +16,12 @@ OUT=${OUT:-/tmp/distperf-gates}
 work=$(mktemp -d)
 mkdir -p "$work/baselines"
 if [[ -n ${SEED_BASELINES:-} ]]; then cp "$SEED_BASELINES"/*.json "$work/baselines/" || exit 1; fi
-python3 "$(dirname "$0")/host_speed_sampler.py" --out "$work/host-speed.jsonl" &
-sampler=$!
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off on the lent machines.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || { kill "$sampler"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+python3 "$(dirname "$0")/host_speed_sampler.py" --out "$work/host-speed.jsonl" &
+sampler=$!
 # Toy models: per-call overheads dominate them, so the threshold is set low (see h200 doc);
 # the baselines are what is under test here. Many repeats: a short generation is noisy.
 base=(timeout -s INT -k 10 90 torchrun --standalone --nproc-per-node 2 -m pytest
