@@ -29,6 +29,17 @@ class RunFailed(Exception):
     """One or more ranks failed or hung; the message is meant for the user as is."""
 
 
+class SessionStopped(BaseException):
+    """A signal (SIGTERM from a CI runner's cancel, SIGHUP, SIGQUIT) asked the whole session to
+    stop, not just this test: a BaseException, so that nothing on the way mistakes it for a
+    test's failure and goes on to the next test."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
 def available_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -139,14 +150,16 @@ def launch(spec: RunSpec) -> RunResult:
         # handler acts, the run ends as a rank failure, but it is still the user's interrupt.
         if signal.SIGINT in signals:
             raise KeyboardInterrupt from None
+        for stop in STOPPING_SIGNALS & signals:
+            raise SessionStopped(stop) from None
         elapsed = time.perf_counter() - start
         raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
     except SignalException as error:
-        # The elastic agent has already stopped the ranks; a Ctrl-C must still stop the pytest
-        # session rather than fail one test and go on to the next.
+        # The elastic agent has already stopped the ranks; the signal must still stop the
+        # pytest session rather than fail one test and go on to the next.
         if error.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
-        raise
+        raise SessionStopped(error.sigval) from None
     except Exception as error:  # rendezvous, store or spawn trouble: still this test's failure
         where = f"[{spec.strategy}, {spec.devices} {spec.accelerator} ranks, {spec.test_id}]"
         raise RunFailed(
@@ -181,6 +194,7 @@ def numa_options(spec: RunSpec) -> Any:
 
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+STOPPING_SIGNALS = frozenset(HANDLED_SIGNALS) - {signal.SIGINT}  # SIGINT: KeyboardInterrupt
 
 
 @contextlib.contextmanager

@@ -352,7 +352,7 @@ class DistperfRun:
 
     def run(self) -> RunResult:
         """Launch the ranks, then judge the result; a failed gate fails the test here."""
-        from .launcher import RunFailed, launch, run_in_job
+        from .launcher import RunFailed, SessionStopped, launch, run_in_job
 
         plugin = self._plugin
         spec = self.spec()
@@ -365,6 +365,13 @@ class DistperfRun:
                 result = launch(spec)
         except RunFailed as error:
             failure = str(error)
+        except SessionStopped as stop:
+            # The shell's convention for a process ended by a signal: 128 + its number.
+            pytest.exit(
+                f"distperf: {stop.name} received while running {spec.test_id}; its ranks were "
+                "stopped and the session ends here",
+                returncode=128 + stop.signum,
+            )
         else:
             failure = self._judge(result)
             if not failure:

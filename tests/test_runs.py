@@ -220,6 +220,49 @@ def test_ctrl_c_leaves_no_process_behind(pytester: pytest.Pytester, tag: str) ->
     assert _wait_until_gone(tag) == []
 
 
+def test_sigterm_stops_the_session_not_just_the_test(pytester: pytest.Pytester, tag: str) -> None:
+    # A CI runner cancelling a job sends SIGTERM to pytest alone: the ranks must go, and so must
+    # the session, instead of failing this test and starting the next one.
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="tiny", max_new_tokens=200)
+        def test_long(distperf):
+            distperf.run()
+
+        def test_after():
+            pass
+        """
+    )
+    marker = pytester.path / "ranks-running"
+    env = {**os.environ, "DISTPERF_MARKER_FILE": str(marker)}
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v"]
+    command += ["--distperf-devices=2", "--distperf-repeats=1000"]
+    process = subprocess.Popen(
+        command,
+        cwd=pytester.path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), process.communicate(timeout=30)[0].decode()
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=60)[0].decode()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 128 + signal.SIGTERM, output
+    assert "distperf: SIGTERM received while running" in output
+    assert "test_after" not in output
+    assert _wait_until_gone(tag) == []
+
+
 def test_inside_a_torchrun_job_uses_its_ranks_and_rank_0_writes(
     pytester: pytest.Pytester, tag: str
 ) -> None:

@@ -95,6 +95,17 @@ def test_unchanged_run_passes_and_improvement_warns_or_fails() -> None:
     assert baseline_check(_entry(), faster, strict, "k", []).status == FAIL
 
 
+def test_recorded_runs_set_the_throughput_level_not_the_latest_refresh_alone() -> None:
+    # The latest refresh met the host at a slow moment (70 against 100 in the runs before it).
+    slow_latest = replace(
+        _entry([v * 0.7 for v in BASE]), run_medians=(100.0, 101.0, 99.0, 100.5, 70.0)
+    )
+    check = baseline_check(slow_latest, BASE, SETTINGS, "k", [])
+    assert check.status == PASS and check.fields["baseline_tokens_per_sec"] == pytest.approx(100)
+    assert "the median of 5 recorded runs" in check.message
+    assert baseline_check(slow_latest, [v * 0.6 for v in BASE], SETTINGS, "k", []).status == FAIL
+
+
 RELATIVE = [0.300, 0.302, 0.298, 0.301, 0.299, 0.300, 0.303, 0.297, 0.300, 0.301]
 
 

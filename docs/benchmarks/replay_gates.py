@@ -66,6 +66,8 @@ def main(refreshes: int, paths: list[str]) -> None:
                     "tolerance", check.fields.get("relative_speed_tolerance")
                 )
                 figures = "" if change is None else f" {change:+6.1%} (tol {tolerance:.1%})"
+                if check.fields.get("baseline_verdict") == "machine slower":
+                    figures += " machine slower"
                 print(f"  {check.name} {check.status}{figures}", end="")
             print()
 
