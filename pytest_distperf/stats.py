@@ -61,12 +61,16 @@ def drift_sigmas(runs: int, alpha: float = 0.01) -> float:
     host changes speed 1 of 10 unchanged runs of five tests failed with three records. The
     factor is 8.0 from 3 runs, 4.1 from 5, 3.4 from 7, and TOLERANCE_SIGMAS from 10 on: the
     report's detectable drop says what the gate is worth until enough runs are recorded.
+
+    An approximation: the interval is for a mean and a standard deviation, while the level is
+    a median and, from MIN_RUNS_FOR_QUARTILES runs, the spread interquartile, which carries
+    fewer effective degrees of freedom; for 5-9 runs the factor is slightly too small.
     """
-    from scipy.stats import t  # lazy: keeps `import pytest_distperf...` cheap
+    from scipy.special import stdtrit  # lazy: keeps `import pytest_distperf...` cheap
 
     if runs < 2:
         raise ValueError(f"a spread needs at least 2 runs, got {runs}")
-    quantile = float(t.ppf(1.0 - alpha, runs - 1)) * math.sqrt(1.0 + 1.0 / runs)
+    quantile = float(stdtrit(runs - 1, 1.0 - alpha)) * math.sqrt(1.0 + 1.0 / runs)
     return max(TOLERANCE_SIGMAS, quantile)
 
 
@@ -304,8 +308,9 @@ def compare_to_recorded_runs(
     widely (robust CV 0.6-30% on a 2 x H200 VM) while the medians of 11 unchanged runs spread
     by 2.1-4.3% (CV; their tokens/sec by 12-21%). So from MIN_RUNS_FOR_DRIFT recorded runs on,
     their median is the baseline's level (the latest run's repeats, rescaled to it, keep their
-    shape for the significance test) and the default tolerance is max(floor, 3 x their
-    :func:`run_drift` times :func:`drift_sigmas`). With fewer runs this is :func:`compare`.
+    shape for the significance test) and the default tolerance is max(floor, their
+    :func:`run_drift` times :func:`drift_sigmas`); the repeats' own spread no longer enters, as
+    the runs' medians already carry it. With fewer runs this is :func:`compare`.
     """
     runs = _checked(run_medians, "run_medians") if run_medians else []
     if len(runs) < MIN_RUNS_FOR_DRIFT:

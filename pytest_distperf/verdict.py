@@ -16,6 +16,7 @@ from typing import Any
 from .baseline import BaselineEntry
 from .perfmodel import Prediction, failure_message, threshold
 from .stats import (
+    MIN_RUNS_FOR_DRIFT,
     Comparison,
     compare_memory,
     compare_to_recorded_runs,
@@ -142,27 +143,25 @@ def relative_speed_check(
     return Check(name, status, message, fields)
 
 
-# How much of the bare model's slowdown the host-speed loop must show before the machine is
-# taken to explain it. On a lent 2 x H200 VM the bare model's eager decode slowed 0.85x as much
-# as the loop when the vCPU changed speed (docs/benchmarks/h200-2026-11-30.md); half leaves room
-# for the loop's own jitter and for the share of a run that the device, not the host, bounds.
-HOST_SHARE = 0.5
-
-
 def machine_check(
     baseline: Check,
     relative: Check,
     entry: BaselineEntry | None,
     host_loop_samples: Sequence[float],
 ) -> Check:
-    """`baseline`, turned into a warning when the machine itself explains its regression.
+    """`baseline`, turned into a warning when the machine's own slowdown accounts for its
+    regression.
 
-    Three measurements beside each repeat tell a slower machine from slower code: the bare
-    model (no wrapper, no collectives) and the wrapped one slowed alike, so the speed relative
-    to the bare model moved less than the throughput's tolerance; and a fixed interpreter loop
-    (hostspeed.py), which runs no model code, slowed by at least HOST_SHARE of what the bare
-    model did. A model or strategy that got slower by itself does not slow that loop, so it
-    still fails; a slower machine is reported, with its figures, and not failed.
+    A fixed interpreter loop (hostspeed.py), which runs no model code, is timed beside each
+    repeat and recorded with the baseline. Its loss of speed is the most a slower host can take
+    off a run whose time is all host work (eager decoding on a GPU nearly is: its decode slowed
+    0.85x as much as the loop on a 2 x H200 VM). That much is taken out of the throughput
+    change; when what is left is within the tolerance, and the speed relative to the bare model
+    beside each repeat neither failed nor fell by more than that tolerance (the strategy kept
+    pace), the run warns "machine slower" with its figures instead of failing. Whatever the loop
+    does not account for still fails: code that got slower by itself does not slow that loop. A
+    run partly bound by the device is excused a little more than its host share warrants, the
+    price of not knowing that share.
     """
     change = baseline.fields.get("change")
     relative_change = relative.fields.get("relative_speed_change")
@@ -172,30 +171,35 @@ def machine_check(
         or relative_change is None
         or change is None
         or entry is None
-        or not entry.host_loop_run_medians
         or not host_loop_samples
+        # The loop's level must come from the runs the throughput's level comes from; a history
+        # recorded partly before the loop existed (or broken by a run without it) does not.
+        or len(entry.host_loop_run_medians) != len(entry.run_medians)
     ):
         return baseline
     tolerance = baseline.fields["tolerance"]
-    bare_change = (1 + change) / (1 + relative_change) - 1
-    host_then = statistics.median(entry.host_loop_run_medians)
+    levels = entry.host_loop_run_medians
+    # As compare_to_recorded_runs sets the throughput's level: the runs' median from
+    # MIN_RUNS_FOR_DRIFT on, the latest run before that.
+    host_then = statistics.median(levels) if len(levels) >= MIN_RUNS_FOR_DRIFT else levels[-1]
     host_now = statistics.median(host_loop_samples)
     host_change = host_then / host_now - 1  # of speed: negative when the loop took longer
-    fields = {"bare_change": bare_change, "host_change": host_change}
-    explained = (
-        relative_change >= -tolerance
-        and bare_change < 0
-        and host_change <= HOST_SHARE * bare_change
-    )
+    beyond_host = (1 + change) / (1 + host_change) - 1
+    fields = {
+        "bare_change": (1 + change) / (1 + relative_change) - 1,
+        "host_change": host_change,
+        "change_beyond_host": beyond_host,
+    }
+    explained = host_change < 0 and beyond_host >= -tolerance and relative_change >= -tolerance
     if not explained:
         return replace(baseline, fields={**baseline.fields, **fields})
     message = (
-        f"{baseline.message}; not failed: the machine itself ran slower. The bare model timed "
-        f"beside each repeat was {-bare_change:.1%} slower than its baseline, so the speed "
-        f"relative to it changed by only {relative_change:+.1%} (tolerance {tolerance:.1%}), and "
-        f"the host's own speed (a fixed interpreter loop, no model code) was {-host_change:.1%} "
-        f"slower: {host_now * 1e3:.3g} ms against {host_then * 1e3:.3g} ms when recorded. Code "
-        "that got slower by itself would not have slowed that loop."
+        f"{baseline.message}; not failed: the machine itself ran slower. The host's own speed (a "
+        f"fixed interpreter loop, no model code) was {-host_change:.1%} lower than when recorded "
+        f"({host_now * 1e3:.3g} ms against {host_then * 1e3:.3g} ms); with that taken out the "
+        f"change is {beyond_host:+.1%}, within the tolerance, and the speed relative to the bare "
+        f"model timed beside each repeat changed by {relative_change:+.1%}. Code that got slower "
+        "by itself would not have slowed that loop."
     )
     fields["baseline_verdict"] = "machine slower"
     return Check(baseline.name, WARN, message, {**baseline.fields, **fields})

@@ -313,9 +313,9 @@ def test_three_similar_records_do_not_fail_a_run_on_a_host_that_changed_speed() 
     # 2 x H200 VM, cpu-110m fsdp-noreshard: three records at 151, 137 and 137 tok/s, then an
     # unchanged run at 105 (docs/benchmarks/h200-2026-11-30.md). 3 x their spread was 17%.
     records, latest = [151.0, 137.0, 137.0], [137.0 * f for f in (0.98, 1.0, 1.01, 0.99, 1.02)]
-    unchanged = compare(latest, [105.0 * f for f in (0.98, 1.0, 1.01)], run_medians=records)
+    unchanged = compare_to_recorded_runs(latest, [105.0 * f for f in (0.98, 1.0, 1.01)], records)
     assert unchanged.verdict == "ok" and unchanged.tolerance > 0.3
-    assert compare(latest, [50.0, 51.0, 49.0], run_medians=records).verdict == "regression"
+    assert compare_to_recorded_runs(latest, [50.0, 51.0, 49.0], records).verdict == "regression"
 
 
 RATIOS = [0.30, 0.36, 0.25, 0.31, 0.29, 0.33, 0.27, 0.30, 0.34, 0.28]  # repeats spread widely

@@ -169,7 +169,8 @@ def test_a_slower_machine_warns_instead_of_failing() -> None:
     assert judged.fields["baseline_verdict"] == "machine slower"
     assert judged.fields["bare_change"] == pytest.approx(-0.3, abs=0.01)
     assert judged.fields["host_change"] == pytest.approx(0.013 / 0.022 - 1)
-    for text in ("change -30.0%", "the machine itself ran slower", "30.0% slower", "22 ms"):
+    assert judged.fields["change_beyond_host"] == pytest.approx(0.7 / (0.013 / 0.022) - 1, 0.02)
+    for text in ("change -30.0%", "the machine itself ran slower", "40.9% lower", "22 ms"):
         assert text in judged.message, text
 
 
@@ -180,6 +181,14 @@ def test_a_slower_model_on_a_steady_host_still_fails() -> None:
     assert judged.status == FAIL
     assert judged.fields["bare_change"] == pytest.approx(-0.3, abs=0.01)
     assert judged.fields["host_change"] == pytest.approx(0.013 / 0.0132 - 1)
+
+
+def test_a_slightly_slower_host_does_not_hide_a_larger_regression() -> None:
+    # The loop 10% slower takes at most 10% off: a 30% drop leaves ~22%, beyond the tolerance.
+    throughput, _, judged = _judged(0.3, RELATIVE, host_now_s=0.013 / 0.9)
+    assert judged.status == FAIL
+    assert judged.fields["change_beyond_host"] == pytest.approx(0.7 / 0.9 - 1, abs=0.01)
+    assert judged.fields["change_beyond_host"] < -throughput.fields["tolerance"]
 
 
 def test_a_slower_strategy_on_a_slower_host_still_fails() -> None:
@@ -196,6 +205,20 @@ def test_a_drop_the_bare_model_does_not_explain_still_fails() -> None:
     entry = replace(_relative_entry(), host_loop_run_medians=(0.013,))
     judged = machine_check(throughput, noisy, entry, [0.03])
     assert throughput.fields["tolerance"] < 0.15 and judged.status == FAIL
+
+
+def test_the_loop_level_comes_from_the_runs_the_throughput_level_comes_from() -> None:
+    entry = replace(_relative_entry(), host_loop_run_medians=(0.013,))
+    throughput = baseline_check(entry, [v * 0.7 for v in BASE], SETTINGS, "k", [])
+    relative = relative_speed_check(entry, RELATIVE, SETTINGS)
+    # Ten throughput runs but one loop run (a baseline recorded before the loop existed): the
+    # levels would not match, so nothing is excused.
+    longer = replace(entry, run_medians=(100.0,) * 10)
+    assert machine_check(throughput, relative, longer, [0.03]) == throughput
+    # From three runs on both levels are medians: a slow latest record does not set the loop's.
+    three = replace(entry, run_medians=(100.0,) * 3, host_loop_run_medians=(0.013, 0.013, 0.03))
+    judged = machine_check(throughput, relative, three, [0.03])
+    assert judged.fields["host_change"] == pytest.approx(0.013 / 0.03 - 1)
 
 
 def test_without_the_host_loop_a_regression_stays_a_failure() -> None:
