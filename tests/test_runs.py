@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -173,68 +174,24 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
     assert _wait_until_gone(tag) == []
 
 
-def test_ctrl_c_leaves_no_process_behind(pytester: pytest.Pytester, tag: str) -> None:
-    pytester.makepyfile(
-        """
-        import pytest
+LONG_TEST = """
+import pytest
 
-        @pytest.mark.distperf(model="tiny", max_new_tokens=200)
-        def test_long(distperf):
-            distperf.run()
-        """
-    )
-    marker = pytester.path / "ranks-running"
-    env = {**os.environ, "DISTPERF_MARKER_FILE": str(marker)}
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "--distperf-devices=2",
-        "--distperf-repeats=1000",
-    ]
-    # A session of its own, so the SIGINT reaches pytest and its ranks as a terminal's Ctrl-C
-    # reaches the foreground process group, and nothing else.
-    process = subprocess.Popen(
-        command,
-        cwd=pytester.path,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert marker.exists(), process.communicate(timeout=30)[0].decode()
-        assert len(_processes_tagged(tag)) >= 3  # pytest and two ranks
-        os.killpg(process.pid, signal.SIGINT)
-        output = process.communicate(timeout=60)[0].decode()
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == pytest.ExitCode.INTERRUPTED, output
-    assert "KeyboardInterrupt" in output
-    assert _wait_until_gone(tag) == []
+@pytest.mark.distperf(model="tiny", max_new_tokens=200)
+def test_long(distperf):
+    distperf.run()
+
+def test_after():
+    pass
+"""
 
 
-def test_sigterm_stops_the_session_not_just_the_test(pytester: pytest.Pytester, tag: str) -> None:
-    # A CI runner cancelling a job sends SIGTERM to pytest alone: the ranks must go, and so must
-    # the session, instead of failing this test and starting the next one.
-    pytester.makepyfile(
-        """
-        import pytest
-
-        @pytest.mark.distperf(model="tiny", max_new_tokens=200)
-        def test_long(distperf):
-            distperf.run()
-
-        def test_after():
-            pass
-        """
-    )
+def _interrupted_session(
+    pytester: pytest.Pytester, interrupt: Callable[[subprocess.Popen[bytes]], None]
+) -> tuple[int, str]:
+    """Run LONG_TEST's session in a process group of its own, call `interrupt` on it once its
+    ranks run, and return its exit status and output."""
+    pytester.makepyfile(LONG_TEST)
     marker = pytester.path / "ranks-running"
     env = {**os.environ, "DISTPERF_MARKER_FILE": str(marker)}
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v"]
@@ -252,12 +209,32 @@ def test_sigterm_stops_the_session_not_just_the_test(pytester: pytest.Pytester, 
         while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         assert marker.exists(), process.communicate(timeout=30)[0].decode()
-        process.send_signal(signal.SIGTERM)
+        interrupt(process)
         output = process.communicate(timeout=60)[0].decode()
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 128 + signal.SIGTERM, output
+    return process.returncode, output
+
+
+def test_ctrl_c_leaves_no_process_behind(pytester: pytest.Pytester, tag: str) -> None:
+    def ctrl_c(process: subprocess.Popen[bytes]) -> None:
+        assert len(_processes_tagged(tag)) >= 3  # pytest and two ranks
+        # To the whole group, as a terminal's Ctrl-C reaches the foreground process group.
+        os.killpg(process.pid, signal.SIGINT)
+
+    returncode, output = _interrupted_session(pytester, ctrl_c)
+    assert returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "KeyboardInterrupt" in output
+    assert "test_after PASSED" not in output
+    assert _wait_until_gone(tag) == []
+
+
+def test_sigterm_stops_the_session_not_just_the_test(pytester: pytest.Pytester, tag: str) -> None:
+    # A CI runner cancelling a job sends SIGTERM to pytest alone: the ranks must go, and so must
+    # the session, instead of failing this test and starting the next one.
+    returncode, output = _interrupted_session(pytester, lambda p: p.send_signal(signal.SIGTERM))
+    assert returncode == 128 + signal.SIGTERM, output
     assert "distperf: SIGTERM received while running" in output
     assert "test_after" not in output
     assert _wait_until_gone(tag) == []
