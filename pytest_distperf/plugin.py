@@ -440,6 +440,7 @@ REPORTED_FIELDS = (
     "relative_speed_detectable_drop",
     "bare_change",
     "host_change",
+    "change_beyond_host",
     "verdict",
     "peak_memory_bytes",
 )

@@ -125,11 +125,12 @@ def _run(spec: RunSpec) -> RankResult:
 
     def beside() -> tuple[Sample | None, float]:
         # Runs right after each wrapped generation: the bare model's generation, then the host's
-        # own speed (hostspeed.py). With a copy on CUDA, the allocator peak is read before and
-        # reset after the bare run: the peak reported is the wrapped run's own.
+        # own speed (hostspeed.py).
         return bare_generation(), interpreter_loop_seconds()
 
     def bare_generation() -> Sample | None:
+        # With a copy on CUDA, the allocator peak is read before and reset after the bare run:
+        # the peak reported is the wrapped run's own.
         nonlocal bare, bare_bytes
         if bare is None:
             return None

@@ -230,6 +230,14 @@ def test_schema_3_files_are_read_without_host_loop(tmp_path: Path) -> None:
 def test_bad_host_loop_samples_are_refused() -> None:
     with pytest.raises(ValueError, match="host_loop_samples must be positive numbers, got -1"):
         _with_relative("t", [0.5], host=(0.01, -1))
+    # The same history edited by hand in a baseline file.
+    data = _with_relative("t", [0.5], host=(0.01,)).to_dict()
+    data["host_loop_run_medians"] = "0.01"
+    with pytest.raises(ValueError, match="host_loop_run_medians must be a list"):
+        BaselineEntry.from_dict(data)
+    data["host_loop_run_medians"] = [0.01, 0]
+    with pytest.raises(ValueError, match="host_loop_run_medians must be positive numbers, got 0"):
+        BaselineEntry.from_dict(data)
 
 
 def test_schema_2_files_are_read_without_relative_speed(tmp_path: Path) -> None:
