@@ -118,7 +118,7 @@ pytest_cmd=(
 if [[ -n "$baseline_dir" ]]; then pytest_cmd+=(--distperf-baseline-dir "$baseline_dir"); fi
 if [[ "$mode" == update ]]; then pytest_cmd+=(--distperf-update-baselines); fi
 pytest_cmd+=(${extra[@]+"${extra[@]}"})
-render_cmd=("$python" -m pytest_distperf.markdown "$report" --title "$title")
+render_cmd=("$python" -m pytest_distperf.output.markdown "$report" --title "$title")
 
 status=0
 show "${pytest_cmd[@]}"

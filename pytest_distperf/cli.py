@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import perfmodel, topology
-from .perfmodel import GB, MB, Calibration, Links, Prediction
-from .settings import PRECISION_BYTES
-from .topology import Topology, TopologyError
+from pytest_distperf import perfmodel, topology
+from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
+from pytest_distperf.spec import PRECISION_BYTES
+from pytest_distperf.topology import Topology, TopologyError
 
 USAGE_ERROR = 2
 

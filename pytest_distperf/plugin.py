@@ -16,18 +16,17 @@ from typing import Any
 
 import pytest
 
-from .results import RunResult, RunSpec
-from .settings import (
+from pytest_distperf.options import (
     OPTIONS,
     SettingError,
     Settings,
-    Workload,
     env_slowdown,
     gate_from_marker,
     resolve_settings,
     workload_from_marker,
 )
-from .strategies import strategy_names
+from pytest_distperf.spec import RunResult, RunSpec, Workload
+from pytest_distperf.strategies import strategy_names
 
 STRATEGY_MARKER = "strategy"
 WORKLOAD_MARKER = "distperf"
@@ -74,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 raise pytest.UsageError(
                     f"pytest-distperf: {flag} {path}: cannot create its directory: {error}"
                 ) from None
-    from .launcher import launched_job
+    from pytest_distperf.launch.elastic import launched_job
 
     try:
         job = launched_job()
@@ -134,9 +133,9 @@ class DistperfPlugin:
     def gate(self) -> Any:
         """The session's judge (topology probed or loaded once, baseline store), on first use."""
         if self._gate is None:
-            from .baseline import BaselineStore
-            from .gate import Gate, current_commit, default_baseline_dir
-            from .topology import TopologyError, load_topology, probe
+            from pytest_distperf.judge.gate import Gate, current_commit, default_baseline_dir
+            from pytest_distperf.store.baseline import BaselineStore
+            from pytest_distperf.topology import TopologyError, load_topology, probe
 
             resolved = self.resolve()
             if self.settings.topology:
@@ -185,7 +184,7 @@ class DistperfPlugin:
             if strategy is not None:
                 workloads.append((strategy, _workload_of(item)))
         if workloads:
-            from .gate import session_message_sizes
+            from pytest_distperf.judge.gate import session_message_sizes
 
             self.calibration_sizes = session_message_sizes(workloads, self.resolve().devices)
             self.gate()  # a bad --distperf-topology is a usage error before any rank starts
@@ -195,11 +194,14 @@ class DistperfPlugin:
         if not self.writes_files:
             return
         if self.settings.json:
-            from .report import write_json_report
+            from pytest_distperf.output.report import write_json_report
 
             write_json_report(self.settings.json, self.rows)
         if self.settings.benchmark_json:
-            from .benchmark_json import default_commit_info, write_benchmark_json
+            from pytest_distperf.output.benchmark_json import (
+                default_commit_info,
+                write_benchmark_json,
+            )
 
             write_benchmark_json(
                 self.settings.benchmark_json,
@@ -226,7 +228,7 @@ class DistperfPlugin:
             terminalreporter.write_line(
                 f"topology {topology.key()} (from {topology.source}){notes}"
             )
-        from .report import RESULT_HEADER, format_result_line
+        from pytest_distperf.output.report import RESULT_HEADER, format_result_line
 
         terminalreporter.write_line(RESULT_HEADER)
         for nodeid, outcome, props in rows:
@@ -265,7 +267,7 @@ def _visible_gpus() -> int:
 
 
 def _cpu_count() -> int:
-    from .launcher import available_cpus
+    from pytest_distperf.launch.elastic import available_cpus
 
     return available_cpus()
 
@@ -300,7 +302,7 @@ def _check_fits(workload: Workload, where: str) -> None:
         return
     from distperf_model.config import Config
 
-    from .results import RunSpec
+    from pytest_distperf.spec import RunSpec
 
     steps = max(workload.max_new_tokens, RunSpec.reference_steps)
     block_size = Config.from_name(workload.model).block_size
@@ -352,7 +354,7 @@ class DistperfRun:
 
     def run(self) -> RunResult:
         """Launch the ranks, then judge the result; a failed gate fails the test here."""
-        from .launcher import RunFailed, SessionStopped, launch, run_in_job
+        from pytest_distperf.launch.elastic import RunFailed, SessionStopped, launch, run_in_job
 
         plugin = self._plugin
         spec = self.spec()
@@ -380,8 +382,8 @@ class DistperfRun:
 
     def _judge(self, result: RunResult) -> str:
         """Record the result and apply the gates; the failure text, or "" when all passed."""
-        from .baseline import BaselineFileError
-        from .verdict import GateSettings
+        from pytest_distperf.judge.checks import GateSettings
+        from pytest_distperf.store.baseline import BaselineFileError
 
         plugin = self._plugin
         if result.calibration is not None:

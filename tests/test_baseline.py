@@ -12,7 +12,7 @@ from pathlib import Path
 import filelock
 import pytest
 
-from pytest_distperf.baseline import (
+from pytest_distperf.store.baseline import (
     RUN_HISTORY,
     SCHEMA,
     BaselineEntry,

@@ -19,15 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distperf import benchmark_json
-from pytest_distperf.benchmark_json import (
+from pytest_distperf.output import benchmark_json
+from pytest_distperf.output.benchmark_json import (
     compute_stats,
     default_commit_info,
     to_benchmark_json,
     write_benchmark_json,
 )
-from pytest_distperf.results import Implementation, RankResult, RunResult, RunSpec, Sample
-from pytest_distperf.settings import Workload
+from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 
 MACHINE = {"node": "runner-1", "machine": "x86_64", "cpu": {"count": 2}}
 COMMIT = {"id": "0" * 40, "time": None, "author_time": None, "dirty": False, "project": "p"}

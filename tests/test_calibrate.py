@@ -14,8 +14,8 @@ import pytest
 import torch
 from distperf_model.config import PRESETS
 
-from pytest_distperf.calibrate import calibrate, message_sizes, overlap_fraction
 from pytest_distperf.perfmodel import Calibration, bus_factor
+from pytest_distperf.ranks.calibrate import calibrate, message_sizes, overlap_fraction
 
 WORLD = 2
 ODD_SIZE = 1001  # not a whole number of fp32 elements per rank: rounded up to 1008 bytes

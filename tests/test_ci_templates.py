@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distperf.markdown import main as markdown_main
-from pytest_distperf.markdown import render_markdown
+from pytest_distperf.output.markdown import main as markdown_main
+from pytest_distperf.output.markdown import render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci" / "distperf-ci.sh"
@@ -258,7 +258,7 @@ def test_dry_run_compare(tmp_path: Path, report: Path) -> None:
         "--junitxml", "distperf-report/junit.xml",
     ]  # fmt: skip
     assert render_cmd == [
-        sys.executable, "-m", "pytest_distperf.markdown", str(report),
+        sys.executable, "-m", "pytest_distperf.output.markdown", str(report),
         "--title", "distperf: compared with baselines",
     ]  # fmt: skip
     assert "## distperf: compared with baselines" in done.stdout

@@ -10,9 +10,8 @@ from distperf_model.config import Config
 from distperf_model.generate import generate, make_prompt
 from distperf_model.model import build_model
 
-from pytest_distperf.launcher import launch
-from pytest_distperf.results import RunSpec
-from pytest_distperf.settings import Workload
+from pytest_distperf.launch.elastic import launch
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import strategy_names
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import os
 import signal
 from types import FrameType
 
-from pytest_distperf.launcher import _own_signals
+from pytest_distperf.launch.elastic import _own_signals
 
 
 def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None:
@@ -43,9 +43,8 @@ def test_numa_binding_is_torchs_own() -> None:
     import pytest
     from torch.numa.binding import AffinityMode
 
-    from pytest_distperf.launcher import RunFailed, numa_options
-    from pytest_distperf.results import RunSpec
-    from pytest_distperf.settings import Workload
+    from pytest_distperf.launch.elastic import RunFailed, numa_options
+    from pytest_distperf.spec import RunSpec, Workload
 
     spec = RunSpec("t.py::test", "fsdp", 2, "cuda", Workload(), 5, 1, 60.0)
     assert numa_options(spec) is None
@@ -63,9 +62,8 @@ def test_numa_binding_without_torch_support_is_named(monkeypatch) -> None:
 
     import pytest
 
-    from pytest_distperf.launcher import RunFailed, numa_options
-    from pytest_distperf.results import RunSpec
-    from pytest_distperf.settings import Workload
+    from pytest_distperf.launch.elastic import RunFailed, numa_options
+    from pytest_distperf.spec import RunSpec, Workload
 
     monkeypatch.setitem(sys.modules, "torch.numa.binding", None)  # as on a torch without it
     spec = RunSpec("t.py::test", "fsdp", 2, "cuda", Workload(), 5, 1, 60.0, numa_binding="node")

@@ -549,7 +549,7 @@ def test_fsdp_rows_of_the_recorded_h200_runs(report: str) -> None:
     # models and both paths once the transfer hides behind the host work.
     from distperf_model.config import Config
 
-    from pytest_distperf.settings import PRECISION_BYTES
+    from pytest_distperf.spec import PRECISION_BYTES
 
     results = json.loads((RECORDED / report).read_text())["results"]
     calibration = Calibration.from_dict(next(r["calibration"] for r in results if r["calibration"]))

@@ -23,7 +23,7 @@ def test_importing_the_plugin_does_not_import_torch() -> None:
 
 
 def test_help_lists_every_option_with_ini_twin(pytester: pytest.Pytester) -> None:
-    from pytest_distperf.settings import OPTIONS
+    from pytest_distperf.options import OPTIONS
 
     result = pytester.runpytest("--help")
     for spec in OPTIONS:

@@ -2,8 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_distperf.results import Implementation, RankResult, RunResult, RunSpec, Sample
-from pytest_distperf.settings import Workload
+from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 
 
 def _rank(
@@ -60,7 +59,7 @@ def test_host_loop_per_repeat_is_the_slowest_ranks() -> None:
 
 
 def test_result_line_shows_the_relative_speed_change_and_what_it_can_detect() -> None:
-    from pytest_distperf.report import RESULT_HEADER, format_result_line
+    from pytest_distperf.output.report import RESULT_HEADER, format_result_line
 
     props = {
         "distperf_tokens_per_sec": 16.99,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_distperf.settings import (
+from pytest_distperf.options import (
     SettingError,
     Workload,
     env_slowdown,
@@ -113,7 +113,7 @@ def test_command_line_beats_ini_beats_marker() -> None:
 
 
 def test_launched_job_from_torchrun_variables() -> None:
-    from pytest_distperf.launcher import launched_job
+    from pytest_distperf.launch.elastic import launched_job
 
     assert launched_job({}) is None
     job = launched_job({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})

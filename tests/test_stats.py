@@ -8,7 +8,7 @@ from statistics import NormalDist
 import pytest
 from scipy.stats import mannwhitneyu
 
-from pytest_distperf.stats import (
+from pytest_distperf.judge.stats import (
     Comparison,
     compare,
     compare_memory,

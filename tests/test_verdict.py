@@ -4,9 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_distperf.baseline import BaselineEntry
-from pytest_distperf.perfmodel import Prediction
-from pytest_distperf.verdict import (
+from pytest_distperf.judge.checks import (
     FAIL,
     NOTE,
     PASS,
@@ -20,6 +18,8 @@ from pytest_distperf.verdict import (
     relative_speed_check,
     threshold_check,
 )
+from pytest_distperf.perfmodel import Prediction
+from pytest_distperf.store.baseline import BaselineEntry
 
 SETTINGS = GateSettings(efficiency=0.6, tolerance=None)
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
@@ -251,7 +251,7 @@ def test_cpu_rss_growth_only_warns() -> None:
 
 
 def test_nccl_transport_settings_change_the_key() -> None:
-    from pytest_distperf.gate import transport_suffix
+    from pytest_distperf.judge.gate import transport_suffix
 
     assert transport_suffix("cuda", {}) == ""
     assert transport_suffix("cuda", {"NCCL_P2P_DISABLE": "1"}) == "_nccl-p2p-disable-1"
@@ -271,7 +271,7 @@ def test_fsdp1_wraps_the_built_models_block_class() -> None:
 
 
 def test_reports_are_world_readable(tmp_path) -> None:
-    from pytest_distperf.report import write_json_report
+    from pytest_distperf.output.report import write_json_report
 
     path = write_json_report(tmp_path / "r.json", [])
     assert path.stat().st_mode & 0o777 == 0o644

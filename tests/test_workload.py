@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pytest_distperf.workload import steady_median
+from pytest_distperf.ranks.timing import steady_median
 
 
 def _sequence(values: list[float]) -> tuple[Callable[[], float], Iterator[float]]:

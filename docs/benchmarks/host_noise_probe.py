@@ -22,7 +22,7 @@ import torch
 from distperf_model import Config, build_model
 from distperf_model.generate import decode_one_token, make_prompt, prefill
 
-from pytest_distperf.hostspeed import interpreter_loop_seconds as python_work
+from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds as python_work
 
 
 def current_cpu() -> int:

@@ -14,7 +14,7 @@ import argparse
 import json
 import time
 
-from pytest_distperf.hostspeed import interpreter_loop_seconds
+from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
 
 
 def main() -> None:

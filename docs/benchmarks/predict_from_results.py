@@ -15,7 +15,7 @@ import sys
 from distperf_model.config import Config
 
 from pytest_distperf.perfmodel import Calibration, links_from_calibration, predict
-from pytest_distperf.settings import PRECISION_BYTES
+from pytest_distperf.spec import PRECISION_BYTES
 
 
 def rows(link_class: str, paths: list[str]) -> list[str]:

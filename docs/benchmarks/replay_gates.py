@@ -16,13 +16,13 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_distperf.baseline import BaselineEntry
-from pytest_distperf.verdict import (
+from pytest_distperf.judge.checks import (
     GateSettings,
     baseline_check,
     machine_check,
     relative_speed_check,
 )
+from pytest_distperf.store.baseline import BaselineEntry
 
 
 def _rows(path: str) -> dict[str, dict]:

@@ -22,17 +22,16 @@ from distperf_model.config import Config
 from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
 
-from .hostspeed import interpreter_loop_seconds
-from .results import Implementation, RankResult, RunSpec, Sample
-from .settings import Workload
-from .strategies import describe_implementation, get_strategy, set_wrap_unit
-from .workload import (
+from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
+from pytest_distperf.ranks.timing import (
     Fences,
     device_sync,
     reference_token_time,
     run_workload,
     timed_generation,
 )
+from pytest_distperf.spec import Implementation, RankResult, RunSpec, Sample, Workload
+from pytest_distperf.strategies import describe_implementation, get_strategy, set_wrap_unit
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
@@ -72,7 +71,7 @@ def _run(spec: RunSpec) -> RankResult:
     device, dtype = fabric.device, DTYPES[workload.precision]
     calibration = None
     if spec.calibration_sizes is not None:
-        from .calibrate import calibrate
+        from pytest_distperf.ranks.calibrate import calibrate
 
         sizes = spec.calibration_sizes
         calibration = calibrate(sizes.all_gather, sizes.all_reduce, device, dtype)

@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_write_text
+from pytest_distperf.store.files import atomic_write_text
 
 # The saved-JSON layout has been stable since pytest-benchmark 3.1 (which added "ops"); this is
 # written as "version" when pytest-benchmark itself is not installed.

@@ -106,7 +106,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from distperf_model.config import Config
 
-    from .topology import Topology
+    from pytest_distperf.topology import Topology
 
 __all__ = [
     "DEFAULT_EFFICIENCY",

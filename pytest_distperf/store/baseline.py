@@ -34,8 +34,8 @@ from typing import Any
 
 import filelock
 
-from .files import atomic_write_text
-from .stats import relative_spread
+from pytest_distperf.judge.stats import relative_spread
+from pytest_distperf.store.files import atomic_write_text
 
 # 2 added run_medians, 3 the relative speed, 4 the host's own speed; older files are read
 # (without them), written as 4

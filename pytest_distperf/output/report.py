@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import atomic_write_text
+from pytest_distperf.store.files import atomic_write_text
 
 REPORT_SCHEMA = 1
 

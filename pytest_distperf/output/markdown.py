@@ -1,6 +1,6 @@
 """A Markdown summary of a distperf JSON report, for CI job summaries and merge-request notes.
 
-    python -m pytest_distperf.markdown distperf.json [--title TITLE]
+    python -m pytest_distperf.output.markdown distperf.json [--title TITLE]
 
 prints one table row per result: test, strategy, devices, tok/s, and, when the rows carry them,
 the baseline (``baseline_tokens_per_sec``), the change (``change``: current / baseline - 1), the
@@ -87,7 +87,7 @@ def render_markdown(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pytest_distperf.markdown",
+        prog="python -m pytest_distperf.output.markdown",
         description="Print a Markdown summary of a distperf JSON report (--distperf-json).",
     )
     parser.add_argument("report", type=Path, help="the JSON report written by --distperf-json")

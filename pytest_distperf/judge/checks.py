@@ -13,15 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .baseline import BaselineEntry
-from .perfmodel import Prediction, failure_message, threshold
-from .stats import (
+from pytest_distperf.judge.stats import (
     MIN_RUNS_FOR_DRIFT,
     Comparison,
     compare_memory,
     compare_to_recorded_runs,
     detectable_drop,
 )
+from pytest_distperf.perfmodel import Prediction, failure_message, threshold
+from pytest_distperf.store.baseline import BaselineEntry
 
 PASS, FAIL, WARN, NOTE = "pass", "fail", "warn", "note"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .results import RankResult, RunResult, RunSpec
+from pytest_distperf.spec import RankResult, RunResult, RunSpec
 
 STDERR_TAIL_LINES = 60
 
@@ -103,7 +103,7 @@ def run_in_job(spec: RunSpec) -> RunResult:
     rank's result. A failing or hung rank stops the whole job (the job launcher's business)."""
     import torch.distributed as dist
 
-    from .worker import run_rank
+    from pytest_distperf.ranks.worker import run_rank
 
     launched_at, start = time.time(), time.perf_counter()
     mine = run_rank(spec)
@@ -119,7 +119,7 @@ def launch(spec: RunSpec) -> RunResult:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from .worker import run_rank
+    from pytest_distperf.ranks.worker import run_rank
 
     if spec.accelerator == "cpu":
         spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))

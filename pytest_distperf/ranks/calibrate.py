@@ -27,8 +27,8 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from .perfmodel import Calibration, CollectiveFigure, MessageSizes, message_sizes
-from .workload import device_sync
+from pytest_distperf.perfmodel import Calibration, CollectiveFigure, MessageSizes, message_sizes
+from pytest_distperf.ranks.timing import device_sync
 
 __all__ = ["Calibration", "CollectiveFigure", "MessageSizes", "calibrate", "message_sizes"]
 

@@ -11,19 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .baseline import BaselineEntry, BaselineStore
-from .perfmodel import (
-    MessageSizes,
-    Prediction,
-    links_from_calibration,
-    message_sizes,
-    nominal_links,
-    predict,
-)
-from .results import RunResult
-from .settings import PRECISION_BYTES, Workload
-from .topology import Topology
-from .verdict import (
+from pytest_distperf.judge.checks import (
     FAIL,
     Decision,
     GateSettings,
@@ -34,6 +22,17 @@ from .verdict import (
     relative_speed_check,
     threshold_check,
 )
+from pytest_distperf.perfmodel import (
+    MessageSizes,
+    Prediction,
+    links_from_calibration,
+    message_sizes,
+    nominal_links,
+    predict,
+)
+from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
+from pytest_distperf.store.baseline import BaselineEntry, BaselineStore
+from pytest_distperf.topology import Topology
 
 BASELINE_DIR_NAME = "distperf-baselines"
 

@@ -13,13 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .perfmodel import DEFAULT_EFFICIENCY
+from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
+from pytest_distperf.spec import PRECISIONS, Workload
 
 ACCELERATORS = ("auto", "cpu", "cuda")
 # torch.numa.binding.AffinityMode values (torch's own NUMA binding, as `torchrun --numa-binding`)
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-PRECISIONS = tuple(PRECISION_BYTES)
 
 
 class SettingError(ValueError):
@@ -220,30 +219,6 @@ def resolve_settings(
             explicit.add(spec.name)
         values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
     return Settings(**values, explicit=frozenset(explicit))
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What one test generates; set by the `distperf` marker.
-
-    `model` is a preset name of `distperf_model` or "package.module:function", a builder called
-    in every rank as `function(seed=..., device=..., dtype=...)` that returns a module with the
-    reference model's interface (`config`, `block_class`, `setup_caches`,
-    `forward(idx, input_pos)`).
-    """
-
-    model: str = "tiny"
-    max_new_tokens: int = 32
-    prompt_length: int = 8
-    batch_size: int = 1
-    precision: str = "fp32"
-    seed: int = 1234
-    # Fraction by which to slow every timed generation, for proving that verdicts can fail.
-    # 0 unless asked for; see README "Proving a gate can fail".
-    slowdown: float = 0.0
-
-    def params(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def workload_from_marker(

@@ -18,12 +18,39 @@ How tokens/sec is counted
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .settings import Workload
+# Bytes per parameter or activation element of each precision a workload may ask for.
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+PRECISIONS = tuple(PRECISION_BYTES)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one test generates; set by the `distperf` marker.
+
+    `model` is a preset name of `distperf_model` or "package.module:function", a builder called
+    in every rank as `function(seed=..., device=..., dtype=...)` that returns a module with the
+    reference model's interface (`config`, `block_class`, `setup_caches`,
+    `forward(idx, input_pos)`).
+    """
+
+    model: str = "tiny"
+    max_new_tokens: int = 32
+    prompt_length: int = 8
+    batch_size: int = 1
+    precision: str = "fp32"
+    seed: int = 1234
+    # Fraction by which to slow every timed generation, for proving that verdicts can fail.
+    # 0 unless asked for; see README "Proving a gate can fail".
+    slowdown: float = 0.0
+
+    def params(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import TypeVar
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
-from .results import Sample
+from pytest_distperf.spec import Sample
 
 T = TypeVar("T")
 
