@@ -27,6 +27,7 @@ from typing import Any
 from pytest_distperf import perfmodel, topology
 from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
 from pytest_distperf.spec import PRECISION_BYTES
+from pytest_distperf.strategies import strategy_names
 from pytest_distperf.topology import Topology, TopologyError
 
 USAGE_ERROR = 2
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument(
         "--strategy",
         action="append",
-        choices=tuple(perfmodel.STRATEGY_MODELS),
+        choices=strategy_names(),
         help="a strategy to predict (repeatable; default: all)",
     )
     pred.add_argument("--precision", choices=tuple(PRECISION_BYTES), default="bf16")
@@ -342,13 +343,11 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 
 def _links(args: argparse.Namespace, topo: Topology, calibration: Calibration | None) -> Links:
-    link_class = topo.slowest_link().link_class if topo.links else "none"
-    if calibration is not None:
-        return perfmodel.links_from_calibration(calibration, link_class)
     try:
-        return perfmodel.nominal_links(
+        return perfmodel.run_links(
             topo,
             args.devices,
+            calibration,
             memory_bandwidth=args.memory_bandwidth_gbps * GB
             if args.memory_bandwidth_gbps
             else None,

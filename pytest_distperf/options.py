@@ -1,7 +1,8 @@
 """Session settings and per-test workloads, validated, with errors that name their source.
 
-Precedence is CLI > ini > default for session settings; a test's `distperf` marker sets its
-workload. Nothing here imports torch, so `pytest --help` stays fast.
+Precedence: the most specific setting wins, as in pytest-timeout: a test's `distperf` marker
+over the command line over the ini file over the default. Nothing here imports torch, so
+`pytest --help` stays fast.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("update_baselines", "", "record or refresh the baselines of the tests run", True),
     OptionSpec("strict", "", "a test without a baseline for this machine fails", True),
     OptionSpec("fail_on_improvement", "", "a run far faster than its baseline (stale) fails", True),
+    OptionSpec(
+        "fresh_ranks",
+        "",
+        "start new ranks for every test instead of keeping a pool for the session (debugging)",
+        True,
+    ),
     OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
     OptionSpec(
         "numa_binding",
@@ -104,13 +111,11 @@ class Settings:
     fail_on_improvement: bool = False
     topology: str | None = None
     numa_binding: str | None = None
-    explicit: frozenset[str] = frozenset()  # names set on the command line or in the ini file
+    fresh_ranks: bool = False
 
     def gate_value(self, name: str, marker: Mapping[str, float]) -> Any:
-        """CLI > ini > marker > default (DESIGN.md), for settings a marker may also set."""
-        if name in marker and name not in self.explicit:
-            return marker[name]
-        return getattr(self, name)
+        """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
+        return marker.get(name, getattr(self, name))
 
 
 def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
@@ -197,6 +202,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "strict": lambda raw, source: _parse_flag(raw, source),
     "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
     "topology": lambda raw, source: raw or None,
+    "fresh_ranks": lambda raw, source: _parse_flag(raw, source),
     "numa_binding": lambda raw, source: _parse_numa_binding(raw, source),
 }
 
@@ -206,19 +212,16 @@ def resolve_settings(
 ) -> Settings:
     """Build Settings from CLI values (None when absent) and ini values (None or '' when absent)."""
     values: dict[str, Any] = {}
-    explicit: set[str] = set()
     for spec in OPTIONS:
         raw, source = spec.default, "default"
         ini_value = ini.get(spec.name)
         if ini_value not in (None, ""):
             raw, source = str(ini_value), f"ini option {spec.ini} in {ini_file or 'the ini file'}"
-            explicit.add(spec.name)
         cli_value = cli.get(spec.name)
         if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
-            explicit.add(spec.name)
         values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
-    return Settings(**values, explicit=frozenset(explicit))
+    return Settings(**values)
 
 
 def workload_from_marker(

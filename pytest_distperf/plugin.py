@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pytest_distperf import markers
 from pytest_distperf.options import (
     OPTIONS,
     SettingError,
@@ -23,13 +24,8 @@ from pytest_distperf.options import (
     env_slowdown,
     gate_from_marker,
     resolve_settings,
-    workload_from_marker,
 )
 from pytest_distperf.spec import RunResult, RunSpec, Workload
-from pytest_distperf.strategies import strategy_names
-
-STRATEGY_MARKER = "strategy"
-WORKLOAD_MARKER = "distperf"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -46,16 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{STRATEGY_MARKER}(*names): run this distperf test once per parallel strategy; "
-        f"names: {', '.join(strategy_names())}",
-    )
-    config.addinivalue_line(
-        "markers",
-        f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
-        "precision='fp32', seed=1234, slowdown=0.0): the workload a distperf test generates",
-    )
+    markers.register(config)
     cli = {spec.name: config.getoption(f"distperf_{spec.name}") for spec in OPTIONS}
     ini = {spec.name: config.getini(spec.ini) or None for spec in OPTIONS}
     try:
@@ -73,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 raise pytest.UsageError(
                     f"pytest-distperf: {flag} {path}: cannot create its directory: {error}"
                 ) from None
-    from pytest_distperf.launch.elastic import launched_job
+    from pytest_distperf.launch.job import launched_job
 
     try:
         job = launched_job()
@@ -97,14 +84,15 @@ class DistperfPlugin:
     settings: Settings
     slowdown: float | None
     rootpath: Path = field(default_factory=Path.cwd)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Any] = field(default_factory=list)  # judge.record.JudgedRun, one per run
     started_at: float = field(default_factory=time.time)  # pytest start, near enough
-    # Calibrated once per session (accelerator and device count are fixed for a session) by
-    # the first distperf run, at the union of message sizes of every collected test.
-    calibration_sizes: Any = None
-    calibration: Any = None
+    # Calibrated once per rank count by the first run of that count, at the union of the
+    # message sizes of every selected test of that count: rank count -> MessageSizes.
+    calibration_sizes: dict[int, Any] = field(default_factory=dict)
+    calibrations: dict[int, Any] = field(default_factory=dict)  # rank count -> Calibration
     _gate: Any = field(default=None, repr=False)
-    job: Any = None  # launcher.LaunchedJob when pytest runs inside a torchrun/SLURM job
+    job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
+    pools: Any = None  # launch.pool.Pools, made on the first run that needs ranks
 
     @property
     def writes_files(self) -> bool:
@@ -133,8 +121,9 @@ class DistperfPlugin:
     def gate(self) -> Any:
         """The session's judge (topology probed or loaded once, baseline store), on first use."""
         if self._gate is None:
-            from pytest_distperf.judge.gate import Gate, current_commit, default_baseline_dir
-            from pytest_distperf.store.baseline import BaselineStore
+            from pytest_distperf.gitinfo import current_commit
+            from pytest_distperf.judge.gate import Gate, default_baseline_dir
+            from pytest_distperf.store.store import BaselineStore
             from pytest_distperf.topology import TopologyError, load_topology, probe
 
             resolved = self.resolve()
@@ -152,7 +141,11 @@ class DistperfPlugin:
                         f"{resolved.accelerator}"
                     )
             else:
-                topology = probe(resolved.accelerator, resolved.devices)
+                # Enough devices for the largest rank count of any selected test.
+                largest = max([resolved.devices, *self.calibration_sizes])
+                if resolved.accelerator == "cuda":
+                    largest = min(largest, max(resolved.visible_gpus, 1))
+                topology = probe(resolved.accelerator, largest)
             directory = self.settings.baseline_dir or default_baseline_dir(self.rootpath)
             self._gate = Gate(
                 topology=topology,
@@ -163,31 +156,68 @@ class DistperfPlugin:
             )
         return self._gate
 
+    def launch(self, spec: RunSpec) -> RunResult:
+        """Run `spec` in the job's ranks, in fresh ranks, or in the session's pool."""
+        if self.job is not None:
+            from pytest_distperf.launch.job import run_in_job
+
+            return run_in_job(dataclasses.replace(spec, nodes=self.job.nodes))
+        if self.settings.fresh_ranks or spec.numa_binding is not None:
+            # torch's NUMA binding is applied by the elastic launcher as it starts a rank.
+            from pytest_distperf.launch.elastic import launch
+
+            return launch(spec)
+        if self.pools is None:
+            from pytest_distperf.launch.pool import Pools
+
+            self.pools = Pools()
+        return self.pools.run(spec)
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self.pools is not None:
+            self.pools.close()
+
     @pytest.hookimpl
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "distperf" not in metafunc.fixturenames:
             return
         where = metafunc.definition.nodeid
-        names = _strategy_names(metafunc, where)
-        _workload_of(metafunc.definition)  # bad marker arguments fail at collection
+        names = markers.strategy_names_of(metafunc, where)
+        counts = markers.device_counts_of(metafunc, where)
+        markers.workload_of(metafunc.definition)  # bad marker arguments fail at collection
         resolved = self.resolve()
-        ids = [f"{name}-{resolved.devices}{resolved.accelerator}" for name in names]
-        metafunc.parametrize("distperf_strategy", names, ids=ids, scope="function")
+        params, ids = [], []
+        for name in names:
+            for count in counts:
+                params.append((name, count))
+                ids.append(f"{name}-{count or resolved.devices}{resolved.accelerator}")
+        metafunc.parametrize(
+            ("distperf_strategy", "distperf_devices"), params, ids=ids, scope="function"
+        )
 
     @pytest.hookimpl
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        workloads = []
+        workloads: dict[int, list[tuple[str, Workload]]] = {}
+        default = self.resolve().devices
         for item in items:
-            strategy = getattr(getattr(item, "callspec", None), "params", {}).get(
-                "distperf_strategy"
-            )
-            if strategy is not None:
-                workloads.append((strategy, _workload_of(item)))
-        if workloads:
-            from pytest_distperf.judge.gate import session_message_sizes
+            params = getattr(getattr(item, "callspec", None), "params", {})
+            if "distperf_strategy" in params:
+                count = params["distperf_devices"] or default
+                workloads.setdefault(count, []).append(
+                    (params["distperf_strategy"], markers.workload_of(item))
+                )
+        if not workloads:
+            return
+        if len(workloads) > 1:
+            # One pool per rank count: run each count's tests together, so pools switch rarely.
+            items.sort(key=lambda item: markers.item_devices(item, default))
+        from pytest_distperf.judge.gate import session_message_sizes
 
-            self.calibration_sizes = session_message_sizes(workloads, self.resolve().devices)
-            self.gate()  # a bad --distperf-topology is a usage error before any rank starts
+        self.calibration_sizes = {
+            count: session_message_sizes(pairs, count) for count, pairs in workloads.items()
+        }
+        self.gate()  # a bad --distperf-topology is a usage error before any rank starts
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -196,7 +226,7 @@ class DistperfPlugin:
         if self.settings.json:
             from pytest_distperf.output.report import write_json_report
 
-            write_json_report(self.settings.json, self.rows)
+            write_json_report(self.settings.json, self.records)
         if self.settings.benchmark_json:
             from pytest_distperf.output.benchmark_json import (
                 default_commit_info,
@@ -205,21 +235,20 @@ class DistperfPlugin:
 
             write_benchmark_json(
                 self.settings.benchmark_json,
-                self.rows,
+                self.records,
                 commit_info=default_commit_info(self.rootpath),
             )
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        rows = []
-        for key in ("passed", "failed"):
-            for report in terminalreporter.stats.get(key, []):
-                if getattr(report, "when", None) != "call":
-                    continue
-                props = {k: v for k, v in report.user_properties if k.startswith("distperf_")}
-                if "distperf_tokens_per_sec" in props:
-                    rows.append((report.nodeid, key, props))
-        if not rows:
+        outcomes = {
+            report.nodeid: key
+            for key in ("passed", "failed")
+            for report in terminalreporter.stats.get(key, [])
+            if getattr(report, "when", None) == "call"
+        }
+        shown = [record for record in self.records if record.run.test_id in outcomes]
+        if not shown:
             return
         terminalreporter.write_sep("-", "distperf results")
         if self._gate is not None:
@@ -231,33 +260,8 @@ class DistperfPlugin:
         from pytest_distperf.output.report import RESULT_HEADER, format_result_line
 
         terminalreporter.write_line(RESULT_HEADER)
-        for nodeid, outcome, props in rows:
-            terminalreporter.write_line(format_result_line(nodeid, outcome, props))
-
-
-def _strategy_names(metafunc: pytest.Metafunc, where: str) -> list[str]:
-    names: list[str] = []
-    for marker in metafunc.definition.iter_markers(STRATEGY_MARKER):
-        if marker.kwargs:
-            pytest.fail(
-                f"{where}: strategy marker takes names only, got keyword(s) "
-                f"{', '.join(marker.kwargs)}",
-                pytrace=False,
-            )
-        names.extend(marker.args)
-    if not names:
-        names = ["auto"]
-    valid = strategy_names()
-    for name in names:
-        if name not in valid:
-            pytest.fail(
-                f"{where}: unknown strategy {name!r} in @pytest.mark.strategy; "
-                f"valid: {', '.join(valid)}",
-                pytrace=False,
-            )
-    if len(set(names)) != len(names):
-        pytest.fail(f"{where}: strategy marker repeats a name: {names}", pytrace=False)
-    return names
+        for record in shown:
+            terminalreporter.write_line(format_result_line(record, outcomes[record.run.test_id]))
 
 
 def _visible_gpus() -> int:
@@ -267,61 +271,22 @@ def _visible_gpus() -> int:
 
 
 def _cpu_count() -> int:
-    from pytest_distperf.launch.elastic import available_cpus
+    from pytest_distperf.launch.cpus import available_cpus
 
     return available_cpus()
-
-
-def _known_models() -> tuple[str, ...]:
-    from distperf_model.config import PRESETS
-
-    return tuple(PRESETS)
-
-
-def _marker_kwargs(item: pytest.Item) -> dict[str, Any]:
-    marker = item.get_closest_marker(WORKLOAD_MARKER)
-    if marker and marker.args:
-        pytest.fail(f"{item.nodeid}: distperf marker takes keyword arguments only", pytrace=False)
-    return dict(marker.kwargs) if marker else {}
-
-
-def _workload_of(item: pytest.Item) -> Workload:
-    kwargs = _marker_kwargs(item)
-    try:
-        workload = workload_from_marker(kwargs, item.nodeid, _known_models())
-        _check_fits(workload, item.nodeid)
-        return workload
-    except SettingError as error:
-        message = str(error)
-    pytest.fail(message, pytrace=False)  # outside `except`: no chained duplicate in the report
-
-
-def _check_fits(workload: Workload, where: str) -> None:
-    """The KV cache must hold the prompt and every new token (and the reference's steps)."""
-    if ":" in workload.model:
-        return
-    from distperf_model.config import Config
-
-    from pytest_distperf.spec import RunSpec
-
-    steps = max(workload.max_new_tokens, RunSpec.reference_steps)
-    block_size = Config.from_name(workload.model).block_size
-    if workload.prompt_length + steps > block_size:
-        raise SettingError(
-            f"{where}: distperf(prompt_length={workload.prompt_length}, "
-            f"max_new_tokens={workload.max_new_tokens}) needs {workload.prompt_length + steps} "
-            f"positions but model {workload.model!r} has block_size={block_size}"
-        )
 
 
 class DistperfRun:
     """The `distperf` fixture: `run()` launches the test's ranks and returns a RunResult."""
 
-    def __init__(self, item: pytest.Item, plugin: DistperfPlugin, strategy: str) -> None:
+    def __init__(
+        self, item: pytest.Item, plugin: DistperfPlugin, strategy: str, devices: int
+    ) -> None:
         self._item = item
         self._plugin = plugin
         self.strategy = strategy
-        workload = _workload_of(item)
+        self.devices = devices
+        workload = markers.workload_of(item)
         if plugin.slowdown is not None:
             workload = type(workload)(**{**workload.params(), "slowdown": plugin.slowdown})
         self.workload = workload
@@ -332,17 +297,13 @@ class DistperfRun:
         """Where this session's ranks run: "cpu" or "cuda"."""
         return self._plugin.resolve().accelerator
 
-    @property
-    def devices(self) -> int:
-        return self._plugin.resolve().devices
-
     def spec(self) -> RunSpec:
         resolved = self._plugin.resolve()
         settings = self._plugin.settings
         return RunSpec(
             test_id=self._item.nodeid,
             strategy=self.strategy,
-            devices=resolved.devices,
+            devices=self.devices,
             accelerator=resolved.accelerator,
             workload=self.workload,
             repeats=settings.repeats,
@@ -354,17 +315,16 @@ class DistperfRun:
 
     def run(self) -> RunResult:
         """Launch the ranks, then judge the result; a failed gate fails the test here."""
-        from pytest_distperf.launch.elastic import RunFailed, SessionStopped, launch, run_in_job
+        from pytest_distperf.launch.failures import RunFailed
+        from pytest_distperf.launch.signals import SessionStopped
 
         plugin = self._plugin
         spec = self.spec()
-        if plugin.calibration is None and plugin.calibration_sizes is not None:
-            spec = dataclasses.replace(spec, calibration_sizes=plugin.calibration_sizes)
+        sizes = plugin.calibration_sizes.get(spec.devices)
+        if spec.devices not in plugin.calibrations and sizes is not None:
+            spec = dataclasses.replace(spec, calibration_sizes=sizes)
         try:
-            if plugin.job is not None:
-                result = run_in_job(dataclasses.replace(spec, nodes=plugin.job.nodes))
-            else:
-                result = launch(spec)
+            result = plugin.launch(spec)
         except RunFailed as error:
             failure = str(error)
         except SessionStopped as stop:
@@ -383,15 +343,16 @@ class DistperfRun:
     def _judge(self, result: RunResult) -> str:
         """Record the result and apply the gates; the failure text, or "" when all passed."""
         from pytest_distperf.judge.checks import GateSettings
-        from pytest_distperf.store.baseline import BaselineFileError
+        from pytest_distperf.store.store import BaselineFileError
 
         plugin = self._plugin
         if result.calibration is not None:
-            plugin.calibration = result.calibration
+            plugin.calibrations[result.devices] = result.calibration
+        calibration = plugin.calibrations.get(result.devices)
         self.results.append(result)
         settings = plugin.settings
         gate = plugin.gate()
-        overrides = gate_from_marker(_marker_kwargs(self._item), self._item.nodeid)
+        overrides = gate_from_marker(markers.marker_kwargs(self._item), self._item.nodeid)
         gate_settings = GateSettings(
             efficiency=settings.gate_value("efficiency", overrides),
             tolerance=settings.gate_value("tolerance", overrides),
@@ -400,52 +361,17 @@ class DistperfRun:
             fail_on_improvement=settings.fail_on_improvement,
         )
         try:
-            decision, prediction = gate.judge(result, gate_settings, plugin.calibration)
-            recorded = gate.record(result, decision, prediction)
+            record = gate.judge(
+                result, gate_settings, calibration, session_started_at=plugin.started_at
+            )
         except BaselineFileError as error:  # never overwritten; the user must look at it
             return f"distperf: {error}"
         except (OSError, TimeoutError) as error:  # unwritable directory, lock held too long
             return f"distperf: baseline store {gate.store!r}: {type(error).__name__}: {error}"
-        row = result.summary()
-        row.update(decision.fields())
-        row["topology_key"] = gate.topology_key
-        row["baseline_recorded"] = recorded
-        row["prediction"] = prediction.to_dict() if prediction else None
-        row["calibration"] = plugin.calibration.to_dict() if plugin.calibration else None
-        first_timed = max(r.timed_from for r in result.ranks)
-        row["session_to_first_timed_s"] = first_timed - plugin.started_at
-        plugin.rows.append(row)
-        for key in REPORTED_FIELDS:
-            if row.get(key) is not None:
-                self._item.user_properties.append((f"distperf_{key}", row[key]))
-        self._item.user_properties.append(("distperf_ttft_ms", row["ttft_s"] * 1000))
-        return decision.failure_text()
-
-
-# Scalars that ride on the test report: the terminal table and JUnit XML properties.
-REPORTED_FIELDS = (
-    "tokens_per_sec",
-    "decode_tokens_per_sec",
-    "strategy",
-    "devices",
-    "accelerator",
-    "topology_key",
-    "predicted_tokens_per_sec",
-    "threshold_tokens_per_sec",
-    "bound",
-    "baseline_tokens_per_sec",
-    "change",
-    "tolerance",
-    "detectable_drop",
-    "relative_speed",
-    "relative_speed_change",
-    "relative_speed_detectable_drop",
-    "bare_change",
-    "host_change",
-    "change_beyond_host",
-    "verdict",
-    "peak_memory_bytes",
-)
+        plugin.records.append(record)
+        # The JUnit XML properties; the terminal table is made from the records.
+        self._item.user_properties.extend(record.junit_properties())
+        return record.decision.failure_text()
 
 
 @pytest.fixture
@@ -455,13 +381,28 @@ def distperf_strategy(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def distperf(request: pytest.FixtureRequest, distperf_strategy: str) -> DistperfRun:
+def distperf_devices(request: pytest.FixtureRequest) -> int | None:
+    """This item's rank count from @pytest.mark.devices; None: --distperf-devices."""
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def distperf(
+    request: pytest.FixtureRequest, distperf_strategy: str, distperf_devices: int | None
+) -> DistperfRun:
     """Runs the test's model in N ranks under its strategy: `result = distperf.run()`."""
     plugin: DistperfPlugin = request.config.pluginmanager.get_plugin("distperf-session")
     resolved = plugin.resolve()
-    if resolved.accelerator == "cuda" and resolved.devices > resolved.visible_gpus:
+    devices = distperf_devices or resolved.devices
+    source = "@pytest.mark.devices" if distperf_devices else "--distperf-devices"
+    if plugin.job is not None and devices != plugin.job.world_size:
         pytest.skip(
-            f"distperf: {resolved.devices} CUDA devices requested (--distperf-devices) "
+            f"distperf: {devices} ranks requested ({source}) but this job has "
+            f"{plugin.job.world_size}"
+        )
+    if resolved.accelerator == "cuda" and devices > resolved.visible_gpus:
+        pytest.skip(
+            f"distperf: {devices} CUDA devices requested ({source}) "
             f"but {resolved.visible_gpus} visible"
         )
-    return DistperfRun(request.node, plugin, distperf_strategy)
+    return DistperfRun(request.node, plugin, distperf_strategy, devices)

@@ -49,6 +49,12 @@ class Workload:
     # 0 unless asked for; see README "Proving a gate can fail".
     slowdown: float = 0.0
 
+    @property
+    def is_custom_builder(self) -> bool:
+        """`model` names a user's builder, not a preset: its size and shape are unknown until a
+        rank builds it."""
+        return ":" in self.model
+
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -112,6 +118,9 @@ class RankResult:
     # Seconds of hostspeed's fixed interpreter loop, timed right after each timed generation.
     host_loop_s: tuple[float, ...] = ()
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
+    # Seconds this rank spent on the test itself (build, calibration, warm-up, timed and bare
+    # generations); what a launch costs beyond it is the harness's own cost.
+    work_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +182,17 @@ class RunResult:
         """Fixed cost of the test: launch to first timed token (spawn, imports, rendezvous,
         Fabric, model build, warm-up), as the slowest rank saw it."""
         return max(r.timed_from for r in self.ranks) - self.launched_at
+
+    @property
+    def work_s(self) -> float | None:
+        """The slowest rank's time on the test itself; None from launchers that don't say."""
+        times = [r.work_s for r in self.ranks if r.work_s is not None]
+        return max(times) if len(times) == len(self.ranks) else None
+
+    @property
+    def harness_s(self) -> float | None:
+        """What the launch cost beyond the test's own work: starting ranks, messages, waits."""
+        return None if self.work_s is None else max(self.launch_s - self.work_s, 0.0)
 
     @property
     def reference_token_s(self) -> float | None:
@@ -243,6 +263,8 @@ class RunResult:
             "versions": self.versions,
             "launch_s": self.launch_s,
             "startup_s": self.startup_s,
+            "work_s": self.work_s,
+            "harness_s": self.harness_s,
             "reference_token_s": self.reference_token_s,
             "relative_speed": self.relative_speed,
             "relative_speed_samples": list(self.relative_speed_samples),

@@ -12,14 +12,8 @@ from pathlib import Path
 import filelock
 import pytest
 
-from pytest_distperf.store.baseline import (
-    RUN_HISTORY,
-    SCHEMA,
-    BaselineEntry,
-    BaselineFileError,
-    BaselineStore,
-    validate_topology_key,
-)
+from pytest_distperf.store.entry import RUN_HISTORY, SCHEMA, BaselineEntry
+from pytest_distperf.store.store import BaselineFileError, BaselineStore, validate_topology_key
 
 KEY = "cuda-H200x4-nvlink"
 WHEN = datetime(2025, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -233,7 +227,9 @@ def test_bad_host_loop_samples_are_refused() -> None:
     # The same history edited by hand in a baseline file.
     data = _with_relative("t", [0.5], host=(0.01,)).to_dict()
     data["host_loop_run_medians"] = "0.01"
-    with pytest.raises(ValueError, match="host_loop_run_medians must be a list"):
+    with pytest.raises(
+        ValueError, match="field 'host_loop_run_medians' must be a list, got '0.01'"
+    ):
         BaselineEntry.from_dict(data)
     data["host_loop_run_medians"] = [0.01, 0]
     with pytest.raises(ValueError, match="host_loop_run_medians must be positive numbers, got 0"):
@@ -257,7 +253,7 @@ def test_bad_relative_samples_are_refused() -> None:
         _with_relative("t", [0.3, 0.0])
     data = _with_relative("t", [0.3]).to_dict()
     data["relative_run_medians"] = {"a": 1}
-    with pytest.raises(ValueError, match="relative_run_medians must be a list"):
+    with pytest.raises(ValueError, match="field 'relative_run_medians' must be a list"):
         BaselineEntry.from_dict(data)
 
 
@@ -267,7 +263,7 @@ def test_bad_run_medians_are_refused() -> None:
     with pytest.raises(ValueError, match="run_medians must be positive numbers, got -1.0"):
         BaselineEntry.from_dict(data)
     data["run_medians"] = "100"
-    with pytest.raises(ValueError, match="run_medians must be a list"):
+    with pytest.raises(ValueError, match="field 'run_medians' must be a list"):
         BaselineEntry.from_dict(data)
 
 
@@ -408,6 +404,8 @@ def test_bad_file_messages_name_the_problem(tmp_path: Path) -> None:
         "median-mismatch": "does not match",
         "other-topology": "'cpu-gloo-x2'",
         "duplicate-test-id": "appears twice",
+        "entries-list": "field 'entries' must be a JSON object, got",
+        "entry-missing-field": r"entry 't': entry fields: missing \['samples'\]",
     }
     for kind, fragment in expected.items():
         path.write_text(_corrupt(kind))

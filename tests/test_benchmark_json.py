@@ -19,6 +19,15 @@ from pathlib import Path
 
 import pytest
 
+from pytest_distperf import gitinfo
+from pytest_distperf.judge.checks import (
+    Check,
+    CheckStatus,
+    Decision,
+    DetectableFigures,
+    skipped_check,
+)
+from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.output import benchmark_json
 from pytest_distperf.output.benchmark_json import (
     compute_stats,
@@ -32,15 +41,15 @@ MACHINE = {"node": "runner-1", "machine": "x86_64", "cpu": {"count": 2}}
 COMMIT = {"id": "0" * 40, "time": None, "author_time": None, "dirty": False, "project": "p"}
 
 
-def make_row(
+def make_record(
     test_id: str,
     strategy: str = "ddp",
     devices: int = 2,
     totals: tuple[float, ...] = (0.50, 0.52, 0.49, 0.55, 0.51),
     workload: Workload | None = None,
-    **extras: object,
-) -> dict:
-    """A real `RunResult.summary()` row; `totals` are the per-repeat generation times."""
+    detectable_drop: float = 0.1,
+) -> JudgedRun:
+    """The record of a real `RunResult`; `totals` are the per-repeat generation times."""
     workload = workload or Workload(max_new_tokens=32, batch_size=2)
     spec = RunSpec(
         test_id=test_id,
@@ -57,7 +66,7 @@ def make_row(
         _build(
             RankResult,
             rank=rank,
-            # rank 1 is a little faster: the row must take the slowest rank per repeat
+            # rank 1 is a little faster: the record must take the slowest rank per repeat
             samples=tuple(
                 Sample(t * (1 - 0.1 * rank), 0.01, t * (1 - 0.1 * rank) - 0.01) for t in totals
             ),
@@ -71,8 +80,23 @@ def make_row(
         )
         for rank in range(devices)
     )
-    extras.setdefault("topology_key", f"cpu_x{devices}_loopbackx1_2cpus")
-    return _build(RunResult, spec=spec, ranks=ranks, launch_s=3.0, extras=dict(extras)).summary()
+    result = _build(RunResult, spec=spec, ranks=ranks, launch_s=3.0)
+    why = "not compared"
+    decision = Decision(
+        threshold=Check("threshold", CheckStatus.NOTE, "no prediction"),
+        baseline=Check("baseline", CheckStatus.NOTE, "", DetectableFigures(detectable_drop)),
+        relative_speed=skipped_check("relative_speed", why),
+        memory=skipped_check("memory", why),
+    )
+    return JudgedRun.of(
+        result,
+        decision,
+        prediction=None,
+        topology_key=f"cpu_x{devices}_loopbackx1_2cpus",
+        baseline_recorded=False,
+        calibration=None,
+        session_started_at=0.0,
+    )
 
 
 def _build(cls: type, **known: object) -> object:
@@ -87,10 +111,10 @@ def _build(cls: type, **known: object) -> object:
     return cls(**known)
 
 
-ROWS = [
-    make_row("examples/test_generate.py::test_generate[ddp]", "ddp"),
-    make_row("examples/test_generate.py::test_generate[fsdp]", "fsdp", totals=(1.0, 1.1, 0.9)),
-    make_row("examples/test_other.py::TestSuite::test_single", "auto", devices=1, totals=(0.2,)),
+RECORDS = [
+    make_record("examples/test_generate.py::test_generate[ddp]", "ddp"),
+    make_record("examples/test_generate.py::test_generate[fsdp]", "fsdp", totals=(1.0, 1.1, 0.9)),
+    make_record("examples/test_other.py::TestSuite::test_single", "auto", 1, totals=(0.2,)),
 ]
 
 
@@ -98,7 +122,7 @@ ROWS = [
 
 
 def test_a_round_is_one_generation_in_seconds() -> None:
-    document = to_benchmark_json(ROWS, machine_info=MACHINE, commit_info=COMMIT)
+    document = to_benchmark_json(RECORDS, machine_info=MACHINE, commit_info=COMMIT)
     assert set(document) == {"machine_info", "commit_info", "benchmarks", "datetime", "version"}
     assert document["machine_info"] == MACHINE and document["commit_info"] == COMMIT
     assert document["version"] == version("pytest-benchmark")
@@ -125,10 +149,10 @@ def test_a_round_is_one_generation_in_seconds() -> None:
     assert stats["data"] == pytest.approx([0.50, 0.52, 0.49, 0.55, 0.51])
     assert stats["rounds"] == 5 and stats["iterations"] == 1
     assert stats["ops"] == pytest.approx(1 / stats["mean"])
-    assert stats["median"] == pytest.approx(64 / ROWS[0]["tokens_per_sec"])
+    assert stats["median"] == pytest.approx(64 / RECORDS[0].run.tokens_per_sec)
     extra = bench["extra_info"]
-    assert extra["tokens_per_sec"] == ROWS[0]["tokens_per_sec"]
-    assert extra["tokens_per_sec_samples"] == ROWS[0]["tokens_per_sec_samples"]
+    assert extra["tokens_per_sec"] == RECORDS[0].run.tokens_per_sec
+    assert extra["tokens_per_sec_samples"] == list(RECORDS[0].run.tokens_per_sec_samples)
     assert extra["strategy"] == "ddp" and extra["devices"] == 2
     assert extra["topology_key"] == "cpu_x2_loopbackx1_2cpus"
     assert extra["implementation"]["wrapper"] == "DistributedDataParallel"
@@ -141,24 +165,25 @@ def test_a_round_is_one_generation_in_seconds() -> None:
     assert single["stats"]["stddev"] == 0 and single["stats"]["q1"] == single["stats"]["q3"]
 
 
-def test_runs_sharing_a_test_id_keep_distinct_names_and_empty_rows_are_left_out() -> None:
-    twice = [ROWS[0], ROWS[0], {**ROWS[1], "tokens_per_sec_samples": []}]
+def _with_samples(record: JudgedRun, samples: tuple[float, ...]) -> JudgedRun:
+    return dataclasses.replace(
+        record, run=dataclasses.replace(record.run, tokens_per_sec_samples=samples)
+    )
+
+
+def test_runs_sharing_a_test_id_keep_distinct_names_and_empty_runs_are_left_out() -> None:
+    twice = [RECORDS[0], RECORDS[0], _with_samples(RECORDS[1], ())]
     document = to_benchmark_json(twice, machine_info=MACHINE, commit_info=COMMIT)
     fullnames = [bench["fullname"] for bench in document["benchmarks"]]
-    assert fullnames == [ROWS[0]["test_id"], ROWS[0]["test_id"] + " #2"]
+    assert fullnames == [RECORDS[0].run.test_id, RECORDS[0].run.test_id + " #2"]
 
 
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"workload": {"model": "tiny"}}, "needs max_new_tokens and batch_size"),
-        ({"tokens_per_sec_samples": [10.0, 0.0]}, "must be positive numbers"),
-        ({"tokens_per_sec_samples": [10.0, float("nan")]}, "must be positive numbers"),
-    ],
-)
-def test_malformed_rows_name_the_test(change: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=rf"test_generate\[ddp\]: .*{message}"):
-        to_benchmark_json([{**ROWS[0], **change}], machine_info=MACHINE, commit_info=COMMIT)
+@pytest.mark.parametrize("samples", [(10.0, 0.0), (10.0, float("nan"))])
+def test_samples_that_are_not_rates_name_the_test(samples: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match=r"test_generate\[ddp\]: .*must be positive numbers"):
+        to_benchmark_json(
+            [_with_samples(RECORDS[0], samples)], machine_info=MACHINE, commit_info=COMMIT
+        )
 
 
 DATASETS = [
@@ -216,8 +241,8 @@ def test_quartiles_by_hand() -> None:
 
 def test_write_is_atomic_and_strict_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "out" / "benchmark.json"
-    rows = [make_row("t.py::test_a", detectable_drop=math.inf)]
-    assert write_benchmark_json(target, rows, MACHINE, COMMIT) == target
+    records = [make_record("t.py::test_a", detectable_drop=math.inf)]
+    assert write_benchmark_json(target, records, MACHINE, COMMIT) == target
     text = target.read_text()
     document = json.loads(text, parse_constant=pytest.fail)  # no NaN / Infinity literals
     assert document["benchmarks"][0]["extra_info"]["detectable_drop"] == "inf"
@@ -228,13 +253,13 @@ def test_write_is_atomic_and_strict_json(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(benchmark_json.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
-        write_benchmark_json(target, ROWS, MACHINE, COMMIT)
+        write_benchmark_json(target, RECORDS, MACHINE, COMMIT)
     assert target.read_text() == text  # the old file survives, no temp file is left behind
     assert os.listdir(target.parent) == ["benchmark.json"]
 
 
 def test_default_machine_info_is_cheap_and_names_the_accelerators() -> None:
-    info = benchmark_json.default_machine_info(ROWS)
+    info = benchmark_json.default_machine_info(RECORDS)
     assert info["python_version"] == ".".join(map(str, sys.version_info[:3]))
     assert info["cpu"]["count"] == os.cpu_count()
     assert info["distperf"]["topology_keys"] == [
@@ -295,7 +320,7 @@ def test_commit_info_survives_a_hung_git(monkeypatch: pytest.MonkeyPatch) -> Non
     def hung(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired(cmd="git", timeout=5)
 
-    monkeypatch.setattr(benchmark_json.subprocess, "run", hung)
+    monkeypatch.setattr(gitinfo.subprocess, "run", hung)
     info = default_commit_info()
     assert info["id"] == "unversioned" and "TimeoutExpired" in info["error"]
 
@@ -317,15 +342,15 @@ class _RecordingLogger:
 def test_pytest_benchmark_storage_loads_the_file(tmp_path: Path) -> None:
     from pytest_benchmark.storage.file import FileStorage
 
-    path = write_benchmark_json(tmp_path / "0001_distperf.json", ROWS)
+    path = write_benchmark_json(tmp_path / "0001_distperf.json", RECORDS)
     logger = _RecordingLogger()
     loaded = list(FileStorage(tmp_path, logger=logger).load_benchmarks(str(path)))
     assert logger.warnings == []
-    assert [bench["fullname"] for bench in loaded] == [row["test_id"] for row in ROWS]
-    for bench, row in zip(loaded, ROWS, strict=True):
+    assert [bench["fullname"] for bench in loaded] == [r.run.test_id for r in RECORDS]
+    for bench, record in zip(loaded, RECORDS, strict=True):
         assert bench["ops"] == pytest.approx(1 / bench["mean"])
-        assert bench["extra_info"]["tokens_per_sec"] == row["tokens_per_sec"]
-        median_rate = statistics.median(row["tokens_per_sec_samples"])
+        assert bench["extra_info"]["tokens_per_sec"] == record.run.tokens_per_sec
+        median_rate = statistics.median(record.run.tokens_per_sec_samples)
         assert 64 / bench["median"] == pytest.approx(median_rate)
 
 
@@ -359,7 +384,7 @@ def cli(request: pytest.FixtureRequest) -> list[str]:
 
 
 def test_pytest_benchmark_compare_reads_the_file(cli: list[str], tmp_path: Path) -> None:
-    path = write_benchmark_json(tmp_path / "reports" / "benchmark.json", ROWS)
+    path = write_benchmark_json(tmp_path / "reports" / "benchmark.json", RECORDS)
     output = _run(cli, "compare", str(path), "--columns=min,max,mean,median", cwd=tmp_path)
     for name in ("test_generate[ddp]", "test_generate[fsdp]", "test_single"):
         assert name in output
@@ -368,8 +393,9 @@ def test_pytest_benchmark_compare_reads_the_file(cli: list[str], tmp_path: Path)
 
 
 def test_pytest_benchmark_compare_two_runs(cli: list[str], tmp_path: Path) -> None:
-    baseline = write_benchmark_json(tmp_path / "0001_baseline.json", ROWS)
-    slower = [make_row(ROWS[0]["test_id"], totals=(0.65, 0.66, 0.70, 0.64, 0.66)), *ROWS[1:]]
+    baseline = write_benchmark_json(tmp_path / "0001_baseline.json", RECORDS)
+    slower = [make_record(RECORDS[0].run.test_id, totals=(0.65, 0.66, 0.70, 0.64, 0.66))]
+    slower += RECORDS[1:]
     current = write_benchmark_json(tmp_path / "0002_current.json", slower)
     output = _run(
         cli,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_distperf.output.markdown import ReportError, parse_report, render_markdown
 from pytest_distperf.output.markdown import main as markdown_main
-from pytest_distperf.output.markdown import render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci" / "distperf-ci.sh"
@@ -42,7 +42,7 @@ ROWS = [
         "baseline_message": (
             "throughput regression: measured median 412 tok/s\nvs baseline 600 tok/s"
         ),
-        "relative_speed_status": "pass",
+        "relative_speed_status": "ok",
         "relative_speed_message": "relative speed within tolerance",
     },
     {
@@ -56,7 +56,7 @@ ROWS = [
         "baseline_tokens_per_sec": 1230.0,
         "change": 0.0037,
         "verdict": "ok",
-        "baseline_status": "pass",
+        "baseline_status": "ok",
         "baseline_message": "throughput within tolerance",
     },
     {  # no baseline keys at all: a run before any baseline was recorded
@@ -390,7 +390,9 @@ def test_run_writes_the_summary_and_returns_pytest_status(
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:6] == ["-m", "pytest", "examples", "--distperf-devices", "2", "--distperf-json"]
     written = (tmp_path / "reports" / "summary.md").read_text()
-    assert written == render_markdown(REPORT, title="distperf: compared with baselines")
+    assert written == render_markdown(
+        parse_report(REPORT), title="distperf: compared with baselines"
+    )
     assert summary.read_text() == "earlier step\n" + written
     assert written in done.stdout
 
@@ -409,7 +411,7 @@ def test_run_without_a_report(tmp_path: Path, stub_python: Path) -> None:
 
 
 def test_render_markdown() -> None:
-    text = render_markdown(REPORT)
+    text = render_markdown(parse_report(REPORT))
     lines = text.splitlines()
     assert lines[0] == "## distperf results"
     assert lines[2] == (
@@ -433,13 +435,13 @@ def test_render_markdown() -> None:
         "- `examples/test_generate.py::test_generate[fsdp]` baseline: throughput regression: "
         "measured median 412 tok/s vs baseline 600 tok/s"
     ]
-    assert render_markdown(ROWS) == text  # a bare list of rows works too
+    assert render_markdown(parse_report(ROWS)) == text  # a bare list of rows works too
 
 
 def test_render_markdown_of_a_real_report() -> None:
     # The plugin's own JSON report of a gate run on 2 x H200 with the slow-down knob at 10%.
     path = ROOT / "docs" / "benchmarks" / "data" / "gates-v3b" / "slow10.json"
-    text = render_markdown(json.loads(path.read_text()))
+    text = render_markdown(parse_report(json.loads(path.read_text())))
     assert "**FAIL (relative_speed)**" in text
     assert "test_generation_throughput[auto-2cuda]` relative_speed: relative speed regression" in (
         text
@@ -448,18 +450,62 @@ def test_render_markdown_of_a_real_report() -> None:
 
 
 def test_render_markdown_without_results() -> None:
-    text = render_markdown({"schema": 1, "results": []}, title="t")
+    text = render_markdown(parse_report({"schema": 1, "results": []}), title="t")
     assert text == "## t\n\nNo distperf results: no test ran a measured generation.\n"
+    assert render_markdown([], title="t") == text
+
+
+def test_every_saved_report_parses() -> None:
+    """Reports written by earlier versions (statuses said "pass" then) still summarise."""
+    paths = sorted((ROOT / "docs" / "benchmarks" / "data").rglob("*.json"))
+    reports = [json.loads(p.read_text()) for p in paths]
+    reports = [r for r in reports if isinstance(r, dict) and "results" in r]
+    assert len(reports) > 10
+    for report in reports:
+        assert all(row.test_id for row in parse_report(report))
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"results": {}}, "report: field 'results' must be a list, got {}"),
+        ({"schema": 2, "results": []}, "report: unknown report schema 2"),
+        ("text", "report: expected a JSON object, got str"),
+        ([["t"]], r"report: results\[0\]: expected a JSON object, got list"),
+        ([{"strategy": "ddp"}], r"results\[0\]: missing field 'test_id'"),
+        (
+            [{"test_id": "t", "tokens_per_sec": "fast"}],
+            r"results\[0\]: field 'tokens_per_sec' must be a number, got 'fast'",
+        ),
+        ([{"test_id": "t", "devices": True}], "field 'devices' must be an integer, got True"),
+        (
+            [{"test_id": "t", "baseline_status": "great"}],
+            "baseline_status: unknown check status 'great'",
+        ),
+    ],
+)
+def test_a_malformed_report_is_refused_with_the_reason(document: object, message: str) -> None:
+    with pytest.raises(ReportError, match=message):
+        parse_report(document)
 
 
 def test_markdown_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "r.json"
     path.write_text(json.dumps(REPORT))
     assert markdown_main([str(path), "--title", "T"]) == 0
-    assert capsys.readouterr().out == render_markdown(REPORT, title="T")
+    assert capsys.readouterr().out == render_markdown(parse_report(REPORT), title="T")
 
     path.write_text("{truncated")
     with pytest.raises(SystemExit) as exit_info:
         markdown_main([str(path)])
     assert exit_info.value.code == 2
     assert f"cannot read report {path}" in capsys.readouterr().err
+
+    path.write_text(json.dumps({"schema": 1, "results": [{"test_id": "t", "change": "-5%"}]}))
+    with pytest.raises(SystemExit) as exit_info:
+        markdown_main([str(path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: not a distperf JSON report: {path}: results[0]: field 'change' must be a "
+        "number, got '-5%'\n"
+    )

@@ -6,7 +6,7 @@ import os
 import signal
 from types import FrameType
 
-from pytest_distperf.launch.elastic import _own_signals
+from pytest_distperf.launch.signals import own_signals
 
 
 def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None:
@@ -19,7 +19,7 @@ def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None
     previous_usr1 = signal.signal(signal.SIGUSR1, handler)
     try:
         seen: set[int] = set()
-        with _own_signals(seen):
+        with own_signals(seen):
             # what the elastic agent does: replace a handler for the run
             signal.signal(signal.SIGHUP, handler)
             os.kill(os.getpid(), signal.SIGUSR1)
@@ -34,7 +34,7 @@ def test_signals_are_noted_whoever_handles_them_and_handlers_come_back() -> None
 
 def test_nothing_seen_when_nothing_arrives() -> None:
     seen: set[int] = set()
-    with _own_signals(seen):
+    with own_signals(seen):
         pass
     assert seen == set()
 

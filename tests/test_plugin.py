@@ -165,15 +165,6 @@ def test_workload_longer_than_the_model_context_fails_collection(pytester: pytes
     )
 
 
-def test_strategy_registries_agree() -> None:
-    """A strategy the plugin can run must be one the performance model can predict."""
-    from pytest_distperf.perfmodel import STRATEGY_MODELS
-    from pytest_distperf.strategies import STRATEGIES
-
-    assert set(STRATEGIES) == set(STRATEGY_MODELS)
-    assert all(STRATEGIES[n].sharded == STRATEGY_MODELS[n].sharded for n in STRATEGIES)
-
-
 def test_report_path_that_cannot_be_written_is_a_usage_error(pytester: pytest.Pytester) -> None:
     blocker = pytester.path / "a-file"
     blocker.write_text("")

@@ -1,7 +1,25 @@
 from __future__ import annotations
 
+import json
+from dataclasses import fields, replace
+from types import SimpleNamespace
+
 import pytest
 
+from pytest_distperf.judge.checks import (
+    BaselineFigures,
+    Check,
+    CheckStatus,
+    Decision,
+    DetectableFigures,
+    MachineFigures,
+    RelativeSpeedFigures,
+    ThresholdFigures,
+    skipped_check,
+)
+from pytest_distperf.judge.record import JudgedRun, RunFigures
+from pytest_distperf.output.markdown import SummaryRow, parse_report, render_markdown
+from pytest_distperf.output.report import RESULT_HEADER, format_result_line, write_json_report
 from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 
 
@@ -35,7 +53,7 @@ def test_relative_speed_pairs_each_repeat_with_the_bare_run_beside_it() -> None:
     # Slowest rank per repeat on each side: 0.33 / 1.1 and 0.60 / 2.0.
     assert result.relative_speed_samples == pytest.approx((0.3, 0.3))
     assert result.relative_speed == pytest.approx(0.3)
-    assert result.summary()["relative_speed_samples"] == pytest.approx([0.3, 0.3])
+    assert RunFigures.of(result).relative_speed_samples == pytest.approx((0.3, 0.3))
 
 
 def test_no_relative_speed_when_a_rank_had_no_bare_model() -> None:
@@ -49,7 +67,7 @@ def test_host_loop_per_repeat_is_the_slowest_ranks() -> None:
         _rank(0, [1.0, 2.0], [], (0.013, 0.025)), _rank(1, [1.0, 2.0], [], (0.014, 0.022))
     )
     assert result.host_loop_samples == (0.014, 0.025)
-    assert result.summary()["host_loop_samples"] == [0.014, 0.025]
+    assert RunFigures.of(result).host_loop_samples == (0.014, 0.025)
     assert (
         _result(
             _rank(0, [1.0, 2.0], [], (0.013, 0.025)), _rank(1, [1.0, 2.0], [])
@@ -58,29 +76,158 @@ def test_host_loop_per_repeat_is_the_slowest_ranks() -> None:
     )
 
 
+# --- the judged run's record and what the reports make of it -----------------------------------
+
+BASELINE = BaselineFigures(
+    baseline_tokens_per_sec=25.5,
+    change=-0.335,
+    tolerance=0.2,
+    tolerance_runs=0,
+    p_value=0.004,
+    detectable_drop=0.208,
+    verdict="regression",
+    recorded_at="2026-01-02T03:04:05+00:00",
+    commit=None,
+    machine=MachineFigures(bare_change=-0.3, host_change=-0.05, change_beyond_host=-0.3),
+)
+RELATIVE = RelativeSpeedFigures(0.3, 0.038, 0.05, 0.2, 0.135, "ok")
+THRESHOLD = ThresholdFigures(40.0, 12.0, 0.3, "compute", "single-rank compute", "NV18", 0.42)
+
+
+def _decision(
+    baseline: Check | None = None, relative: Check | None = None, memory: Check | None = None
+) -> Decision:
+    return Decision(
+        threshold=Check("threshold", CheckStatus.OK, "above the threshold", THRESHOLD),
+        baseline=baseline or Check("baseline", CheckStatus.FAIL, "regression", BASELINE),
+        relative_speed=relative
+        or Check("relative_speed", CheckStatus.OK, "within tolerance", RELATIVE),
+        memory=memory or Check("memory", CheckStatus.OK, "peak memory within tolerance"),
+    )
+
+
+def _record(decision: Decision | None = None, **changes: object) -> JudgedRun:
+    result = _result(
+        _rank(0, [1.0, 2.0], [0.3, 0.6], (0.013, 0.025)),
+        _rank(1, [1.1, 2.0], [0.33, 0.5], (0.014, 0.022)),
+    )
+    record = JudgedRun.of(
+        result,
+        decision or _decision(),
+        prediction=None,
+        topology_key="cuda_h200_x2",
+        baseline_recorded=False,
+        calibration=None,
+        session_started_at=-5.0,
+    )
+    return replace(record, **changes)
+
+
+# Field names users' scripts and CI templates read: a rename must be a decision, not an accident.
+JSON_FIELDS = {
+    *("test_id", "strategy", "devices", "accelerator", "workload", "repeats", "warmup"),
+    *("tokens_per_sec", "tokens_per_sec_samples", "decode_tokens_per_sec"),
+    *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
+    *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
+    *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
+    "verdict",
+    *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),
+    *("bound_description", "link_class", "ratio_to_predicted"),
+    *("threshold_status", "threshold_message"),
+    *("baseline_tokens_per_sec", "change", "tolerance", "tolerance_runs", "p_value"),
+    *("detectable_drop", "baseline_verdict", "baseline_recorded_at", "baseline_commit"),
+    *("bare_change", "host_change", "change_beyond_host", "baseline_status", "baseline_message"),
+    *("relative_speed_baseline", "relative_speed_change", "relative_speed_tolerance"),
+    *("relative_speed_p_value", "relative_speed_detectable_drop", "relative_speed_verdict"),
+    *("relative_speed_status", "relative_speed_message", "memory_status", "memory_message"),
+    *("topology_key", "baseline_recorded", "prediction", "calibration"),
+    "session_to_first_timed_s",
+}
+
+
+def test_the_json_row_keeps_its_field_names_and_plain_values() -> None:
+    row = _record().to_json()
+    assert set(row) == JSON_FIELDS
+    assert json.loads(json.dumps(row)) == row  # plain JSON: lists, not tuples; words, not enums
+    assert (row["baseline_status"], row["threshold_status"]) == ("fail", "ok")
+    assert type(row["baseline_status"]) is str
+    assert row["verdict"] == "FAIL (baseline)" and row["baseline_verdict"] == "regression"
+    assert row["relative_speed_change"] == 0.038 and row["bare_change"] == -0.3
+    assert row["workload"]["max_new_tokens"] == 32 and row["implementation"]["backend"] == "nccl"
+    assert row["session_to_first_timed_s"] == 5.0
+    assert row["relative_speed_samples"] == pytest.approx([0.3, 0.3])
+
+
+def test_a_check_that_did_not_run_leaves_no_fields() -> None:
+    why = "not compared: this run records the baseline"
+    decision = _decision(
+        baseline=Check("baseline", CheckStatus.NOTE, "catch 20%", DetectableFigures(0.2)),
+        relative=skipped_check("relative_speed", why),
+        memory=skipped_check("memory", why),
+    )
+    row = _record(decision).to_json()
+    assert set(row) == JSON_FIELDS - {
+        *("relative_speed_baseline", "relative_speed_change", "relative_speed_tolerance"),
+        *("relative_speed_p_value", "relative_speed_detectable_drop", "relative_speed_verdict"),
+        *("relative_speed_status", "relative_speed_message", "memory_status", "memory_message"),
+        *("baseline_tokens_per_sec", "change", "tolerance", "tolerance_runs", "p_value"),
+        *("baseline_verdict", "baseline_recorded_at", "baseline_commit"),
+        *("bare_change", "host_change", "change_beyond_host"),
+    }
+    assert row["detectable_drop"] == 0.2 and "change" not in row
+    assert row["verdict"] == "ok"
+
+
+def test_junit_properties_keep_their_names_and_leave_out_what_is_missing() -> None:
+    properties = dict(_record().junit_properties())
+    assert properties["distperf_tokens_per_sec"] == _record().run.tokens_per_sec
+    assert properties["distperf_ttft_ms"] == pytest.approx(10.0)
+    assert properties["distperf_verdict"] == "FAIL (baseline)"
+    assert properties["distperf_change_beyond_host"] == -0.3
+    assert list(properties)[:6] == [
+        "distperf_tokens_per_sec",
+        "distperf_decode_tokens_per_sec",
+        "distperf_strategy",
+        "distperf_devices",
+        "distperf_accelerator",
+        "distperf_topology_key",
+    ]
+    bare = _decision(baseline=Check("baseline", CheckStatus.NOTE, "no baseline"))
+    names = [name for name, _ in _record(bare).junit_properties()]
+    assert "distperf_change" not in names and "distperf_detectable_drop" not in names
+    assert "distperf_relative_speed_change" in names
+
+
 def test_result_line_shows_the_relative_speed_change_and_what_it_can_detect() -> None:
-    from pytest_distperf.output.report import RESULT_HEADER, format_result_line
-
-    props = {
-        "distperf_tokens_per_sec": 16.99,
-        "distperf_devices": 2,
-        "distperf_accelerator": "cuda",
-        "distperf_strategy": "fsdp",
-        "distperf_change": -0.335,
-        "distperf_detectable_drop": 0.208,
-        "distperf_relative_speed_change": 0.038,
-        "distperf_relative_speed_detectable_drop": 0.135,
-        "distperf_verdict": "FAIL (baseline)",
-    }
-    line = format_result_line("t.py::test[fsdp-2cuda]", "passed", props)
+    record = _record()
+    line = format_result_line(record, "passed")
     assert "-33.5%    21%   +3.8%    14%  FAIL (baseline)" in line
+    assert line.endswith(" t") and "2 x cuda" in line and "compute" in line
     assert "rel.chg detect  verdict" in RESULT_HEADER
-    assert "      -      -  ok" in format_result_line("t", "passed", {**props, **_no_relative()})
+    without = _decision(relative=Check("relative_speed", CheckStatus.NOTE, "no bare model"))
+    passing = replace(without, baseline=replace(without.baseline, status=CheckStatus.OK))
+    assert "      -      -  ok" in format_result_line(_record(passing), "passed")
+    assert "FAILED" in format_result_line(record, "failed")
 
 
-def _no_relative() -> dict:
-    return {
-        "distperf_relative_speed_change": None,
-        "distperf_relative_speed_detectable_drop": None,
-        "distperf_verdict": "ok",
-    }
+def test_result_line_refuses_a_run_without_a_figure_instead_of_printing_a_dash() -> None:
+    record = _record()
+    # The run's figures as a stand-in that lacks one of them (the decode rate, say).
+    partial = SimpleNamespace(**{f.name: getattr(record.run, f.name) for f in fields(record.run)})
+    del partial.decode_tokens_per_sec
+    with pytest.raises(AttributeError, match="decode_tokens_per_sec"):
+        format_result_line(replace(record, run=partial), "passed")
+    # ... nor will it read the JUnit properties it was once made from.
+    with pytest.raises(AttributeError):
+        format_result_line(dict(record.junit_properties()), "passed")  # type: ignore[arg-type]
+
+
+def test_markdown_from_a_record_matches_markdown_from_its_saved_row(tmp_path) -> None:
+    records = [_record(), _record(_decision(memory=Check("memory", CheckStatus.WARN, "grew")))]
+    path = write_json_report(tmp_path / "report.json", records)
+    saved = parse_report(json.loads(path.read_text()))
+    assert saved == [SummaryRow.of(record) for record in records]
+    text = render_markdown(records, title="t")
+    assert text == render_markdown(saved, title="t")
+    assert "| `t` | fsdp | 2 |" in text and "**FAIL (baseline)**" in text
+    assert "- `t` memory: grew" in text and "- `t` baseline: regression" in text

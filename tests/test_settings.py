@@ -102,18 +102,20 @@ def test_alpha_and_switches() -> None:
         resolve_settings({}, {"strict": "maybe"}, ini_file="t.ini")
 
 
-def test_command_line_beats_ini_beats_marker() -> None:
+def test_marker_beats_command_line_beats_ini() -> None:
+    """The most specific setting wins (pytest-timeout's rule): marker > CLI > ini > default."""
     marker = {"efficiency": 0.3}
-    assert resolve_settings({}, {}).gate_value("efficiency", marker) == 0.3
     assert resolve_settings({}, {}).gate_value("efficiency", {}) == 0.7
     from_ini = resolve_settings({}, {"efficiency": "0.5"})
-    assert from_ini.gate_value("efficiency", marker) == 0.5
+    assert from_ini.gate_value("efficiency", {}) == 0.5
     from_cli = resolve_settings({"efficiency": "0.9"}, {"efficiency": "0.5"})
-    assert from_cli.gate_value("efficiency", marker) == 0.9
+    assert from_cli.gate_value("efficiency", {}) == 0.9
+    assert from_cli.gate_value("efficiency", marker) == 0.3
+    assert from_ini.gate_value("efficiency", marker) == 0.3
 
 
 def test_launched_job_from_torchrun_variables() -> None:
-    from pytest_distperf.launch.elastic import launched_job
+    from pytest_distperf.launch.job import launched_job
 
     assert launched_job({}) is None
     job = launched_job({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"})

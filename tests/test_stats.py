@@ -8,15 +8,17 @@ from statistics import NormalDist
 import pytest
 from scipy.stats import mannwhitneyu
 
+from pytest_distperf.judge.significance import mann_whitney_floor
 from pytest_distperf.judge.stats import (
     Comparison,
     compare,
     compare_memory,
     compare_to_recorded_runs,
+)
+from pytest_distperf.judge.tolerance import (
     default_tolerance,
     detectable_drop,
     drift_sigmas,
-    mann_whitney_floor,
     relative_spread,
     run_drift,
 )

@@ -1,25 +1,30 @@
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from pytest_distperf.judge.checks import (
-    FAIL,
-    NOTE,
-    PASS,
-    WARN,
+    BaselineFigures,
     Check,
+    CheckStatus,
     Decision,
     GateSettings,
+    MachineFigures,
+    RelativeSpeedFigures,
+    ThresholdFigures,
     baseline_check,
     machine_check,
     memory_check,
     relative_speed_check,
+    skipped_check,
     threshold_check,
 )
 from pytest_distperf.perfmodel import Prediction
-from pytest_distperf.store.baseline import BaselineEntry
+from pytest_distperf.store.entry import BaselineEntry
+
+OK, NOTE, WARN, FAIL = CheckStatus.OK, CheckStatus.NOTE, CheckStatus.WARN, CheckStatus.FAIL
 
 SETTINGS = GateSettings(efficiency=0.6, tolerance=None)
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
@@ -46,8 +51,9 @@ def _entry(samples: list[float] = BASE, peak: int | None = 1000) -> BaselineEntr
 
 def test_threshold_passes_at_or_above_efficiency_times_prediction() -> None:
     check = threshold_check(_prediction(10.0), 6.0, 0.6)
-    assert check.status == PASS
-    assert check.fields["threshold_tokens_per_sec"] == 6.0
+    assert check.status == OK
+    assert isinstance(check.figures, ThresholdFigures)
+    assert check.figures.threshold_tokens_per_sec == 6.0
 
 
 def test_threshold_failure_names_the_figures() -> None:
@@ -81,13 +87,12 @@ def test_regression_fails_with_baseline_measured_change_tolerance() -> None:
         "tolerance",
     ):
         assert text in check.message, text
-    assert check.fields["detectable_drop"] < 0.3
+    assert _baseline(check).detectable_drop < 0.3
 
 
 def test_unchanged_run_passes_and_improvement_warns_or_fails() -> None:
     assert (
-        baseline_check(_entry(), [100.2, 99.8, 100.9, 99.1, 100.0], SETTINGS, "k", []).status
-        == PASS
+        baseline_check(_entry(), [100.2, 99.8, 100.9, 99.1, 100.0], SETTINGS, "k", []).status == OK
     )
     faster = [140.0, 141.0, 139.0, 140.5, 139.5]
     assert baseline_check(_entry(), faster, SETTINGS, "k", []).status == WARN
@@ -101,7 +106,7 @@ def test_recorded_runs_set_the_throughput_level_not_the_latest_refresh_alone() -
         _entry([v * 0.7 for v in BASE]), run_medians=(100.0, 101.0, 99.0, 100.5, 70.0)
     )
     check = baseline_check(slow_latest, BASE, SETTINGS, "k", [])
-    assert check.status == PASS and check.fields["baseline_tokens_per_sec"] == pytest.approx(100)
+    assert check.status == OK and _baseline(check).baseline_tokens_per_sec == pytest.approx(100)
     assert "the median of 5 recorded runs" in check.message
     assert baseline_check(slow_latest, [v * 0.6 for v in BASE], SETTINGS, "k", []).status == FAIL
 
@@ -120,14 +125,14 @@ def test_relative_speed_catches_a_ten_percent_slowdown_the_throughput_tolerance_
     drifting = replace(_relative_entry(), run_medians=(70.0, 130.0, 85.0, 120.0, 100.0))
     slowed = [v * 0.9 for v in RELATIVE]
     throughput = baseline_check(drifting, [80.0, 81.0, 79.0], SETTINGS, "k", [])
-    assert throughput.status == PASS and throughput.fields["tolerance"] > 0.3
+    assert throughput.status == OK and _baseline(throughput).tolerance > 0.3
     # ...while the run's speed relative to the bare model beside it moved by the slow-down only.
     check = relative_speed_check(drifting, slowed, SETTINGS)
     assert check.status == FAIL
     assert "relative speed regression" in check.message
     assert "0.3 x bare" in check.message and "change -10.0%" in check.message
-    assert check.fields["relative_speed_tolerance"] == SETTINGS.relative_tolerance_floor
-    assert relative_speed_check(drifting, RELATIVE[::-1], SETTINGS).status == PASS
+    assert _relative(check).tolerance == SETTINGS.relative_tolerance_floor
+    assert relative_speed_check(drifting, RELATIVE[::-1], SETTINGS).status == OK
 
 
 def test_relative_speed_from_recorded_runs_uses_their_median_and_spread() -> None:
@@ -136,9 +141,9 @@ def test_relative_speed_from_recorded_runs_uses_their_median_and_spread() -> Non
     runs = (0.30, 0.302, 0.299, 0.301, 0.33)
     entry = replace(_relative_entry(high), relative_run_medians=runs)
     check = relative_speed_check(entry, RELATIVE, SETTINGS)
-    assert check.status == PASS
-    assert check.fields["relative_speed_baseline"] == pytest.approx(0.301)
-    assert check.fields["relative_speed_tolerance"] == SETTINGS.relative_tolerance_floor
+    assert check.status == OK
+    assert _relative(check).baseline == pytest.approx(0.301)
+    assert _relative(check).tolerance == SETTINGS.relative_tolerance_floor
     assert "the median of 5 recorded runs" in check.message
     slowed = relative_speed_check(entry, [v * 0.85 for v in RELATIVE], SETTINGS)
     assert slowed.status == FAIL
@@ -164,12 +169,13 @@ def _judged(slower_by: float, relative: list[float], host_now_s: float, host_the
 def test_a_slower_machine_warns_instead_of_failing() -> None:
     # Bare and wrapped model 30% slower alike, and the interpreter loop 41% slower: the host.
     throughput, relative, judged = _judged(0.3, RELATIVE, host_now_s=0.022)
-    assert throughput.status == FAIL and relative.status == PASS
+    assert throughput.status == FAIL and relative.status == OK
     assert judged.status == WARN
-    assert judged.fields["baseline_verdict"] == "machine slower"
-    assert judged.fields["bare_change"] == pytest.approx(-0.3, abs=0.01)
-    assert judged.fields["host_change"] == pytest.approx(0.013 / 0.022 - 1)
-    assert judged.fields["change_beyond_host"] == pytest.approx(0.7 / (0.013 / 0.022) - 1, 0.02)
+    assert _baseline(judged).verdict == "machine slower"
+    machine = _machine(judged)
+    assert machine.bare_change == pytest.approx(-0.3, abs=0.01)
+    assert machine.host_change == pytest.approx(0.013 / 0.022 - 1)
+    assert machine.change_beyond_host == pytest.approx(0.7 / (0.013 / 0.022) - 1, 0.02)
     for text in ("change -30.0%", "the machine itself ran slower", "40.9% lower", "22 ms"):
         assert text in judged.message, text
 
@@ -178,17 +184,17 @@ def test_a_slower_model_on_a_steady_host_still_fails() -> None:
     # The same 30% on both the bare and the wrapped model, but the loop did not move: the
     # model's own code got slower, which the gate must not excuse.
     _, _, judged = _judged(0.3, RELATIVE, host_now_s=0.0132)
-    assert judged.status == FAIL
-    assert judged.fields["bare_change"] == pytest.approx(-0.3, abs=0.01)
-    assert judged.fields["host_change"] == pytest.approx(0.013 / 0.0132 - 1)
+    assert judged.status == FAIL and _baseline(judged).verdict == "regression"
+    assert _machine(judged).bare_change == pytest.approx(-0.3, abs=0.01)
+    assert _machine(judged).host_change == pytest.approx(0.013 / 0.0132 - 1)
 
 
 def test_a_slightly_slower_host_does_not_hide_a_larger_regression() -> None:
     # The loop 10% slower takes at most 10% off: a 30% drop leaves ~22%, beyond the tolerance.
     throughput, _, judged = _judged(0.3, RELATIVE, host_now_s=0.013 / 0.9)
     assert judged.status == FAIL
-    assert judged.fields["change_beyond_host"] == pytest.approx(0.7 / 0.9 - 1, abs=0.01)
-    assert judged.fields["change_beyond_host"] < -throughput.fields["tolerance"]
+    assert _machine(judged).change_beyond_host == pytest.approx(0.7 / 0.9 - 1, abs=0.01)
+    assert _machine(judged).change_beyond_host < -_baseline(throughput).tolerance
 
 
 def test_a_slower_strategy_on_a_slower_host_still_fails() -> None:
@@ -201,10 +207,10 @@ def test_a_drop_the_bare_model_does_not_explain_still_fails() -> None:
     # A relative check too noisy to fail (as fsdp on CPU ranks) while the run lost more to the
     # bare model than the throughput tolerance allows: not the machine's doing.
     throughput, _, _ = _judged(0.3, RELATIVE, host_now_s=0.022)
-    noisy = Check("relative_speed", PASS, "", {"relative_speed_change": -0.15})
+    noisy = Check("relative_speed", OK, "", RelativeSpeedFigures(0.3, -0.15, 0.4, 0.5, 1.0, "ok"))
     entry = replace(_relative_entry(), host_loop_run_medians=(0.013,))
     judged = machine_check(throughput, noisy, entry, [0.03])
-    assert throughput.fields["tolerance"] < 0.15 and judged.status == FAIL
+    assert _baseline(throughput).tolerance < 0.15 and judged.status == FAIL
 
 
 def test_the_loop_level_comes_from_the_runs_the_throughput_level_comes_from() -> None:
@@ -218,7 +224,7 @@ def test_the_loop_level_comes_from_the_runs_the_throughput_level_comes_from() ->
     # From three runs on both levels are medians: a slow latest record does not set the loop's.
     three = replace(entry, run_medians=(100.0,) * 3, host_loop_run_medians=(0.013, 0.013, 0.03))
     judged = machine_check(throughput, relative, three, [0.03])
-    assert judged.fields["host_change"] == pytest.approx(0.013 / 0.03 - 1)
+    assert _machine(judged).host_change == pytest.approx(0.013 / 0.03 - 1)
 
 
 def test_without_the_host_loop_a_regression_stays_a_failure() -> None:
@@ -232,18 +238,54 @@ def test_without_the_host_loop_a_regression_stays_a_failure() -> None:
 
 def test_memory_growth_fails() -> None:
     assert memory_check(_entry(peak=1000), 1200, SETTINGS).status == FAIL
-    assert memory_check(_entry(peak=1000), 1050, SETTINGS).status == PASS
+    assert memory_check(_entry(peak=1000), 1050, SETTINGS).status == OK
     assert memory_check(None, 1050, SETTINGS).status == NOTE
+
+
+def _decision(threshold: Check, baseline: Check) -> Decision:
+    skipped = (skipped_check("relative_speed", "not run"), skipped_check("memory", "not run"))
+    return Decision(threshold, baseline, *skipped)
 
 
 def test_decision_reports_the_worst_check() -> None:
     passing = threshold_check(_prediction(10.0), 9.0, 0.6)
     failing = baseline_check(_entry(), [70.0, 71.0, 69.5, 70.5, 70.2], SETTINGS, "k", [])
-    decision = Decision((passing, failing))
+    decision = _decision(passing, failing)
     assert decision.failed
     assert decision.verdict == "FAIL (baseline)"
     assert decision.failure_text().startswith("distperf baseline check failed:")
-    assert Decision((passing,)).verdict == "ok"
+    assert "relative_speed" not in decision.failure_text()
+    noted = _decision(passing, baseline_check(None, BASE, SETTINGS, "k", []))
+    assert noted.verdict == "ok" and not noted.failed
+    faster = baseline_check(_entry(), [140.0, 141.0, 139.0, 140.5, 139.5], SETTINGS, "k", [])
+    assert _decision(passing, faster).verdict == "WARN (baseline)"
+
+
+def test_status_is_a_word_in_json_and_reads_back() -> None:
+    for status in CheckStatus:
+        text = json.dumps({"status": status})
+        assert json.loads(text)["status"] == status.value == str(status) == f"{status}"
+        assert CheckStatus.parse(json.loads(text)["status"], "row") is status
+    assert [s.value for s in CheckStatus] == ["ok", "note", "warn", "fail", "skip"]
+    assert CheckStatus.parse("pass", "row") is CheckStatus.OK  # reports written before the enum
+    with pytest.raises(ValueError, match="row: unknown check status 'passed'"):
+        CheckStatus.parse("passed", "row")
+
+
+def _baseline(check: Check) -> BaselineFigures:
+    assert isinstance(check.figures, BaselineFigures), check
+    return check.figures
+
+
+def _relative(check: Check) -> RelativeSpeedFigures:
+    assert isinstance(check.figures, RelativeSpeedFigures), check
+    return check.figures
+
+
+def _machine(check: Check) -> MachineFigures:
+    machine = _baseline(check).machine
+    assert machine is not None, check
+    return machine
 
 
 def test_cpu_rss_growth_only_warns() -> None:
@@ -256,18 +298,6 @@ def test_nccl_transport_settings_change_the_key() -> None:
     assert transport_suffix("cuda", {}) == ""
     assert transport_suffix("cuda", {"NCCL_P2P_DISABLE": "1"}) == "_nccl-p2p-disable-1"
     assert transport_suffix("cpu", {"NCCL_P2P_DISABLE": "1"}) == ""
-
-
-def test_fsdp1_wraps_the_built_models_block_class() -> None:
-    from pytest_distperf.strategies import _wrap_blocks, set_wrap_unit
-
-    class MyBlock:
-        pass
-
-    set_wrap_unit(MyBlock)
-    assert _wrap_blocks(MyBlock(), recurse=False, nonwrapped_numel=1)
-    assert not _wrap_blocks(object(), recurse=False, nonwrapped_numel=1)
-    assert _wrap_blocks(object(), recurse=True, nonwrapped_numel=1)
 
 
 def test_reports_are_world_readable(tmp_path) -> None:

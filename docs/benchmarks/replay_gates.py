@@ -17,12 +17,15 @@ import sys
 from pathlib import Path
 
 from pytest_distperf.judge.checks import (
+    MACHINE_SLOWER,
+    BaselineFigures,
     GateSettings,
+    RelativeSpeedFigures,
     baseline_check,
     machine_check,
     relative_speed_check,
 )
-from pytest_distperf.store.baseline import BaselineEntry
+from pytest_distperf.store.entry import BaselineEntry
 
 
 def _rows(path: str) -> dict[str, dict]:
@@ -61,13 +64,12 @@ def main(refreshes: int, paths: list[str]) -> None:
             checks = (machine_check(throughput, relative, entry, host), relative)
             print(f"  {Path(path).stem:<10}", end="")
             for check in checks:
-                change = check.fields.get("change", check.fields.get("relative_speed_change"))
-                tolerance = check.fields.get(
-                    "tolerance", check.fields.get("relative_speed_tolerance")
-                )
-                figures = "" if change is None else f" {change:+6.1%} (tol {tolerance:.1%})"
-                if check.fields.get("baseline_verdict") == "machine slower":
-                    figures += " machine slower"
+                figures = ""
+                if isinstance(check.figures, BaselineFigures | RelativeSpeedFigures):
+                    change, tolerance = check.figures.change, check.figures.tolerance
+                    figures = f" {change:+6.1%} (tol {tolerance:.1%})"
+                    if check.figures.verdict == MACHINE_SLOWER:
+                        figures += " machine slower"
                 print(f"  {check.name} {check.status}{figures}", end="")
             print()
 

@@ -1,18 +1,16 @@
 """Judges one RunResult for the session: its prediction on this topology, its baseline, the
-decision, and (with --distperf-update-baselines) the new baseline entry. No pytest here."""
+decision, (with --distperf-update-baselines) the new baseline entry, and the JudgedRun record
+the reports are made from. No pytest here."""
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pytest_distperf.judge.checks import (
-    FAIL,
     Decision,
     GateSettings,
     baseline_check,
@@ -20,18 +18,21 @@ from pytest_distperf.judge.checks import (
     machine_check,
     memory_check,
     relative_speed_check,
+    skipped_check,
     threshold_check,
 )
+from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.perfmodel import (
+    Calibration,
     MessageSizes,
     Prediction,
-    links_from_calibration,
     message_sizes,
-    nominal_links,
     predict,
+    run_links,
 )
 from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
-from pytest_distperf.store.baseline import BaselineEntry, BaselineStore
+from pytest_distperf.store.entry import BaselineEntry
+from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.topology import Topology
 
 BASELINE_DIR_NAME = "distperf-baselines"
@@ -62,21 +63,17 @@ class Gate:
         peer-to-peer disabled must never be compared with one over NVLink."""
         return self.topology.key() + transport_suffix(self.topology.accelerator)
 
-    def prediction(self, result: RunResult, calibration: Any) -> tuple[Prediction | None, str]:
+    def prediction(
+        self, result: RunResult, calibration: Calibration | None
+    ) -> tuple[Prediction | None, str]:
         """The predicted rate, or None with the reason there is none."""
         workload = result.spec.workload
-        if ":" in workload.model:
+        if workload.is_custom_builder:
             return None, "own model builder: its size is unknown to the performance model"
         from distperf_model.config import Config
 
-        link_class = "none"
-        if result.devices > 1:
-            link_class = self.topology.slowest_link().link_class
-            link_class += transport_suffix(self.topology.accelerator).replace("_", " ")
-        if calibration is not None:
-            links = links_from_calibration(calibration, link_class)
-        else:
-            links = nominal_links(self.topology, result.devices)
+        suffix = transport_suffix(self.topology.accelerator)
+        links = run_links(self.topology, result.devices, calibration, suffix)
         prediction = predict(
             Config.from_name(workload.model),
             result.strategy,
@@ -92,23 +89,50 @@ class Gate:
         return prediction, ""
 
     def judge(
-        self, result: RunResult, settings: GateSettings, calibration: Any
-    ) -> tuple[Decision, Prediction | None]:
+        self,
+        result: RunResult,
+        settings: GateSettings,
+        calibration: Calibration | None,
+        *,
+        session_started_at: float,
+    ) -> JudgedRun:
+        """Apply every check to `result`, store it as the baseline when asked, and say so in
+        the record the reports are made from."""
         prediction, _ = self.prediction(result, calibration)
-        checks = [threshold_check(prediction, result.tokens_per_sec, settings.efficiency)]
+        decision = self.decide(result, settings, prediction)
+        return JudgedRun.of(
+            result,
+            decision,
+            prediction=prediction,
+            topology_key=self.topology_key,
+            baseline_recorded=self.record(result, decision, prediction),
+            calibration=calibration,
+            session_started_at=session_started_at,
+        )
+
+    def decide(
+        self, result: RunResult, settings: GateSettings, prediction: Prediction | None
+    ) -> Decision:
+        threshold = threshold_check(prediction, result.tokens_per_sec, settings.efficiency)
         if self.update:
-            checks.append(detectable_check(result.tokens_per_sec_samples, settings))
-        else:
-            entry = self.store.get(self.topology_key, test_identity(result))
-            samples = result.tokens_per_sec_samples
-            baseline = baseline_check(
-                entry, samples, settings, self.topology_key, self.known_keys()
+            why = "not compared: this run records the baseline (--distperf-update-baselines)"
+            return Decision(
+                threshold=threshold,
+                baseline=detectable_check(result.tokens_per_sec_samples, settings),
+                relative_speed=skipped_check("relative_speed", why),
+                memory=skipped_check("memory", why),
             )
-            relative = relative_speed_check(entry, result.relative_speed_samples, settings)
-            checks += [machine_check(baseline, relative, entry, result.host_loop_samples), relative]
-            exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
-            checks.append(memory_check(entry, result.peak_memory_bytes, settings, exact))
-        return Decision(tuple(checks)), prediction
+        entry = self.store.get(self.topology_key, test_identity(result))
+        samples = result.tokens_per_sec_samples
+        baseline = baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
+        relative = relative_speed_check(entry, result.relative_speed_samples, settings)
+        exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
+        return Decision(
+            threshold=threshold,
+            baseline=machine_check(baseline, relative, entry, result.host_loop_samples),
+            relative_speed=relative,
+            memory=memory_check(entry, result.peak_memory_bytes, settings, exact),
+        )
 
     def known_keys(self) -> list[str]:
         if self._known_keys is None:
@@ -118,7 +142,7 @@ class Gate:
     def record(self, result: RunResult, decision: Decision, prediction: Prediction | None) -> bool:
         """Store this run as the baseline unless it failed its threshold: a run the links
         cannot explain must not become the yardstick."""
-        if not (self.update and self.writes) or any(c.status == FAIL for c in decision.checks):
+        if not (self.update and self.writes) or decision.failed:
             return False
         extra = {"predicted_tokens_per_sec": prediction.tokens_per_sec} if prediction else None
         entry = BaselineEntry.from_samples(
@@ -154,16 +178,6 @@ def default_baseline_dir(rootpath: Path) -> Path:
     return rootpath / BASELINE_DIR_NAME
 
 
-def current_commit(cwd: Path) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 def session_message_sizes(
     workloads: list[tuple[str, Workload]], devices: int
 ) -> MessageSizes | None:
@@ -173,7 +187,7 @@ def session_message_sizes(
     gather: set[int] = set()
     reduce: set[int] = set()
     for strategy, workload in workloads:
-        if ":" in workload.model:  # a user's builder: its shape is unknown until a rank builds it
+        if workload.is_custom_builder:  # its shape is unknown until a rank builds it
             continue
         sizes = message_sizes(
             Config.from_name(workload.model),

@@ -4,7 +4,7 @@ What a "round" is
 -----------------
 pytest-benchmark's statistics are over *times* (seconds per round; ``ops`` = rounds per second),
 so each timed repeat of a distperf test is one round and its value is the wall time of one whole
-generation (prefill + decode, the slowest rank's, as `results.py` defines it):
+generation (prefill + decode, the slowest rank's, as `spec.py` defines it):
 ``batch_size * max_new_tokens / tokens_per_sec_sample``. ``iterations`` is 1, so ``ops`` reads as
 generations per second. The figures distperf gates on (tokens/sec, decode tokens/sec, TTFT, peak
 memory), the strategy, device count, topology key and implementation ride in ``extra_info``.
@@ -20,7 +20,7 @@ counts, Tukey fences at 1.5 IQR. ``hd15iqr`` is the highest datum at or below Q3
 docstring says and 5.3.x computes; 5.2.x returned the first datum *above* that fence when there was
 one, a bug fixed upstream, so a 5.2 reader may show a different whisker for the same data.
 
-Plain standard library: no torch, no pytest (pytest-benchmark is read through its CLI).
+No torch, no pytest (pytest-benchmark is read through its CLI).
 """
 
 from __future__ import annotations
@@ -36,41 +36,44 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pytest_distperf.gitinfo import git
+from pytest_distperf.jsonfields import is_number
+from pytest_distperf.judge.record import JudgedRun
+from pytest_distperf.spec import Workload
 from pytest_distperf.store.files import atomic_write_text
 
 # The saved-JSON layout has been stable since pytest-benchmark 3.1 (which added "ops"); this is
 # written as "version" when pytest-benchmark itself is not installed.
 FORMAT_VERSION = "5.2.3"
 
-_GIT_TIMEOUT_S = 5.0
-
 # Workload fields that identify what was generated; the rest (seed, slowdown) stay in params.
 _GROUP_FIELDS = ("model", "batch_size", "prompt_length", "max_new_tokens", "precision")
 
-# Row fields that become benchmark identity or stats rather than extra_info.
+# Report fields that become benchmark identity or stats rather than extra_info.
 _NOT_EXTRA = frozenset({"test_id"})
 
 
 def to_benchmark_json(
-    rows: Sequence[Mapping[str, Any]],
+    records: Sequence[JudgedRun],
     machine_info: Mapping[str, Any] | None = None,
     commit_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Convert distperf result rows (`RunResult.summary()`) to a pytest-benchmark JSON document.
+    """Convert judged runs to a pytest-benchmark JSON document.
 
-    Rows without samples (a run that produced no timings) are left out, as pytest-benchmark
-    leaves out benchmarks that errored. Malformed rows raise ValueError naming the test.
+    Runs without samples (a run that produced no timings) are left out, as pytest-benchmark
+    leaves out benchmarks that errored. Samples that are not rates raise ValueError naming the
+    test.
     """
     benchmarks: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
-    for row in rows:
-        if not row.get("tokens_per_sec_samples"):
+    for record in records:
+        if not record.run.tokens_per_sec_samples:
             continue
-        test_id = str(row.get("test_id") or "unnamed")
+        test_id = record.run.test_id or "unnamed"
         seen[test_id] = seen.get(test_id, 0) + 1
-        benchmarks.append(_benchmark(row, test_id, seen[test_id]))
+        benchmarks.append(_benchmark(record, test_id, seen[test_id]))
     if machine_info is None:
-        machine_info = default_machine_info(rows)
+        machine_info = default_machine_info(records)
     if commit_info is None:
         commit_info = default_commit_info()
     return {
@@ -84,12 +87,12 @@ def to_benchmark_json(
 
 def write_benchmark_json(
     path: str | os.PathLike[str],
-    rows: Sequence[Mapping[str, Any]],
+    records: Sequence[JudgedRun],
     machine_info: Mapping[str, Any] | None = None,
     commit_info: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write `to_benchmark_json(rows, ...)` to `path` atomically; return the path."""
-    document = to_benchmark_json(rows, machine_info=machine_info, commit_info=commit_info)
+    """Write `to_benchmark_json(records, ...)` to `path` atomically; return the path."""
+    document = to_benchmark_json(records, machine_info=machine_info, commit_info=commit_info)
     # Strict JSON (no NaN/Infinity) because JavaScript readers of this format reject them.
     text = json.dumps(_finite(document), indent=4, ensure_ascii=True, allow_nan=False, default=str)
     return atomic_write_text(path, text + "\n")
@@ -133,7 +136,7 @@ def compute_stats(data: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def default_machine_info(rows: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+def default_machine_info(records: Sequence[JudgedRun] = ()) -> dict[str, Any]:
     """The host as pytest-benchmark describes it, without its slow CPU probe, plus accelerators."""
     info: dict[str, Any] = {
         "node": platform.node(),
@@ -152,8 +155,8 @@ def default_machine_info(rows: Sequence[Mapping[str, Any]] = ()) -> dict[str, An
             "count": os.cpu_count(),
         },
     }
-    devices = sorted({str(row["device_name"]) for row in rows if row.get("device_name")})
-    keys = sorted({key for row in rows if (key := _topology_key(row))})
+    devices = sorted({r.run.device_name for r in records if r.run.device_name})
+    keys = sorted({r.topology_key for r in records if r.topology_key})
     if devices or keys:
         info["distperf"] = {"device_names": devices, "topology_keys": keys}
     return info
@@ -171,7 +174,7 @@ def default_commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, 
         "branch": "(unknown)",
     }
     try:
-        inside = _git(where, "rev-parse", "--is-inside-work-tree")
+        inside = git(where, "rev-parse", "--is-inside-work-tree")
     except OSError:
         return info  # no git at all: what pytest-benchmark calls unversioned
     except subprocess.CalledProcessError as error:
@@ -185,13 +188,13 @@ def default_commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, 
     if inside != "true":  # inside .git itself
         return info
     try:
-        head = _git(where, "log", "-1", "--format=%H%n%cI%n%aI")
+        head = git(where, "log", "-1", "--format=%H%n%cI%n%aI")
         commit, commit_time, author_time = head.split("\n")
         info.update(id=commit, time=commit_time, author_time=author_time)
-        info["project"] = Path(_git(where, "rev-parse", "--show-toplevel")).name
+        info["project"] = Path(git(where, "rev-parse", "--show-toplevel")).name
         # Tracked files only: build outputs and reports a run leaves behind are not a change.
-        info["dirty"] = bool(_git(where, "status", "--porcelain", "--untracked-files=no"))
-        branch = _git(where, "rev-parse", "--abbrev-ref", "HEAD")
+        info["dirty"] = bool(git(where, "status", "--porcelain", "--untracked-files=no"))
+        branch = git(where, "rev-parse", "--abbrev-ref", "HEAD")
         if branch == "HEAD":  # CI checkouts are detached; the CI system knows the branch
             branch = (
                 os.environ.get("GITHUB_HEAD_REF")
@@ -206,54 +209,42 @@ def default_commit_info(cwd: str | os.PathLike[str] | None = None) -> dict[str, 
     return info
 
 
-def _benchmark(row: Mapping[str, Any], test_id: str, occurrence: int) -> dict[str, Any]:
-    workload = dict(row.get("workload") or {})
-    try:
-        new_tokens = int(workload["max_new_tokens"]) * int(workload["batch_size"])
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(
-            f"{test_id}: workload needs max_new_tokens and batch_size to turn tokens/sec into "
-            f"seconds per generation, got {workload!r}"
-        ) from None
-    rates = row["tokens_per_sec_samples"]
-    if not all(
-        isinstance(r, int | float) and not isinstance(r, bool) and math.isfinite(r) and r > 0
-        for r in rates
-    ):
+def _benchmark(record: JudgedRun, test_id: str, occurrence: int) -> dict[str, Any]:
+    run = record.run
+    new_tokens = run.workload.max_new_tokens * run.workload.batch_size
+    rates = run.tokens_per_sec_samples
+    if not all(is_number(r) and math.isfinite(r) and r > 0 for r in rates):
         raise ValueError(f"{test_id}: tokens_per_sec_samples must be positive numbers: {rates!r}")
     # Two runs in one test keep distinct names, so compare tables never merge them.
     suffix = "" if occurrence == 1 else f" #{occurrence}"
     fullname = test_id + suffix
     name = test_id.rsplit("::", 1)[-1] + suffix
-    param = _param_id(test_id)
-    extra = {key: value for key, value in row.items() if key not in _NOT_EXTRA}
+    extra = {key: value for key, value in record.to_json().items() if key not in _NOT_EXTRA}
     extra.update(
-        topology_key=_topology_key(row),
+        topology_key=record.topology_key,
         new_tokens_per_generation=new_tokens,
         round="one timed generation (prefill + decode), slowest rank, seconds",
     )
-    repeats = row.get("repeats", len(rates))
-    warmup = row.get("warmup", 0)
     return {
-        "group": _group(workload),
+        "group": _group(run.workload),
         "name": name,
         "fullname": fullname,
         "params": {
-            "strategy": row.get("strategy"),
-            "devices": row.get("devices"),
-            "accelerator": row.get("accelerator"),
-            **workload,
+            "strategy": run.strategy,
+            "devices": run.devices,
+            "accelerator": run.accelerator,
+            **run.workload.params(),
         },
-        "param": param,
+        "param": _param_id(test_id),
         "extra_info": _finite(extra),
         "options": {
             "disable_gc": False,
             "timer": "distperf: synchronised wall time of the slowest rank",
-            "min_rounds": repeats,
+            "min_rounds": run.repeats,
             "max_time": None,
             "min_time": None,
-            "warmup": bool(warmup),
-            "warmup_iterations": warmup,
+            "warmup": bool(run.warmup),
+            "warmup_iterations": run.warmup,
         },
         "stats": compute_stats([new_tokens / rate for rate in rates]),
     }
@@ -276,9 +267,8 @@ def _at(ordered: Sequence[float], position: float) -> float:
     return (1 - weight) * ordered[index] + weight * ordered[index + 1]
 
 
-def _group(workload: Mapping[str, Any]) -> str | None:
-    parts = [f"{key}={workload[key]}" for key in _GROUP_FIELDS if key in workload]
-    return " ".join(parts) or None
+def _group(workload: Workload) -> str:
+    return " ".join(f"{key}={getattr(workload, key)}" for key in _GROUP_FIELDS)
 
 
 def _param_id(test_id: str) -> str | None:
@@ -286,13 +276,6 @@ def _param_id(test_id: str) -> str | None:
     if name.endswith("]") and "[" in name:
         return name[name.index("[") + 1 : -1]
     return None
-
-
-def _topology_key(row: Mapping[str, Any]) -> str | None:
-    key = row.get("topology_key")
-    if key is None and isinstance(row.get("topology"), Mapping):
-        key = row["topology"].get("key")
-    return str(key) if key is not None else None
 
 
 def _finite(value: Any) -> Any:
@@ -304,18 +287,6 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v) for v in value]
     return value
-
-
-def _git(cwd: Path, *args: str) -> str:
-    completed = subprocess.run(
-        ["git", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=_GIT_TIMEOUT_S,
-        check=True,
-    )
-    return completed.stdout.strip()
 
 
 def _cpu_brand() -> str:

@@ -1,12 +1,12 @@
-"""A Markdown summary of a distperf JSON report, for CI job summaries and merge-request notes.
+"""A Markdown summary of distperf results, for CI job summaries and merge-request notes.
 
     python -m pytest_distperf.output.markdown distperf.json [--title TITLE]
 
-prints one table row per result: test, strategy, devices, tok/s, and, when the rows carry them,
-the baseline (``baseline_tokens_per_sec``), the change (``change``: current / baseline - 1), the
-relative speed and its change (``relative_speed``, ``relative_speed_change``) and the
-``verdict``; then the message of every check that failed or warned (``<check>_message``). Plain
-standard library, so it runs where the report is, torch or not.
+prints one table row per result: test, strategy, devices, tok/s, and, when the run has them,
+the baseline, the change (current / baseline - 1), the relative speed and its change, and the
+verdict; then the message of every check that failed or warned. It renders `SummaryRow`s, made
+from judged runs (`SummaryRow.of`) or from a saved JSON report (`parse_report`, which refuses a
+malformed file with the reason). No torch: it runs wherever the report is.
 """
 
 from __future__ import annotations
@@ -16,34 +16,138 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_distperf.jsonfields import NUMBER, get_field, json_object
+from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
+from pytest_distperf.judge.record import JudgedRun
+
+REPORT_SCHEMAS = (1,)
 _PASSING = frozenset({"ok", "pass", "passed"})
-# The plugin's checks, in the order a reader wants their messages (verdict.py).
-_CHECKS = ("threshold", "baseline", "relative_speed", "memory")
-_TELLING = frozenset({"fail", "warn"})
+_TELLING = frozenset({CheckStatus.FAIL, CheckStatus.WARN})
 _MISSING = "–"
 
 
-def render_markdown(
-    report: Mapping[str, Any] | Sequence[Mapping[str, Any]], title: str = ""
-) -> str:
-    """The Markdown for a report (`{"schema": 1, "results": [...]}`) or a bare list of rows."""
-    rows = list(report.get("results", ()) if isinstance(report, Mapping) else report)
+class ReportError(ValueError):
+    """A saved report that cannot be summarised; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Message:
+    check: str
+    status: CheckStatus
+    text: str
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """What the summary shows of one run; None where the run (or an older report) has none."""
+
+    test_id: str
+    strategy: str | None
+    devices: int | None
+    accelerator: str | None
+    device_name: str | None
+    topology_key: str | None
+    tokens_per_sec: float | None
+    baseline_tokens_per_sec: float | None
+    change: float | None
+    relative_speed: float | None
+    relative_speed_change: float | None
+    verdict: str | None
+    messages: tuple[Message, ...]  # every check's, in the order the checks run
+
+    @classmethod
+    def of(cls, record: JudgedRun) -> SummaryRow:
+        run, baseline, relative = record.run, record.baseline, record.relative_speed
+        return cls(
+            test_id=run.test_id,
+            strategy=run.strategy,
+            devices=run.devices,
+            accelerator=run.accelerator,
+            device_name=run.device_name,
+            topology_key=record.topology_key,
+            tokens_per_sec=run.tokens_per_sec,
+            baseline_tokens_per_sec=baseline.baseline_tokens_per_sec if baseline else None,
+            change=baseline.change if baseline else None,
+            relative_speed=run.relative_speed,
+            relative_speed_change=relative.change if relative else None,
+            verdict=record.decision.verdict,
+            messages=tuple(
+                Message(check.name, check.status, check.message)
+                for check in record.decision.checks
+                if check.status is not CheckStatus.SKIP
+            ),
+        )
+
+    @classmethod
+    def from_json(cls, row: object, where: str) -> SummaryRow:
+        """A row of a JSON report; ValueError naming `where` and the field when it is not one."""
+        data = json_object(row, where)
+
+        def optional(name: str, kind: type | tuple[type, ...]) -> Any:
+            return get_field(data, name, kind, where, optional=True)
+
+        messages = []
+        for name in CHECK_NAMES:
+            status = optional(f"{name}_status", str)
+            if status is not None:
+                status = CheckStatus.parse(status, f"{where}: {name}_status")
+                messages.append(Message(name, status, optional(f"{name}_message", str) or ""))
+        return cls(
+            test_id=get_field(data, "test_id", str, where),
+            strategy=optional("strategy", str),
+            devices=optional("devices", int),
+            accelerator=optional("accelerator", str),
+            device_name=optional("device_name", str),
+            topology_key=optional("topology_key", str),
+            tokens_per_sec=optional("tokens_per_sec", NUMBER),
+            baseline_tokens_per_sec=optional("baseline_tokens_per_sec", NUMBER),
+            change=optional("change", NUMBER),
+            relative_speed=optional("relative_speed", NUMBER),
+            relative_speed_change=optional("relative_speed_change", NUMBER),
+            verdict=optional("verdict", str),
+            messages=tuple(messages),
+        )
+
+
+def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
+    """The rows of a report (`{"schema": 1, "results": [...]}`, or a bare list of rows)."""
+    try:
+        if isinstance(document, list):
+            rows = document
+        else:
+            data = json_object(document, source)
+            schema = get_field(data, "schema", int, source, default=REPORT_SCHEMAS[-1])
+            if schema not in REPORT_SCHEMAS:
+                raise ValueError(f"{source}: unknown report schema {schema!r}")
+            rows = get_field(data, "results", list, source)
+        return [SummaryRow.from_json(row, f"{source}: results[{i}]") for i, row in enumerate(rows)]
+    except ValueError as error:
+        raise ReportError(f"not a distperf JSON report: {error}") from None
+
+
+def render_markdown(rows: Sequence[SummaryRow | JudgedRun], title: str = "") -> str:
+    """The Markdown summary of these runs."""
+    summary = [row if isinstance(row, SummaryRow) else SummaryRow.of(row) for row in rows]
     lines = [f"## {title or 'distperf results'}", ""]
-    if not rows:
+    if not summary:
         lines.append("No distperf results: no test ran a measured generation.")
         return "\n".join(lines) + "\n"
 
-    verdicts = Counter(str(row["verdict"]) for row in rows if row.get("verdict") is not None)
-    facts = [f"{len(rows)} result{'s' if len(rows) != 1 else ''}"]
-    for label, key in (("accelerator", "accelerator"), ("device", "device_name")):
-        values = sorted({str(row[key]) for row in rows if row.get(key)})
-        if values:
-            facts.append(f"{label} {', '.join(values)}")
-    keys = sorted({str(key) for row in rows if (key := _topology_key(row))})
+    verdicts = Counter(row.verdict for row in summary if row.verdict is not None)
+    facts = [f"{len(summary)} result{'s' if len(summary) != 1 else ''}"]
+    for label, values in (
+        ("accelerator", {row.accelerator for row in summary}),
+        ("device", {row.device_name for row in summary}),
+    ):
+        named = sorted(value for value in values if value)
+        if named:
+            facts.append(f"{label} {', '.join(named)}")
+    keys = sorted({row.topology_key for row in summary if row.topology_key})
     if keys:
         facts.append("topology " + ", ".join(f"`{key}`" for key in keys))
     if verdicts:
@@ -55,33 +159,28 @@ def render_markdown(
         "| Rel. change | Verdict |"
     )
     lines.append("|---|---|--:|--:|--:|--:|--:|--:|---|")
-    for row in rows:
+    for row in summary:
         cells = [
-            f"`{row.get('test_id', '?')}`",
-            str(row.get("strategy", _MISSING)),
-            str(row.get("devices", _MISSING)),
-            _rate(row.get("tokens_per_sec")),
-            _rate(row.get("baseline_tokens_per_sec")),
-            _change(row.get("change")),
-            _ratio(row.get("relative_speed")),
-            _change(row.get("relative_speed_change")),
-            _verdict(row.get("verdict")),
+            f"`{row.test_id}`",
+            _MISSING if row.strategy is None else row.strategy,
+            _MISSING if row.devices is None else str(row.devices),
+            _rate(row.tokens_per_sec),
+            _rate(row.baseline_tokens_per_sec),
+            _change(row.change),
+            _ratio(row.relative_speed),
+            _change(row.relative_speed_change),
+            _verdict(row.verdict),
         ]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
 
-    messages = [
-        (row.get("test_id", "?"), name, row[f"{name}_message"])
-        for row in rows
-        for name in _CHECKS
-        if row.get(f"{name}_status") in _TELLING and isinstance(row.get(f"{name}_message"), str)
+    telling = [
+        f"- `{row.test_id}` {message.check}: {' '.join(message.text.split())}"
+        for row in summary
+        for message in row.messages
+        if message.status in _TELLING and message.text
     ]
-    if messages:
-        lines += ["", "<details><summary>Messages</summary>", ""]
-        lines += [
-            f"- `{test_id}` {name}: {' '.join(message.split())}"
-            for test_id, name, message in messages
-        ]
-        lines += ["", "</details>"]
+    if telling:
+        lines += ["", "<details><summary>Messages</summary>", "", *telling, "", "</details>"]
     return "\n".join(lines) + "\n"
 
 
@@ -94,57 +193,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--title", default="", help="heading of the summary")
     args = parser.parse_args(argv)
     try:
-        report = json.loads(args.report.read_text(encoding="utf-8"))
+        document = json.loads(args.report.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         parser.exit(2, f"{parser.prog}: error: cannot read report {args.report}: {error}\n")
-    if not isinstance(report, Mapping | list) or (
-        isinstance(report, Mapping) and not isinstance(report.get("results", []), list)
-    ):
-        parser.exit(2, f"{parser.prog}: error: {args.report} is not a distperf JSON report\n")
-    text = render_markdown(report, title=args.title)
+    try:
+        rows = parse_report(document, str(args.report))
+    except ReportError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    text = render_markdown(rows, title=args.title)
     # UTF-8 regardless of the runner's locale: the table uses a few non-ASCII characters.
     sys.stdout.buffer.write(text.encode("utf-8"))
     sys.stdout.flush()
     return 0
 
 
-def _rate(value: Any) -> str:
-    if not _is_number(value):
+def _rate(value: float | None) -> str:
+    if not _is_finite(value):
         return _MISSING
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
-def _ratio(value: Any) -> str:
-    return f"{value:.3f}" if _is_number(value) else _MISSING
+def _ratio(value: float | None) -> str:
+    return f"{value:.3f}" if _is_finite(value) else _MISSING
 
 
-def _change(value: Any) -> str:
-    if _is_number(value):
-        return f"{value:+.1%}"
-    return _MISSING if value is None else str(value)
+def _change(value: float | None) -> str:
+    return f"{value:+.1%}" if _is_finite(value) else _MISSING
 
 
-def _verdict(value: Any) -> str:
+def _verdict(value: str | None) -> str:
     if value is None:
         return _MISSING
-    text = str(value)
-    return text if text.lower() in _PASSING else f"**{text}**"
+    return value if value.lower() in _PASSING else f"**{value}**"
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _is_finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _cell(text: str) -> str:
     # A "|" splits a table cell even inside a code span on GitHub and GitLab.
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _topology_key(row: Mapping[str, Any]) -> str | None:
-    key = row.get("topology_key")
-    if key is None and isinstance(row.get("topology"), Mapping):
-        key = row["topology"].get("key")
-    return None if key is None else str(key)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Renderings of results: the JSON report and the terminal table."""
+"""The session's own renderings of judged runs: the JSON report and the terminal table."""
 
 from __future__ import annotations
 
@@ -6,16 +6,17 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.store.files import atomic_write_text
 
 REPORT_SCHEMA = 1
 
 
-def write_json_report(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> Path:
-    """Write all rows atomically: a reader never sees half a report."""
-    text = json.dumps({"schema": REPORT_SCHEMA, "results": list(rows)}, indent=2, sort_keys=True)
+def write_json_report(path: str | os.PathLike[str], records: Sequence[JudgedRun]) -> Path:
+    """Write every run's row atomically: a reader never sees half a report."""
+    rows = [record.to_json() for record in records]
+    text = json.dumps({"schema": REPORT_SCHEMA, "results": rows}, indent=2, sort_keys=True)
     return atomic_write_text(path, text + "\n")
 
 
@@ -26,23 +27,36 @@ RESULT_HEADER = (
 )
 
 
-def format_result_line(nodeid: str, outcome: str, props: dict[str, Any]) -> str:
-    def number(key: str, spec: str) -> str:
-        value = props.get(key)
-        width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-        return format(value, spec) if isinstance(value, (int, float)) else "-".rjust(width)
+def format_result_line(record: JudgedRun, outcome: str) -> str:
+    """One row of the table under RESULT_HEADER; `outcome` is the test's ("passed", ...).
 
-    ranks = f"{props['distperf_devices']} x {props['distperf_accelerator']}"
-    verdict = props.get("distperf_verdict", "ok") if outcome == "passed" else "FAILED"
-    return (
-        f"{number('distperf_tokens_per_sec', '10.2f')} "
-        f"{number('distperf_decode_tokens_per_sec', '9.2f')} "
-        f"{number('distperf_ttft_ms', '8.1f')} {props['distperf_strategy']:<15} {ranks:<9} "
-        f"{number('distperf_predicted_tokens_per_sec', '9.2f')} "
-        f"{props.get('distperf_bound', '-'):<13} "
-        f"{number('distperf_baseline_tokens_per_sec', '9.2f')} "
-        f"{number('distperf_change', '+7.1%')} {number('distperf_detectable_drop', '6.0%')} "
-        f"{number('distperf_relative_speed_change', '+7.1%')} "
-        f"{number('distperf_relative_speed_detectable_drop', '6.0%')}  "
-        f"{verdict:<18} {nodeid}"
+    A figure the run does not have (no prediction, no baseline yet) shows as "-".
+    """
+    run, threshold, baseline, relative = (
+        record.run,
+        record.threshold,
+        record.baseline,
+        record.relative_speed,
     )
+    ranks = f"{run.devices} x {run.accelerator}"
+    verdict = record.decision.verdict if outcome == "passed" else "FAILED"
+    predicted = threshold.predicted_tokens_per_sec if threshold else None
+    return (
+        f"{_number(run.tokens_per_sec, '10.2f')} "
+        f"{_number(run.decode_tokens_per_sec, '9.2f')} "
+        f"{_number(run.ttft_s * 1000, '8.1f')} {run.strategy:<15} {ranks:<9} "
+        f"{_number(predicted, '9.2f')} {threshold.bound if threshold else '-':<13} "
+        f"{_number(baseline.baseline_tokens_per_sec if baseline else None, '9.2f')} "
+        f"{_number(baseline.change if baseline else None, '+7.1%')} "
+        f"{_number(record.detectable_drop, '6.0%')} "
+        f"{_number(relative.change if relative else None, '+7.1%')} "
+        f"{_number(relative.detectable_drop if relative else None, '6.0%')}  "
+        f"{verdict:<18} {run.test_id}"
+    )
+
+
+def _number(value: float | None, spec: str) -> str:
+    if value is None:
+        width = int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+        return "-".rjust(width)
+    return format(value, spec)

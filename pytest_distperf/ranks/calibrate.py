@@ -27,7 +27,12 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from pytest_distperf.perfmodel import Calibration, CollectiveFigure, MessageSizes, message_sizes
+from pytest_distperf.perfmodel.calibration import (
+    Calibration,
+    CollectiveFigure,
+    MessageSizes,
+    message_sizes,
+)
 from pytest_distperf.ranks.timing import device_sync
 
 __all__ = ["Calibration", "CollectiveFigure", "MessageSizes", "calibrate", "message_sizes"]

@@ -1,4 +1,4 @@
-"""Runs inside one rank: Fabric strategy -> model -> timed generations -> RankResult.
+"""Runs inside one rank: model -> Fabric strategy -> timed generations -> RankResult.
 
 The launcher starts this in fresh processes with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT already set, so Fabric sees an externally launched job and never re-runs pytest.
@@ -6,6 +6,7 @@ MASTER_PORT already set, so Fabric sees an externally launched job and never re-
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import importlib
 import os
@@ -31,7 +32,7 @@ from pytest_distperf.ranks.timing import (
     timed_generation,
 )
 from pytest_distperf.spec import Implementation, RankResult, RunSpec, Sample, Workload
-from pytest_distperf.strategies import describe_implementation, get_strategy, set_wrap_unit
+from pytest_distperf.strategies import BuildContext, get_strategy
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
@@ -58,17 +59,13 @@ def _run(spec: RunSpec) -> RankResult:
     if spec.accelerator == "cpu":
         torch.set_num_threads(spec.threads_per_rank)
     workload = spec.workload
-    fabric = Fabric(
-        accelerator=spec.accelerator,
-        devices=spec.devices // spec.nodes,
-        num_nodes=spec.nodes,
-        strategy=get_strategy(spec.strategy).build(spec.accelerator, spec.devices),
-        precision=FABRIC_PRECISION[workload.precision],
-    )
-    fabric.launch()
-    if spec.marker_file and fabric.global_rank == 0:
-        Path(spec.marker_file).write_text(str(os.getpid()))
-    device, dtype = fabric.device, DTYPES[workload.precision]
+    record = get_strategy(spec.strategy)
+    reason = record.unsupported(spec.accelerator, spec.devices)
+    if reason:
+        raise ValueError(reason)
+    device, dtype = _rank_device(spec.accelerator), DTYPES[workload.precision]
+    if spec.devices > 1:
+        _join_group(device)
     calibration = None
     if spec.calibration_sizes is not None:
         from pytest_distperf.ranks.calibrate import calibrate
@@ -77,6 +74,20 @@ def _run(spec: RunSpec) -> RankResult:
         calibration = calibrate(sizes.all_gather, sizes.all_reduce, device, dtype)
     # Every rank builds the same weights from the seed; sharded strategies then keep their shard.
     model = _build(workload.model, workload.seed, device, dtype)
+    # The strategy is built for this model: FSDP1 wraps its block class as one unit.
+    context = BuildContext(spec.accelerator, spec.devices, wrap_units=(model.block_class,))
+    fabric = Fabric(
+        accelerator=spec.accelerator,
+        devices=spec.devices // spec.nodes,
+        num_nodes=spec.nodes,
+        strategy=record.build(context),
+        precision=FABRIC_PRECISION[workload.precision],
+    )
+    fabric.launch()  # finds the process group already joined
+    if fabric.device != device:
+        raise RuntimeError(f"Fabric placed this rank on {fabric.device}, not on {device}")
+    if spec.marker_file and fabric.global_rank == 0:
+        Path(spec.marker_file).write_text(str(os.getpid()))
     config = model.config
     prompt = make_prompt(config, workload.batch_size, workload.prompt_length, workload.seed, device)
     # The bare model (no wrapper, no collectives) runs one generation beside every timed one:
@@ -85,11 +96,10 @@ def _run(spec: RunSpec) -> RankResult:
     # alike, so their ratio stays put where tokens/sec does not. A replicated model is the same
     # object after wrapping; a sharded one is rebuilt whole from the seed after wrapping (see
     # _whole_copy for what that does to the reported peak memory).
-    strategy = get_strategy(spec.strategy)
     # The threshold's reference: for replicated strategies the median of the bare runs beside
     # the samples; a sharded model (and a generation too short to time a reference beside it,
     # a step or two of a tiny model being all noise) is timed until steady before wrapping.
-    paired = not strategy.sharded and workload.max_new_tokens > spec.reference_steps
+    paired = not record.sharded and workload.max_new_tokens > spec.reference_steps
     reference = None
     if spec.reference_steps and not paired:
         model.setup_caches(
@@ -100,7 +110,6 @@ def _run(spec: RunSpec) -> RankResult:
         )
         reference = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
         model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
-    set_wrap_unit(model.block_class)
     wrapped = fabric.setup_module(model)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
     # broadcast them on every forward; each rank's KV cache is its own.
@@ -112,7 +121,7 @@ def _run(spec: RunSpec) -> RankResult:
     )
     bare: torch.nn.Module | None = None
     bare_bytes, rss_before_copy = 0, None
-    if spec.reference_steps and not strategy.sharded:
+    if spec.reference_steps and not record.sharded:
         bare = model
     elif spec.reference_steps:
         if device.type == "cpu":  # ru_maxrss cannot be reset: keep what it was without the copy
@@ -167,7 +176,7 @@ def _run(spec: RunSpec) -> RankResult:
     if paired and bare_samples:
         steps = max(workload.max_new_tokens - 1, 1)
         reference = statistics.median(s.decode_s / steps for s in bare_samples)
-    fabric_strategy, sharding, wrapper = describe_implementation(fabric, wrapped)
+    fabric_strategy, sharding, wrapper = record.describe_implementation(fabric, wrapped)
     backend = ""
     if torch.distributed.is_initialized():
         backend = str(torch.distributed.get_backend())
@@ -187,13 +196,37 @@ def _run(spec: RunSpec) -> RankResult:
         versions=software_versions(),
         device_name=_device_name(device),
         tokens=tuple(tuple(int(t) for t in row) for row in tokens.tolist()),
-        replicas=fabric.world_size,  # every strategy here is data-parallel (results.py)
+        replicas=record.replicas(fabric.world_size),
         timed_from=timed_from,
         reference_token_s=reference,
         bare_samples=tuple(bare_samples),
         host_loop_s=host_loop_s,
         calibration=calibration,
     )
+
+
+def _rank_device(accelerator: str) -> torch.device:
+    """The device Fabric gives this rank (its local rank's GPU), known before Fabric exists."""
+    if accelerator == "cuda":
+        local = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        return torch.device("cuda", int(local))
+    return torch.device("cpu")
+
+
+def _join_group(device: torch.device) -> None:
+    """Join the run's process group as Fabric would, unless the launcher already has (the rank
+    pool does): calibration comes before the model, and the strategy is built for the model."""
+    from torch.distributed.constants import default_pg_timeout
+
+    dist = torch.distributed
+    if dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=default_pg_timeout)
+    if backend == "nccl":  # torch warns at exit about a process group never destroyed
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
 
 def _build(name: str, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:

@@ -1,0 +1,82 @@
+"""Reading the fields of parsed JSON, with errors that say where and what was wrong.
+
+One helper for every file the plugin reads back (baselines, saved reports; topologies and
+calibrations could use it too). Pure: no I/O, no imports beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: What a JSON number reads as in Python.
+NUMBER: tuple[type, ...] = (int, float)
+NULL = type(None)
+
+_REQUIRED: Any = object()
+_WORDS = {
+    bool: "true or false",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    tuple: "a list",
+    dict: "a JSON object",
+    Mapping: "a JSON object",
+    NULL: "null",
+}
+
+
+def is_number(value: object) -> bool:
+    """A JSON number: int or float, never a bool (JSON true is an int in Python)."""
+    return isinstance(value, NUMBER) and not isinstance(value, bool)
+
+
+def is_count(value: object) -> bool:
+    """A non-negative integer that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def json_object(value: object, where: str) -> Mapping[str, Any]:
+    """`value` if it is a JSON object, else ValueError naming `where`."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def get_field(
+    data: Mapping[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    where: str = "",
+    *,
+    optional: bool = False,
+    default: Any = _REQUIRED,
+) -> Any:
+    """`data[name]`, checked to be of `kind` (a type or a tuple of types).
+
+    `optional`: an absent field or a null reads as None. `default`: what an absent field reads
+    as (a null still has to be of `kind`). Otherwise an absent field is an error. A JSON
+    true/false passes only where `bool` is asked for: where a number belongs it is a mistake.
+    """
+    prefix = f"{where}: " if where else ""
+    if name not in data:
+        if default is not _REQUIRED:
+            return default
+        if optional:
+            return None
+        raise ValueError(f"{prefix}missing field {name!r}")
+    value = data[name]
+    if value is None and optional:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise ValueError(f"{prefix}field {name!r} must be {_describe(kinds)}, got {value!r}")
+    return value
+
+
+def _describe(kinds: tuple[type, ...]) -> str:
+    if set(kinds) >= set(NUMBER):
+        kinds = (float, *(k for k in kinds if k not in NUMBER))
+    words = dict.fromkeys(_WORDS.get(k, k.__name__) for k in kinds)
+    return " or ".join(words)

@@ -1,0 +1,301 @@
+"""A pool of rank processes kept for the session: started once, one RunSpec per test.
+
+Starting ranks (process start, torch import, process group, Lightning) costs far more than a
+small test's timed work (docs/benchmarks/pool.md), so the ranks stay up between tests, as torch's
+own `MultiProcContinuousTest` keeps its process group. The rendezvous is torch elastic's: this
+process hosts the TCPStore and every rank joins as its client. Control goes through one pipe
+per rank (`ranks/serve.py`). A test that raises, hangs or loses a rank leaves the group in an
+unknown state: the pool is stopped and the next test gets a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+from pytest_distperf.launch.cpus import threads_per_rank
+from pytest_distperf.launch.failures import (
+    RunFailed,
+    failed_headline,
+    output_tail,
+    rank_section,
+    timeout_headline,
+    where,
+)
+from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
+from pytest_distperf.ranks.serve import DONE, READY, RUN, STOP, RankPlace
+from pytest_distperf.spec import RankResult, RunResult, RunSpec
+
+# Variables that change how ranks talk to each other: pools differ when these do.
+COMM_VARIABLES = (
+    "NCCL_P2P_DISABLE",
+    "NCCL_P2P_LEVEL",
+    "NCCL_SHM_DISABLE",
+    "NCCL_NET",
+    "NCCL_IB_DISABLE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+)
+START_TIMEOUT_S = 300.0  # process start, imports, process group
+GRACE_S = 10.0  # past the timeout, for the ranks' own watchdogs to dump their stacks
+FAILED_GRACE_S = 3.0  # for the other ranks' replies once one rank has failed
+STOP_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """What makes two tests able to share ranks."""
+
+    accelerator: str
+    ranks: int
+    comm_environment: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, spec: RunSpec, environ: Mapping[str, str] = os.environ) -> PoolKey:
+        comm = tuple((name, environ[name]) for name in COMM_VARIABLES if environ.get(name))
+        return cls(spec.accelerator, spec.devices, comm)
+
+
+class RankPool:
+    """The ranks of one PoolKey; `run(spec)` returns a RunResult or raises RunFailed."""
+
+    def __init__(self, key: PoolKey) -> None:
+        import multiprocessing
+
+        import torch.distributed as dist
+
+        self.key = key
+        self.started_at = time.time()
+        self.tests_run = 0
+        self._log_dir = Path(tempfile.mkdtemp(prefix="distperf-pool-"))
+        # The store lives here, so that it outlives any rank and every rank is only a client.
+        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        context = multiprocessing.get_context("spawn")
+        threads = threads_per_rank(key.ranks) if key.accelerator == "cpu" else 1
+        self._processes: list[Any] = []
+        self._connections: list[Connection] = []
+        self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
+        from pytest_distperf.ranks.serve import serve
+
+        for rank in range(key.ranks):
+            ours, theirs = context.Pipe()
+            place = RankPlace(
+                rank=rank,
+                world_size=key.ranks,
+                accelerator=key.accelerator,
+                store_port=self._store.port,
+                log_path=str(self.log_paths[rank]),
+                threads=threads,
+                parent_pid=os.getpid(),
+                environ=key.comm_environment,
+            )
+            process = context.Process(target=serve, args=(place, theirs), name=f"distperf-{rank}")
+            process.start()
+            theirs.close()
+            self._processes.append(process)
+            self._connections.append(ours)
+        self.ready_s = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._processes) and all(p.is_alive() for p in self._processes)
+
+    def output_offsets(self) -> list[int]:
+        return [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
+
+    def wait_ready(self, spec: RunSpec) -> None:
+        """Block until every rank has joined the process group (first use only)."""
+        start = time.perf_counter()
+        replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
+        failed = {rank: text for rank, (kind, text) in replies.items() if kind != READY}
+        if failed:
+            raise RunFailed(self._failure_text(spec, failed, time.perf_counter() - start))
+        self.ready_s = time.perf_counter() - start
+
+    def run(self, spec: RunSpec) -> RunResult:
+        launched_at, start = time.time(), time.perf_counter()
+        if self.tests_run == 0:
+            self.wait_ready(spec)
+        for connection in self._connections:
+            connection.send((RUN, spec))
+        replies = self._collect(spec, spec.timeout + GRACE_S, expect=DONE)
+        self.tests_run += 1
+        elapsed = time.perf_counter() - start
+        failed = {rank: text for rank, (kind, text) in replies.items() if kind != DONE}
+        if failed:
+            raise RunFailed(self._failure_text(spec, failed, elapsed))
+        ranks: tuple[RankResult, ...] = tuple(replies[r][1] for r in sorted(replies))
+        return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
+
+    def _collect(self, spec: RunSpec, timeout: float, expect: str) -> dict[int, tuple[str, Any]]:
+        """Every rank's reply; a rank that raised, died or timed out gets (status, text)."""
+        replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
+        pending = dict(enumerate(self._connections))
+        deadline = time.monotonic() + timeout
+        with _stopping_signals():
+            while pending:
+                # Once one rank has failed, the others are likely stuck in a collective with it.
+                if any(kind != expect for kind, _ in replies.values()):
+                    deadline = min(deadline, time.monotonic() + FAILED_GRACE_S)
+                left = max(deadline - time.monotonic(), 0.0)
+                ready = wait(list(pending.values()), timeout=left)
+                if not ready:
+                    for rank in pending:
+                        replies[rank] = ("timeout", "")
+                    self.stop(kill=True)
+                    break
+                for rank, connection in list(pending.items()):
+                    if connection not in ready:
+                        continue
+                    del pending[rank]
+                    try:
+                        replies[rank] = connection.recv()
+                    except (EOFError, OSError):
+                        replies[rank] = ("died", "")
+        if any(kind == "died" for kind, _ in replies.values()):
+            self.stop(kill=True)  # let the exit codes settle before they are read
+            self._raise_if_interrupted()
+        return replies
+
+    def _raise_if_interrupted(self) -> None:
+        # A Ctrl-C that reached a rank before this process: still the user's interrupt.
+        if any(p.exitcode == -signal.SIGINT for p in self._processes):
+            raise KeyboardInterrupt
+
+    def _failure_text(self, spec: RunSpec, failed: dict[int, str], elapsed: float) -> str:
+        timed_out = any(text == "" and self._exitcode(r) is None for r, text in failed.items())
+        timed_out = timed_out or elapsed >= spec.timeout
+        self.stop(kill=True)
+        if timed_out:  # every rank's stack matters: who waits for whom
+            lines = [timeout_headline(spec)]
+            for rank in range(self.key.ranks):
+                lines.append(rank_section(rank, self._status(rank), self._output(rank)))
+            return "\n".join(lines)
+        # The first rank to fail is the cause; the others failed because it was gone.
+        first, *after = failed
+        lines = [failed_headline(spec, [first], elapsed)]
+        lines.append(rank_section(first, self._status(first), failed[first] or self._output(first)))
+        for rank in after:
+            last = (failed[rank] or self._output(rank)).strip().splitlines()[-1:] or [""]
+            lines.append(f"\n(rank {rank} failed after it, {self._status(rank)}: {last[0]})")
+        return "\n".join(lines)
+
+    def _output(self, rank: int) -> str:
+        return output_tail(self.log_paths[rank])
+
+    def _exitcode(self, rank: int) -> int | None:
+        return self._processes[rank].exitcode
+
+    def _status(self, rank: int) -> str:
+        process = self._processes[rank]
+        code = process.exitcode
+        if code is None:
+            return f"still running, pid {process.pid}"
+        if code < 0:
+            name = signal.Signals(-code).name
+            hint = " (the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
+            return f"killed by {name}{hint}, pid {process.pid}"
+        return f"exit code {code}, pid {process.pid}"
+
+    def stop(self, kill: bool = False) -> None:
+        """End the ranks: politely between tests, at once after a fault. Idempotent."""
+        if not kill:
+            for connection in self._connections:
+                with contextlib.suppress(OSError, ValueError):
+                    connection.send((STOP, None))
+        # Even when killing, a rank that is already exiting gets a moment to finish.
+        deadline = time.monotonic() + (0.5 if kill else STOP_WAIT_S)
+        for process in self._processes:
+            process.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for process in self._processes:
+            if process.is_alive():
+                # SIGTERM first: the rank's faulthandler leaves its stack in the log.
+                process.terminate()
+        for process in self._processes:
+            process.join(timeout=2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=2.0)
+        for connection in self._connections:
+            connection.close()
+        self._connections = []
+
+    def close(self, kill: bool = False) -> None:
+        self.stop(kill=kill or not self.alive)
+        self._processes = []
+        with contextlib.suppress(OSError):
+            for path in self.log_paths:
+                path.unlink(missing_ok=True)
+            self._log_dir.rmdir()
+
+
+@contextlib.contextmanager
+def _stopping_signals() -> Iterator[None]:
+    """While a test's ranks run, SIGTERM, SIGHUP and SIGQUIT end the session (SessionStopped);
+    SIGINT keeps pytest's KeyboardInterrupt."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SessionStopped(signum)
+
+    stopping = [s for s in HANDLED_SIGNALS if s != signal.SIGINT]
+    saved = {s: signal.getsignal(s) for s in stopping}
+    try:
+        for sig in stopping:
+            signal.signal(sig, stop)
+    except ValueError:  # not the main thread: leave the handlers alone
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+class Pools:
+    """The session's pools: one per PoolKey, and only one alive at a time, so that pools of
+    different rank counts never hold the same GPUs at once."""
+
+    def __init__(self) -> None:
+        self._current: RankPool | None = None
+
+    @property
+    def current(self) -> RankPool | None:
+        return self._current
+
+    def run(self, spec: RunSpec) -> RunResult:
+        if spec.accelerator == "cpu":
+            spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+        key = PoolKey.of(spec)
+        pool = self._current
+        if pool is not None and (pool.key != key or not pool.alive):
+            pool.close()
+            pool = self._current = None
+        if pool is None:
+            try:
+                pool = self._current = RankPool(key)
+            except Exception as error:  # store or spawn trouble: still this test's failure
+                raise RunFailed(
+                    f"distperf: could not start the ranks {where(spec)}: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+        try:
+            return pool.run(spec)
+        except RunFailed:
+            self.close()  # poisoned: the next test gets a new pool
+            raise
+        except BaseException:  # Ctrl-C, a stopping signal: the session ends, the ranks now
+            self.close(kill=True)
+            raise
+
+    def close(self, kill: bool = False) -> None:
+        if self._current is not None:
+            self._current.close(kill=kill)
+            self._current = None

@@ -1,0 +1,58 @@
+"""Signals that stop the whole session (a CI runner's cancel, a closed terminal) while ranks run.
+
+The elastic agent installs its own handlers for a run and leaves them; these helpers give pytest
+its handlers back and remember which signal arrived, so one signal never fails just one test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+
+
+class SessionStopped(BaseException):
+    """A signal (SIGTERM from a CI runner's cancel, SIGHUP, SIGQUIT) asked the whole session to
+    stop, not just this test: a BaseException, so that nothing on the way mistakes it for a
+    test's failure and goes on to the next test."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+STOPPING_SIGNALS = frozenset(HANDLED_SIGNALS) - {signal.SIGINT}  # SIGINT: KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def own_signals(signals: set[int] | None = None) -> Iterator[None]:
+    """Give pytest its signal handlers back: the elastic agent installs its own for the run and
+    leaves them, after which a Ctrl-C between tests would only fail the next test.
+
+    Also notes every signal that arrives meanwhile in `signals`, through Python's wakeup fd,
+    which is written whichever handler is installed (the agent replaces the handlers).
+    """
+    saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+    reader, writer = socket.socketpair()
+    reader.setblocking(False)
+    writer.setblocking(False)
+    try:
+        previous_fd: int | None = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: signals go to the main thread's handlers anyway
+        previous_fd = None
+    try:
+        yield
+    finally:
+        if previous_fd is not None:
+            signal.set_wakeup_fd(previous_fd)
+            if signals is not None:
+                with contextlib.suppress(BlockingIOError):
+                    signals.update(reader.recv(4096))
+        reader.close()
+        writer.close()
+        for sig, handler in saved.items():
+            if handler is not None:
+                signal.signal(sig, handler)

@@ -1,0 +1,238 @@
+"""Calibration values measured in the ranks, in nccl-tests conventions, and the message sizes
+worth measuring. Pure: the ranks fill these in (ranks/calibrate.py), everything else reads them.
+
+Conventions (nccl-tests, doc/PERFORMANCE.md): an all-gather's `bytes` is its gathered OUTPUT
+size; algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x
+2(n-1)/n.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from distperf_model.config import Config
+
+OPS = ("all_gather", "all_reduce")
+
+
+def bus_factor(op: str, world_size: int) -> float:
+    """nccl-tests' busbw / algbw: (n-1)/n for all-gather, 2(n-1)/n for all-reduce."""
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if op == "all_gather":
+        return (world_size - 1) / world_size
+    if op == "all_reduce":
+        return 2 * (world_size - 1) / world_size
+    raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+
+
+@dataclass(frozen=True)
+class CollectiveFigure:
+    """One measured collective, nccl-tests style; `bytes` is an all-gather's OUTPUT size."""
+
+    op: str
+    bytes: int
+    time_s: float
+    algbw: float  # bytes/s
+    busbw: float  # bytes/s
+
+    @classmethod
+    def from_time(cls, op: str, nbytes: int, time_s: float, world_size: int) -> CollectiveFigure:
+        algbw = nbytes / time_s if time_s > 0 else 0.0
+        return cls(op, int(nbytes), float(time_s), algbw, algbw * bus_factor(op, world_size))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "bytes": self.bytes,
+            "time_s": self.time_s,
+            "algbw": self.algbw,
+            "busbw": self.busbw,
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], where: str = "collective figure"
+    ) -> CollectiveFigure:
+        op = _field(data, "op", str, where)
+        if op not in OPS:
+            raise ValueError(f"{where}: unknown op {op!r}")
+        return cls(
+            op=op,
+            bytes=int(_field(data, "bytes", (int,), where)),
+            time_s=float(_field(data, "time_s", (int, float), where)),
+            algbw=float(_field(data, "algbw", (int, float), where)),
+            busbw=float(_field(data, "busbw", (int, float), where)),
+        )
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the ranks measured: collectives at the model's message sizes and memory bandwidth.
+
+    `memory_bandwidth` is a large device copy's bytes read + written per second; `latency_s` the
+    smallest-message all-gather time (launch and synchronisation included);
+    `fresh_copy_bandwidth` the same copy into a newly allocated tensor, what FSDP2's copies into
+    new buffers cost (0: not measured, use `memory_bandwidth`); `overlap` the share of the
+    shorter of (a large all-gather, host-issued small kernels) that is hidden when both run at
+    once, in [0, 1] (0: not measured, nothing hidden).
+    """
+
+    world_size: int
+    backend: str
+    device_type: str
+    all_gather: tuple[CollectiveFigure, ...]
+    all_reduce: tuple[CollectiveFigure, ...]
+    memory_bandwidth: float
+    latency_s: float
+    fresh_copy_bandwidth: float = 0.0
+    overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"calibration: overlap must be in [0, 1], got {self.overlap!r}")
+        # Sorted by size so that interpolation can bisect; tuples whatever the caller passed.
+        for op in OPS:
+            figures = tuple(sorted(getattr(self, op), key=lambda f: f.bytes))
+            if any(f.op != op for f in figures):
+                raise ValueError(f"calibration: a figure in {op} is not an {op}")
+            object.__setattr__(self, op, figures)
+
+    def figures(self, op: str) -> tuple[CollectiveFigure, ...]:
+        if op not in OPS:
+            raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
+        return getattr(self, op)
+
+    def time_at(self, op: str, nbytes: float) -> float:
+        """Time of one `op` of `nbytes` at this world size, interpolated between measured sizes.
+
+        Linear in bytes between two measured sizes (t = latency + bytes / bandwidth holds
+        piecewise); below the smallest size, the smallest size's time; above the largest, the
+        largest size's time plus the extra bytes at that size's algorithm bandwidth.
+        """
+        figures = self.figures(op)
+        if not figures:
+            raise ValueError(f"calibration has no {op} figures")
+        sizes = [f.bytes for f in figures]
+        if nbytes <= sizes[0]:
+            return figures[0].time_s
+        last = figures[-1]
+        if nbytes >= sizes[-1]:
+            extra = nbytes - last.bytes
+            return last.time_s + (extra / last.algbw if last.algbw > 0 else 0.0)
+        i = bisect.bisect_right(sizes, nbytes)
+        lo, hi = figures[i - 1], figures[i]
+        share = (nbytes - lo.bytes) / (hi.bytes - lo.bytes)
+        return lo.time_s + share * (hi.time_s - lo.time_s)
+
+    def busbw_at(self, op: str, nbytes: float) -> float:
+        """Bus bandwidth (bytes/s) of an `op` of `nbytes`, latency included, as nccl-tests shows."""
+        t = self.time_at(op, nbytes)
+        return nbytes / t * bus_factor(op, self.world_size) if t > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "device_type": self.device_type,
+            "all_gather": [f.to_dict() for f in self.all_gather],
+            "all_reduce": [f.to_dict() for f in self.all_reduce],
+            "memory_bandwidth": self.memory_bandwidth,
+            "latency_s": self.latency_s,
+            "fresh_copy_bandwidth": self.fresh_copy_bandwidth,
+            "overlap": self.overlap,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Calibration:
+        """Inverse of `to_dict`; raises ValueError naming the bad field."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
+        figures = {}
+        for op in OPS:
+            raw = _field(data, op, (list, tuple), "calibration")
+            figures[op] = tuple(
+                CollectiveFigure.from_dict(
+                    _mapping(item, f"calibration {op}[{i}]"), f"calibration {op}[{i}]"
+                )
+                for i, item in enumerate(raw)
+            )
+        return cls(
+            world_size=int(_field(data, "world_size", (int,), "calibration")),
+            backend=_field(data, "backend", str, "calibration"),
+            device_type=_field(data, "device_type", str, "calibration"),
+            all_gather=figures["all_gather"],
+            all_reduce=figures["all_reduce"],
+            memory_bandwidth=float(_field(data, "memory_bandwidth", (int, float), "calibration")),
+            latency_s=float(_field(data, "latency_s", (int, float), "calibration")),
+            fresh_copy_bandwidth=float(
+                _field(data, "fresh_copy_bandwidth", (int, float), "calibration")
+                if "fresh_copy_bandwidth" in data
+                else 0.0
+            ),
+            # Reports written before the overlap was measured: nothing hidden, terms add up.
+            overlap=float(
+                _field(data, "overlap", (int, float), "calibration") if "overlap" in data else 0.0
+            ),
+        )
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if name not in data:
+        raise ValueError(f"{where}: missing field {name!r}")
+    value = data[name]
+    # JSON true is an int in Python; a boolean where a number belongs is a mistake worth naming.
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ValueError(f"{where}: field {name!r} has the wrong type ({value!r})")
+    return value
+
+
+@dataclass(frozen=True)
+class MessageSizes:
+    """Byte sizes to calibrate: all-gather OUTPUT sizes and all-reduce sizes."""
+
+    all_gather: tuple[int, ...]
+    all_reduce: tuple[int, ...]
+
+
+NO_MESSAGES = MessageSizes((), ())
+LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
+
+
+def message_sizes(
+    config: Config,
+    strategy: str | Iterable[str],
+    devices: int,
+    dtype_bytes: int,
+    batch: int = 1,
+    latency_probe_bytes: int = LATENCY_PROBE_BYTES,
+) -> MessageSizes:
+    """The message sizes the model really uses under `strategy` (one name or several).
+
+    Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
+    tensor-parallel layer would need; then what each strategy's record asks for (for the
+    sharded ones, the weights their all-gathers move).
+    """
+    # At call time: the strategy modules import this package's terms.
+    from pytest_distperf.strategies import get_strategy
+
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    activation = batch * config.n_embd * dtype_bytes
+    gather = {latency_probe_bytes, activation}
+    reduce = {latency_probe_bytes, activation}
+    for name in (strategy,) if isinstance(strategy, str) else tuple(strategy):
+        own = get_strategy(name).message_sizes(config, dtype_bytes, batch)
+        gather.update(own.all_gather)
+        reduce.update(own.all_reduce)
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)))

@@ -1,0 +1,310 @@
+"""What a collective and a memory read cost on the run's devices: measured in the ranks
+(`links_from_calibration`) or nominal from a topology (`nominal_links`), and the one choice
+between the two that the gate and `distperf predict` share (`run_links`).
+
+How the nominal figures are derived, with their sources: docs/perfmodel.md ("Nominal links").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_distperf.perfmodel.calibration import Calibration, bus_factor
+from pytest_distperf.perfmodel.terms import GB
+
+if TYPE_CHECKING:
+    from pytest_distperf.topology import Topology
+
+
+@dataclass(frozen=True)
+class Links:
+    """What a collective and a memory read cost on the run's devices, measured or nominal."""
+
+    link_class: str  # the slowest link between the run's devices, as nvidia-smi writes it
+    world_size: int
+    busbw: float  # bytes/s at large messages: nominal, or the largest calibrated size
+    latency_s: float  # one small collective
+    memory_bandwidth: float | None  # bytes/s a device streams from its memory; None: unknown
+    measured: bool
+    calibration: Calibration | None = None
+    assumptions: tuple[str, ...] = field(default=())
+    copy_bandwidth: float | None = None  # copies into new buffers; None: memory_bandwidth
+    overlap: float = 0.0  # share of transfer and host work hidden behind each other (measured)
+
+    @property
+    def fresh_copy_bandwidth(self) -> float | None:
+        return self.copy_bandwidth or self.memory_bandwidth
+
+    def collective_time(self, op: str, nbytes: float, world_size: int) -> tuple[float, float]:
+        """(transfer, latency) seconds of one `op` of `nbytes` among `world_size` ranks."""
+        if world_size <= 1:
+            return 0.0, 0.0
+        cal = self.calibration
+        if cal is not None and cal.figures(op):
+            total = cal.time_at(op, nbytes)
+            transfer = max(total - self.latency_s, 0.0)
+            if world_size != cal.world_size:
+                # Measured at another size of group: the same link carries a different share.
+                transfer *= bus_factor(op, world_size) / bus_factor(op, cal.world_size)
+            return transfer, min(self.latency_s, total)
+        if self.busbw <= 0:
+            return math.inf, self.latency_s
+        return nbytes * bus_factor(op, world_size) / self.busbw, self.latency_s
+
+    def busbw_at(self, op: str, nbytes: float) -> float:
+        if self.calibration is not None and self.calibration.figures(op):
+            return self.calibration.busbw_at(op, nbytes)
+        return self.busbw
+
+    def describe(self) -> str:
+        kind = "measured" if self.measured else "nominal"
+        return f"{self.link_class} ({kind} {self.busbw / GB:.3g} GB/s bus bandwidth)"
+
+
+# Per-direction GB/s of one NVLink by NVLink version (NVIDIA's specifications).
+NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 26.5625, 5: 50.0}
+NVLINK_UNKNOWN_GBPS = 25.0
+# The share of the NVLink figures NCCL's all-gather reaches (docs/perfmodel.md, NVLink).
+NVLINK_EFFICIENCY = 0.56
+# Effective GB/s per direction of a x16 link after encoding and protocol overhead, by generation.
+PCIE_X16_GBPS = {1: 3.0, 2: 6.0, 3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
+PCIE_DEFAULT = (4, 16)
+# Without peer-to-peer NCCL relays through host memory, which halves the link's share
+# (docs/perfmodel.md, PCIe).
+HOST_STAGED_FACTOR = 0.5
+PCIE_CLASS_FACTOR = {"PIX": 1.0, "PXB": 1.0, "PHB": HOST_STAGED_FACTOR, "NODE": HOST_STAGED_FACTOR}
+# Across sockets the relay also crosses the SMP interconnect, shared with everything else.
+PCIE_CLASS_FACTOR["SYS"] = 0.4
+# Host-timed small all-gather (launch + sync included), seconds, when nothing was measured.
+NOMINAL_LATENCY_S = {
+    "NV": 20e-6,
+    "PIX": 30e-6,
+    "PXB": 30e-6,
+    "PHB": 50e-6,
+    "NODE": 50e-6,
+    "SYS": 60e-6,
+    "LOOPBACK": 100e-6,
+    "unknown": 50e-6,
+}
+# gloo over loopback between two 1-thread ranks, as calibrate() finds on a small CI host.
+LOOPBACK_GBPS = 0.3
+
+# Spec-sheet memory bandwidth (GB/s) of common GPUs, matched against the device name; a device
+# copy reaches most of it, `COPY_EFFICIENCY` (docs/perfmodel.md, memory bandwidth).
+GPU_MEMORY_BANDWIDTH = {
+    "H200": 4800.0,
+    "H100 PCIe": 2000.0,
+    "H100": 3350.0,
+    "A100-SXM4-80GB": 2039.0,
+    "A100 80GB PCIe": 1935.0,
+    "A100": 1555.0,
+    "A10G": 600.0,
+    "A10": 600.0,
+    "L40S": 864.0,
+    "L40": 864.0,
+    "L4": 300.0,
+    "A40": 696.0,
+    "RTX 6000 Ada": 960.0,
+    "RTX A6000": 768.0,
+    "RTX A5000": 768.0,
+    "RTX 4090": 1008.0,
+    "RTX 3090": 936.0,
+    "V100": 900.0,
+    "P100": 732.0,
+    "T4": 320.0,
+}
+COPY_EFFICIENCY = 0.85
+# With no device name: a box whose GPUs only meet over PCIe is taken for PCIe cards (A10/A10G,
+# L4, A5000, 4090: 300-1000 GB/s), one with NVLink for SXM modules (V100 to H200).
+UNKNOWN_PCIE_GPU_GBPS = 600.0
+UNKNOWN_NVLINK_GPU_GBPS = 2000.0
+# One core's share of host memory streaming, for CPU ranks with nothing measured.
+CPU_RANK_MEMORY_GBPS = 20.0
+CPU_RANK_FRESH_COPY_GBPS = 5.0
+
+
+def gpu_memory_bandwidth(name: str) -> float | None:
+    """Spec memory bandwidth in bytes/s for a device name, or None when not in the table."""
+    text = name.upper()
+    # Longest keys first: "A100-SXM4-80GB" before "A100", "A10G" before "A10", "L40S" before "L4".
+    for key in sorted(GPU_MEMORY_BANDWIDTH, key=len, reverse=True):
+        if key.upper() in text:
+            return GPU_MEMORY_BANDWIDTH[key] * GB
+    return None
+
+
+def _nvlink_busbw(link: Any, notes: list[str]) -> float:
+    version = link.nvlink_version
+    if version in NVLINK_GBPS_PER_LINK:
+        per_link = NVLINK_GBPS_PER_LINK[version]
+    elif link.nvlinks >= 18:
+        # Only NVLink 4 (H100/H200) has 18 links per GPU; parsed nvidia-smi output names no version.
+        per_link = NVLINK_GBPS_PER_LINK[4]
+        notes.append(f"{link.link_class}: NVLink version unknown, 18 links read as NVLink 4")
+    else:
+        per_link = NVLINK_UNKNOWN_GBPS
+        notes.append(
+            f"{link.link_class}: NVLink version unknown, assumed {per_link:g} GB/s per link"
+        )
+    busbw = link.nvlinks * per_link * NVLINK_EFFICIENCY
+    notes.append(
+        f"nominal {link.link_class} bus bandwidth: {link.nvlinks} links x {per_link:g} GB/s x "
+        f"{NVLINK_EFFICIENCY} (NCCL's share on an H200 pair) = {busbw:.3g} GB/s"
+    )
+    return busbw * GB
+
+
+def _pcie_busbw(topology: Topology, link_class: str, notes: list[str]) -> float:
+    gens = [d.pcie_gen_max for d in topology.devices if d.pcie_gen_max]
+    widths = [d.pcie_width_max for d in topology.devices if d.pcie_width_max]
+    gen = min(gens) if gens else PCIE_DEFAULT[0]
+    width = min(widths) if widths else PCIE_DEFAULT[1]
+    if not gens or not widths:
+        notes.append(
+            f"PCIe generation/width unknown ({topology.source}): assumed Gen{gen} x{width}"
+        )
+    per_x16 = PCIE_X16_GBPS.get(gen, PCIE_X16_GBPS[PCIE_DEFAULT[0]])
+    factor = PCIE_CLASS_FACTOR[link_class]
+    busbw = per_x16 * width / 16 * factor
+    how = "direct peer-to-peer" if factor == 1.0 else f"staged through host memory, x{factor}"
+    notes.append(
+        f"nominal {link_class} bus bandwidth: PCIe Gen{gen} x{width} ~{per_x16 * width / 16:g} "
+        f"GB/s effective, {how} = {busbw:.3g} GB/s"
+    )
+    return busbw * GB
+
+
+def _nominal_memory_bandwidth(topology: Topology, notes: list[str]) -> float:
+    if topology.accelerator == "cpu":
+        notes.append(f"memory bandwidth: nominal {CPU_RANK_MEMORY_GBPS:g} GB/s per CPU rank")
+        return CPU_RANK_MEMORY_GBPS * GB
+    spec = gpu_memory_bandwidth(topology.device_model)
+    if spec is not None:
+        effective = spec * COPY_EFFICIENCY
+        notes.append(
+            f"memory bandwidth: {topology.device_model} spec {spec / GB:g} GB/s x "
+            f"{COPY_EFFICIENCY} = {effective / GB:.4g} GB/s"
+        )
+        return effective
+    nvlinked = any(link.is_nvlink for link in topology.links)
+    spec_gbps = UNKNOWN_NVLINK_GPU_GBPS if nvlinked else UNKNOWN_PCIE_GPU_GBPS
+    kind = "NVLink-connected (SXM) GPUs" if nvlinked else "PCIe cards"
+    effective = spec_gbps * COPY_EFFICIENCY
+    notes.append(
+        f"memory bandwidth: GPU model {topology.device_model!r} not known, assumed {kind} with "
+        f"{spec_gbps:g} GB/s spec x {COPY_EFFICIENCY} = {effective:.4g} GB/s"
+    )
+    return effective * GB
+
+
+def link_figures(
+    topology: Topology, link: Any, notes: list[str] | None = None
+) -> tuple[float, float]:
+    """Nominal (bus bandwidth bytes/s, latency s) of one link; appends why to `notes`."""
+    notes = [] if notes is None else notes
+    cls = link.link_class
+    if link.is_nvlink:
+        return _nvlink_busbw(link, notes), NOMINAL_LATENCY_S["NV"]
+    if cls in PCIE_CLASS_FACTOR:
+        return _pcie_busbw(topology, cls, notes), NOMINAL_LATENCY_S[cls]
+    if cls == "LOOPBACK":
+        notes.append(f"nominal LOOPBACK bus bandwidth: gloo, {LOOPBACK_GBPS:g} GB/s")
+        return LOOPBACK_GBPS * GB, NOMINAL_LATENCY_S[cls]
+    # A guessed link would make a threshold worse than none; PCIe Gen3 x16 through the host is
+    # slow enough not to fail a healthy run.
+    busbw = PCIE_X16_GBPS[3] * HOST_STAGED_FACTOR * GB
+    notes.append(f"link class {cls}: assumed host-staged PCIe Gen3 x16, {busbw / GB:g} GB/s")
+    return busbw, NOMINAL_LATENCY_S["unknown"]
+
+
+def nominal_links(
+    topology: Topology,
+    devices: int | None = None,
+    memory_bandwidth: float | None = None,
+    bus_bandwidth: float | None = None,
+) -> Links:
+    """Link figures from a probed, parsed or loaded topology alone (nothing measured).
+
+    `devices`: the run uses the first `devices` devices (default: all). `memory_bandwidth` and
+    `bus_bandwidth` (bytes/s) override the nominal ones, e.g. from command-line flags.
+    """
+    n = topology.device_count if devices is None else devices
+    if n < 1 or n > topology.device_count:
+        raise ValueError(
+            f"the run uses {n} device(s) but the topology ({topology.source}) has "
+            f"{topology.device_count}"
+        )
+    notes: list[str] = []
+    keep = set(topology.indices[:n])
+    links = [link for link in topology.links if link.a in keep and link.b in keep]
+    if memory_bandwidth is None:
+        memory_bandwidth = _nominal_memory_bandwidth(topology, notes)
+    else:
+        notes.append(f"memory bandwidth: given, {memory_bandwidth / GB:.4g} GB/s")
+    # On CPU a copy into new memory pays page faults, several times slower than a warm copy;
+    # GPUs' caching allocators make the two equal (docs/perfmodel.md, memory bandwidth).
+    copy_bandwidth = CPU_RANK_FRESH_COPY_GBPS * GB if topology.accelerator == "cpu" else None
+    if not links:
+        return Links("none", n, 0.0, 0.0, memory_bandwidth, False, None, tuple(notes))
+    slowest = min(links, key=lambda link: (link.rank, link.a, link.b))
+    cls = slowest.link_class
+    busbw, latency = link_figures(topology, slowest, notes)
+    if bus_bandwidth is not None:
+        busbw = bus_bandwidth
+        notes.append(f"{cls} bus bandwidth: given, {busbw / GB:.4g} GB/s")
+    notes.append(f"collective latency: nominal {latency * 1e6:g} us for {cls}")
+    notes.append(
+        "overlap: none assumed (transfers and host work add up); only a calibration in the "
+        "ranks can show a host that hides one behind the other"
+    )
+    return Links(
+        cls, n, busbw, latency, memory_bandwidth, False, None, tuple(notes), copy_bandwidth
+    )
+
+
+def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
+    """Link figures measured in the ranks; `link_class` is the topology's slowest link."""
+    gathers = calibration.all_gather
+    busbw = gathers[-1].busbw if gathers else 0.0
+    notes = (
+        f"collectives measured in the ranks ({calibration.backend}, {calibration.world_size} "
+        f"ranks) at {len(gathers)} all-gather sizes; memory bandwidth measured by a device copy",
+    )
+    return Links(
+        link_class,
+        calibration.world_size,
+        busbw,
+        calibration.latency_s,
+        calibration.memory_bandwidth or None,
+        True,
+        calibration,
+        notes,
+        calibration.fresh_copy_bandwidth or None,
+        calibration.overlap,
+    )
+
+
+def run_links(
+    topology: Topology,
+    devices: int,
+    calibration: Calibration | None = None,
+    transport_suffix: str = "",
+    *,
+    memory_bandwidth: float | None = None,
+    bus_bandwidth: float | None = None,
+) -> Links:
+    """The links a run of `devices` devices is predicted on: measured in the ranks when there is
+    a calibration, else nominal from `topology` (with the byte/s overrides, if given).
+
+    `transport_suffix` (a topology key's suffix such as "_nccl-p2p-disable-1") is added to the
+    measured link's class, so that a message names the transport the figures came from. Raises
+    ValueError when the topology has fewer devices than the run.
+    """
+    if calibration is None:
+        return nominal_links(topology, devices, memory_bandwidth, bus_bandwidth)
+    link_class = "none"
+    if devices > 1 and topology.links:
+        link_class = topology.slowest_link().link_class + transport_suffix.replace("_", " ")
+    return links_from_calibration(calibration, link_class)

@@ -1,0 +1,255 @@
+"""Predicted tokens/sec of one strategy as a sum of named per-token terms, and the verdict text
+built from a prediction. Pure; each term and its reasoning: docs/perfmodel.md.
+
+The strategy's own terms come from its record in the registry (`pytest_distperf.strategies`),
+never from a branch on its name here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pytest_distperf.perfmodel.terms import (
+    DEFAULT_OVERHEADS,
+    GB,
+    HOST_PATH_TERMS,
+    MB,
+    TERM_DESCRIPTIONS,
+    Overheads,
+    StrategyInput,
+)
+
+if TYPE_CHECKING:
+    from distperf_model.config import Config
+
+    from pytest_distperf.perfmodel.links import Links
+
+
+@dataclass(frozen=True)
+class Prediction:
+    strategy: str
+    devices: int
+    tokens_per_sec: float
+    time_per_token_s: float
+    terms: dict[str, float]  # seconds per token, by name (TERM_DESCRIPTIONS)
+    bound: str  # the largest term's name
+    bytes_per_token: dict[str, float]
+    link_class: str
+    bandwidth_used: float  # bytes/s: bus bandwidth at the strategy's main message size
+    assumptions: tuple[str, ...]
+    implementation: str = ""
+    measured_links: bool = False
+    collectives_per_token: int = 0
+
+    @property
+    def bound_description(self) -> str:
+        text = TERM_DESCRIPTIONS.get(self.bound, self.bound)
+        if self.bound in ("all_gather", "latency"):
+            text += f" over {self.link_class}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "devices": self.devices,
+            "implementation": self.implementation,
+            "tokens_per_sec": self.tokens_per_sec,
+            "time_per_token_s": self.time_per_token_s,
+            "terms": dict(self.terms),
+            "bound": self.bound,
+            "bound_description": self.bound_description,
+            "bytes_per_token": dict(self.bytes_per_token),
+            "collectives_per_token": self.collectives_per_token,
+            "link_class": self.link_class,
+            "bandwidth_used": self.bandwidth_used,
+            "measured_links": self.measured_links,
+            "assumptions": list(self.assumptions),
+        }
+
+
+def _kv_bytes(config: Config, batch: int, seq_length: int, dtype_bytes: int) -> float:
+    # The static cache is read whole every step (attention over all positions, masked).
+    per_layer = 2 * batch * config.n_query_groups * config.head_size * seq_length * dtype_bytes
+    return float(config.n_layer * per_layer)
+
+
+def _compute_terms(
+    x: StrategyInput, compute_time_s: float | None
+) -> tuple[dict[str, float], dict[str, float], tuple[str, ...]]:
+    cfg = x.config
+    weights = (cfg.n_layer * cfg.block_param_count() + cfg.padded_vocab_size * cfg.n_embd) * (
+        x.dtype_bytes
+    )  # the embedding is a lookup of a few rows; lm_head is read whole
+    kv = _kv_bytes(cfg, x.batch_size, x.seq_length, x.dtype_bytes)
+    moved = {"weights_read": float(weights), "kv_read": kv}
+    if compute_time_s is not None:
+        note = f"compute: measured single-rank {compute_time_s * 1e3:.4g} ms per token"
+        return {"compute": compute_time_s}, moved, (note,)
+    bw = x.links.memory_bandwidth
+    if not bw:
+        raise ValueError("no memory bandwidth known and no measured compute time given")
+    launch = cfg.n_layer * x.overheads.launch_per_layer_s
+    notes = (
+        f"compute: roofline, {(weights + kv) / GB:.3g} GB per token at {bw / GB:.4g} GB/s "
+        f"+ eager launch {x.overheads.launch_per_layer_s * 1e3:g} ms x {cfg.n_layer} layers "
+        "(no single-rank measurement given)",
+    )
+    return {"weights": (weights + kv) / bw, "launch": launch}, moved, notes
+
+
+def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
+    """Seconds per token that the two paths hide behind each other.
+
+    FSDP issues each unit's all-gather on its own stream and the host goes on issuing compute
+    while it runs, so where the host is never made to wait for the device (this project's
+    decode loop) a token costs about the longer of the two paths, not their sum. How much a
+    machine really hides is `overlap`, measured in the ranks (`calibrate`).
+    """
+    host = sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
+    transfer = sum(v for k, v in terms.items() if k not in HOST_PATH_TERMS)
+    return overlap * min(host, transfer)
+
+
+def predict(
+    config: Config,
+    strategy: str,
+    devices: int,
+    links: Links,
+    *,
+    device_type: str = "cuda",
+    batch_size: int = 1,
+    prompt_length: int = 8,
+    max_new_tokens: int = 50,
+    dtype_bytes: int = 2,
+    compute_time_s: float | None = None,
+    overheads: Overheads = DEFAULT_OVERHEADS,
+) -> Prediction:
+    """Predicted tokens/sec of one rank's stream under `strategy` on `devices` devices.
+
+    `compute_time_s`: the measured single-rank time per token (docs/perfmodel.md, compute);
+    without it the compute comes from the memory bandwidth in `links` (a roofline). On one
+    device every strategy is one whole model in one process: the replicated cost.
+    """
+    # At call time: the strategy modules import this package's terms.
+    from pytest_distperf.strategies import get_strategy
+    from pytest_distperf.strategies.replicated import replicated_cost
+
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if prompt_length < 0 or dtype_bytes < 1:
+        raise ValueError(f"bad prompt_length={prompt_length} or dtype_bytes={dtype_bytes}")
+    if compute_time_s is not None and not compute_time_s > 0:
+        raise ValueError(f"compute_time_s must be > 0, got {compute_time_s}")
+    record = get_strategy(strategy)
+    x = StrategyInput(
+        config,
+        devices,
+        device_type,
+        batch_size,
+        prompt_length + max_new_tokens,
+        dtype_bytes,
+        links,
+        overheads,
+    )
+    terms, moved, notes = _compute_terms(x, compute_time_s)
+    cost = record.cost(x) if devices > 1 else replicated_cost(x)
+    terms.update(cost.terms)
+    moved.update(cost.bytes_per_token)
+    hidden = _hidden_by_overlap(terms, links.overlap)
+    if hidden:
+        terms["overlap"] = -hidden
+        notes += (
+            f"overlap: {links.overlap:.0%} of the shorter of host path and transfer path "
+            f"hidden (measured), {_ms(hidden)} per token",
+        )
+    total = sum(terms.values())
+    bound = max(terms, key=lambda k: terms[k])
+    return Prediction(
+        strategy=strategy,
+        devices=devices,
+        tokens_per_sec=1.0 / total if total > 0 else math.inf,
+        time_per_token_s=total,
+        terms=terms,
+        bound=bound,
+        bytes_per_token=moved,
+        link_class=links.link_class,
+        bandwidth_used=links.busbw_at("all_gather", cost.message_bytes),
+        assumptions=notes + cost.assumptions + links.assumptions,
+        implementation=cost.implementation,
+        measured_links=links.measured,
+        collectives_per_token=cost.collectives,
+    )
+
+
+def predict_all(
+    config: Config,
+    devices: int,
+    links: Links,
+    strategies: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[Prediction]:
+    """`predict` for every registered strategy (or the ones named), in registry order."""
+    from pytest_distperf.strategies import strategy_names
+
+    names = list(strategy_names()) if strategies is None else list(strategies)
+    return [predict(config, name, devices, links, **kwargs) for name in names]
+
+
+# --------------------------------------------------------------------------- verdict text
+
+
+# Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
+# fails; the threshold is the coarse gate, small drops are the baselines' job. Why this figure:
+# docs/perfmodel.md ("Threshold").
+DEFAULT_EFFICIENCY = 0.7
+
+
+def threshold(prediction: Prediction, efficiency: float) -> float:
+    """The lowest tokens/sec a run may reach: `efficiency` x predicted, efficiency in (0, 1]."""
+    if isinstance(efficiency, bool) or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    return efficiency * prediction.tokens_per_sec
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _gbps(value: float) -> str:
+    return f"{value / GB:.3g} GB/s"
+
+
+def describe_prediction(prediction: Prediction) -> str:
+    """One line: predicted rate, its bound, the link and the bytes moved."""
+    p = prediction
+    kind = "measured" if p.measured_links else "nominal"
+    received = p.bytes_per_token.get("all_gather_received", 0.0)
+    terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
+    return (
+        f"predicted {p.tokens_per_sec:.3g} tok/s ({_ms(p.time_per_token_s)}/token), bound by "
+        f"{p.bound} ({p.bound_description}, {_ms(p.terms[p.bound])}); link {p.link_class} at "
+        f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
+        f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
+    )
+
+
+def failure_message(
+    prediction: Prediction, measured_tokens_per_sec: float, efficiency: float
+) -> str:
+    """Why a run below `threshold(prediction, efficiency)` failed, in terms a user can act on."""
+    p = prediction
+    limit = threshold(p, efficiency)
+    ratio = measured_tokens_per_sec / p.tokens_per_sec if p.tokens_per_sec else 0.0
+    impl = f" ({p.implementation})" if p.implementation else ""
+    return (
+        f"{p.strategy}{impl} on {p.devices} device(s): measured {measured_tokens_per_sec:.3g} "
+        f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the predicted "
+        f"{p.tokens_per_sec:.3g} tok/s); measured/predicted = {ratio:.2f}.\n"
+        f"  {describe_prediction(p)}"
+    )

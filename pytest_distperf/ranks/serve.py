@@ -1,0 +1,145 @@
+"""The rank side of the pool: join the process group once, then run one RunSpec per message.
+
+Started by `launch/pool.py` in a fresh (spawned) process per rank. The process group comes from
+the pool's own TCPStore (torch elastic's agent-store rendezvous), so Fabric finds it initialised
+and never launches anything itself. Between tests everything a test built is freed, so the next
+test starts from the same state; a test that raises leaves the group in an unknown state, so the
+pool is replaced after it (the pytest side decides that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, replace
+from multiprocessing.connection import Connection
+
+# Messages, pytest process -> rank: ("run", RunSpec) or ("stop", None).
+# Rank -> pytest process: ("ready", None), ("done", RankResult) or ("raised", traceback text).
+RUN, STOP, READY, DONE, RAISED = "run", "stop", "ready", "done", "raised"
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where one rank of a pool sits and how it reaches the others."""
+
+    rank: int
+    world_size: int
+    accelerator: str  # "cpu" or "cuda"
+    store_port: int  # the pool's TCPStore, hosted by the pytest process
+    log_path: str  # this rank's stdout and stderr go here
+    threads: int  # CPU threads for this rank (CPU ranks share the host's cores)
+    parent_pid: int  # the pytest process
+    environ: tuple[tuple[str, str], ...] = ()  # extra variables (the pool's comm environment)
+
+
+def serve(place: RankPlace, connection: Connection) -> None:
+    """Entry point of a pool rank (module level: the spawn start method pickles it)."""
+    _die_with_parent(place.parent_pid)
+    _redirect_output(place.log_path)
+    # Ctrl-C reaches the whole foreground process group; the pytest process alone decides
+    # what an interrupt stops, so ranks ignore it (and the terminal's hang-up and quit keys).
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+    os.environ.update(_rank_environment(place))
+    try:
+        _join_group(place)
+    except BaseException:
+        connection.send((RAISED, traceback.format_exc()))
+        os._exit(1)
+    connection.send((READY, None))
+    from pytest_distperf.ranks.worker import run_rank
+
+    while True:
+        try:
+            kind, spec = connection.recv()
+        except EOFError:  # the pytest process is gone
+            return
+        if kind == STOP:
+            return
+        start = time.perf_counter()
+        try:
+            result = replace(run_rank(spec), work_s=time.perf_counter() - start)
+        except BaseException:
+            connection.send((RAISED, traceback.format_exc()))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # The group's state is unknown now: this pool is done. No interpreter shutdown,
+            # which could wait on a collective that will never complete.
+            os._exit(1)
+        _free_test_state(place.accelerator)
+        connection.send((DONE, result))
+
+
+def _rank_environment(place: RankPlace) -> dict[str, str]:
+    threads = str(place.threads)
+    return {
+        "RANK": str(place.rank),
+        "LOCAL_RANK": str(place.rank),
+        "GROUP_RANK": "0",
+        "WORLD_SIZE": str(place.world_size),
+        "LOCAL_WORLD_SIZE": str(place.world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(place.store_port),
+        # The pytest process hosts the store: every rank is a client of it (torch elastic's
+        # agent-store mode), so no rank races another for a port.
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        **dict(place.environ),
+    }
+
+
+def _join_group(place: RankPlace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if place.accelerator == "cpu":
+        torch.set_num_threads(place.threads)
+        dist.init_process_group("gloo")
+    else:
+        device = torch.device("cuda", place.rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    # Imported now, once, so that the first test does not pay for it.
+    import lightning.fabric  # noqa: F401
+
+
+def _free_test_state(accelerator: str) -> None:
+    """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks."""
+    import gc
+
+    gc.collect()
+    if accelerator == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    # Whatever ends the pytest process (SIGKILL included), its ranks must not outlive it.
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _redirect_output(path: str) -> None:
+    # At the file-descriptor level, so that C++ (gloo, NCCL, faulthandler) writes land there too.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)

@@ -1,0 +1,304 @@
+"""A baseline entry: the stored measurement of one test on one topology, its schema and its
+validation. Pure: no I/O (the store reads and writes the files, store.py).
+
+An entry is checked whole when it is made, from samples or from a file, so that whatever the
+store later writes is a file it can read back; one that a person edited into something else
+raises ValueError naming the first problem.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from types import MappingProxyType
+from typing import Any
+
+from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object
+from pytest_distperf.judge.tolerance import relative_spread
+
+# 2 added run_medians, 3 the relative speed, 4 the host's own speed; older files are read
+# (without them), written as 4
+SCHEMA = 4
+READABLE_SCHEMAS = (1, 2, 3, 4)
+# Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
+# of speed leaves the window (the spread is interquartile, so a change in under a quarter of
+# the window is ignored, and one in more widens the tolerance until it leaves).
+RUN_HISTORY = 10
+
+_ENTRY_FIELDS = frozenset(
+    {
+        "test_id",
+        "samples",
+        "median",
+        "dispersion",
+        "stdev",
+        "n",
+        "peak_memory_bytes",
+        "recorded_at",
+        "commit",
+        "versions",
+        "extra",
+    }
+)
+# Absent from older files: run_medians before schema 2, the relative speed before schema 3,
+# the host loop before schema 4.
+_LIST_FIELDS = ("run_medians", "relative_samples", "relative_run_medians", "host_loop_run_medians")
+_OPTIONAL_ENTRY_FIELDS = frozenset(_LIST_FIELDS)
+# Throughput noise is percent-level; six significant digits keep the file's diffs short while
+# losing nothing that a comparison could see.
+_SIGNIFICANT_DIGITS = 6
+
+
+def validate_test_id(test_id: str) -> str:
+    """Return ``test_id`` if usable as an entry key (non-empty, one line), else raise ValueError."""
+    if not isinstance(test_id, str) or not test_id.strip():
+        raise ValueError(f"test id must be a non-empty string, got {test_id!r}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in test_id):
+        raise ValueError(f"test id {test_id!r} contains control characters")
+    return test_id
+
+
+@dataclass(frozen=True)
+class BaselineEntry:
+    """The stored measurement of one test on one topology."""
+
+    #: Identity of the measurement: node id + strategy + devices + workload (built by the caller).
+    test_id: str
+    #: Tokens/sec of each repeat, in the order measured. The source of truth; the rest summarizes.
+    samples: tuple[float, ...]
+    median: float
+    #: Robust relative spread, 1.4826 * MAD / median (a coefficient of variation that one wild
+    #: repeat cannot inflate); what the default tolerance is derived from.
+    dispersion: float
+    #: Sample standard deviation in tokens/sec (0 for a single sample), for readers used to it.
+    stdev: float
+    n: int
+    peak_memory_bytes: int | None
+    #: ISO 8601 UTC time of the measurement.
+    recorded_at: str
+    commit: str | None = None
+    # Mappings are frozen into read-only views in __post_init__ and left out of the hash, so an
+    # entry stays immutable and hashable while reading like a dict.
+    versions: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: Free-form JSON data (e.g. the predicted bound and its bounding term).
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    #: Medians of the last RUN_HISTORY runs recorded for this test on this topology, oldest
+    #: first, this entry's own last: how much whole runs drift, which the repeats cannot show.
+    run_medians: tuple[float, ...] = ()
+    #: Speed relative to the bare model timed beside each repeat (results.RunResult), and the
+    #: medians of the last RUN_HISTORY recorded runs of it; empty when the run had no bare model.
+    relative_samples: tuple[float, ...] = ()
+    relative_run_medians: tuple[float, ...] = ()
+    #: Median seconds of the host-speed loop (hostspeed.py) timed beside the repeats of each of
+    #: the last RUN_HISTORY recorded runs: how fast the machine itself was; empty if unknown.
+    host_loop_run_medians: tuple[float, ...] = ()
+
+    @property
+    def relative_median(self) -> float | None:
+        return statistics.median(self.relative_samples) if self.relative_samples else None
+
+    def __post_init__(self) -> None:
+        validate_test_id(self.test_id)
+        samples = tuple(self.samples)
+        if not samples:
+            raise ValueError(f"{self.test_id}: no samples")
+        for value in samples:
+            if not is_number(value) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{self.test_id}: samples must be positive numbers, got {value!r}")
+        if not is_count(self.n) or self.n != len(samples):
+            raise ValueError(f"{self.test_id}: n={self.n!r} but there are {len(samples)} samples")
+        median = statistics.median(samples)
+        if not is_number(self.median) or not math.isclose(self.median, median, rel_tol=1e-5):
+            raise ValueError(
+                f"{self.test_id}: median {self.median!r} does not match the samples' median "
+                f"{median!r}"
+            )
+        for name in ("dispersion", "stdev"):
+            value = getattr(self, name)
+            if not is_number(value) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{self.test_id}: {name} must be a non-negative number")
+        memory = self.peak_memory_bytes
+        if memory is not None and not is_count(memory):
+            raise ValueError(
+                f"{self.test_id}: peak_memory_bytes must be a non-negative int or None"
+            )
+        _parse_timestamp(self.recorded_at, self.test_id)
+        if self.commit is not None and not isinstance(self.commit, str):
+            raise ValueError(f"{self.test_id}: commit must be a string or None")
+        if not isinstance(self.versions, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.versions.items()
+        ):
+            raise ValueError(f"{self.test_id}: versions must map package names to version strings")
+        if not isinstance(self.extra, Mapping):
+            raise ValueError(f"{self.test_id}: extra must be a mapping")
+        try:
+            # A JSON round trip both rejects what save() could not write (fail at creation, not in
+            # a later save) and deep-copies, so the caller's dict cannot change the entry.
+            extra = json.loads(json.dumps(dict(self.extra), allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{self.test_id}: extra must be JSON-serializable ({exc})") from exc
+        for name in _LIST_FIELDS:
+            values = tuple(getattr(self, name))
+            for value in values:
+                if not is_number(value) or not math.isfinite(value) or value <= 0:
+                    raise ValueError(
+                        f"{self.test_id}: {name} must be positive numbers, got {value!r}"
+                    )
+            object.__setattr__(self, name, tuple(float(v) for v in values))
+        object.__setattr__(self, "samples", tuple(float(v) for v in samples))
+        object.__setattr__(self, "versions", MappingProxyType(dict(sorted(self.versions.items()))))
+        object.__setattr__(self, "extra", MappingProxyType(extra))
+
+    @classmethod
+    def from_samples(
+        cls,
+        test_id: str,
+        samples: Iterable[float],
+        peak_memory_bytes: int | None,
+        versions: Mapping[str, str],
+        commit: str | None = None,
+        now: datetime | None = None,
+        extra: Mapping[str, Any] | None = None,
+        relative_samples: Iterable[float] = (),
+        host_loop_samples: Iterable[float] = (),
+    ) -> BaselineEntry:
+        """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
+        time of each, when known), computing the summary statistics."""
+        rounded = _rounded_samples(samples, test_id, "samples")
+        if not rounded:
+            raise ValueError(f"{test_id}: no samples")
+        relative = _rounded_samples(relative_samples, test_id, "relative_samples")
+        host = _rounded_samples(host_loop_samples, test_id, "host_loop_samples")
+        when = datetime.now(timezone.utc) if now is None else now
+        if when.tzinfo is None:
+            raise ValueError("now must be timezone-aware (baselines record UTC)")
+        return cls(
+            test_id=test_id,
+            samples=rounded,
+            median=_round(statistics.median(rounded)),
+            dispersion=_round(relative_spread(rounded)),
+            stdev=_round(statistics.stdev(rounded)) if len(rounded) > 1 else 0.0,
+            n=len(rounded),
+            peak_memory_bytes=peak_memory_bytes,
+            recorded_at=when.astimezone(timezone.utc).isoformat(timespec="seconds"),
+            commit=commit,
+            versions=dict(versions),
+            extra=dict(extra or {}),
+            run_medians=(_round(statistics.median(rounded)),),
+            relative_samples=relative,
+            relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
+            host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
+        )
+
+    def following(self, previous: BaselineEntry) -> BaselineEntry:
+        """This entry with `previous`'s run history before its own median (RUN_HISTORY kept)."""
+        earlier = previous.run_medians or (previous.median,)
+        earlier_relative = previous.relative_run_medians
+        if not earlier_relative and previous.relative_median is not None:
+            earlier_relative = (previous.relative_median,)
+        histories = {
+            "run_medians": previous.run_medians,
+            "relative_run_medians": previous.relative_run_medians,
+            "host_loop_run_medians": previous.host_loop_run_medians,
+        }
+        if previous == replace(self, **histories):  # the same run saved again: no new run
+            return replace(
+                self,
+                run_medians=earlier,
+                relative_run_medians=earlier_relative,
+                host_loop_run_medians=previous.host_loop_run_medians,
+            )
+        return replace(
+            self,
+            run_medians=(*earlier, self.median)[-RUN_HISTORY:],
+            # A run without a bare model (or host loop) breaks that history: no spread across gaps.
+            relative_run_medians=_extended(earlier_relative, self.relative_run_medians),
+            host_loop_run_medians=_extended(
+                previous.host_loop_run_medians, self.host_loop_run_medians
+            ),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "test_id": self.test_id,
+            "samples": list(self.samples),
+            "median": self.median,
+            "dispersion": self.dispersion,
+            "stdev": self.stdev,
+            "n": self.n,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "recorded_at": self.recorded_at,
+            "commit": self.commit,
+            "versions": dict(self.versions),
+            "extra": json.loads(json.dumps(dict(self.extra))),
+            "run_medians": list(self.run_medians),
+            "relative_samples": list(self.relative_samples),
+            "relative_run_medians": list(self.relative_run_medians),
+            "host_loop_run_medians": list(self.host_loop_run_medians),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BaselineEntry:
+        """Inverse of :meth:`to_dict`; raises ValueError naming the first problem found."""
+        data = json_object(data, "baseline entry")
+        missing = sorted(_ENTRY_FIELDS - data.keys())
+        unknown = sorted(data.keys() - _ENTRY_FIELDS - _OPTIONAL_ENTRY_FIELDS)
+        if missing or unknown:
+            raise ValueError(f"entry fields: missing {missing}, unknown {unknown}")
+        lists = {name: get_field(data, name, list, default=[]) for name in _LIST_FIELDS}
+        return cls(
+            test_id=data["test_id"],
+            samples=tuple(get_field(data, "samples", list)),
+            median=data["median"],
+            dispersion=data["dispersion"],
+            stdev=data["stdev"],
+            n=data["n"],
+            peak_memory_bytes=data["peak_memory_bytes"],
+            recorded_at=data["recorded_at"],
+            commit=data["commit"],
+            versions=get_field(data, "versions", Mapping),
+            extra=get_field(data, "extra", Mapping),
+            run_medians=tuple(lists["run_medians"]),
+            relative_samples=tuple(lists["relative_samples"]),
+            relative_run_medians=tuple(lists["relative_run_medians"]),
+            host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
+        )
+
+
+def _extended(history: tuple[float, ...], own: tuple[float, ...]) -> tuple[float, ...]:
+    """This run's median (the last of `own`) after `history`, RUN_HISTORY kept; nothing when
+    this run has none."""
+    return (*history, own[-1])[-RUN_HISTORY:] if own else ()
+
+
+def _rounded_samples(values: Iterable[float], test_id: str, name: str) -> tuple[float, ...]:
+    result = []
+    for value in values:
+        # numbers.Real admits numpy scalars but not strings, which float() would accept.
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ValueError(f"{test_id}: {name} must be numbers, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{test_id}: {name} must be positive numbers, got {value!r}")
+        result.append(_round(float(value)))
+    return tuple(result)
+
+
+def _round(value: float) -> float:
+    return float(f"{value:.{_SIGNIFICANT_DIGITS}g}")
+
+
+def _parse_timestamp(value: object, test_id: str) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{test_id}: recorded_at must be an ISO 8601 string")
+    try:
+        # Python 3.10's fromisoformat does not read a trailing "Z"; hand edits may use it.
+        parsed = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    except ValueError as exc:
+        raise ValueError(f"{test_id}: recorded_at {value!r} is not ISO 8601") from exc
+    if parsed.tzinfo is None:
+        raise ValueError(f"{test_id}: recorded_at {value!r} has no time zone (expected UTC)")

@@ -1,0 +1,206 @@
+"""Fully sharded strategies: `fsdp`, `fsdp2`, `fsdp-noreshard`, one unit per transformer block.
+
+On CUDA `fsdp` is FSDP1 FULL_SHARD per block (the seed's setup); Fabric's FSDP refuses CPU, so
+there it is FSDP2's `fully_shard` per block on gloo, which `fsdp2` is everywhere. What each
+gathers per forward, and why: docs/perfmodel.md ("Strategies"). Builds import torch lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pytest_distperf.perfmodel.calibration import MessageSizes, bus_factor
+from pytest_distperf.perfmodel.terms import MB, StrategyCost
+from pytest_distperf.strategies.record import (
+    CPU_AND_CUDA,
+    BuildContext,
+    StrategyRecord,
+    data_parallel,
+)
+
+if TYPE_CHECKING:
+    from distperf_model.config import Config
+
+    from pytest_distperf.perfmodel.terms import StrategyInput
+
+# --------------------------------------------------------------------------- builds
+
+
+def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
+    from distperf_model.parallelize import fully_shard_blocks
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    # fully_shard_blocks finds the blocks by the wrapped model's own `block_class`.
+    return ModelParallelStrategy(
+        parallelize_fn=partial(fully_shard_blocks, reshard_after_forward=reshard_after_forward),
+        data_parallel_size=context.devices,
+        tensor_parallel_size=1,
+    )
+
+
+def _build_fsdp(context: BuildContext) -> Any:
+    if context.accelerator != "cuda":
+        return _build_fsdp2(True, context)
+    from lightning.fabric.strategies import FSDPStrategy
+
+    policy = partial(_wrap_blocks, context.wrap_units)
+    return FSDPStrategy(auto_wrap_policy=policy, sharding_strategy="FULL_SHARD")
+
+
+def _wrap_blocks(
+    units: tuple[type, ...], module: Any, recurse: bool, nonwrapped_numel: int
+) -> bool:
+    # FSDP1's policy protocol: descend everywhere, wrap each transformer block as one unit.
+    return True if recurse else isinstance(module, units)
+
+
+def _describe_sharding(fabric: Any, module: Any) -> str:
+    # Read from the wrapped module, not from the record, so the result says what ran.
+    if type(fabric.strategy).__name__ == "FSDPStrategy":
+        return f"FSDP1 {fabric.strategy.sharding_strategy.name}"
+    from torch.distributed.fsdp import FSDPModule
+
+    original = getattr(module, "module", module)
+    blocks = [m for m in original.modules() if isinstance(m, FSDPModule)]
+    if not blocks:
+        return "replicated"
+    return f"FSDP2 reshard_after_forward={_fsdp2_reshards(blocks[-1])}"
+
+
+def _fsdp2_reshards(module: Any) -> bool | str:
+    # FSDP2 keeps this flag on the module's parameter group.
+    state = module._get_fsdp_state()
+    group = state._fsdp_param_group
+    if group is None:
+        return "unknown"
+    return bool(group.post_forward_mesh_info is not None)
+
+
+# --------------------------------------------------------------------------- cost terms
+
+
+def _gathered_weights(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+    """One block's and the root's (embedding, final norm, head) gathered weights."""
+    block = config.block_param_count() * dtype_bytes
+    root = config.non_block_param_count() * dtype_bytes
+    return MessageSizes(tuple(sorted({block, root})), ())
+
+
+def _gathers(x: StrategyInput, sizes: Sequence[float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Terms and bytes of one all-gather per entry of `sizes` (gathered output bytes)."""
+    transfer = latency = 0.0
+    for size in sizes:
+        t, lat = x.links.collective_time("all_gather", size, x.devices)
+        transfer += t
+        latency += lat
+    out = float(sum(sizes))
+    received = out * bus_factor("all_gather", x.devices) if x.devices > 1 else 0.0
+    terms = {"all_gather": transfer, "latency": latency}
+    return terms, {"all_gather_output": out, "all_gather_received": received}
+
+
+def _fsdp1_full_shard(x: StrategyInput) -> StrategyCost:
+    block = x.config.block_param_count() * x.dtype_bytes
+    sizes = [block] * x.config.n_layer
+    terms, moved = _gathers(x, sizes)
+    units = x.config.n_layer + 1
+    terms["fsdp_overhead"] = units * x.overheads.fsdp1_unit_s
+    return StrategyCost(
+        "FSDP1 FULL_SHARD",
+        terms,
+        moved,
+        len(sizes),
+        block,
+        (
+            f"FSDP1: every block gathered every forward ({x.config.n_layer} all-gathers of "
+            f"{block / MB:.4g} MB); the root unit is kept after its first gather",
+            f"FSDP1 per-unit overhead {x.overheads.fsdp1_unit_s * 1e3:g} ms x {units} units",
+        ),
+    )
+
+
+def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
+    block = x.config.block_param_count() * x.dtype_bytes
+    root = x.config.non_block_param_count() * x.dtype_bytes
+    units = x.config.n_layer + 1
+    o = x.overheads
+    if not reshard:
+        return StrategyCost(
+            "FSDP2 reshard_after_forward=False",
+            {"fsdp_overhead": units * o.fsdp2_unit_s},
+            {"all_gather_output": 0.0, "all_gather_received": 0.0},
+            0,
+            block,
+            (
+                "FSDP2 no reshard: weights gathered once in warm-up and kept (no backward "
+                "reshards them), so no per-token collective",
+                f"FSDP2 per-unit overhead {o.fsdp2_unit_s * 1e3:g} ms x {units} units",
+            ),
+        )
+    sizes = [block] * x.config.n_layer + [root]
+    terms, moved = _gathers(x, sizes)
+    per_unit = o.fsdp2_unit_s + o.fsdp2_gather_s
+    terms["fsdp_overhead"] = units * per_unit
+    # FSDP2 copies the local shards into the all-gather input (S/n) and the gathered buffer out
+    # into per-parameter tensors (S), both newly allocated; a copy of S bytes moves 2S.
+    copied = 2 * sum(sizes) * (1 + 1 / x.devices)
+    bandwidth = x.links.fresh_copy_bandwidth
+    terms["gather_copies"] = copied / bandwidth if bandwidth else 0.0
+    moved["gather_copies"] = copied
+    return StrategyCost(
+        "FSDP2 reshard_after_forward=True",
+        terms,
+        moved,
+        len(sizes),
+        block,
+        (
+            f"FSDP2: every block ({block / MB:.4g} MB) and the root ({root / MB:.4g} MB) "
+            "gathered every forward (an explicit reshard_after_forward=True reshards the root)",
+            f"FSDP2 per-unit overhead ({o.fsdp2_unit_s * 1e3:g} + {o.fsdp2_gather_s * 1e3:g} "
+            f"ms gathering) x {units} units",
+        ),
+    )
+
+
+def _fsdp_cost(x: StrategyInput) -> StrategyCost:
+    # As `_build_fsdp` builds it: FSDP1 on CUDA, FSDP2 elsewhere.
+    return _fsdp1_full_shard(x) if x.device_type == "cuda" else _fsdp2(True, x)
+
+
+# --------------------------------------------------------------------------- records
+
+_fsdp = partial(
+    StrategyRecord,
+    family="fsdp",
+    sharded=True,
+    replicas=data_parallel,
+    message_sizes=_gathered_weights,
+    runs_on=CPU_AND_CUDA,
+    min_ranks=1,
+    describe_sharding=_describe_sharding,
+)
+
+RECORDS = (
+    _fsdp(
+        name="fsdp",
+        description="full sharding, weights all-gathered every forward "
+        "(CUDA: FSDP1 per block; CPU: FSDP2)",
+        build=_build_fsdp,
+        cost=_fsdp_cost,
+    ),
+    _fsdp(
+        name="fsdp2",
+        description="FSDP2 fully_shard per block, resharded after every forward",
+        build=partial(_build_fsdp2, True),
+        cost=partial(_fsdp2, True),
+    ),
+    _fsdp(
+        name="fsdp-noreshard",
+        description="FSDP2 sharded storage; gathered weights kept across steps "
+        "(no per-token gather)",
+        build=partial(_build_fsdp2, False),
+        cost=partial(_fsdp2, False),
+    ),
+)

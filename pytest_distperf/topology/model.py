@@ -1,0 +1,327 @@
+"""The values of a topology: devices, the links between them, link classes and their order.
+
+Link classes are the words of `nvidia-smi topo -m` plus LOOPBACK (CPU ranks on one host) and
+"unknown" (nothing could be probed). No probing here: pure values, JSON round trip and the key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = 1
+LOOPBACK = "LOOPBACK"
+UNKNOWN = "unknown"
+
+# Higher is faster. The PCIe classes follow nvidia-smi's legend: the fewer bridges and host
+# interconnects a transfer crosses, the more bandwidth it keeps. LOOPBACK only ever appears in CPU
+# topologies, so its place relative to the GPU classes does not matter. "unknown" ranks lowest so
+# that `slowest_link()` reports it: a threshold built on a guessed link would be worse than none.
+_PCIE_RANK = {"PIX": 6, "PXB": 5, "PHB": 4, "NODE": 3, "SYS": 2}
+_LOOPBACK_RANK = 1
+_UNKNOWN_RANK = 0
+_NV_BASE_RANK = 100  # every NVLink bundle beats every PCIe path; more links beat fewer
+_NV_RE = re.compile(r"NV(\d+)")
+
+
+class TopologyError(ValueError):
+    """Base of the topology errors, so callers can catch both parse and file problems at once."""
+
+
+class TopologyParseError(TopologyError):
+    """Text that is not `nvidia-smi topo -m` output; the message says what was wrong."""
+
+
+class TopologyFileError(TopologyError):
+    """A topology file that cannot be used; the message names the file and the problem."""
+
+
+def link_rank(link_class: str) -> int:
+    """Order link classes by speed (higher is faster); raises ValueError for a foreign class."""
+    m = _NV_RE.fullmatch(link_class)
+    if m:
+        return _NV_BASE_RANK + int(m.group(1))
+    if link_class in _PCIE_RANK:
+        return _PCIE_RANK[link_class]
+    if link_class == LOOPBACK:
+        return _LOOPBACK_RANK
+    if link_class == UNKNOWN:
+        return _UNKNOWN_RANK
+    raise ValueError(
+        f"unknown link class {link_class!r} (expected NV<n>, PIX, PXB, PHB, NODE, SYS, "
+        f"{LOOPBACK} or {UNKNOWN})"
+    )
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the run.
+
+    `index` is the CUDA index the run uses (cuda:<index>, after CUDA_VISIBLE_DEVICES) for probed
+    topologies, and the GPU number nvidia-smi printed for parsed ones. Unknown values are None,
+    except `memory_bytes` (0) and `name` ("unknown"). For CPU ranks `memory_bytes` is the host's
+    memory, which all ranks share.
+    """
+
+    index: int
+    name: str
+    memory_bytes: int
+    pcie_gen_max: int | None = None
+    pcie_gen_current: int | None = None
+    pcie_width_max: int | None = None
+    pcie_width_current: int | None = None
+    bus_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    """The undirected link between devices `a` and `b` (stored with a < b)."""
+
+    a: int
+    b: int
+    link_class: str
+    nvlinks: int = 0
+    nvlink_version: int | None = None
+    p2p_supported: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.a == self.b:
+            raise ValueError(f"a link joins two devices, got {self.a} twice")
+        link_rank(self.link_class)  # validates the class
+        # Undirected: storing a < b makes equal links compare equal whoever was asked first.
+        if self.a > self.b:
+            a, b = self.b, self.a
+            object.__setattr__(self, "a", a)
+            object.__setattr__(self, "b", b)
+        m = _NV_RE.fullmatch(self.link_class)
+        if m:
+            count = int(m.group(1))
+            if self.nvlinks == 0:
+                object.__setattr__(self, "nvlinks", count)
+            elif self.nvlinks != count:
+                raise ValueError(f"{self.link_class} link says it has {self.nvlinks} NVLinks")
+        elif self.nvlinks:
+            raise ValueError(f"a {self.link_class} link cannot have {self.nvlinks} NVLinks")
+
+    @property
+    def is_nvlink(self) -> bool:
+        return _NV_RE.fullmatch(self.link_class) is not None
+
+    @property
+    def rank(self) -> int:
+        return link_rank(self.link_class)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Devices of one run and the link between every pair of them.
+
+    `source` says where it came from: "nvml", "nvidia-smi", "cpu", "none" (nothing could be
+    probed), "file:<path>" or "nvidia-smi-topo:<path>". `host_cpus` and `sockets` are 0 when
+    unknown (a parsed `nvidia-smi topo -m` does not say them).
+    """
+
+    accelerator: str
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...]
+    source: str
+    host_cpus: int = 0
+    sockets: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9]*", self.accelerator):
+            raise ValueError(
+                f"accelerator must be a lowercase name like 'cuda', got {self.accelerator!r}"
+            )
+        devices = tuple(sorted(self.devices, key=lambda d: d.index))
+        indices = [d.index for d in devices]
+        if len(set(indices)) != len(indices):
+            raise ValueError(f"device indices repeat: {indices}")
+        links = tuple(sorted(self.links, key=lambda link: (link.a, link.b)))
+        pairs = [(link.a, link.b) for link in links]
+        expected = [(a, b) for i, a in enumerate(indices) for b in indices[i + 1 :]]
+        if pairs != expected:
+            missing = sorted(set(expected) - set(pairs))
+            extra = sorted(p for p, n in Counter(pairs).items() if n > 1 or p not in expected)
+            raise ValueError(
+                "links must join every pair of devices exactly once"
+                + (f"; missing {missing}" if missing else "")
+                + (f"; repeated or foreign {extra}" if extra else "")
+            )
+        # Sorted storage makes two probes of one machine compare equal whatever order they used.
+        object.__setattr__(self, "devices", devices)
+        object.__setattr__(self, "links", links)
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+    @property
+    def device_count(self) -> int:
+        return len(self.devices)
+
+    @property
+    def device_model(self) -> str:
+        names = {d.name for d in self.devices}
+        if not names:
+            return "none"
+        return names.pop() if len(names) == 1 else "mixed"
+
+    def link(self, a: int, b: int) -> Link:
+        if a == b:
+            raise ValueError(f"device {a} has no link to itself")
+        lo, hi = min(a, b), max(a, b)
+        for link in self.links:
+            if link.a == lo and link.b == hi:
+                return link
+        raise KeyError(f"no link between devices {a} and {b} (devices: {self.indices})")
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(d.index for d in self.devices)
+
+    def slowest_link(self) -> Link:
+        """The link that bounds a collective over all devices (ring/tree traffic crosses it).
+
+        Raises ValueError for fewer than two devices: there is no link to speak of.
+        """
+        if not self.links:
+            raise ValueError(f"a topology of {self.device_count} device(s) has no links")
+        return min(self.links, key=lambda link: (link.rank, link.a, link.b))
+
+    def key(self) -> str:
+        """A stable, filesystem-safe fingerprint of what performance depends on.
+
+        Accelerator, device model, device count and the multiset of link classes; never host
+        names, bus ids or the current PCIe generation (it drops at idle to save power). For CPU
+        ranks the usable CPU count is part of it too: the "device" is a share of the host, and a
+        2-core and a 16-core runner with the same CPU model are different machines for a baseline.
+        """
+        counts = Counter(link.link_class for link in self.links)
+        classes = sorted(counts, key=lambda c: (-link_rank(c), c))
+        parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]
+        parts += [f"{_slug(c)}x{counts[c]}" for c in classes]
+        if self.accelerator == "cpu":
+            parts.append(f"{self.host_cpus}cpus")
+        return "_".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "key": self.key(),  # informational for readers of the file; recomputed on load
+            "accelerator": self.accelerator,
+            "source": self.source,
+            "host_cpus": self.host_cpus,
+            "sockets": self.sockets,
+            "devices": [asdict(d) for d in self.devices],
+            "links": [asdict(link) for link in self.links],
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Topology:
+        """Inverse of `to_dict`; raises ValueError saying which field is wrong."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        if "schema" not in data:
+            raise ValueError("no 'schema' field (not a topology written by pytest-distperf?)")
+        if data["schema"] != SCHEMA:
+            raise ValueError(
+                f"schema {data['schema']!r} is not supported (this version reads {SCHEMA})"
+            )
+        devices_raw = _get(data, "devices", list, "topology")
+        links_raw = _get(data, "links", list, "topology")
+        notes_raw = _get(data, "notes", list, "topology", default=[])
+        devices = []
+        for i, d in enumerate(devices_raw):
+            where = f"devices[{i}]"
+            if not isinstance(d, Mapping):
+                raise ValueError(f"{where} must be an object")
+            devices.append(
+                Device(
+                    index=_get(d, "index", int, where),
+                    name=_get(d, "name", str, where),
+                    memory_bytes=_get(d, "memory_bytes", int, where),
+                    pcie_gen_max=_get(d, "pcie_gen_max", int, where, optional=True),
+                    pcie_gen_current=_get(d, "pcie_gen_current", int, where, optional=True),
+                    pcie_width_max=_get(d, "pcie_width_max", int, where, optional=True),
+                    pcie_width_current=_get(d, "pcie_width_current", int, where, optional=True),
+                    bus_id=_get(d, "bus_id", str, where, optional=True),
+                )
+            )
+        links = []
+        for i, raw in enumerate(links_raw):
+            where = f"links[{i}]"
+            if not isinstance(raw, Mapping):
+                raise ValueError(f"{where} must be an object")
+            try:
+                links.append(
+                    Link(
+                        a=_get(raw, "a", int, where),
+                        b=_get(raw, "b", int, where),
+                        link_class=_get(raw, "link_class", str, where),
+                        nvlinks=_get(raw, "nvlinks", int, where, default=0),
+                        nvlink_version=_get(raw, "nvlink_version", int, where, optional=True),
+                        p2p_supported=_get(raw, "p2p_supported", bool, where, optional=True),
+                    )
+                )
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        if not all(isinstance(n, str) for n in notes_raw):
+            raise ValueError("'notes' must be a list of strings")
+        return cls(
+            accelerator=_get(data, "accelerator", str, "topology"),
+            devices=tuple(devices),
+            links=tuple(links),
+            source=_get(data, "source", str, "topology"),
+            host_cpus=_get(data, "host_cpus", int, "topology", default=0),
+            sockets=_get(data, "sockets", int, "topology", default=0),
+            notes=tuple(notes_raw),
+        )
+
+    def matrix(self) -> str:
+        """An nvidia-smi-like matrix; `parse_nvidia_smi_topo` reads it back for CUDA topologies."""
+        prefix = "GPU" if self.accelerator == "cuda" else self.accelerator.upper()
+        labels = [f"{prefix}{i}" for i in self.indices]
+        cells = [
+            [" X" if a == b else self.link(a, b).link_class for b in self.indices]
+            for a in self.indices
+        ]
+        width = max([len(s) for s in labels] + [len(c) for row in cells for c in row] + [4]) + 2
+        lines = [" " * width + "".join(label.ljust(width) for label in labels).rstrip()]
+        for label, row in zip(labels, cells, strict=True):
+            lines.append((label.ljust(width) + "".join(c.ljust(width) for c in row)).rstrip())
+        return "\n".join(lines) + "\n"
+
+
+def _get(
+    data: Mapping[str, Any],
+    name: str,
+    kind: type,
+    where: str,
+    *,
+    optional: bool = False,
+    default: Any = ...,
+) -> Any:
+    if name not in data:
+        if default is not ...:
+            return default
+        if optional:
+            return None
+        raise ValueError(f"{where}: missing field {name!r}")
+    value = data[name]
+    if value is None and optional:
+        return value
+    # bool is an int in Python; a JSON true where a count belongs is a mistake worth reporting.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{where}: field {name!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _slug(text: str) -> str:
+    # Lowercase too: keys become file names, and macOS/Windows file systems ignore case.
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-.") or "unknown"

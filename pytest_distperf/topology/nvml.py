@@ -1,0 +1,194 @@
+"""The NVML probe (nvidia-ml-py): devices, NVLinks (direct or through NVSwitches), PCIe paths.
+
+`pynvml` is imported inside `probe_nvml` only, so importing this module needs no GPU driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_distperf.topology.cuda import (
+    as_text,
+    mapping_note,
+    normal_bus_id,
+    pick_devices,
+    resolve_visible_devices,
+)
+from pytest_distperf.topology.host import host_facts
+from pytest_distperf.topology.model import UNKNOWN, Device, Link, Topology
+
+# nvmlDeviceGetTopologyCommonAncestor levels -> nvidia-smi words. INTERNAL (two GPUs on one
+# board behind its own bridge, e.g. K80) is what nvidia-smi prints as PIX.
+_ANCESTOR_CLASS = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+# nvmlDeviceGetNvLinkVersion returns an nvmlNvlinkVersion_t enum value, not the version number
+# itself; we store the major version.
+_NVLINK_MAJOR = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5, 8: 6}
+_REMOTE_GPU, _REMOTE_NPU, _REMOTE_SWITCH = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class _LinkEnd:
+    """One active NVLink of a GPU: where its far end is."""
+
+    remote_bus: str | None
+    to_switch: bool
+    version: int | None
+
+
+def _const(nv: Any, name: str, default: int) -> int:
+    value = getattr(nv, name, default)
+    # pynvml defines NVML_P2P_CAPS_INDEX_READ as `0,` (a tuple); ctypes rejects a tuple.
+    if isinstance(value, tuple):
+        value = value[0] if value else default
+    return int(value)
+
+
+def _nvml_try(nv: Any, fn_name: str, *args: Any) -> Any:
+    """Call an NVML function; None when the driver says no (not supported, old driver, ...)."""
+    fn = getattr(nv, fn_name, None)
+    if fn is None:
+        return None
+    try:
+        return fn(*args)
+    except nv.NVMLError:
+        return None
+
+
+def _nvlink_ends(nv: Any, handle: Any, gpu_buses: set[str]) -> list[_LinkEnd]:
+    ends = []
+    enabled = _const(nv, "NVML_FEATURE_ENABLED", 1)
+    for link in range(_const(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+        # Links past the GPU's own count answer InvalidArgument; GPUs without NVLink NotSupported.
+        if _nvml_try(nv, "nvmlDeviceGetNvLinkState", handle, link) != enabled:
+            continue
+        pci = _nvml_try(nv, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        remote = normal_bus_id(pci.busId) if pci is not None else None
+        kind = _nvml_try(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if kind == _REMOTE_NPU:
+            continue  # an NVLink to a POWER CPU: host traffic, not GPU-to-GPU
+        if kind in (_REMOTE_GPU, _REMOTE_SWITCH):
+            to_switch = kind == _REMOTE_SWITCH
+        else:
+            # Drivers without the device-type query: a far end that is no GPU of this host is
+            # taken for an NVSwitch (DGX-2 era). A POWER9 NPU would be misread; those drivers
+            # all have the query.
+            to_switch = remote not in gpu_buses
+        version = _nvml_try(nv, "nvmlDeviceGetNvLinkVersion", handle, link)
+        ends.append(_LinkEnd(remote, to_switch, _NVLINK_MAJOR.get(version)))
+    return ends
+
+
+def _nvml_pair(
+    nv: Any,
+    a: int,
+    b: int,
+    handles: tuple[Any, Any],
+    buses: tuple[str | None, str | None],
+    ends: tuple[list[_LinkEnd], list[_LinkEnd]],
+) -> tuple[Link, list[str]]:
+    notes: list[str] = []
+    ha, hb = handles
+    ok = _const(nv, "NVML_P2P_STATUS_OK", 0)
+    p2p_status = _nvml_try(
+        nv, "nvmlDeviceGetP2PStatus", ha, hb, _const(nv, "NVML_P2P_CAPS_INDEX_READ", 0)
+    )
+    p2p = None if p2p_status is None else p2p_status == ok
+    # NVLink first: NVML's common ancestor only describes the PCIe path, so it names a PCIe level
+    # even for a pair joined by NVLinks.
+    direct_ab = [e for e in ends[0] if not e.to_switch and e.remote_bus == buses[1]]
+    direct_ba = [e for e in ends[1] if not e.to_switch and e.remote_bus == buses[0]]
+    direct = direct_ab if len(direct_ab) >= len(direct_ba) else direct_ba
+    switch_a = [e for e in ends[0] if e.to_switch]
+    switch_b = [e for e in ends[1] if e.to_switch]
+    # Through NVSwitches every GPU reaches every other at the rate of its own links; the pair
+    # gets the smaller GPU's count, which is what nvidia-smi prints. One host's switches form one
+    # fabric, but Fabric Manager can partition it (cloud VMs): ask NVML whether the pair can
+    # really talk over NVLink before counting it.
+    switched = switch_a if len(switch_a) <= len(switch_b) else switch_b
+    if switched and not direct:
+        status = _nvml_try(
+            nv, "nvmlDeviceGetP2PStatus", ha, hb, _const(nv, "NVML_P2P_CAPS_INDEX_NVLINK", 2)
+        )
+        if status is not None and status != ok:
+            notes.append(
+                f"GPU{a}-GPU{b}: both have active NVLinks to NVSwitches but NVML reports no "
+                f"NVLink peer access (status {status}, another NVLink partition or Fabric Manager "
+                "down?); using the PCIe path"
+            )
+            switched = []
+    counted = direct + switched
+    if counted:
+        versions = {e.version for e in counted if e.version is not None}
+        version = min(versions) if versions else None
+        n = len(counted)
+        return Link(a, b, f"NV{n}", n, version, p2p), notes
+    level = _nvml_try(nv, "nvmlDeviceGetTopologyCommonAncestor", ha, hb)
+    link_class = _ANCESTOR_CLASS.get(level, UNKNOWN) if level is not None else UNKNOWN
+    if link_class == UNKNOWN:
+        notes.append(f"GPU{a}-GPU{b}: NVML gave no PCIe common ancestor (answer {level!r})")
+    return Link(a, b, link_class, p2p_supported=p2p), notes
+
+
+def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
+    """Probe the run's GPUs through NVML (nvidia-ml-py).
+
+    `indices` are CUDA indices (after CUDA_VISIBLE_DEVICES) of the devices the run uses; None
+    means all visible ones. Raises ImportError when pynvml is missing, pynvml.NVMLError when the
+    driver does not answer, ValueError when the indices are not visible.
+    """
+    import pynvml as nv
+
+    nv.nvmlInit()
+    try:
+        count = int(nv.nvmlDeviceGetCount())
+        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        uuids = [as_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
+        visible, env_notes = resolve_visible_devices(env, uuids)
+        wanted = pick_devices(visible, indices, env)
+        buses = []
+        for h in handles:
+            pci = _nvml_try(nv, "nvmlDeviceGetPciInfo", h)
+            buses.append(normal_bus_id(pci.busId) if pci is not None else None)
+        gpu_buses = {bus for bus in buses if bus is not None}
+        devices = []
+        for cuda_index in wanted:
+            h = handles[visible[cuda_index]]
+            memory = _nvml_try(nv, "nvmlDeviceGetMemoryInfo", h)
+            devices.append(
+                Device(
+                    index=cuda_index,
+                    name=as_text(nv.nvmlDeviceGetName(h)),
+                    memory_bytes=int(memory.total) if memory is not None else 0,
+                    pcie_gen_max=_nvml_try(nv, "nvmlDeviceGetMaxPcieLinkGeneration", h),
+                    pcie_gen_current=_nvml_try(nv, "nvmlDeviceGetCurrPcieLinkGeneration", h),
+                    pcie_width_max=_nvml_try(nv, "nvmlDeviceGetMaxPcieLinkWidth", h),
+                    pcie_width_current=_nvml_try(nv, "nvmlDeviceGetCurrPcieLinkWidth", h),
+                    bus_id=buses[visible[cuda_index]],
+                )
+            )
+        ends = {i: _nvlink_ends(nv, handles[visible[i]], gpu_buses) for i in wanted}
+        links = []
+        notes = list(env_notes) + mapping_note(wanted, visible, env)
+        for n, a in enumerate(wanted):
+            for b in wanted[n + 1 :]:
+                na, nb = visible[a], visible[b]
+                link, pair_notes = _nvml_pair(
+                    nv, a, b, (handles[na], handles[nb]), (buses[na], buses[nb]), (ends[a], ends[b])
+                )
+                links.append(link)
+                notes += pair_notes
+        if any(e.to_switch for es in ends.values() for e in es) and any(
+            link.is_nvlink for link in links
+        ):
+            notes.append("NVLink through NVSwitch: each pair counts the smaller GPU's link count")
+    finally:
+        # A failed shutdown must not hide the probe's result (or its exception).
+        with contextlib.suppress(Exception):
+            nv.nvmlShutdown()
+    _, cpus, sockets = host_facts()
+    return Topology("cuda", tuple(devices), tuple(links), "nvml", cpus, sockets, tuple(notes))

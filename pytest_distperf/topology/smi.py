@@ -1,0 +1,302 @@
+"""The `nvidia-smi` side: parsers for `topo -m` and `-q` text, and the probe that runs it.
+
+The parsers are pure (saved files and tests feed them text); `probe_nvidia_smi` is the fallback
+for hosts where NVML's Python binding fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from pytest_distperf.topology.cuda import (
+    mapping_note,
+    normal_bus_id,
+    pick_devices,
+    resolve_visible_devices,
+)
+from pytest_distperf.topology.host import host_facts
+from pytest_distperf.topology.model import (
+    LOOPBACK,
+    UNKNOWN,
+    Device,
+    Link,
+    Topology,
+    TopologyParseError,
+    link_rank,
+)
+
+NVIDIA_SMI_TIMEOUT_S = 10.0
+
+# Piped or saved copies can carry terminal colour codes; both parsers strip them.
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+_DEVICE_LABEL_RE = re.compile(r"(GPU|NIC)\d+|mlx\d+_\d+")
+_GPU_LABEL_RE = re.compile(r"GPU(\d+)")
+# Drivers before R384 called the cross-socket class SOC; later ones call the same thing SYS.
+_OLD_TOKENS = {"SOC": "SYS"}
+
+
+def parse_nvidia_smi_topo(text: str) -> Topology:
+    """Read `nvidia-smi topo -m` output; keeps GPU-to-GPU links and ignores NICs.
+
+    GPU names and memory are not in that output: devices are named "unknown".
+    """
+    lines = _ANSI_RE.sub("", text).replace("\r", "").split("\n")
+    header_at = _find_header(lines)
+    if header_at is None:
+        hint = " (this looks like rocm-smi output)" if "ROCm" in text else ""
+        raise TopologyParseError(
+            "no GPU header line found: expected a line of column names 'GPU0 GPU1 ...' as "
+            f"printed by `nvidia-smi topo -m`{hint}"
+        )
+    block: list[list[str]] = []
+    for line in lines[header_at + 1 :]:
+        tokens = line.split()
+        if not tokens or tokens[0].startswith("Legend"):
+            break
+        block.append(tokens)
+    row_labels = {tokens[0] for tokens in block}
+    # Columns run from the header's start up to the first non-device column ("CPU Affinity"):
+    # those trailing columns are text with spaces and may be empty, so they are never counted.
+    columns: list[str] = []
+    for token in lines[header_at].split():
+        if token not in row_labels and not _DEVICE_LABEL_RE.fullmatch(token):
+            break
+        columns.append(token)
+    position = {label: i for i, label in enumerate(columns)}
+    gpu_rows: dict[int, list[str]] = {}
+    for tokens in block:
+        m = _GPU_LABEL_RE.fullmatch(tokens[0])
+        if not m:
+            continue  # NIC rows: the run's collectives do not go GPU -> NIC -> GPU on one host
+        label = tokens[0]
+        if label not in position:
+            raise TopologyParseError(f"row {label} has no column of its own in the header")
+        cells = tokens[1 : 1 + len(columns)]
+        if len(cells) < len(columns):
+            raise TopologyParseError(
+                f"row {label} has {len(cells)} link cells but the header names {len(columns)} "
+                f"columns ({' '.join(columns)})"
+            )
+        if int(m.group(1)) in gpu_rows:
+            raise TopologyParseError(f"row {label} appears twice")
+        gpu_rows[int(m.group(1))] = cells
+    if not gpu_rows:
+        raise TopologyParseError("no GPU rows found under the header")
+    if 0 < len(gpu_rows) < sum(1 for c in columns if _GPU_LABEL_RE.fullmatch(c)):
+        missing = [c for c in columns if _GPU_LABEL_RE.fullmatch(c) and int(c[3:]) not in gpu_rows]
+        raise TopologyParseError(f"GPU columns without rows: {' '.join(missing)}")
+
+    notes: list[str] = []
+
+    def cell(i: int, j: int) -> str:
+        token = gpu_rows[i][position[f"GPU{j}"]]
+        if i == j:
+            if token != "X":
+                raise TopologyParseError(
+                    f"row GPU{i}: expected X on the diagonal, found {token!r}"
+                    + (" (this looks like rocm-smi output)" if "ROCm" in text else "")
+                )
+            return token
+        if token in _OLD_TOKENS:
+            new = _OLD_TOKENS[token]
+            note = f"old link name {token} read as {new}"
+            if note not in notes:
+                notes.append(note)
+            token = new
+        try:
+            link_rank(token)
+        except ValueError:
+            raise TopologyParseError(
+                f"row GPU{i} column GPU{j}: unknown link token {token!r}"
+            ) from None
+        if token in (LOOPBACK, UNKNOWN):
+            raise TopologyParseError(f"row GPU{i} column GPU{j}: unknown link token {token!r}")
+        return token
+
+    indices = sorted(gpu_rows)
+    links = []
+    for n, i in enumerate(indices):
+        cell(i, i)
+        for j in indices[n + 1 :]:
+            forward, backward = cell(i, j), cell(j, i)
+            chosen = forward
+            if forward != backward:
+                # nvidia-smi prints a symmetric matrix; if a copy is not, trust the slower word.
+                chosen = min(forward, backward, key=link_rank)
+                notes.append(f"GPU{i}-GPU{j} printed as {forward} and {backward}; using {chosen}")
+            links.append(Link(i, j, chosen))
+    devices = tuple(Device(index=i, name=UNKNOWN, memory_bytes=0) for i in indices)
+    return Topology("cuda", devices, tuple(links), "nvidia-smi", notes=tuple(notes))
+
+
+def _find_header(lines: Sequence[str]) -> int | None:
+    for n, line in enumerate(lines):
+        tokens = line.split()
+        # The GPU0 row also starts with GPU0, but its next token is the diagonal X.
+        if tokens and _GPU_LABEL_RE.fullmatch(tokens[0]) and (len(tokens) < 2 or tokens[1] != "X"):
+            return n
+    return None
+
+
+_Q_GPU_RE = re.compile(r"GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)")
+_Q_FIELDS = {
+    ("PCIe Generation", "Max"): "pcie_gen_max",
+    ("PCIe Generation", "Current"): "pcie_gen_current",
+    ("Link Width", "Max"): "pcie_width_max",
+    ("Link Width", "Current"): "pcie_width_current",
+}
+
+
+def parse_nvidia_smi_q_pcie(text: str) -> list[dict[str, Any]]:
+    """PCIe link facts per GPU from `nvidia-smi -q` text; [] when there is no GPU section.
+
+    Each dict has bus_id, name, pcie_gen_max, pcie_gen_current, pcie_width_max and
+    pcie_width_current (None where the output says N/A or leaves the field out).
+    """
+    gpus: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    headings: list[tuple[int, str]] = []  # the open section titles, by indentation
+    for raw in _ANSI_RE.sub("", text).splitlines():
+        if not raw.strip():
+            continue
+        indent = len(raw) - len(raw.lstrip())
+        body = raw.strip()
+        m = _Q_GPU_RE.fullmatch(body)
+        if m and indent == 0:
+            current = {"bus_id": normal_bus_id(m.group(1)), "name": None}
+            current.update(dict.fromkeys(_Q_FIELDS.values()))
+            gpus.append(current)
+            headings = []
+            continue
+        if current is None:
+            continue
+        while headings and headings[-1][0] >= indent:
+            headings.pop()
+        kv = re.fullmatch(r"(.*?)\s*:\s*(.*)", body)
+        if kv is None:
+            headings.append((indent, body))
+            continue
+        key, value = kv.group(1), kv.group(2).strip()
+        if key == "Product Name" and not headings:
+            current["name"] = value
+        elif headings and (headings[-1][1], key) in _Q_FIELDS:
+            current[_Q_FIELDS[headings[-1][1], key]] = _int_or_none(value.rstrip("x"))
+    return gpus
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(str(value).strip().strip("[]"))
+    except ValueError:
+        return None
+
+
+# --------------------------------------------------------------------------- running nvidia-smi
+
+_QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "pci.bus_id",
+    "pcie.link.gen.max",
+    "pcie.link.gen.current",
+    "pcie.link.width.max",
+    "pcie.link.width.current",
+)
+
+
+def _run_nvidia_smi(exe: str, *args: str) -> str:
+    try:
+        done = subprocess.run(
+            [exe, *args],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"`nvidia-smi {' '.join(args)}` did not answer in {NVIDIA_SMI_TIMEOUT_S:g} s"
+        ) from None
+    if done.returncode != 0:
+        detail = (done.stderr or done.stdout or "").strip().splitlines()
+        raise RuntimeError(
+            f"`nvidia-smi {' '.join(args)}` exited with {done.returncode}"
+            + (f": {detail[0]}" if detail else "")
+        )
+    return done.stdout
+
+
+def _parse_query(text: str) -> dict[int, dict[str, str]]:
+    rows: dict[int, dict[str, str]] = {}
+    for line in text.splitlines():
+        values = [v.strip() for v in line.split(",")]
+        if len(values) != len(_QUERY_FIELDS) or not values[0].isdigit():
+            continue
+        rows[int(values[0])] = dict(zip(_QUERY_FIELDS, values, strict=True))
+    return rows
+
+
+def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
+    """Probe through the `nvidia-smi` command, for hosts where NVML's Python binding fails.
+
+    Links come from `nvidia-smi topo -m`; names, memory and PCIe facts from `--query-gpu` when
+    that works. Raises FileNotFoundError when nvidia-smi is not on PATH, RuntimeError when it
+    fails, TopologyParseError when its output cannot be read.
+    """
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise FileNotFoundError("nvidia-smi not found on PATH")
+    parsed = parse_nvidia_smi_topo(_run_nvidia_smi(exe, "topo", "-m"))
+    notes = list(parsed.notes)
+    try:
+        query = _parse_query(
+            _run_nvidia_smi(
+                exe, f"--query-gpu={','.join(_QUERY_FIELDS)}", "--format=csv,noheader,nounits"
+            )
+        )
+    except RuntimeError as exc:
+        query = {}
+        notes.append(f"GPU names unknown: {exc}")
+    count = max(parsed.indices) + 1
+    # Without the query no UUIDs are known, so UUID entries in CUDA_VISIBLE_DEVICES match nothing.
+    uuids = [query.get(i, {}).get("uuid", "") for i in range(count)]
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible, env_notes = resolve_visible_devices(env, uuids)
+    visible = tuple(v for v in visible if v in parsed.indices)
+    wanted = pick_devices(visible, indices, env)
+    devices = []
+    for cuda_index in wanted:
+        row = query.get(visible[cuda_index])
+        if row is None:
+            devices.append(Device(index=cuda_index, name=UNKNOWN, memory_bytes=0))
+            continue
+        mib = _int_or_none(row["memory.total"])
+        devices.append(
+            Device(
+                index=cuda_index,
+                name=row["name"],
+                memory_bytes=mib * 1024 * 1024 if mib is not None else 0,
+                pcie_gen_max=_int_or_none(row["pcie.link.gen.max"]),
+                pcie_gen_current=_int_or_none(row["pcie.link.gen.current"]),
+                pcie_width_max=_int_or_none(row["pcie.link.width.max"]),
+                pcie_width_current=_int_or_none(row["pcie.link.width.current"]),
+                bus_id=normal_bus_id(row["pci.bus_id"]),
+            )
+        )
+    links = [
+        replace(parsed.link(visible[a], visible[b]), a=a, b=b)
+        for n, a in enumerate(wanted)
+        for b in wanted[n + 1 :]
+    ]
+    notes = list(env_notes) + mapping_note(wanted, visible, env) + notes
+    _, cpus, sockets = host_facts()
+    return Topology("cuda", tuple(devices), tuple(links), "nvidia-smi", cpus, sockets, tuple(notes))

@@ -1,0 +1,152 @@
+"""The strategy records: each one complete, and a new one predicted without touching perfmodel."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from distperf_model.config import PRESETS
+
+from pytest_distperf.perfmodel import (
+    DEFAULT_OVERHEADS,
+    Links,
+    MessageSizes,
+    StrategyCost,
+    StrategyInput,
+    message_sizes,
+    predict,
+    predict_all,
+)
+from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES
+from pytest_distperf.strategies import (
+    STRATEGIES,
+    BuildContext,
+    StrategyRecord,
+    get_strategy,
+    strategy_names,
+)
+from pytest_distperf.strategies.record import data_parallel
+
+PERFMODEL = Path(__file__).resolve().parent.parent / "pytest_distperf" / "perfmodel"
+LINKS = Links("NV18", 2, 250e9, 40e-6, 4e12, False)
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_every_record_is_complete(name: str) -> None:
+    record = STRATEGIES[name]
+    assert record.name == name and record.description and record.family
+    for part in ("build", "cost", "replicas", "message_sizes", "describe_sharding"):
+        assert callable(getattr(record, part)), part
+    assert record.runs_on and record.runs_on <= {"cpu", "cuda"}
+    assert record.min_ranks >= 1
+    assert record.replicas(4) >= 1
+    sizes = record.message_sizes(PRESETS["tiny"], 2, 1)
+    assert isinstance(sizes, MessageSizes)
+    assert sizes.all_gather or not record.sharded  # a sharded model's weights are gathered
+    for device_type in sorted(record.runs_on):
+        x = StrategyInput(PRESETS["tiny"], 2, device_type, 1, 58, 2, LINKS, DEFAULT_OVERHEADS)
+        assert isinstance(record.cost(x), StrategyCost)
+
+
+def _tensor_parallel(x: StrategyInput) -> StrategyCost:
+    # Two activation all-reduces per layer, as a tensor-parallel block would need.
+    size = x.batch_size * x.config.n_embd * x.dtype_bytes
+    transfer, latency = x.links.collective_time("all_reduce", size, x.devices)
+    n = 2 * x.config.n_layer
+    return StrategyCost("TP", {"latency": n * latency, "all_reduce": n * transfer}, {}, n, size)
+
+
+TP = StrategyRecord(
+    name="tp",
+    description="tensor parallel (test only)",
+    family="tp",
+    sharded=True,
+    build=lambda context: "auto",
+    cost=_tensor_parallel,
+    replicas=lambda devices: 1,  # one stream, split across the ranks
+    message_sizes=lambda config, dtype_bytes, batch: MessageSizes((), (7 * batch,)),
+    runs_on=frozenset({"cuda"}),
+    min_ranks=2,
+    describe_sharding=lambda fabric, module: "TP",
+)
+
+
+def test_a_new_record_is_predicted_without_other_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(STRATEGIES, "tp", TP)
+    cfg = PRESETS["llama-2-7b"]
+    p = predict(cfg, "tp", 2, LINKS, compute_time_s=0.01)
+    assert p.implementation == "TP"
+    assert p.collectives_per_token == 64 and p.terms["latency"] > 0
+    assert "tp" in {q.strategy for q in predict_all(cfg, 2, LINKS, compute_time_s=0.01)}
+    assert 7 * 3 in message_sizes(cfg, "tp", 2, 2, batch=3).all_reduce
+    # on one device every strategy is one whole model: the replicated cost
+    assert predict(cfg, "tp", 1, LINKS, compute_time_s=0.01).terms == {"compute": 0.01}
+
+
+def test_perfmodel_names_no_strategy() -> None:
+    """perfmodel asks the records; a strategy's name in its source would be a branch on it."""
+    found = []
+    for path in sorted(PERFMODEL.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in STRATEGIES:
+                found.append(f"{path.name}:{node.lineno} {node.value!r}")
+    assert not found
+
+
+def test_where_a_record_runs() -> None:
+    assert TP.unsupported("cuda", 2) is None
+    assert TP.unsupported("cpu", 2) == "strategy 'tp' runs on cuda, not on 'cpu'"
+    assert TP.unsupported("cuda", 1) == "strategy 'tp' needs at least 2 ranks, got 1"
+    assert all(r.unsupported("cpu", 1) is None for r in STRATEGIES.values())
+    assert data_parallel(3) == 3
+
+
+def test_unknown_strategy_names_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="unknown strategy 'zero3'; valid: auto, ddp, fsdp"):
+        get_strategy("zero3")
+
+
+def test_fsdp1_wraps_the_contexts_units() -> None:
+    """On CUDA, `fsdp` is FSDP1 with the built model's block class as its unit (no global)."""
+
+    class MyBlock:
+        pass
+
+    strategy = get_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=(MyBlock,)))
+    assert type(strategy).__name__ == "FSDPStrategy"
+    policy = strategy._fsdp_kwargs["auto_wrap_policy"]
+    assert policy(module=MyBlock(), recurse=False, nonwrapped_numel=1)
+    assert not policy(module=object(), recurse=False, nonwrapped_numel=1)
+    assert policy(module=object(), recurse=True, nonwrapped_numel=1)
+    other = get_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=()))
+    assert not other._fsdp_kwargs["auto_wrap_policy"](
+        module=MyBlock(), recurse=False, nonwrapped_numel=1
+    )
+    cpu = get_strategy("fsdp").build(BuildContext("cpu", 2, wrap_units=(MyBlock,)))
+    assert type(cpu).__name__ == "ModelParallelStrategy"
+
+
+def test_describe_implementation_reads_the_record() -> None:
+    class Fabric:
+        strategy = object()
+
+    class Wrapper:
+        _forward_module = object()
+
+    ran = replace(TP, describe_sharding=lambda fabric, module: "TP 2-way")
+    assert ran.describe_implementation(Fabric(), Wrapper()) == ("object", "TP 2-way", "object")
+
+
+def test_message_sizes_are_the_models_own() -> None:
+    cfg = PRESETS["cpu-110m"]
+    sharded = message_sizes(cfg, "fsdp", 2, 4)
+    assert cfg.block_param_count() * 4 in sharded.all_gather
+    assert cfg.non_block_param_count() * 4 in sharded.all_gather
+    assert cfg.n_embd * 4 in sharded.all_reduce
+    assert min(sharded.all_gather) <= LATENCY_PROBE_BYTES
+    replicated = message_sizes(cfg, "auto", 2, 4, batch=3)
+    assert max(replicated.all_gather) == max(3 * cfg.n_embd * 4, LATENCY_PROBE_BYTES)
+    both = message_sizes(cfg, ["auto", "fsdp-noreshard"], 2, 4)
+    assert both.all_gather == sharded.all_gather
