@@ -14,12 +14,13 @@ import contextlib
 import os
 import signal
 import tempfile
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pytest_distperf.launch.cpus import threads_per_rank
 from pytest_distperf.launch.failures import (
@@ -31,7 +32,7 @@ from pytest_distperf.launch.failures import (
     where,
 )
 from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
-from pytest_distperf.ranks.serve import DONE, READY, RUN, STOP, RankPlace
+from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, RankPlace
 from pytest_distperf.spec import RankResult, RunResult, RunSpec
 
 # Variables that change how ranks talk to each other: pools differ when these do.
@@ -48,6 +49,7 @@ START_TIMEOUT_S = 300.0  # process start, imports, process group
 GRACE_S = 10.0  # past the timeout, for the ranks' own watchdogs to dump their stacks
 FAILED_GRACE_S = 3.0  # for the other ranks' replies once one rank has failed
 STOP_WAIT_S = 5.0
+OUTPUT_SECTION_LINES = 200  # of each rank's output shown with a failed test
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class RankPool:
             self._processes.append(process)
             self._connections.append(ours)
         self.ready_s = 0.0
+        self.last_output: dict[int, str] = {}  # each rank's output during the last test
 
     @property
     def alive(self) -> bool:
@@ -120,13 +123,31 @@ class RankPool:
             raise RunFailed(self._failure_text(spec, failed, time.perf_counter() - start))
         self.ready_s = time.perf_counter() - start
 
-    def run(self, spec: RunSpec) -> RunResult:
+    def run(
+        self,
+        spec: RunSpec,
+        live: TextIO | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> RunResult:
+        """Run one test; `live`: stream the ranks' output there as it comes (pytest -s);
+        `progress`: gets rank 0's progress texts."""
         launched_at, start = time.time(), time.perf_counter()
-        if self.tests_run == 0:
-            self.wait_ready(spec)
-        for connection in self._connections:
-            connection.send((RUN, spec))
-        replies = self._collect(spec, spec.timeout + GRACE_S, expect=DONE)
+        offsets = self.output_offsets()
+        streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
+        try:
+            if self.tests_run == 0:
+                self.wait_ready(spec)
+            for connection in self._connections:
+                connection.send((RUN, spec))
+            replies = self._collect(spec, spec.timeout + GRACE_S, expect=DONE, progress=progress)
+        finally:
+            if streamer is not None:
+                streamer.stop()
+            # Read before a failure stops the pool and its logs go.
+            self.last_output = {
+                rank: output_tail(path, lines=OUTPUT_SECTION_LINES, start=offset)
+                for rank, (path, offset) in enumerate(zip(self.log_paths, offsets, strict=True))
+            }
         self.tests_run += 1
         elapsed = time.perf_counter() - start
         failed = {rank: text for rank, (kind, text) in replies.items() if kind != DONE}
@@ -135,8 +156,15 @@ class RankPool:
         ranks: tuple[RankResult, ...] = tuple(replies[r][1] for r in sorted(replies))
         return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
 
-    def _collect(self, spec: RunSpec, timeout: float, expect: str) -> dict[int, tuple[str, Any]]:
-        """Every rank's reply; a rank that raised, died or timed out gets (status, text)."""
+    def _collect(
+        self,
+        spec: RunSpec,
+        timeout: float,
+        expect: str,
+        progress: Callable[[str], None] | None = None,
+    ) -> dict[int, tuple[str, Any]]:
+        """Every rank's reply; a rank that raised, died or timed out gets (status, text).
+        Progress messages on the way go to `progress`."""
         replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
         pending = dict(enumerate(self._connections))
         deadline = time.monotonic() + timeout
@@ -155,11 +183,16 @@ class RankPool:
                 for rank, connection in list(pending.items()):
                     if connection not in ready:
                         continue
-                    del pending[rank]
                     try:
-                        replies[rank] = connection.recv()
+                        message = connection.recv()
                     except (EOFError, OSError):
-                        replies[rank] = ("died", "")
+                        message = ("died", "")
+                    if message[0] == PROGRESS:  # not a reply: this rank's reply is still due
+                        if progress is not None:
+                            progress(message[1])
+                        continue
+                    del pending[rank]
+                    replies[rank] = message
         if any(kind == "died" for kind, _ in replies.values()):
             self.stop(kill=True)  # let the exit codes settle before they are read
             self._raise_if_interrupted()
@@ -237,6 +270,46 @@ class RankPool:
             self._log_dir.rmdir()
 
 
+class OutputStreamer:
+    """Copies what the ranks write to their logs onto `stream` while a test runs (pytest -s):
+    rank 0 as it is, the others with a rank prefix."""
+
+    POLL_S = 0.1
+
+    def __init__(self, paths: Sequence[Path], offsets: Sequence[int], stream: TextIO) -> None:
+        self._paths, self._offsets, self._stream = list(paths), list(offsets), stream
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="distperf-output", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.POLL_S):
+            self._copy()
+        self._copy()
+
+    def _copy(self) -> None:
+        for rank, path in enumerate(self._paths):
+            try:
+                with path.open("rb") as f:
+                    f.seek(self._offsets[rank])
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # whole lines only
+            if not end:
+                continue
+            self._offsets[rank] += end
+            text = data[:end].decode(errors="replace")
+            if rank:
+                text = "".join(f"[rank {rank}] {line}" for line in text.splitlines(True))
+            self._stream.write(text)
+            self._stream.flush()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5.0)
+
+
 @contextlib.contextmanager
 def _stopping_signals() -> Iterator[None]:
     """While a test's ranks run, SIGTERM, SIGHUP and SIGQUIT end the session (SessionStopped);
@@ -265,12 +338,18 @@ class Pools:
 
     def __init__(self) -> None:
         self._current: RankPool | None = None
+        self.last_output: dict[int, str] = {}
 
     @property
     def current(self) -> RankPool | None:
         return self._current
 
-    def run(self, spec: RunSpec) -> RunResult:
+    def run(
+        self,
+        spec: RunSpec,
+        live: TextIO | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> RunResult:
         if spec.accelerator == "cpu":
             spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
         key = PoolKey.of(spec)
@@ -287,13 +366,15 @@ class Pools:
                     f"{type(error).__name__}: {error}"
                 ) from error
         try:
-            return pool.run(spec)
+            return pool.run(spec, live, progress)
         except RunFailed:
             self.close()  # poisoned: the next test gets a new pool
             raise
         except BaseException:  # Ctrl-C, a stopping signal: the session ends, the ranks now
             self.close(kill=True)
             raise
+        finally:
+            self.last_output = pool.last_output
 
     def close(self, kill: bool = False) -> None:
         if self._current is not None:

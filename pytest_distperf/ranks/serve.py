@@ -9,6 +9,7 @@ pool is replaced after it (the pytest side decides that).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -19,8 +20,10 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 
 # Messages, pytest process -> rank: ("run", RunSpec) or ("stop", None).
-# Rank -> pytest process: ("ready", None), ("done", RankResult) or ("raised", traceback text).
+# Rank -> pytest process: ("ready", None), ("done", RankResult) or ("raised", traceback text);
+# during a run rank 0 may also send ("progress", text), any number of times before its reply.
 RUN, STOP, READY, DONE, RAISED = "run", "stop", "ready", "done", "raised"
+PROGRESS = "progress"
 
 _PR_SET_PDEATHSIG = 1
 
@@ -56,6 +59,9 @@ def serve(place: RankPlace, connection: Connection) -> None:
     connection.send((READY, None))
     from pytest_distperf.ranks.worker import run_rank
 
+    def progress(text: str) -> None:
+        connection.send((PROGRESS, text))
+
     while True:
         try:
             kind, spec = connection.recv()
@@ -65,7 +71,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
             return
         start = time.perf_counter()
         try:
-            result = replace(run_rank(spec), work_s=time.perf_counter() - start)
+            reporter = progress if place.rank == 0 else None
+            result = replace(run_rank(spec, reporter), work_s=time.perf_counter() - start)
         except BaseException:
             connection.send((RAISED, traceback.format_exc()))
             sys.stdout.flush()
@@ -113,7 +120,9 @@ def _join_group(place: RankPlace) -> None:
 
 
 def _free_test_state(accelerator: str) -> None:
-    """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks."""
+    """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks, and
+    freed heap that glibc would keep, so that the next test's RSS peak starts where a fresh
+    rank's would."""
     import gc
 
     gc.collect()
@@ -122,6 +131,9 @@ def _free_test_state(accelerator: str) -> None:
 
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+    elif sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -1,0 +1,50 @@
+"""Peak memory of one test in a rank that may have run other tests before it.
+
+On CUDA the allocator's peak is reset; on Linux CPU ranks the kernel's resident-set high-water
+mark (VmHWM) is reset through /proc/self/clear_refs, so a pooled rank reports the test's own
+peak rather than its whole life's. Elsewhere the process-lifetime peak (ru_maxrss) is all there is.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import torch
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+_RESET_HIGH_WATER_MARK = "5"  # proc(5): "reset the peak resident set size"
+
+
+def reset_peak(device: torch.device) -> bool:
+    """Start a new peak; False when only the lifetime peak can be read on this host."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        _CLEAR_REFS.write_text(_RESET_HIGH_WATER_MARK)
+    except OSError:
+        return False
+    return _high_water_mark() is not None
+
+
+def peak(device: torch.device) -> tuple[int, str]:
+    """(bytes, what they are) since the last reset_peak."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "cuda allocator peak"
+    high = _high_water_mark()
+    if high is not None:
+        return high, "process RSS peak"
+    # ru_maxrss is in KiB on Linux and covers the whole process life.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS peak (lifetime)"
+
+
+def _high_water_mark() -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
