@@ -122,3 +122,19 @@ def test_launched_job_from_torchrun_variables() -> None:
     assert (job.rank, job.world_size, job.nodes) == (1, 4, 2)
     with pytest.raises(ValueError, match="RANK='x' / WORLD_SIZE='2'"):
         launched_job({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def test_launched_job_from_srun_variables() -> None:
+    from pytest_distperf.launch.job import launched_job
+
+    srun = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"}
+    assert launched_job(srun) is None  # an interactive allocation: no rendezvous address
+    srun |= {"MASTER_ADDR": "node1", "MASTER_PORT": "29500", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    job = launched_job(srun)
+    assert (job.rank, job.world_size, job.local_rank, job.nodes) == (3, 4, 1, 2)
+    assert job.launcher == "srun"
+    assert job.environment() == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="SLURM_PROCID='one'"):
+        launched_job({**srun, "SLURM_PROCID": "one"})
