@@ -10,15 +10,16 @@
 #                   update: record or refresh them (--distperf-update-baselines)
 #   --devices       ranks per test (default auto: every visible GPU)
 #   --suite         tests to run (default tests/perf if it exists, else examples)
-#   --report-dir    where distperf.json, benchmark.json, junit.xml, summary.md go
-#                   (default distperf-report)
+#   --report-dir    where distperf.json, benchmark.json, junit.xml, summary.md and
+#                   charts/ go (default distperf-report)
 #   --baseline-dir  passed as --distperf-baseline-dir (default: the plugin's own setting)
 #   --report        the JSON report to summarise (default REPORT_DIR/distperf.json)
 #   --dry-run       print the commands instead of running pytest, and summarise --report
 #
 # Each option has an environment twin, used when the option is absent: MODE, DEVICES, SUITE,
-# REPORT_DIR, BASELINE_DIR, REPORT, DRY_RUN=1. Also PYTHON (interpreter, default python) and
-# SUMMARY_FILE (a file to append the summary to; default $GITHUB_STEP_SUMMARY when set).
+# REPORT_DIR, BASELINE_DIR, REPORT, DRY_RUN=1. Also PYTHON (interpreter, default python),
+# SUMMARY_FILE (a file to append the summary to; default $GITHUB_STEP_SUMMARY when set) and
+# CHARTS_URL (where the job's artifacts show REPORT_DIR/charts, for the summary's links).
 # Exit status: pytest's (a regression fails the job), returned after the summary is written.
 set -euo pipefail
 
@@ -112,13 +113,19 @@ pytest_cmd=(
   "$python" -m pytest "$suite"
   --distperf-devices "$devices"
   --distperf-json "$report_dir/distperf.json"
-  --distperf-benchmark-json "$report_dir/benchmark.json"
+  --benchmark-json "$report_dir/benchmark.json"
   --junitxml "$report_dir/junit.xml"
 )
 if [[ -n "$baseline_dir" ]]; then pytest_cmd+=(--distperf-baseline-dir "$baseline_dir"); fi
 if [[ "$mode" == update ]]; then pytest_cmd+=(--distperf-update-baselines); fi
 pytest_cmd+=(${extra[@]+"${extra[@]}"})
 render_cmd=("$python" -m pytest_distperf.output.markdown "$report" --title "$title")
+# Charts (matplotlib, the plot extra): the report's tok/s, and the baselines' history.
+charts_dir="$report_dir/charts"
+history_dir="${baseline_dir:-distperf-baselines}"
+plot_cmd=("$python" -m pytest_distperf.cli plot "$report" -o "$charts_dir/results.png")
+history_cmd=("$python" -m pytest_distperf.cli plot --history "$history_dir"
+  -o "$charts_dir/history.png")
 
 status=0
 show "${pytest_cmd[@]}"
@@ -137,6 +144,8 @@ show "${render_cmd[@]}"
 if [[ -f "$report" ]]; then
   if truthy "$dry_run"; then
     "${render_cmd[@]}"
+    show "${plot_cmd[@]}"
+    show "${history_cmd[@]}"
     exit 0
   fi
   render_status=0
@@ -152,6 +161,30 @@ else
     exit 0
   fi
   printf '%s (pytest exit status %s): see the job log.\n' "$note" "$status" >"$report_dir/summary.md"
+fi
+
+# A chart that cannot be drawn (no matplotlib, no baselines yet) never fails the job.
+charts=()
+if [[ -f "$report" ]]; then
+  show "${plot_cmd[@]}"
+  if "${plot_cmd[@]}"; then charts+=(results.png); else echo "distperf-ci: no results chart" >&2; fi
+fi
+if [[ -d "$history_dir" ]]; then
+  show "${history_cmd[@]}"
+  if "${history_cmd[@]}"; then charts+=(history.png); else echo "distperf-ci: no history chart" >&2; fi
+fi
+if ((${#charts[@]})); then
+  # CHARTS_URL: where the job's artifacts show $REPORT_DIR/charts (GitLab sets it); without
+  # it the summary names the files in the uploaded report.
+  links=()
+  for chart in "${charts[@]}"; do
+    if [[ -n "${CHARTS_URL:-}" ]]; then
+      links+=("[$chart](${CHARTS_URL%/}/$chart)")
+    else
+      links+=("\`$chart\`")
+    fi
+  done
+  printf "\nCharts (\`%s/\`): %s\n" "$charts_dir" "${links[*]}" >>"$report_dir/summary.md"
 fi
 cat "$report_dir/summary.md"
 if [[ -n "$summary_file" ]]; then cat "$report_dir/summary.md" >>"$summary_file"; fi

@@ -220,10 +220,12 @@ class GPT(nn.Module):
                 f"of config {self.config.name!r}"
             )
         # Callers that have wrapped the model (FSDP, DDP) should pass device and dtype: the
-        # lm_head weight may then be a shard, a flat-parameter view or an empty placeholder.
-        weight = self.lm_head.weight
-        device = weight.device if device is None else device
-        dtype = weight.dtype if dtype is None else dtype
+        # lm_head weight may then be a shard, a flat-parameter view or an empty placeholder, or
+        # gone altogether (an earlier pipeline stage has no head).
+        if device is None or dtype is None:
+            weight = self.lm_head.weight
+            device = weight.device if device is None else device
+            dtype = weight.dtype if dtype is None else dtype
         # self.modules(), not self.transformer.h: FSDP1 replaces each block with a wrapper
         for m in self.modules():
             if isinstance(m, CausalSelfAttention):

@@ -7,8 +7,9 @@
                      [--nvidia-smi-topo FILE | --topology FILE] [--calibration FILE]
                      [--compute-ms-per-token X] [--memory-bandwidth-gbps X]
                      [--bus-bandwidth-gbps X] [--json]
+    distperf plot (REPORT.json | --history BASELINE_DIR) -o OUT.png    (output/charts.py)
 
-Neither command imports torch: both answer at once and run on a laptop without GPUs. Bad input
+No command imports torch: they answer at once and run on a laptop without GPUs. Bad input
 (a missing or malformed file, a device count the topology does not have, an unknown model) exits
 with status 2 and a message naming the value and where it came from, never a traceback.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_distperf import perfmodel, topology
+from pytest_distperf.output import charts
 from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
 from pytest_distperf.spec import PRECISION_BYTES
 from pytest_distperf.strategies import strategy_names
@@ -111,7 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="predicted tokens/sec of every strategy, with its bounding term",
         description="Predict tokens/sec per strategy on this machine or a loaded topology.",
     )
-    pred.add_argument("--model", required=True, help="a model preset name, e.g. llama-2-7b")
+    pred.add_argument(
+        "--model",
+        required=True,
+        help="a model preset name, e.g. llama-2-7b, or litgpt:<LitGPT config name>",
+    )
     pred.add_argument("--devices", type=_positive_int, required=True, help="ranks of the run")
     pred.add_argument(
         "--strategy",
@@ -143,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="all-gather bus bandwidth of the slowest link, GB/s (default: nominal per class)",
     )
     _add_source_options(pred)
+    charts.add_parser(sub)
     return parser
 
 
@@ -232,12 +239,16 @@ def _load_calibration(path: str | None, devices: int | None) -> Calibration | No
 
 
 def _load_config(name: str) -> Any:
-    from distperf_model.config import Config
+    """The named model's shape: a preset, or a LitGPT name (counted on the meta device)."""
+    from pytest_distperf.models import shape_of
 
     try:
-        return Config.from_name(name)
+        shape = shape_of(name)
     except ValueError as exc:
         raise UsageError(f"--model: {exc}") from None
+    if shape is None:
+        raise UsageError(f"--model {name}: a builder's shape is known only once a rank builds it")
+    return shape
 
 
 # --------------------------------------------------------------------------- topology command
@@ -370,7 +381,7 @@ def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Predic
     if args.prompt_length + args.max_new_tokens > config.block_size:
         raise UsageError(
             f"--prompt-length {args.prompt_length} + --max-new-tokens {args.max_new_tokens} "
-            f"exceeds {config.name}'s block_size {config.block_size}"
+            f"exceeds {args.model}'s block_size {config.block_size}"
         )
     compute = args.compute_ms_per_token / 1e3 if args.compute_ms_per_token else None
     predictions = perfmodel.predict_all(
@@ -462,10 +473,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on malformed options
-    handler = {"topology": cmd_topology, "predict": cmd_predict}[args.command]
+    handler = {"topology": cmd_topology, "predict": cmd_predict, "plot": charts.cmd_plot}
     try:
-        return handler(args)
-    except UsageError as exc:
+        return handler[args.command](args)
+    except (UsageError, charts.ChartError) as exc:
         print(f"distperf {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except BrokenPipeError:

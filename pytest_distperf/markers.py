@@ -34,7 +34,9 @@ def register(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
-        "precision='fp32', seed=1234, slowdown=0.0): the workload a distperf test generates",
+        "precision='fp32', seed=1234, slowdown=0.0, generate=None, shard_unit=None, "
+        "tp_plan=None, comm_delay=0.0): the "
+        "workload a distperf test generates",
     )
 
 
@@ -113,18 +115,37 @@ def workload_of(item: pytest.Item) -> Workload:
 
 
 def check_fits(workload: Workload, where: str) -> None:
-    """The KV cache must hold the prompt and every new token (and the reference's steps)."""
-    if ":" in workload.model:
-        return
-    from distperf_model.config import Config
-
+    """The KV cache must hold the prompt and every new token (and the reference's steps), within
+    the model's own context: a preset's or LitGPT config's `block_size`. A builder's model is
+    checked by its ranks, once built (its `config.block_size`, or a `max_seq_length` it set)."""
+    from pytest_distperf.models import ModelError, context_limit
     from pytest_distperf.spec import RunSpec
 
+    try:
+        block_size = context_limit(workload.model)
+    except ModelError as error:
+        raise SettingError(f"{where}: distperf(model={workload.model!r}): {error}") from None
+    if block_size is None:
+        return
     steps = max(workload.max_new_tokens, RunSpec.reference_steps)
-    block_size = Config.from_name(workload.model).block_size
     if workload.prompt_length + steps > block_size:
         raise SettingError(
             f"{where}: distperf(prompt_length={workload.prompt_length}, "
             f"max_new_tokens={workload.max_new_tokens}) needs {workload.prompt_length + steps} "
             f"positions but model {workload.model!r} has block_size={block_size}"
         )
+
+
+def strategy_unfit(strategy: str, workload: Workload, devices: int) -> str | None:
+    """Why `strategy` cannot split the workload's model over `devices` ranks (its record's
+    `check`: tp's heads, pipeline's blocks), or None; a builder's model is checked by its ranks
+    once built, and a bad model name is `check_fits`'s to report."""
+    from pytest_distperf.models import ModelError, shape_of
+    from pytest_distperf.strategies import get_strategy
+
+    try:
+        shape = shape_of(workload.model)
+    except (ModelError, ValueError, ImportError):
+        return None
+    reason = get_strategy(strategy).check(shape, devices) if shape is not None else None
+    return f"distperf(model={workload.model!r}): {reason}" if reason else None

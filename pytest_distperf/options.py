@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
-from pytest_distperf.spec import PRECISIONS, Workload
+from pytest_distperf.spec import LITGPT_PREFIX, PRECISIONS, Workload
 
 ACCELERATORS = ("auto", "cpu", "cuda")
 # torch.numa.binding.AffinityMode values (torch's own NUMA binding, as `torchrun --numa-binding`)
@@ -54,9 +54,6 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("timeout", "600", "seconds a test's ranks may run before they are stopped"),
     OptionSpec("json", "", "write every distperf result of the session to this JSON file"),
     OptionSpec(
-        "benchmark_json", "", "write the results in pytest-benchmark's JSON format to this file"
-    ),
-    OptionSpec(
         "efficiency",
         str(DEFAULT_EFFICIENCY),
         "fail a run below this fraction of the predicted tokens/sec, in (0, 1]",
@@ -75,6 +72,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec("update_baselines", "", "record or refresh the baselines of the tests run", True),
     OptionSpec("strict", "", "a test without a baseline for this machine fails", True),
     OptionSpec("fail_on_improvement", "", "a run far faster than its baseline (stale) fails", True),
+    OptionSpec(
+        "compile",
+        "",
+        "compile the decode step with torch.compile (CUDA graphs where the strategy allows); "
+        "a test's distperf(compile=...) wins",
+        True,
+    ),
     OptionSpec(
         "fresh_ranks",
         "",
@@ -101,7 +105,6 @@ class Settings:
     warmup: int
     timeout: float
     json: str | None = None
-    benchmark_json: str | None = None
     efficiency: float = DEFAULT_EFFICIENCY
     tolerance: float | None = None
     alpha: float = 0.01
@@ -112,6 +115,7 @@ class Settings:
     topology: str | None = None
     numa_binding: str | None = None
     fresh_ranks: bool = False
+    compile: bool = False
 
     def gate_value(self, name: str, marker: Mapping[str, float]) -> Any:
         """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
@@ -191,7 +195,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
     "timeout": _parse_timeout,
     "json": lambda raw, source: raw or None,
-    "benchmark_json": lambda raw, source: raw or None,
     "efficiency": lambda raw, source: parse_fraction(raw, source, "efficiency", allow_one=True),
     "tolerance": lambda raw, source: (
         parse_fraction(raw, source, "tolerance", allow_one=False) if raw else None
@@ -203,6 +206,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
     "topology": lambda raw, source: raw or None,
     "fresh_ranks": lambda raw, source: _parse_flag(raw, source),
+    "compile": lambda raw, source: _parse_flag(raw, source),
     "numa_binding": lambda raw, source: _parse_numa_binding(raw, source),
 }
 
@@ -238,11 +242,21 @@ def workload_from_marker(
     gate_from_marker(kwargs, where)  # validated here too, so collection reports it
     values = {**Workload().params(), **{k: v for k, v in kwargs.items() if k in fields}}
     model = values["model"]
-    if not isinstance(model, str) or (model not in known_models and not _is_import_path(model)):
+    litgpt = isinstance(model, str) and model.startswith(LITGPT_PREFIX) and model != LITGPT_PREFIX
+    if not isinstance(model, str) or not (
+        model in known_models or litgpt or _is_import_path(model)
+    ):
         raise SettingError(
             f"{where}: distperf(model={model!r}) is not a known model; valid: "
-            f"{', '.join(known_models)}, or 'package.module:function' naming your own builder"
+            f"{', '.join(known_models)}, '{LITGPT_PREFIX}<LitGPT config name>', or "
+            "'package.module:function' naming your own builder"
         )
+    for name, what in (("generate", "function"), ("shard_unit", "Class"), ("tp_plan", "function")):
+        value = values[name]
+        if value is not None and not (isinstance(value, str) and _is_import_path(value)):
+            raise SettingError(
+                f"{where}: distperf({name}={value!r}) must be 'package.module:{what}'"
+            )
     if values["precision"] not in PRECISIONS:
         raise SettingError(
             f"{where}: distperf(precision={values['precision']!r}) is not one of "
@@ -261,7 +275,16 @@ def workload_from_marker(
         or not 0 <= slowdown < 1
     ):
         raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
-    return Workload(**{**values, "slowdown": float(slowdown)})
+    delay = values["comm_delay"]
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 1:
+        raise SettingError(
+            f"{where}: distperf(comm_delay={delay!r}) must be seconds in [0, 1] per message"
+        )
+    if values["compile"] not in (None, True, False):
+        raise SettingError(
+            f"{where}: distperf(compile={values['compile']!r}) must be True or False"
+        )
+    return Workload(**{**values, "slowdown": float(slowdown), "comm_delay": float(delay)})
 
 
 GATE_ARGUMENTS = ("efficiency", "tolerance")

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_distperf import markers
+from pytest_distperf import collection, markers, xdist
 from pytest_distperf.options import (
     OPTIONS,
     SettingError,
@@ -25,7 +27,7 @@ from pytest_distperf.options import (
     gate_from_marker,
     resolve_settings,
 )
-from pytest_distperf.spec import RunResult, RunSpec, Workload
+from pytest_distperf.spec import RunResult, RunSpec
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -50,24 +52,28 @@ def pytest_configure(config: pytest.Config) -> None:
         slowdown = env_slowdown()
     except SettingError as error:
         raise pytest.UsageError(f"pytest-distperf: {error}") from None
-    for name in ("json", "benchmark_json"):  # fail now, not after an hour of tests
-        path = getattr(settings, name)
-        if path:
-            try:
-                Path(path).resolve().parent.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                flag = f"--distperf-{name.replace('_', '-')}"
-                raise pytest.UsageError(
-                    f"pytest-distperf: {flag} {path}: cannot create its directory: {error}"
-                ) from None
+    if settings.json:  # fail now, not after an hour of tests
+        try:
+            Path(settings.json).resolve().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise pytest.UsageError(
+                f"pytest-distperf: --distperf-json {settings.json}: cannot create its "
+                f"directory: {error}"
+            ) from None
     from pytest_distperf.launch.job import launched_job
 
     try:
         job = launched_job()
     except ValueError as error:
         raise pytest.UsageError(f"pytest-distperf: {error}") from None
+    if job is not None and job.launcher == "srun":
+        os.environ.update(job.environment())  # what env:// and Fabric read in every rank
     plugin = DistperfPlugin(settings, slowdown, rootpath=config.rootpath, job=job)
+    plugin.live_output = config.getoption("capture", None) == "no"
+    plugin.config = config
     config.pluginmanager.register(plugin, "distperf-session")
+    if xdist.is_controller(config) or xdist.is_worker(config):
+        config.pluginmanager.register(xdist.Relay(plugin), "distperf-xdist")
 
 
 @dataclass
@@ -90,9 +96,15 @@ class DistperfPlugin:
     # message sizes of every selected test of that count: rank count -> MessageSizes.
     calibration_sizes: dict[int, Any] = field(default_factory=dict)
     calibrations: dict[int, Any] = field(default_factory=dict)  # rank count -> Calibration
+    # Builders' models are calibrated by their first run's ranks, once built (sizes unknown
+    # before): (rank count, model, precision, batch size) of those done.
+    builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)
     _gate: Any = field(default=None, repr=False)
     job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
     pools: Any = None  # launch.pool.Pools, made on the first run that needs ranks
+    live_output: bool = False  # pytest -s: the ranks' output streams to the terminal
+    config: Any = field(default=None, repr=False)  # pytest.Config
+    topology: Any = None  # the Topology an xdist worker's runs were held to (controller only)
 
     @property
     def writes_files(self) -> bool:
@@ -102,7 +114,7 @@ class DistperfPlugin:
     _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
-        """Accelerator and device count for this session; touches torch only on first use."""
+        """Accelerator and device count for this session, counted without importing torch."""
         if self._resolved is None:
             visible = _visible_gpus() if self.settings.accelerator != "cpu" else 0
             accelerator = self.settings.accelerator
@@ -156,8 +168,9 @@ class DistperfPlugin:
             )
         return self._gate
 
-    def launch(self, spec: RunSpec) -> RunResult:
-        """Run `spec` in the job's ranks, in fresh ranks, or in the session's pool."""
+    def launch(self, spec: RunSpec, progress: Callable[[str], None] | None = None) -> RunResult:
+        """Run `spec` in the job's ranks, in fresh ranks, or in the session's pool (whose rank 0
+        reports its progress to `progress`)."""
         if self.job is not None:
             from pytest_distperf.launch.job import run_in_job
 
@@ -171,7 +184,12 @@ class DistperfPlugin:
             from pytest_distperf.launch.pool import Pools
 
             self.pools = Pools()
-        return self.pools.run(spec)
+        live = sys.stdout if self.live_output else None
+        return self.pools.run(spec, live=live, progress=progress)
+
+    def rank_output(self) -> dict[int, str]:
+        """Each rank's output during the last pooled run (for the report's sections)."""
+        return self.pools.last_output if self.pools is not None else {}
 
     @pytest.hookimpl
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -180,69 +198,84 @@ class DistperfPlugin:
 
     @pytest.hookimpl
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
-        if "distperf" not in metafunc.fixturenames:
-            return
-        where = metafunc.definition.nodeid
-        names = markers.strategy_names_of(metafunc, where)
-        counts = markers.device_counts_of(metafunc, where)
-        markers.workload_of(metafunc.definition)  # bad marker arguments fail at collection
-        resolved = self.resolve()
-        params, ids = [], []
-        for name in names:
-            for count in counts:
-                params.append((name, count))
-                ids.append(f"{name}-{count or resolved.devices}{resolved.accelerator}")
-        metafunc.parametrize(
-            ("distperf_strategy", "distperf_devices"), params, ids=ids, scope="function"
-        )
+        if "distperf" in metafunc.fixturenames:
+            resolved = self.resolve()
+            collection.parametrize(metafunc, resolved.accelerator, resolved.devices)
 
     @pytest.hookimpl
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        workloads: dict[int, list[tuple[str, Workload]]] = {}
-        default = self.resolve().devices
-        for item in items:
-            params = getattr(getattr(item, "callspec", None), "params", {})
-            if "distperf_strategy" in params:
-                count = params["distperf_devices"] or default
-                workloads.setdefault(count, []).append(
-                    (params["distperf_strategy"], markers.workload_of(item))
-                )
+    def pytest_collection_modifyitems(
+        self, config: pytest.Config, items: list[pytest.Item]
+    ) -> None:
+        collection.prepare(config, items, self.resolve().devices)
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter prints the collection report
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        # After -k, -m and --lf have deselected: only the tests that will run are measured.
+        if session.config.getoption("collectonly"):
+            return
+        workloads = collection.workloads_by_count(session.items, self.resolve().devices)
         if not workloads:
             return
-        if len(workloads) > 1:
-            # One pool per rank count: run each count's tests together, so pools switch rarely.
-            items.sort(key=lambda item: markers.item_devices(item, default))
         from pytest_distperf.judge.gate import session_message_sizes
 
         self.calibration_sizes = {
             count: session_message_sizes(pairs, count) for count, pairs in workloads.items()
         }
-        self.gate()  # a bad --distperf-topology is a usage error before any rank starts
+        if not xdist.is_worker(session.config):  # a worker may run none of them: on first use
+            self.gate()  # a bad --distperf-topology is a usage error before any rank starts
+
+    @pytest.hookimpl
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        from pytest_distperf.header import report_header
+
+        return report_header(self, config)
+
+    @pytest.hookimpl
+    def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str]:
+        if self._gate is None or config.get_verbosity() < 0:
+            return []
+        from pytest_distperf.header import collection_lines
+
+        return collection_lines(self._gate.topology, self.calibration_sizes)
+
+    def topology_of_gate(self) -> Any:
+        """The session's topology: its gate's, or on an xdist controller the workers'."""
+        return self._gate.topology if self._gate is not None else self.topology
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if not self.writes_files:
+        # An xdist worker's runs ride on its test reports; the controller writes the files.
+        if not self.writes_files or xdist.is_worker(session.config):
             return
         if self.settings.json:
             from pytest_distperf.output.report import write_json_report
 
             write_json_report(self.settings.json, self.records)
-        if self.settings.benchmark_json:
-            from pytest_distperf.output.benchmark_json import (
-                default_commit_info,
-                write_benchmark_json,
-            )
 
-            write_benchmark_json(
-                self.settings.benchmark_json,
-                self.records,
-                commit_info=default_commit_info(self.rootpath),
-            )
+    # pytest-benchmark's hooks (output/benchmark_session.py); optional: it may not be loaded.
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_benchmark_update_machine_info(self, machine_info: dict[str, Any]) -> None:
+        from pytest_distperf.output.benchmark_session import update_machine_info
+
+        update_machine_info(machine_info, self.records)
+
+    @pytest.hookimpl(optionalhook=True, wrapper=True)
+    def pytest_benchmark_compare_machine_info(self, compared_benchmark: dict[str, Any]) -> Any:
+        from pytest_distperf.output.benchmark_session import without_distperf_machine_info
+
+        saved = compared_benchmark.get("machine_info")
+        reduced = without_distperf_machine_info(compared_benchmark)
+        if reduced is not None:  # loaded at configure time, before any run described this machine
+            compared_benchmark["machine_info"] = reduced
+        try:
+            return (yield)
+        finally:
+            compared_benchmark["machine_info"] = saved
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         outcomes = {
-            report.nodeid: key
+            xdist.plain_nodeid(report.nodeid): key
             for key in ("passed", "failed")
             for report in terminalreporter.stats.get(key, [])
             if getattr(report, "when", None) == "call"
@@ -251,12 +284,10 @@ class DistperfPlugin:
         if not shown:
             return
         terminalreporter.write_sep("-", "distperf results")
-        if self._gate is not None:
-            topology = self._gate.topology
-            notes = "".join(f"; {note}" for note in topology.notes)
-            terminalreporter.write_line(
-                f"topology {topology.key()} (from {topology.source}){notes}"
-            )
+        if self.topology_of_gate() is not None:
+            from pytest_distperf.header import topology_line
+
+            terminalreporter.write_line(topology_line(self.topology_of_gate()))
         from pytest_distperf.output.report import RESULT_HEADER, format_result_line
 
         terminalreporter.write_line(RESULT_HEADER)
@@ -265,9 +296,9 @@ class DistperfPlugin:
 
 
 def _visible_gpus() -> int:
-    import torch
+    from pytest_distperf.topology.gpus import visible_gpus
 
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return visible_gpus()
 
 
 def _cpu_count() -> int:
@@ -301,7 +332,7 @@ class DistperfRun:
         resolved = self._plugin.resolve()
         settings = self._plugin.settings
         return RunSpec(
-            test_id=self._item.nodeid,
+            test_id=xdist.plain_nodeid(self._item.nodeid),
             strategy=self.strategy,
             devices=self.devices,
             accelerator=resolved.accelerator,
@@ -311,6 +342,8 @@ class DistperfRun:
             timeout=settings.timeout,
             marker_file=os.environ.get("DISTPERF_MARKER_FILE"),
             numa_binding=settings.numa_binding,
+            sys_path=tuple(sys.path),  # what the test can import, its ranks can
+            compile=settings.compile if self.workload.compile is None else self.workload.compile,
         )
 
     def run(self) -> RunResult:
@@ -323,9 +356,12 @@ class DistperfRun:
         sizes = plugin.calibration_sizes.get(spec.devices)
         if spec.devices not in plugin.calibrations and sizes is not None:
             spec = dataclasses.replace(spec, calibration_sizes=sizes)
+        if spec.workload.is_custom_builder and _builder_key(spec) not in plugin.builders_calibrated:
+            spec = dataclasses.replace(spec, calibrate_model=True)
         try:
-            result = plugin.launch(spec)
+            result = self._launch(spec)
         except RunFailed as error:
+            self._attach_rank_output()
             failure = str(error)
         except SessionStopped as stop:
             # The shell's convention for a process ended by a signal: 128 + its number.
@@ -335,10 +371,26 @@ class DistperfRun:
                 returncode=128 + stop.signum,
             )
         else:
+            self._attach_rank_output()
             failure = self._judge(result)
             if not failure:
                 return result
         pytest.fail(failure, pytrace=False)
+
+    def _launch(self, spec: RunSpec) -> RunResult:
+        from pytest_distperf.progress import ProgressLine
+
+        line = ProgressLine(self._item.config)
+        try:
+            return self._plugin.launch(spec, progress=line if line.active else None)
+        finally:
+            line.clear()  # before pytest writes the outcome on that line
+
+    def _attach_rank_output(self) -> None:
+        # Shown with a failing test, like pytest's own captured output.
+        for rank, text in self._plugin.rank_output().items():
+            if text.strip():
+                self._item.add_report_section("call", f"rank {rank} output", text)
 
     def _judge(self, result: RunResult) -> str:
         """Record the result and apply the gates; the failure text, or "" when all passed."""
@@ -347,7 +399,12 @@ class DistperfRun:
 
         plugin = self._plugin
         if result.calibration is not None:
-            plugin.calibrations[result.devices] = result.calibration
+            known = plugin.calibrations.get(result.devices)
+            plugin.calibrations[result.devices] = (
+                result.calibration if known is None else known.merged(result.calibration)
+            )
+            if result.spec.calibrate_model:
+                plugin.builders_calibrated.add(_builder_key(result.spec))
         calibration = plugin.calibrations.get(result.devices)
         self.results.append(result)
         settings = plugin.settings
@@ -369,9 +426,19 @@ class DistperfRun:
         except (OSError, TimeoutError) as error:  # unwritable directory, lock held too long
             return f"distperf: baseline store {gate.store!r}: {type(error).__name__}: {error}"
         plugin.records.append(record)
+        self._item.stash.setdefault(xdist.RECORDS, []).append(record)
         # The JUnit XML properties; the terminal table is made from the records.
         self._item.user_properties.extend(record.junit_properties())
+        if plugin.writes_files:  # one copy of each run, as for the reports
+            from pytest_distperf.output.benchmark_session import add_benchmark
+
+            add_benchmark(self._item, result, record, occurrence=len(self.results))
         return record.decision.failure_text()
+
+
+def _builder_key(spec: RunSpec) -> tuple[Any, ...]:
+    workload = spec.workload
+    return (spec.devices, workload.model, workload.precision, workload.batch_size)
 
 
 @pytest.fixture
@@ -391,6 +458,7 @@ def distperf(
     request: pytest.FixtureRequest, distperf_strategy: str, distperf_devices: int | None
 ) -> DistperfRun:
     """Runs the test's model in N ranks under its strategy: `result = distperf.run()`."""
+    collection.check_item(request.node, distperf_strategy)
     plugin: DistperfPlugin = request.config.pluginmanager.get_plugin("distperf-session")
     resolved = plugin.resolve()
     devices = distperf_devices or resolved.devices
@@ -405,4 +473,7 @@ def distperf(
             f"distperf: {devices} CUDA devices requested ({source}) "
             f"but {resolved.visible_gpus} visible"
         )
+    collection.check_supported(
+        request.node, distperf_strategy, resolved.accelerator, devices, bool(distperf_devices)
+    )
     return DistperfRun(request.node, plugin, distperf_strategy, devices)

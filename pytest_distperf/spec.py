@@ -27,16 +27,23 @@ from typing import Any
 # Bytes per parameter or activation element of each precision a workload may ask for.
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISIONS = tuple(PRECISION_BYTES)
+# `distperf(model="litgpt:pythia-14m")`: LitGPT's own GPT for that config name (the litgpt extra).
+LITGPT_PREFIX = "litgpt:"
+LITGPT_EXTRA = "pip install 'pytest-distperf[litgpt]'"
 
 
 @dataclass(frozen=True)
 class Workload:
     """What one test generates; set by the `distperf` marker.
 
-    `model` is a preset name of `distperf_model` or "package.module:function", a builder called
-    in every rank as `function(seed=..., device=..., dtype=...)` that returns a module with the
-    reference model's interface (`config`, `block_class`, `setup_caches`,
-    `forward(idx, input_pos)`).
+    `model` is a preset name of `distperf_model`, "litgpt:<LitGPT config name>", or
+    "package.module:function", a builder called in every rank as
+    `function(seed=..., device=..., dtype=...)` that returns a GPT-like module (the contract:
+    docs/extending.md). `generate`, when set, is "package.module:function", the user's own
+    generation loop `function(model, prompt, max_new_tokens) -> tokens`, timed instead of the
+    built-in one; `shard_unit` ("package.module:Class") overrides the module class FSDP wraps;
+    `tp_plan` ("package.module:function", `function(model, tp_mesh) -> model`) places a model
+    the built-in tensor-parallel plan does not know.
     """
 
     model: str = "tiny"
@@ -48,12 +55,27 @@ class Workload:
     # Fraction by which to slow every timed generation, for proving that verdicts can fail.
     # 0 unless asked for; see README "Proving a gate can fail".
     slowdown: float = 0.0
+    generate: str | None = None
+    shard_unit: str | None = None
+    tp_plan: str | None = None
+    # Seconds added to every all-reduce (tp) and send (pipeline) the strategy issues: proves
+    # that a communication-only slow-down fails the threshold; 0 unless asked for.
+    comm_delay: float = 0.0
+    compile: bool | None = None  # compile the decode step; None: --distperf-compile decides
+
+    @property
+    def model_source(self) -> str:
+        """Where the model comes from: "preset", "litgpt" (a LitGPT config name) or "builder"
+        (a user's function)."""
+        if self.model.startswith(LITGPT_PREFIX):
+            return "litgpt"
+        return "builder" if ":" in self.model else "preset"
 
     @property
     def is_custom_builder(self) -> bool:
-        """`model` names a user's builder, not a preset: its size and shape are unknown until a
-        rank builds it."""
-        return ":" in self.model
+        """`model` names a user's builder: its size and shape are unknown until a rank builds
+        it (a preset's or a LitGPT name's come from its config)."""
+        return self.model_source == "builder"
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,6 +101,11 @@ class RunSpec:
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
     numa_binding: str | None = None  # torch.numa.binding.AffinityMode value; None: no binding
+    compile: bool = False  # compile the decode step (ranks/compiled.py)
+    # The pytest process's import paths, so that a builder importable there is in the ranks.
+    sys_path: tuple[str, ...] = ()
+    # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
+    calibrate_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,8 +113,9 @@ class Sample:
     """One timed generation on one rank, in seconds."""
 
     total_s: float  # prefill + decode: the seed's "Time for inference"
-    ttft_s: float  # to the first new token (prefill)
-    decode_s: float  # the remaining max_new_tokens - 1 steps
+    # None for a user's own generation loop (`distperf(generate=...)`): its split is unknown.
+    ttft_s: float | None  # to the first new token (prefill)
+    decode_s: float | None  # the remaining max_new_tokens - 1 steps
 
 
 @dataclass(frozen=True)
@@ -121,6 +149,9 @@ class RankResult:
     # Seconds this rank spent on the test itself (build, calibration, warm-up, timed and bare
     # generations); what a launch costs beyond it is the harness's own cost.
     work_s: float | None = None
+    compile_s: float | None = None  # compiling and settling the decode step (not timed)
+    compiled: str = ""  # how the decode step was compiled; "" for an eager run
+    model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
 
 
 @dataclass(frozen=True)
@@ -161,13 +192,15 @@ class RunResult:
     @property
     def decode_tokens_per_sec(self) -> float | None:
         steps = (self.spec.workload.max_new_tokens - 1) * self.spec.workload.batch_size
-        if steps == 0:
+        decode = [s.decode_s for s in self.samples]
+        if steps == 0 or None in decode:
             return None
-        return statistics.median(steps / s.decode_s for s in self.samples)
+        return statistics.median(steps / s for s in decode if s is not None)
 
     @property
-    def ttft_s(self) -> float:
-        return statistics.median(s.ttft_s for s in self.samples)
+    def ttft_s(self) -> float | None:
+        ttft = [s.ttft_s for s in self.samples]
+        return None if None in ttft else statistics.median(t for t in ttft if t is not None)
 
     @property
     def aggregate_tokens_per_sec(self) -> float:
@@ -188,6 +221,11 @@ class RunResult:
         """The slowest rank's time on the test itself; None from launchers that don't say."""
         times = [r.work_s for r in self.ranks if r.work_s is not None]
         return max(times) if len(times) == len(self.ranks) else None
+
+    @property
+    def compile_s(self) -> float | None:
+        times = [r.compile_s for r in self.ranks if r.compile_s is not None]
+        return max(times) if times else None
 
     @property
     def harness_s(self) -> float | None:

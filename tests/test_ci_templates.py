@@ -6,6 +6,7 @@ with the reason, where the tool is not installed.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
@@ -70,8 +71,10 @@ REPORT = {"schema": 1, "results": ROWS}
 # What the script reads from its environment (besides PYTHON).
 SCRIPT_ENV = frozenset(
     {"MODE", "DEVICES", "SUITE", "REPORT_DIR", "BASELINE_DIR", "REPORT", "DRY_RUN"}
-    | {"SUMMARY_FILE", "GITHUB_STEP_SUMMARY"}
+    | {"SUMMARY_FILE", "GITHUB_STEP_SUMMARY", "CHARTS_URL"}
 )
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 # --- schemas -------------------------------------------------------------------------------------
@@ -151,6 +154,13 @@ def test_github_workflow_flow() -> None:
         ]
         assert uploads[0]["if"] == "always()"
         assert uploads[0]["with"]["path"] == "${{ env.REPORT_DIR }}"
+        # the charts on their own, linked from the job summary
+        charts = [step for step in uploads if step.get("id") == "charts"]
+        assert len(charts) == 1 and charts[0]["if"] == "always()"
+        assert charts[0]["with"]["path"] == "${{ env.REPORT_DIR }}/charts"
+        [link] = [s for s in job["steps"] if "steps.charts.outputs" in str(s.get("if", ""))]
+        assert link["env"] == {"CHARTS_ARTIFACT": "${{ steps.charts.outputs.artifact-url }}"}
+        assert "$CHARTS_ARTIFACT" in link["run"] and '"$GITHUB_STEP_SUMMARY"' in link["run"]
     assert (
         "pull_request" in jobs["compare"]["if"] and "head.repo.full_name" in jobs["compare"]["if"]
     )
@@ -165,6 +175,9 @@ def test_gitlab_pipeline_flow() -> None:
     assert base["tags"] == ["gpu"]
     assert base["artifacts"]["when"] == "always"
     assert base["artifacts"]["reports"]["junit"] == f"{base['variables']['REPORT_DIR']}/junit.xml"
+    # the summary links the charts where the job's artifacts show them
+    assert base["variables"]["CHARTS_URL"] == "${CI_JOB_URL}/artifacts/file/${REPORT_DIR}/charts"
+    assert f"{base['variables']['REPORT_DIR']}/" in base["artifacts"]["paths"]
     compare, update = pipeline["distperf:compare"], pipeline["distperf:update"]
     for job, mode in ((compare, "compare"), (update, "update")):
         assert job["extends"] == ".distperf"
@@ -249,17 +262,25 @@ def report(tmp_path: Path) -> Path:
 def test_dry_run_compare(tmp_path: Path, report: Path) -> None:
     done = _run_script("--dry-run", "--report", str(report), "--devices", "4", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    pytest_cmd, render_cmd = _commands(done.stdout)
+    pytest_cmd, render_cmd, plot_cmd, history_cmd = _commands(done.stdout)
     assert pytest_cmd == [
         sys.executable, "-m", "pytest", "examples",
         "--distperf-devices", "4",
         "--distperf-json", "distperf-report/distperf.json",
-        "--distperf-benchmark-json", "distperf-report/benchmark.json",
+        "--benchmark-json", "distperf-report/benchmark.json",
         "--junitxml", "distperf-report/junit.xml",
     ]  # fmt: skip
     assert render_cmd == [
         sys.executable, "-m", "pytest_distperf.output.markdown", str(report),
         "--title", "distperf: compared with baselines",
+    ]  # fmt: skip
+    assert plot_cmd == [
+        sys.executable, "-m", "pytest_distperf.cli", "plot", str(report),
+        "-o", "distperf-report/charts/results.png",
+    ]  # fmt: skip
+    assert history_cmd == [
+        sys.executable, "-m", "pytest_distperf.cli", "plot", "--history", "distperf-baselines",
+        "-o", "distperf-report/charts/history.png",
     ]  # fmt: skip
     assert "## distperf: compared with baselines" in done.stdout
     assert (
@@ -285,13 +306,14 @@ def test_dry_run_update_from_the_environment(tmp_path: Path, report: Path) -> No
         sys.executable, "-m", "pytest", "tests/perf",
         "--distperf-devices", "auto",
         "--distperf-json", "out dir/distperf.json",
-        "--distperf-benchmark-json", "out dir/benchmark.json",
+        "--benchmark-json", "out dir/benchmark.json",
         "--junitxml", "out dir/junit.xml",
         "--distperf-baseline-dir", "perf/baselines",
         "--distperf-update-baselines",
         "-k", "generate and not slow",
     ]  # fmt: skip
     assert "## distperf: baselines recorded" in done.stdout
+    assert _commands(done.stdout)[-1][3:6] == ["plot", "--history", "perf/baselines"]
 
 
 def test_options_override_the_environment(tmp_path: Path, report: Path) -> None:
@@ -390,11 +412,69 @@ def test_run_writes_the_summary_and_returns_pytest_status(
     argv = json.loads((tmp_path / "argv.json").read_text())
     assert argv[:6] == ["-m", "pytest", "examples", "--distperf-devices", "2", "--distperf-json"]
     written = (tmp_path / "reports" / "summary.md").read_text()
-    assert written == render_markdown(
-        parse_report(REPORT), title="distperf: compared with baselines"
-    )
+    table = render_markdown(parse_report(REPORT), title="distperf: compared with baselines")
+    charts = f"\nCharts (`{tmp_path}/reports/charts/`): `results.png`\n" if HAS_MATPLOTLIB else ""
+    assert written == table + charts
     assert summary.read_text() == "earlier step\n" + written
     assert written in done.stdout
+
+
+def _record_baselines(directory: Path, refreshes: int) -> None:
+    from datetime import datetime, timezone
+
+    from pytest_distperf.store.entry import BaselineEntry
+    from pytest_distperf.store.store import BaselineStore
+
+    store = BaselineStore(directory)
+    for run in range(refreshes):
+        samples = [100.0 + run + i for i in range(5)]
+        entry = BaselineEntry.from_samples(
+            "examples/test_generate.py::test_generate[ddp] [model=tiny]",
+            samples,
+            peak_memory_bytes=None,
+            versions={},
+            now=datetime(2026, 12, 1, run, tzinfo=timezone.utc),
+        )
+        old = store.get("cpu_x2_loopbackx1_2cpus", entry.test_id)
+        entry = entry.following(old) if old else entry
+        store.save("cpu_x2_loopbackx1_2cpus", {entry.test_id: entry}, {})
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed (the plot extra)")
+def test_run_draws_the_charts_and_links_them(tmp_path: Path, stub_python: Path) -> None:
+    _record_baselines(tmp_path / "perf" / "baselines", refreshes=3)
+    env = {
+        "STUB_LOG": str(tmp_path / "argv.json"),
+        "STUB_REPORT": json.dumps(REPORT),
+        "REPORT_DIR": "out",
+        "BASELINE_DIR": "perf/baselines",
+        "CHARTS_URL": "https://ci.example/job/7/artifacts/file/out/charts/",
+    }
+    done = _run_script(cwd=tmp_path, env=env, python=str(stub_python))
+    assert done.returncode == 0, done.stderr
+    for name in ("results.png", "history.png"):
+        data = (tmp_path / "out" / "charts" / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000
+    assert (
+        (tmp_path / "out" / "summary.md")
+        .read_text()
+        .endswith(
+            "\nCharts (`out/charts/`): "
+            "[results.png](https://ci.example/job/7/artifacts/file/out/charts/results.png) "
+            "[history.png](https://ci.example/job/7/artifacts/file/out/charts/history.png)\n"
+        )
+    )
+
+
+def test_a_chart_that_cannot_be_drawn_does_not_fail_the_job(
+    tmp_path: Path, stub_python: Path
+) -> None:
+    (tmp_path / "distperf-baselines").mkdir()  # a baseline directory with nothing in it yet
+    env = {"STUB_LOG": str(tmp_path / "argv.json"), "STUB_REPORT": json.dumps(REPORT)}
+    done = _run_script(cwd=tmp_path, env=env, python=str(stub_python))
+    assert done.returncode == 0, done.stderr
+    assert "no baselines recorded there" in done.stderr
+    assert "distperf-ci: no history chart" in done.stderr
 
 
 def test_run_without_a_report(tmp_path: Path, stub_python: Path) -> None:

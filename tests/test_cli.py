@@ -49,7 +49,7 @@ def test_seed_box_names_the_bounds(capsys: pytest.CaptureFixture[str]) -> None:
     by = {p["strategy"]: p for p in data["predictions"]}
     assert by["fsdp"]["bound"] == "all_gather" and by["fsdp"]["link_class"] == "PHB"
     assert by["auto"]["bound"] == "weights"
-    assert set(by) == {"auto", "ddp", "fsdp", "fsdp2", "fsdp-noreshard"}
+    assert set(by) == {"auto", "ddp", "fsdp", "fsdp2", "fsdp-noreshard", "tp", "pipeline"}
     assert all(p["link_class"] == "PHB" for p in data["topology"]["pairs"])
     assert len(data["topology"]["pairs"]) == 6
 

@@ -30,9 +30,14 @@ FORBIDDEN = {
     "pytest_distperf.options": ("torch",),
     "pytest_distperf.plugin": ("torch",),
     "pytest_distperf.markers": ("torch",),
+    "pytest_distperf.models": ("torch",),
     "pytest_distperf.launch": ("torch",),
     "pytest_distperf.jsonfields": ("torch",),
     "pytest_distperf.gitinfo": ("torch",),
+    "pytest_distperf.collection": ("torch",),
+    "pytest_distperf.header": ("torch",),
+    "pytest_distperf.progress": ("torch",),
+    "pytest_distperf.xdist": ("torch", "xdist"),
 }
 
 

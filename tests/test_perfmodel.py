@@ -348,8 +348,8 @@ def test_overheads_are_a_parameter() -> None:
 
 def test_bad_inputs_raise_with_the_value() -> None:
     cfg = PRESETS["tiny"]
-    with pytest.raises(ValueError, match="unknown strategy 'pipeline'; valid: auto"):
-        predict(cfg, "pipeline", 2, NVLINK)
+    with pytest.raises(ValueError, match="unknown strategy 'zero3'; valid: auto"):
+        predict(cfg, "zero3", 2, NVLINK)
     with pytest.raises(ValueError, match="devices must be >= 1, got 0"):
         predict(cfg, "auto", 0, NVLINK)
     with pytest.raises(ValueError, match="compute_time_s must be > 0"):

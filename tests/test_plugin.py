@@ -70,7 +70,7 @@ def test_bad_ini_value_names_the_ini_file(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*distperf_repeats in *tox.ini* expected an integer, got 'many'*"])
 
 
-def test_unknown_strategy_fails_collection_naming_test_and_choices(
+def test_unknown_strategy_fails_its_test_naming_test_and_choices(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
@@ -83,11 +83,12 @@ def test_unknown_strategy_fails_collection_naming_test_and_choices(
         """
     )
     result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
-            "*test_unknown_strategy_fails_collection_naming_test_and_choices.py::test_x: "
-            "unknown strategy 'zero3'*valid: auto, ddp, fsdp, fsdp2, fsdp-noreshard*"
+            "*ERROR at setup of test_x[[]invalid-marker[]]*",
+            "*test_unknown_strategy_fails_its_test_naming_test_and_choices.py::test_x: "
+            "unknown strategy 'zero3'*valid: auto, ddp, fsdp, fsdp2, fsdp-noreshard*",
         ]
     )
 
@@ -105,7 +106,7 @@ def test_unknown_strategy_fails_collection_naming_test_and_choices(
         ('"tiny"', "*test_x: distperf marker takes keyword arguments only*"),
     ],
 )
-def test_bad_distperf_marker_fails_collection(
+def test_bad_distperf_marker_fails_its_test(
     pytester: pytest.Pytester, marker: str, expected: str
 ) -> None:
     pytester.makepyfile(
@@ -118,8 +119,40 @@ def test_bad_distperf_marker_fails_collection(
         """
     )
     result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([expected])
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        ('strategy("zero3")', "*test_bad: unknown strategy 'zero3'*"),
+        ("devices(0)", "*test_bad: @pytest.mark.devices takes positive integers*got 0*"),
+        ('distperf(precision="int8")', "*test_bad: distperf(precision='int8') is not one of*"),
+    ],
+)
+def test_a_bad_marker_leaves_the_other_tests_of_its_module_alone(
+    pytester: pytest.Pytester, marker: str, expected: str
+) -> None:
+    """One typo used to be a collection error that stopped the whole file, even under -k."""
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.{marker}
+        def test_bad(distperf):
+            pass
+
+        @pytest.mark.strategy("auto", "fsdp")
+        def test_good(distperf):
+            pass
+        """
+    )
+    result = pytester.runpytest("--distperf-accelerator=cpu", "-rE")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*ERROR at setup of test_bad[[]invalid-marker[]]*", expected])
+    selected = pytester.runpytest("--distperf-accelerator=cpu", "-k", "test_good")
+    selected.assert_outcomes(passed=2, deselected=1)
 
 
 def test_more_cuda_devices_than_visible_skips_naming_both(pytester: pytest.Pytester) -> None:
@@ -148,7 +181,7 @@ def test_bad_ini_switch_names_the_ini_option(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*distperf_strict in *tox.ini* expected true or false*maybe*"])
 
 
-def test_workload_longer_than_the_model_context_fails_collection(pytester: pytest.Pytester) -> None:
+def test_workload_longer_than_the_model_context_fails_its_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         import pytest
@@ -159,7 +192,7 @@ def test_workload_longer_than_the_model_context_fails_collection(pytester: pytes
         """
     )
     result = pytester.runpytest()
-    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         ["*test_x: *needs 300 positions but model 'tiny' has block_size=256*"]
     )

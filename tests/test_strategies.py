@@ -31,20 +31,24 @@ from pytest_distperf.strategies.record import data_parallel
 
 PERFMODEL = Path(__file__).resolve().parent.parent / "pytest_distperf" / "perfmodel"
 LINKS = Links("NV18", 2, 250e9, 40e-6, 4e12, False)
+HOOKS = ("wrap", "next_token")  # optional: None means Fabric's setup_module and sampling
 
 
 @pytest.mark.parametrize("name", strategy_names())
 def test_every_record_is_complete(name: str) -> None:
     record = STRATEGIES[name]
     assert record.name == name and record.description and record.family
-    for part in ("build", "cost", "replicas", "message_sizes", "describe_sharding"):
+    for part in ("build", "cost", "replicas", "message_sizes", "describe_sharding", "check"):
         assert callable(getattr(record, part)), part
+    assert all(getattr(record, hook) is None or callable(getattr(record, hook)) for hook in HOOKS)
     assert record.runs_on and record.runs_on <= {"cpu", "cuda"}
     assert record.min_ranks >= 1
     assert record.replicas(4) >= 1
     sizes = record.message_sizes(PRESETS["tiny"], 2, 1)
     assert isinstance(sizes, MessageSizes)
-    assert sizes.all_gather or not record.sharded  # a sharded model's weights are gathered
+    # a sharded model's weights are gathered, or its activations travel between its ranks
+    assert sizes.all_gather or sizes.all_reduce or sizes.p2p or not record.sharded
+    assert record.check(PRESETS["tiny"], 2) is None
     for device_type in sorted(record.runs_on):
         x = StrategyInput(PRESETS["tiny"], 2, device_type, 1, 58, 2, LINKS, DEFAULT_OVERHEADS)
         assert isinstance(record.cost(x), StrategyCost)
@@ -59,9 +63,9 @@ def _tensor_parallel(x: StrategyInput) -> StrategyCost:
 
 
 TP = StrategyRecord(
-    name="tp",
+    name="toy-tp",
     description="tensor parallel (test only)",
-    family="tp",
+    family="toy",
     sharded=True,
     build=lambda context: "auto",
     cost=_tensor_parallel,
@@ -74,15 +78,15 @@ TP = StrategyRecord(
 
 
 def test_a_new_record_is_predicted_without_other_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(STRATEGIES, "tp", TP)
+    monkeypatch.setitem(STRATEGIES, "toy-tp", TP)
     cfg = PRESETS["llama-2-7b"]
-    p = predict(cfg, "tp", 2, LINKS, compute_time_s=0.01)
+    p = predict(cfg, "toy-tp", 2, LINKS, compute_time_s=0.01)
     assert p.implementation == "TP"
     assert p.collectives_per_token == 64 and p.terms["latency"] > 0
-    assert "tp" in {q.strategy for q in predict_all(cfg, 2, LINKS, compute_time_s=0.01)}
-    assert 7 * 3 in message_sizes(cfg, "tp", 2, 2, batch=3).all_reduce
+    assert "toy-tp" in {q.strategy for q in predict_all(cfg, 2, LINKS, compute_time_s=0.01)}
+    assert 7 * 3 in message_sizes(cfg, "toy-tp", 2, 2, batch=3).all_reduce
     # on one device every strategy is one whole model: the replicated cost
-    assert predict(cfg, "tp", 1, LINKS, compute_time_s=0.01).terms == {"compute": 0.01}
+    assert predict(cfg, "toy-tp", 1, LINKS, compute_time_s=0.01).terms == {"compute": 0.01}
 
 
 def test_perfmodel_names_no_strategy() -> None:
@@ -97,8 +101,8 @@ def test_perfmodel_names_no_strategy() -> None:
 
 def test_where_a_record_runs() -> None:
     assert TP.unsupported("cuda", 2) is None
-    assert TP.unsupported("cpu", 2) == "strategy 'tp' runs on cuda, not on 'cpu'"
-    assert TP.unsupported("cuda", 1) == "strategy 'tp' needs at least 2 ranks, got 1"
+    assert TP.unsupported("cpu", 2) == "strategy 'toy-tp' runs on cuda, not on 'cpu'"
+    assert TP.unsupported("cuda", 1) == "strategy 'toy-tp' needs at least 2 ranks, got 1"
     assert all(r.unsupported("cpu", 1) is None for r in STRATEGIES.values())
     assert data_parallel(3) == 3
 

@@ -305,3 +305,10 @@ def test_reports_are_world_readable(tmp_path) -> None:
 
     path = write_json_report(tmp_path / "r.json", [])
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_missing_prediction_says_why() -> None:
+    check = threshold_check(None, 3.0, 0.6, "model 'm:f': the ranks did not report its shape")
+    assert check.message == (
+        "no prediction for this run: model 'm:f': the ranks did not report its shape"
+    )

@@ -134,11 +134,12 @@ class GateSettings:
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
 
 
-def threshold_check(prediction: Prediction | None, measured: float, efficiency: float) -> Check:
+def threshold_check(
+    prediction: Prediction | None, measured: float, efficiency: float, why_none: str = ""
+) -> Check:
     if prediction is None:
-        return Check(
-            "threshold", CheckStatus.NOTE, "no prediction for this run (see the report header)"
-        )
+        because = f": {why_none}" if why_none else ""
+        return Check("threshold", CheckStatus.NOTE, f"no prediction for this run{because}")
     floor = threshold(prediction, efficiency)
     figures = ThresholdFigures(
         predicted_tokens_per_sec=prediction.tokens_per_sec,

@@ -41,9 +41,15 @@ BASELINE_DIR_NAME = "distperf-baselines"
 def test_identity(result: RunResult) -> str:
     """What makes two runs comparable: node id (strategy and ranks are in it) and workload.
 
-    The slow-down knob is left out on purpose: a slowed run must meet its normal baseline.
+    The slow-down knobs are left out on purpose: a slowed run must meet its normal baseline.
+    Arguments left unset (None) are left out too, so adding one keeps existing identities.
     """
-    params = {k: v for k, v in result.spec.workload.params().items() if k != "slowdown"}
+    knobs = ("slowdown", "comm_delay", "compile")
+    params = {
+        k: v for k, v in result.spec.workload.params().items() if k not in knobs and v is not None
+    }
+    if result.spec.compile:  # from the marker or --distperf-compile: never an eager baseline
+        params["compile"] = True
     described = " ".join(f"{k}={params[k]}" for k in sorted(params))
     return f"{result.spec.test_id} [{described}]"
 
@@ -67,15 +73,16 @@ class Gate:
         self, result: RunResult, calibration: Calibration | None
     ) -> tuple[Prediction | None, str]:
         """The predicted rate, or None with the reason there is none."""
-        workload = result.spec.workload
-        if workload.is_custom_builder:
-            return None, "own model builder: its size is unknown to the performance model"
-        from distperf_model.config import Config
+        from pytest_distperf.models import run_shape
 
+        workload = result.spec.workload
+        shape = run_shape(result)
+        if shape is None:
+            return None, f"model {workload.model!r}: the ranks did not report its shape"
         suffix = transport_suffix(self.topology.accelerator)
         links = run_links(self.topology, result.devices, calibration, suffix)
         prediction = predict(
-            Config.from_name(workload.model),
+            shape,
             result.strategy,
             result.devices,
             links,
@@ -98,8 +105,8 @@ class Gate:
     ) -> JudgedRun:
         """Apply every check to `result`, store it as the baseline when asked, and say so in
         the record the reports are made from."""
-        prediction, _ = self.prediction(result, calibration)
-        decision = self.decide(result, settings, prediction)
+        prediction, why_none = self.prediction(result, calibration)
+        decision = self.decide(result, settings, prediction, why_none)
         return JudgedRun.of(
             result,
             decision,
@@ -111,9 +118,15 @@ class Gate:
         )
 
     def decide(
-        self, result: RunResult, settings: GateSettings, prediction: Prediction | None
+        self,
+        result: RunResult,
+        settings: GateSettings,
+        prediction: Prediction | None,
+        why_none: str = "",
     ) -> Decision:
-        threshold = threshold_check(prediction, result.tokens_per_sec, settings.efficiency)
+        threshold = threshold_check(
+            prediction, result.tokens_per_sec, settings.efficiency, why_none
+        )
         if self.update:
             why = "not compared: this run records the baseline (--distperf-update-baselines)"
             return Decision(
@@ -181,16 +194,19 @@ def default_baseline_dir(rootpath: Path) -> Path:
 def session_message_sizes(
     workloads: list[tuple[str, Workload]], devices: int
 ) -> MessageSizes | None:
-    """Union of the message sizes every collected (strategy, workload) really uses."""
-    from distperf_model.config import Config
+    """Union of the message sizes every collected (strategy, workload) really uses; a
+    builder's model is calibrated in its ranks once built (RunSpec.calibrate_model)."""
+    from pytest_distperf.models import shape_of
 
     gather: set[int] = set()
     reduce: set[int] = set()
+    p2p: set[int] = set()
     for strategy, workload in workloads:
-        if workload.is_custom_builder:  # its shape is unknown until a rank builds it
+        shape = shape_of(workload.model)
+        if shape is None:  # its shape is unknown until a rank builds it
             continue
         sizes = message_sizes(
-            Config.from_name(workload.model),
+            shape,
             strategy,
             devices,
             PRECISION_BYTES[workload.precision],
@@ -198,6 +214,7 @@ def session_message_sizes(
         )
         gather.update(sizes.all_gather)
         reduce.update(sizes.all_reduce)
+        p2p.update(sizes.p2p)
     if not gather:
         return None
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)))
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))

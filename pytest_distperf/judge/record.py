@@ -72,7 +72,7 @@ class RunFigures:
     tokens_per_sec_samples: tuple[float, ...]
     decode_tokens_per_sec: float | None
     aggregate_tokens_per_sec: float
-    ttft_s: float
+    ttft_s: float | None  # None for a user's own generation loop (no prefill/decode split)
     peak_memory_bytes: int
     peak_memory_per_rank: tuple[int, ...]
     memory_kind: str
@@ -85,6 +85,10 @@ class RunFigures:
     relative_speed: float | None
     relative_speed_samples: tuple[float, ...]
     host_loop_samples: tuple[float, ...]
+    work_s: float | None = None
+    harness_s: float | None = None
+    compile_s: float | None = None
+    compiled: str = ""
 
     @classmethod
     def of(cls, result: RunResult) -> RunFigures:
@@ -114,6 +118,10 @@ class RunFigures:
             relative_speed=result.relative_speed,
             relative_speed_samples=result.relative_speed_samples,
             host_loop_samples=result.host_loop_samples,
+            work_s=result.work_s,
+            harness_s=result.harness_s,
+            compile_s=result.compile_s,
+            compiled=first.compiled,
         )
 
 
@@ -150,6 +158,20 @@ class JudgedRun:
             calibration=calibration,
             session_to_first_timed_s=max(r.timed_from for r in result.ranks) - session_started_at,
         )
+
+    @property
+    def bandwidth_utilization(self) -> float | None:
+        """Share of the measured device copy bandwidth that the weights read per token reach:
+        weight bytes a rank reads per token x decode tok/s over the copy bandwidth (the
+        calibration's). None without a prediction or a calibrated bandwidth."""
+        calibration, prediction = self.calibration, self.prediction
+        if prediction is None or calibration is None or not calibration.memory_bandwidth:
+            return None
+        weights = prediction.bytes_per_token.get("weights_read")
+        rate = self.run.decode_tokens_per_sec or self.run.tokens_per_sec
+        if not weights or not rate:
+            return None
+        return weights * rate / calibration.memory_bandwidth
 
     @property
     def threshold(self) -> ThresholdFigures | None:
@@ -199,6 +221,11 @@ class JudgedRun:
             "relative_speed": run.relative_speed,
             "relative_speed_samples": list(run.relative_speed_samples),
             "host_loop_samples": list(run.host_loop_samples),
+            "work_s": run.work_s,
+            "harness_s": run.harness_s,
+            "compile_s": run.compile_s,
+            "compiled": run.compiled,
+            "bandwidth_utilization": self.bandwidth_utilization,
             "verdict": self.decision.verdict,
         }
         for check in self.decision.checks:
@@ -216,6 +243,8 @@ class JudgedRun:
         """(name, value) pairs for the test report's `user_properties` (JUnit XML)."""
         row = self.to_json()
         properties = [(f"distperf_{k}", row[k]) for k in REPORTED_FIELDS if row.get(k) is not None]
+        if self.run.ttft_s is None:
+            return properties
         return [*properties, ("distperf_ttft_ms", self.run.ttft_s * 1000)]
 
 

@@ -3,14 +3,16 @@ than another? Pure functions on lists of positive rates, already checked by the 
 
 Mann-Whitney U (exact permutation distribution for small samples, normal approximation with
 tie correction past that) by default; a t-test on log rates where too few repeats leave the
-rank test no p-value below alpha. scipy is imported lazily (only its special functions, for the
-t distribution) so that importing the plugin stays cheap.
+rank test no p-value below alpha. Both are scipy.stats' own, except the exact distribution
+with ties (below). scipy.stats is slow to import, so it is imported inside the functions:
+importing the plugin must stay cheap.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import warnings
 from typing import Literal
 
 Method = Literal["mann-whitney", "welch-log", "student-log", "none"]
@@ -59,45 +61,26 @@ def one_sided_p(base: list[float], cur: list[float], method: Method, *, slower: 
     return math.nan
 
 
-def _midranks(values: list[float]) -> tuple[list[float], list[int]]:
-    """Ranks 1..N with ties sharing their average rank, and the sizes of the tie groups."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    ties: list[int] = []
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        ties.append(j - i + 1)
-        i = j + 1
-    return ranks, ties
-
-
 def _mann_whitney(base: list[float], cur: list[float], *, slower: bool) -> float:
-    # Own implementation rather than scipy.stats.mannwhitneyu: scipy's "auto" switches to the
-    # normal approximation as soon as there is a tie, which is poor at 5 vs 5, and its choice of
-    # method has changed between releases. Here small samples always get the exact conditional
-    # permutation distribution of the rank sum (ties included), so a verdict does not depend on
-    # the scipy on the runner.
+    from scipy.stats import mannwhitneyu, rankdata
+
     pooled = base + cur
-    n, n_cur = len(pooled), len(cur)
-    ranks, ties = _midranks(pooled)
-    if len(ties) == 1:
+    distinct = len(set(pooled))
+    if distinct == 1:
         return 1.0  # every value equal: no evidence either way
-    rank_sum = sum(ranks[len(base) :])
-    if n <= _EXACT_MAX_SAMPLES:
-        return _exact_rank_sum_p(ranks, n_cur, rank_sum, slower=slower)
-    n_base = len(base)
-    mean = n_cur * (n + 1) / 2
-    tie_term = sum(t**3 - t for t in ties) / (n * (n - 1))
-    var = n_base * n_cur / 12 * ((n + 1) - tie_term)
-    # Continuity correction: half a rank-sum step towards the mean before the normal CDF.
-    if slower:
-        return _normal_cdf((rank_sum - mean + 0.5) / math.sqrt(var))
-    return _normal_cdf((mean - rank_sum + 0.5) / math.sqrt(var))
+    if len(pooled) > _EXACT_MAX_SAMPLES:
+        method = "asymptotic"  # tie-corrected, with continuity correction
+    elif distinct == len(pooled):
+        method = "exact"
+    else:
+        # scipy's "exact" ignores ties and its "auto" then switches to the normal approximation,
+        # poor at 5 vs 5; its PermutationMethod is exact only by enumerating every split, far
+        # too slow for the bisection in detectable_drop past a few repeats. The distribution of
+        # the rank sum below is that same exact conditional distribution, counted directly.
+        ranks = [float(r) for r in rankdata(pooled)]  # midranks
+        return _exact_rank_sum_p(ranks, len(cur), sum(ranks[len(base) :]), slower=slower)
+    result = mannwhitneyu(cur, base, alternative="less" if slower else "greater", method=method)
+    return float(result.pvalue)
 
 
 def _exact_rank_sum_p(ranks: list[float], n_cur: int, observed: float, *, slower: bool) -> float:
@@ -118,30 +101,36 @@ def _exact_rank_sum_p(ranks: list[float], n_cur: int, observed: float, *, slower
 
 
 def _t_test_log(base: list[float], cur: list[float], *, pooled: bool, slower: bool) -> float:
-    from scipy.special import stdtr  # lazy: keeps `import pytest_distperf...` cheap
+    from scipy.stats import ttest_ind, ttest_ind_from_stats
 
     lb = [math.log(v) for v in base]
     lc = [math.log(v) for v in cur]
-    nb, nc = len(lb), len(lc)
-    diff = statistics.fmean(lc) - statistics.fmean(lb)
-    vb = statistics.variance(lb) if nb > 1 else 0.0
-    vc = statistics.variance(lc) if nc > 1 else 0.0
-    if pooled:
-        df = nb + nc - 2
-        se = math.sqrt(((nb - 1) * vb + (nc - 1) * vc) / df * (1 / nb + 1 / nc))
-    else:
-        a, b = vb / nb, vc / nc
-        se = math.sqrt(a + b)
-        denom = a * a / (nb - 1) + b * b / (nc - 1)
-        df = (a + b) ** 2 / denom if denom > 0 else nb + nc - 2
-    if se == 0.0:
+    vb = statistics.variance(lb) if len(lb) > 1 else 0.0
+    vc = statistics.variance(lc) if len(lc) > 1 else 0.0
+    if vb == 0.0 and vc == 0.0:
         # Identical repeats on both sides (mocked or quantized rates): the difference is exact.
+        diff = statistics.fmean(lc) - statistics.fmean(lb)
         if diff == 0.0:
             return 1.0
         return 0.0 if (diff < 0) == slower else 1.0
-    t = diff / se
-    return float(stdtr(df, t if slower else -t))
-
-
-def _normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2))
+    alternative = "less" if slower else "greater"
+    with warnings.catch_warnings():
+        # scipy warns of precision loss when repeats nearly agree; its p-value still matches
+        # the exact arithmetic of statistics.variance closely (tests/test_stats.py), and a
+        # user's `-W error` must not turn a steady machine into a failed gate.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if not pooled:
+            return float(ttest_ind(lc, lb, equal_var=False, alternative=alternative).pvalue)
+        # The pooled form runs when one side has a single sample, whose variance ttest_ind
+        # cannot take (NaN); from its summary statistics it adds no spread, only its mean.
+        result = ttest_ind_from_stats(
+            statistics.fmean(lc),
+            math.sqrt(vc),
+            len(lc),
+            statistics.fmean(lb),
+            math.sqrt(vb),
+            len(lb),
+            equal_var=True,
+            alternative=alternative,
+        )
+    return float(result.pvalue)

@@ -63,10 +63,10 @@ def drift_sigmas(runs: int, alpha: float = 0.01) -> float:
 
 def relative_spread(samples: Sequence[float]) -> float:
     """Robust relative spread: 1.4826 * MAD / median (a CV that ignores a single outlier)."""
+    from scipy.stats import median_abs_deviation  # lazy: scipy.stats is slow to import
+
     values = checked_rates(samples, "samples")
-    median = statistics.median(values)
-    mad = statistics.median(abs(v - median) for v in values)
-    return _MAD_TO_SIGMA * mad / median
+    return _MAD_TO_SIGMA * float(median_abs_deviation(values)) / statistics.median(values)
 
 
 def default_tolerance(
@@ -112,8 +112,9 @@ def run_drift(run_medians: Sequence[float]) -> float:
     values = checked_rates(run_medians, "run_medians")
     if len(values) < MIN_RUNS_FOR_QUARTILES:
         return max(relative_spread(values), statistics.stdev(values) / statistics.fmean(values))
-    lower, _, upper = statistics.quantiles(values, n=4, method="inclusive")
-    return (upper - lower) / _IQR_TO_SIGMA / statistics.median(values)
+    from scipy.stats import iqr  # linear interpolation between order statistics
+
+    return float(iqr(values)) / _IQR_TO_SIGMA / statistics.median(values)
 
 
 def detectable_drop(
@@ -170,18 +171,14 @@ def detectable_drop(
 
 
 def _quantiles(sorted_values: list[float], n: int) -> list[float]:
-    """n values at the plotting positions (j + 0.5) / n of the sample, linearly interpolated."""
-    m = len(sorted_values)
-    if n == m:
+    """n values at the plotting positions (j + 0.5) / n of the sample, linearly interpolated
+    (Hazen's definition)."""
+    if n == len(sorted_values):  # exactly the sample: interpolation would blur ties
         return list(sorted_values)
-    out = []
-    for j in range(n):
-        pos = min(max((j + 0.5) / n * m - 0.5, 0.0), m - 1.0)
-        lo = math.floor(pos)
-        hi = min(lo + 1, m - 1)
-        frac = pos - lo
-        out.append(sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac)
-    return out
+    import numpy as np  # lazy: only once a comparison runs
+
+    positions = [(j + 0.5) / n for j in range(n)]
+    return [float(q) for q in np.quantile(sorted_values, positions, method="hazen")]
 
 
 # --- shared checks of the inputs ------------------------------------------------------------

@@ -44,7 +44,8 @@ def format_result_line(record: JudgedRun, outcome: str) -> str:
     return (
         f"{_number(run.tokens_per_sec, '10.2f')} "
         f"{_number(run.decode_tokens_per_sec, '9.2f')} "
-        f"{_number(run.ttft_s * 1000, '8.1f')} {run.strategy:<15} {ranks:<9} "
+        f"{_number(None if run.ttft_s is None else run.ttft_s * 1000, '8.1f')} "
+        f"{run.strategy:<15} {ranks:<9} "
         f"{_number(predicted, '9.2f')} {threshold.bound if threshold else '-':<13} "
         f"{_number(baseline.baseline_tokens_per_sec if baseline else None, '9.2f')} "
         f"{_number(baseline.change if baseline else None, '+7.1%')} "

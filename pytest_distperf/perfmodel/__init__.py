@@ -1,13 +1,14 @@
 """Predicted tokens/sec per strategy, as a sum of named per-token terms; pure functions.
 
 No torch and no I/O: the plugin, the `distperf predict` command and the unit tests call the
-same functions with plain values (a model `Config`, a strategy name, a `Calibration` measured in
+same functions with plain values (a model shape, a strategy name, a `Calibration` measured in
 the ranks or a `Topology` loaded from a file). Each strategy's own terms come from its record
 (`pytest_distperf.strategies`). The terms and the reasoning behind them: docs/perfmodel.md.
 
 Modules: `terms` (term names, overheads, a strategy cost's input and output), `calibration`
 (measured collectives, the message sizes to measure), `links` (measured or nominal link
-figures), `predict` (the prediction and its verdict text).
+figures), `predict` (the prediction and its verdict text), `shape` (the model shape every
+cost reads; `distperf_model.config.Config` has the same attributes).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from pytest_distperf.perfmodel.predict import (
     predict_all,
     threshold,
 )
+from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
@@ -57,6 +59,7 @@ __all__ = [
     "CollectiveFigure",
     "Links",
     "MessageSizes",
+    "ModelShape",
     "Overheads",
     "Prediction",
     "StrategyCost",

@@ -3,30 +3,36 @@ worth measuring. Pure: the ranks fill these in (ranks/calibrate.py), everything 
 
 Conventions (nccl-tests, doc/PERFORMANCE.md): an all-gather's `bytes` is its gathered OUTPUT
 size; algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x
-2(n-1)/n.
+2(n-1)/n; a point-to-point hop ("p2p", nccl-tests' sendrecv: every rank sends to the next and
+receives from the one before) busbw = algbw.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
+    from pytest_distperf.perfmodel.shape import ModelShape
 
-OPS = ("all_gather", "all_reduce")
+OPS = ("all_gather", "all_reduce", "p2p")
+# Added after calibrations were first written: absent from older reports, read as none measured.
+OPTIONAL_OPS = frozenset({"p2p"})
 
 
 def bus_factor(op: str, world_size: int) -> float:
-    """nccl-tests' busbw / algbw: (n-1)/n for all-gather, 2(n-1)/n for all-reduce."""
+    """nccl-tests' busbw / algbw: (n-1)/n for all-gather, 2(n-1)/n for all-reduce, 1 for p2p."""
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
     if op == "all_gather":
         return (world_size - 1) / world_size
     if op == "all_reduce":
         return 2 * (world_size - 1) / world_size
+    if op == "p2p":
+        return 1.0
     raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(OPS)}")
 
 
@@ -79,7 +85,8 @@ class Calibration:
     `fresh_copy_bandwidth` the same copy into a newly allocated tensor, what FSDP2's copies into
     new buffers cost (0: not measured, use `memory_bandwidth`); `overlap` the share of the
     shorter of (a large all-gather, host-issued small kernels) that is hidden when both run at
-    once, in [0, 1] (0: not measured, nothing hidden).
+    once, in [0, 1] (0: not measured, nothing hidden); `p2p` one send/recv hop at each size
+    (empty: not measured).
     """
 
     world_size: int
@@ -91,6 +98,7 @@ class Calibration:
     latency_s: float
     fresh_copy_bandwidth: float = 0.0
     overlap: float = 0.0
+    p2p: tuple[CollectiveFigure, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -134,6 +142,16 @@ class Calibration:
         t = self.time_at(op, nbytes)
         return nbytes / t * bus_factor(op, self.world_size) if t > 0 else 0.0
 
+    def merged(self, newer: Calibration) -> Calibration:
+        """This calibration with `newer`'s collectives at the sizes it lacks (a builder's model,
+        calibrated once built); the device figures (bandwidth, latency, overlap) stay its own."""
+        figures = {}
+        for op in OPS:
+            sizes = {f.bytes for f in self.figures(op)}
+            added = tuple(f for f in newer.figures(op) if f.bytes not in sizes)
+            figures[op] = self.figures(op) + added
+        return dataclasses.replace(self, **figures)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,
@@ -145,6 +163,7 @@ class Calibration:
             "latency_s": self.latency_s,
             "fresh_copy_bandwidth": self.fresh_copy_bandwidth,
             "overlap": self.overlap,
+            "p2p": [f.to_dict() for f in self.p2p],
         }
 
     @classmethod
@@ -154,6 +173,9 @@ class Calibration:
             raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
         figures = {}
         for op in OPS:
+            if op in OPTIONAL_OPS and op not in data:
+                figures[op] = ()
+                continue
             raw = _field(data, op, (list, tuple), "calibration")
             figures[op] = tuple(
                 CollectiveFigure.from_dict(
@@ -178,6 +200,7 @@ class Calibration:
             overlap=float(
                 _field(data, "overlap", (int, float), "calibration") if "overlap" in data else 0.0
             ),
+            p2p=figures["p2p"],
         )
 
 
@@ -199,10 +222,12 @@ def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], wh
 
 @dataclass(frozen=True)
 class MessageSizes:
-    """Byte sizes to calibrate: all-gather OUTPUT sizes and all-reduce sizes."""
+    """Byte sizes to calibrate: all-gather OUTPUT sizes, all-reduce sizes and point-to-point
+    message sizes (measured only when a strategy asks for them)."""
 
     all_gather: tuple[int, ...]
     all_reduce: tuple[int, ...]
+    p2p: tuple[int, ...] = ()
 
 
 NO_MESSAGES = MessageSizes((), ())
@@ -210,7 +235,7 @@ LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we 
 
 
 def message_sizes(
-    config: Config,
+    config: ModelShape,
     strategy: str | Iterable[str],
     devices: int,
     dtype_bytes: int,
@@ -221,7 +246,7 @@ def message_sizes(
 
     Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
     tensor-parallel layer would need; then what each strategy's record asks for (for the
-    sharded ones, the weights their all-gathers move).
+    sharded ones, the weights their all-gathers move; for pipeline, its hops).
     """
     # At call time: the strategy modules import this package's terms.
     from pytest_distperf.strategies import get_strategy
@@ -231,8 +256,10 @@ def message_sizes(
     activation = batch * config.n_embd * dtype_bytes
     gather = {latency_probe_bytes, activation}
     reduce = {latency_probe_bytes, activation}
+    p2p: set[int] = set()
     for name in (strategy,) if isinstance(strategy, str) else tuple(strategy):
         own = get_strategy(name).message_sizes(config, dtype_bytes, batch)
         gather.update(own.all_gather)
         reduce.update(own.all_reduce)
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)))
+        p2p.update(own.p2p)
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))

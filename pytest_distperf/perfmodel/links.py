@@ -53,6 +53,26 @@ class Links:
             return math.inf, self.latency_s
         return nbytes * bus_factor(op, world_size) / self.busbw, self.latency_s
 
+    @property
+    def p2p_measured(self) -> bool:
+        return self.calibration is not None and bool(self.calibration.p2p)
+
+    def p2p_time(self, nbytes: float) -> tuple[float, float]:
+        """(transfer, latency) seconds of one point-to-point hop of `nbytes` between two ranks.
+
+        Measured send/recv figures when the calibration has them (latency: the smallest size's
+        time); else the all-gather figures: the link's bus bandwidth is what one hop of the
+        all-gather's ring carries, and a small all-gather's latency is at least one hop's.
+        """
+        cal = self.calibration
+        if cal is not None and cal.p2p:
+            total = cal.time_at("p2p", nbytes)
+            latency = min(cal.p2p[0].time_s, total)
+            return total - latency, latency
+        if self.busbw <= 0:
+            return math.inf, self.latency_s
+        return nbytes / self.busbw, self.latency_s
+
     def busbw_at(self, op: str, nbytes: float) -> float:
         if self.calibration is not None and self.calibration.figures(op):
             return self.calibration.busbw_at(op, nbytes)

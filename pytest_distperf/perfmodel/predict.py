@@ -16,6 +16,7 @@ from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
     HOST_PATH_TERMS,
+    LINK_TERMS,
     MB,
     TERM_DESCRIPTIONS,
     Overheads,
@@ -23,9 +24,8 @@ from pytest_distperf.perfmodel.terms import (
 )
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
-
     from pytest_distperf.perfmodel.links import Links
+    from pytest_distperf.perfmodel.shape import ModelShape
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Prediction:
     @property
     def bound_description(self) -> str:
         text = TERM_DESCRIPTIONS.get(self.bound, self.bound)
-        if self.bound in ("all_gather", "latency"):
+        if self.bound in LINK_TERMS:
             text += f" over {self.link_class}"
         return text
 
@@ -70,7 +70,7 @@ class Prediction:
         }
 
 
-def _kv_bytes(config: Config, batch: int, seq_length: int, dtype_bytes: int) -> float:
+def _kv_bytes(config: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
     # The static cache is read whole every step (attention over all positions, masked).
     per_layer = 2 * batch * config.n_query_groups * config.head_size * seq_length * dtype_bytes
     return float(config.n_layer * per_layer)
@@ -114,7 +114,7 @@ def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
 
 
 def predict(
-    config: Config,
+    config: ModelShape,
     strategy: str,
     devices: int,
     links: Links,
@@ -159,9 +159,13 @@ def predict(
     )
     terms, moved, notes = _compute_terms(x, compute_time_s)
     cost = record.cost(x) if devices > 1 else replicated_cost(x)
+    if cost.compute_share != 1.0:
+        own = "compute" if "compute" in terms else "weights"
+        terms[own] *= cost.compute_share
+        notes += (f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",)
     terms.update(cost.terms)
     moved.update(cost.bytes_per_token)
-    hidden = _hidden_by_overlap(terms, links.overlap)
+    hidden = _hidden_by_overlap(terms, links.overlap) if cost.overlappable else 0.0
     if hidden:
         terms["overlap"] = -hidden
         notes += (
@@ -179,7 +183,7 @@ def predict(
         bound=bound,
         bytes_per_token=moved,
         link_class=links.link_class,
-        bandwidth_used=links.busbw_at("all_gather", cost.message_bytes),
+        bandwidth_used=links.busbw_at(cost.message_op, cost.message_bytes),
         assumptions=notes + cost.assumptions + links.assumptions,
         implementation=cost.implementation,
         measured_links=links.measured,
@@ -188,7 +192,7 @@ def predict(
 
 
 def predict_all(
-    config: Config,
+    config: ModelShape,
     devices: int,
     links: Links,
     strategies: Iterable[str] | None = None,

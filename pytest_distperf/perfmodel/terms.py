@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
-
     from pytest_distperf.perfmodel.links import Links
+    from pytest_distperf.perfmodel.shape import ModelShape
 
 GB = 1e9
 MB = 1e6
@@ -21,6 +20,8 @@ TERM_DESCRIPTIONS = {
     "weights": "weights and KV streaming from memory",
     "launch": "eager per-layer launch overhead",
     "all_gather": "all-gather traffic",
+    "all_reduce": "tensor-parallel activation all-reduces (2 per block)",
+    "p2p": "pipeline point-to-point hops (activations on, the token back)",
     "latency": "per-collective latency",
     "fsdp_overhead": "FSDP per-unit overhead",
     "gather_copies": "FSDP2 copy-in/copy-out of gathered weights",
@@ -30,6 +31,8 @@ TERM_DESCRIPTIONS = {
 # Work that the host issues in order on the compute stream; everything else (all-gathers, their
 # latency, FSDP2's copies around them) runs on the collective's own stream.
 HOST_PATH_TERMS = frozenset({"compute", "weights", "launch", "fsdp_overhead"})
+# Terms that a link's bandwidth or latency sets: a message names the link beside them.
+LINK_TERMS = frozenset({"all_gather", "all_reduce", "p2p", "latency"})
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,7 @@ DEFAULT_OVERHEADS = Overheads()
 class StrategyInput:
     """Everything a strategy's cost function may look at."""
 
-    config: Config
+    config: ModelShape
     devices: int
     device_type: str  # "cuda" or "cpu": a strategy may be built differently on each
     batch_size: int
@@ -78,3 +81,10 @@ class StrategyCost:
     collectives: int  # per token
     message_bytes: float  # the dominant message size, for the bandwidth that is reported
     assumptions: tuple[str, ...] = ()
+    # Share of the single-rank compute each rank still does per token (tensor parallel: its
+    # shard of the weights); scales the measured `compute` or the roofline's `weights`.
+    compute_share: float = 1.0
+    # False when every transfer's result is the next operation's input (tensor-parallel
+    # all-reduces, pipeline hops): nothing hides behind it, whatever the calibrated overlap.
+    overlappable: bool = True
+    message_op: str = "all_gather"  # the collective of `message_bytes` ("all_reduce", "p2p")

@@ -1,5 +1,5 @@
-"""In-rank micro-benchmarks: all-gather and all-reduce at the model's own message sizes, plus the
-device's memory bandwidth, in nccl-tests conventions.
+"""In-rank micro-benchmarks: all-gather, all-reduce and point-to-point hops at the model's own
+message sizes, plus the device's memory bandwidth, in nccl-tests conventions.
 
 Runs inside an already-initialised torch.distributed process group, in every rank, and returns
 the same `Calibration` on every rank (each figure is the slowest rank's median), so that rank 0
@@ -10,6 +10,8 @@ Conventions (nccl-tests, doc/PERFORMANCE.md):
 * `bytes` of an all-gather is the size of the gathered OUTPUT tensor; of an all-reduce, the
   size of the reduced tensor.
 * algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x 2(n-1)/n.
+* a point-to-point hop is nccl-tests' sendrecv: every rank sends `bytes` to the next rank and
+  receives as much from the one before, at once; busbw = algbw.
 * memory bandwidth counts a device copy's read and write: 2 x bytes / time.
 
 Timing: every iteration starts with a device sync and a barrier (so no rank times its wait for
@@ -46,6 +48,7 @@ def calibrate(
     warmup: int = 1,
     iters: int = 3,
     copy_bytes: int = 64 * 1024 * 1024,
+    sizes_p2p: Sequence[int] = (),
 ) -> Calibration:
     """Measure collectives and memory bandwidth in every rank; every rank returns the same value.
 
@@ -101,6 +104,18 @@ def calibrate(
         )
         del tensor
 
+    p2p_times = []
+    p2p_bytes = []
+    for size in sorted(set(sizes_p2p)) if n > 1 else ():
+        message = torch.ones(max(1, -(-size // element)), dtype=dtype, device=device)
+        p2p_bytes.append(message.numel() * element)
+        p2p_times.append(
+            _median_time(
+                partial(_ring_hop, message), sync, barrier, *_repeats(p2p_bytes[-1], warmup, iters)
+            )
+        )
+        del message
+
     copy_bytes = max(1, int(copy_bytes))
     copy_time, fresh_copy_time = _copy_times(copy_bytes, device, sync, barrier, warmup, iters)
     overlap_times = (0.0, 0.0, 0.0)
@@ -110,7 +125,7 @@ def calibrate(
         )
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     local = torch.tensor(
-        [*gather_times, *reduce_times, copy_time, fresh_copy_time, *overlap_times],
+        [*gather_times, *reduce_times, *p2p_times, copy_time, fresh_copy_time, *overlap_times],
         dtype=torch.float64,
         device=device,
     )
@@ -118,6 +133,7 @@ def calibrate(
     times = local.tolist()
     gather_times = times[: len(gather_times)]
     reduce_times = times[len(gather_times) : len(gather_times) + len(reduce_times)]
+    p2p_times = times[len(gather_times) + len(reduce_times) : -5]
     copy_time, fresh_copy_time = times[-5:-3]
     overlap = overlap_fraction(*times[-3:])
 
@@ -139,6 +155,10 @@ def calibrate(
         latency_s=min(f.time_s for f in all_gather) if all_gather else 0.0,
         fresh_copy_bandwidth=_copy_bandwidth(copy_bytes, fresh_copy_time),
         overlap=overlap,
+        p2p=tuple(
+            CollectiveFigure.from_time("p2p", b, t, n)
+            for b, t in zip(p2p_bytes, p2p_times, strict=True)
+        ),
     )
 
 
@@ -188,6 +208,19 @@ def _fresh_all_gather(shard: torch.Tensor, world_size: int) -> torch.Tensor:
     out = torch.empty(shard.numel() * world_size, dtype=shard.dtype, device=shard.device)
     _all_gather(out, shard)
     return out
+
+
+def _ring_hop(message: torch.Tensor) -> None:
+    # Send to the next rank while receiving from the one before, as one batch: every link
+    # carries one hop, and no rank's send waits for a receive queued behind it (NCCL).
+    rank, n = dist.get_rank(), dist.get_world_size()
+    arrived = torch.empty_like(message)
+    ops = [
+        dist.P2POp(dist.isend, message, (rank + 1) % n),
+        dist.P2POp(dist.irecv, arrived, (rank - 1) % n),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
 
 
 def _fresh_copy(src: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,10 @@
 """What is timed inside a rank: warm-up, then repeats of prefill + decode, each fenced by a
 device synchronisation and a barrier so that no rank's clock starts before the others are ready
-and no clock stops while kernels are still queued."""
+and no clock stops while kernels are still queued.
+
+A test may bring its own generation loop (`distperf(generate=...)`): it is timed in the same
+fences instead of the built-in prefill + decode loop; its prefill/decode split is unknown, so
+its samples have no ttft or decode time (None)."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from distperf_model.generate import decode_one_token, prefill
@@ -16,6 +20,10 @@ from distperf_model.generate import decode_one_token, prefill
 from pytest_distperf.spec import Sample
 
 T = TypeVar("T")
+# A user's generation loop: (model, prompt [B, T], max_new_tokens) -> tokens
+GenerateFn = Callable[[Callable[..., torch.Tensor], torch.Tensor, int], Any]
+# A strategy's own step (StrategyRecord.next_token): (model, idx, input_pos) -> token [B, 1]
+NextTokenFn = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -39,15 +47,53 @@ def timed_generation(
     max_new_tokens: int,
     fences: Fences,
     slowdown: float = 0.0,
+    generate: GenerateFn | None = None,
+    next_token: NextTokenFn | None = None,
+    decode_step: NextTokenFn | None = None,
 ) -> tuple[Sample, torch.Tensor]:
-    """One generation, timed; returns the sample and the new tokens [B, max_new_tokens]."""
-    batch, prompt_length = prompt.shape
-    device = prompt.device
+    """One generation, timed; returns the sample and the new tokens [B, max_new_tokens].
+
+    `next_token` replaces the built-in loop's sampling of the model's logits in every step."""
     fences.sync()
     fences.barrier()
     start = time.perf_counter()
+    first: float | None = None
+    if generate is None:
+        out, first = _prefill_and_decode(
+            model, prompt, max_new_tokens, fences, next_token, decode_step
+        )
+    else:
+        out = generate(model, prompt, max_new_tokens)
+    fences.sync()
+    end = time.perf_counter()
+    if slowdown:
+        # The documented self-check knob: stretch the generation so the rate drops by `slowdown`.
+        time.sleep((end - start) * slowdown / (1.0 - slowdown))
+        end = time.perf_counter()
+    if first is None:
+        sample = Sample(total_s=end - start, ttft_s=None, decode_s=None)
+        return sample, _new_tokens(out, prompt, max_new_tokens)
+    sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first)
+    return sample, torch.cat(out, dim=1)
+
+
+def _prefill_and_decode(
+    model: Callable[..., torch.Tensor],
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    fences: Fences,
+    next_token: NextTokenFn | None = None,
+    decode_step: NextTokenFn | None = None,
+) -> tuple[list[torch.Tensor], float]:
+    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready.
+
+    `decode_step` replaces the steps after the prefill only (the compiled decode step)."""
+    batch, prompt_length = prompt.shape
+    device = prompt.device
+    first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
+    step = decode_step or step
     input_pos = torch.arange(prompt_length, device=device)
-    token = prefill(model, prompt, input_pos)  # [B, 1]
+    token = first_step(model, prompt, input_pos)  # [B, 1]
     fences.sync()
     first = time.perf_counter()
     new_tokens = [token]
@@ -55,17 +101,34 @@ def timed_generation(
     # wait for the GPU every token and hide the launch overlap that eager decoding lives on.
     input_pos = torch.tensor([prompt_length], device=device)  # [1]
     for _ in range(max_new_tokens - 1):
-        token = decode_one_token(model, token, input_pos)
+        token = step(model, token, input_pos)
         new_tokens.append(token)
         input_pos = input_pos + 1
-    fences.sync()
-    end = time.perf_counter()
-    if slowdown:
-        # The documented self-check knob: stretch the generation so the rate drops by `slowdown`.
-        time.sleep((end - start) * slowdown / (1.0 - slowdown))
-        end = time.perf_counter()
-    sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first)
-    return sample, torch.cat(new_tokens, dim=1)
+    return new_tokens, first
+
+
+def _new_tokens(out: Any, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """A user loop's tokens, the prompt included or not, as [B, max_new_tokens]."""
+    tokens = torch.as_tensor(out)
+    if tokens.dim() == 1:
+        tokens = tokens.unsqueeze(0)
+    batch, prompt_length = prompt.shape
+    widths = (max_new_tokens, prompt_length + max_new_tokens)
+    if tokens.dim() != 2 or tokens.shape[0] != batch or tokens.shape[1] not in widths:
+        raise ValueError(
+            f"distperf(generate=...) returned tokens of shape {tuple(tokens.shape)}; expected "
+            f"[{batch}, {max_new_tokens}] (the new tokens) or [{batch}, {widths[1]}] (prompt "
+            f"and new tokens): all {max_new_tokens} tokens, without stopping early"
+        )
+    return tokens[:, -max_new_tokens:]
+
+
+def step_seconds(sample: Sample, steps: int) -> float:
+    """Seconds per decode step of one generation of `steps` new tokens: its decode time over
+    the decode steps, or for a user's loop (no split known) its whole time over its tokens."""
+    if sample.decode_s is None:
+        return sample.total_s / steps
+    return sample.decode_s / max(steps - 1, 1)
 
 
 def run_workload(
@@ -77,8 +140,15 @@ def run_workload(
     fences: Fences,
     slowdown: float = 0.0,
     paired: Callable[[], T] | None = None,
+    generate: GenerateFn | None = None,
+    progress: Callable[[str], None] | None = None,
+    next_token: NextTokenFn | None = None,
+    decode_step: NextTokenFn | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T]]:
     """Warm-up generations (untimed), then `repeats` timed ones.
+
+    `progress`, when given, gets a short text before each warm-up and after each repeat (with
+    this rank's own rate), outside the timing: the plugin's live line.
 
     `paired`, when given, is run after every warm-up and timed generation, outside the timing,
     and its results are returned: a reference measured right beside each sample, so that a
@@ -89,16 +159,24 @@ def run_workload(
     paired results of the timed phase.
     """
     tokens = torch.empty(0)
-    for _ in range(warmup):
-        _, tokens = timed_generation(model, prompt, max_new_tokens, fences)
+    say = progress or (lambda text: None)
+    for done in range(warmup):
+        say(f"warm-up {done + 1}/{warmup}")
+        _, tokens = timed_generation(
+            model, prompt, max_new_tokens, fences, 0.0, generate, next_token, decode_step
+        )
         if paired is not None:
             paired()
     timed_from = time.time()
     samples: list[Sample] = []
     beside: list[T] = []
-    for _ in range(repeats):
-        sample, tokens = timed_generation(model, prompt, max_new_tokens, fences, slowdown)
+    for done in range(repeats):
+        sample, tokens = timed_generation(
+            model, prompt, max_new_tokens, fences, slowdown, generate, next_token, decode_step
+        )
         samples.append(sample)
+        rate = prompt.shape[0] * max_new_tokens / sample.total_s
+        say(f"repeat {done + 1}/{repeats}: {rate:.2f} tok/s (rank 0)")
         if paired is not None:
             beside.append(paired())
     return samples, tokens, timed_from, beside
@@ -138,7 +216,11 @@ def steady_median(
 
 @torch.no_grad()
 def reference_token_time(
-    model: Callable[..., torch.Tensor], prompt: torch.Tensor, steps: int, sync: Callable[[], None]
+    model: Callable[..., torch.Tensor],
+    prompt: torch.Tensor,
+    steps: int,
+    sync: Callable[[], None],
+    generate: GenerateFn | None = None,
 ) -> float:
     """Seconds per decode step of this rank's whole, unwrapped model: no collectives at all.
 
@@ -146,6 +228,10 @@ def reference_token_time(
     the real kernels of this device, which a bandwidth roofline would miss by ~4x.
     """
     local = Fences(sync=sync, barrier=lambda: None)
-    timed_generation(model, prompt, steps, local)  # warm-up: allocator, kernels, caches
-    steady, _ = steady_median(lambda: timed_generation(model, prompt, steps, local)[0].decode_s)
-    return steady / max(steps - 1, 1)
+
+    def once() -> float:
+        sample = timed_generation(model, prompt, steps, local, generate=generate)[0]
+        return step_seconds(sample, steps)
+
+    once()  # warm-up: allocator, kernels, caches
+    return steady_median(once)[0]

@@ -8,38 +8,49 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
-import importlib
 import os
 import platform
-import resource
 import signal
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from distperf_model.config import Config
 from distperf_model.generate import make_prompt
-from distperf_model.model import build_model
 
+from pytest_distperf.perfmodel.calibration import MessageSizes, message_sizes
+from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.ranks import memory
 from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
+from pytest_distperf.ranks.models import build, load_object, use_import_paths
 from pytest_distperf.ranks.timing import (
     Fences,
     device_sync,
     reference_token_time,
     run_workload,
+    step_seconds,
     timed_generation,
 )
-from pytest_distperf.spec import Implementation, RankResult, RunSpec, Sample, Workload
-from pytest_distperf.strategies import BuildContext, get_strategy
+from pytest_distperf.spec import (
+    PRECISION_BYTES,
+    Implementation,
+    RankResult,
+    RunSpec,
+    Sample,
+    Workload,
+)
+from pytest_distperf.strategies import BuildContext, get_strategy, strategy_names
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
 
 
-def run_rank(spec: RunSpec) -> RankResult:
-    """Entry point of every rank (must stay a module-level function: it is pickled)."""
+def run_rank(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankResult:
+    """Entry point of every rank (must stay a module-level function: it is pickled).
+
+    `progress`: where the timing loop reports warm-up and repeats (rank 0 of a pool only)."""
     # A hung collective never returns to Python, so the watchdog lives in faulthandler's C
     # thread: at the deadline it writes every thread's stack to stderr and exits the rank.
     faulthandler.dump_traceback_later(spec.timeout, exit=True, file=sys.stderr)
@@ -47,35 +58,57 @@ def run_rank(spec: RunSpec) -> RankResult:
     # stack behind too, so a hang shows where every rank was.
     faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
-        return _run(spec)
+        return _run(spec, progress)
     finally:
         faulthandler.cancel_dump_traceback_later()
         faulthandler.unregister(signal.SIGTERM)
 
 
-def _run(spec: RunSpec) -> RankResult:
+def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankResult:
     from lightning.fabric import Fabric
 
     if spec.accelerator == "cpu":
         torch.set_num_threads(spec.threads_per_rank)
     workload = spec.workload
+    use_import_paths(spec.sys_path)  # before any of the user's modules is imported
+    device = _rank_device(spec.accelerator)
+    memory.reset_peak(device)  # a pooled rank has run other tests before this one
     record = get_strategy(spec.strategy)
     reason = record.unsupported(spec.accelerator, spec.devices)
     if reason:
         raise ValueError(reason)
-    device, dtype = _rank_device(spec.accelerator), DTYPES[workload.precision]
+    dtype = DTYPES[workload.precision]
     if spec.devices > 1:
         _join_group(device)
     calibration = None
-    if spec.calibration_sizes is not None:
-        from pytest_distperf.ranks.calibrate import calibrate
-
-        sizes = spec.calibration_sizes
-        calibration = calibrate(sizes.all_gather, sizes.all_reduce, device, dtype)
+    if spec.calibration_sizes is not None and not spec.calibrate_model:
+        calibration = _calibrate(spec, None, device, dtype)
     # Every rank builds the same weights from the seed; sharded strategies then keep their shard.
-    model = _build(workload.model, workload.seed, device, dtype)
-    # The strategy is built for this model: FSDP1 wraps its block class as one unit.
-    context = BuildContext(spec.accelerator, spec.devices, wrap_units=(model.block_class,))
+    model = build(workload, device, dtype)
+    model.check_fits(
+        workload.prompt_length + max(workload.max_new_tokens, spec.reference_steps),
+        f"distperf(prompt_length={workload.prompt_length}, "
+        f"max_new_tokens={workload.max_new_tokens})",
+    )
+    if spec.calibrate_model:  # a builder's message sizes are known only now
+        calibration = _calibrate(spec, model.shape, device, dtype)
+    generate = None
+    if workload.generate:
+        generate = load_object(workload.generate, f"distperf(generate={workload.generate!r})")
+    unfit = record.check(model.shape, spec.devices)
+    if unfit:  # a preset's or LitGPT name's model was refused at collection already
+        raise ValueError(f"distperf(model={workload.model!r}): {unfit}")
+    if generate is not None and record.next_token is not None:
+        raise ValueError(f"strategy {spec.strategy!r} decodes across ranks: no generate=")
+    # The strategy is built for this model: FSDP wraps (or shards) each of its shard units.
+    context = BuildContext(
+        spec.accelerator,
+        spec.devices,
+        wrap_units=model.units,
+        rank=torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+        tp_plan=workload.tp_plan,
+        comm_delay_s=workload.comm_delay,
+    )
     fabric = Fabric(
         accelerator=spec.accelerator,
         devices=spec.devices // spec.nodes,
@@ -88,8 +121,8 @@ def _run(spec: RunSpec) -> RankResult:
         raise RuntimeError(f"Fabric placed this rank on {fabric.device}, not on {device}")
     if spec.marker_file and fabric.global_rank == 0:
         Path(spec.marker_file).write_text(str(os.getpid()))
-    config = model.config
-    prompt = make_prompt(config, workload.batch_size, workload.prompt_length, workload.seed, device)
+    shape = model.shape  # make_prompt reads its vocab_size
+    prompt = make_prompt(shape, workload.batch_size, workload.prompt_length, workload.seed, device)
     # The bare model (no wrapper, no collectives) runs one generation beside every timed one:
     # on a 2 x H200 VM the host's own speed switched between two levels ~1.8x apart within
     # seconds (docs/benchmarks/h200-2026-11-30.md), which moves the wrapped and the bare run
@@ -108,24 +141,31 @@ def _run(spec: RunSpec) -> RankResult:
             device=device,
             dtype=dtype,
         )
-        reference = reference_token_time(model, prompt, spec.reference_steps, device_sync(device))
+        reference = reference_token_time(
+            model.module, prompt, spec.reference_steps, device_sync(device), generate
+        )
         model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
-    wrapped = fabric.setup_module(model)
+    else:
+        model.clear_caches()  # a builder's model may come with caches or rope buffers made
+    # A record with its own `wrap` (pipeline) sets the module up; Fabric only launched.
+    module = model.module
+    wrapped = record.wrap(module, context) if record.wrap else fabric.setup_module(module)
     # Caches are made after wrapping: DDP snapshots buffers when it wraps and would otherwise
     # broadcast them on every forward; each rank's KV cache is its own.
-    wrapped.module.setup_caches(
+    model.setup_caches(
         max_batch_size=workload.batch_size,
         max_seq_length=workload.prompt_length + workload.max_new_tokens,
         device=device,
         dtype=dtype,
+        module=wrapped.module,
     )
     bare: torch.nn.Module | None = None
     bare_bytes, rss_before_copy = 0, None
     if spec.reference_steps and not record.sharded:
-        bare = model
+        bare = model.module
     elif spec.reference_steps:
-        if device.type == "cpu":  # ru_maxrss cannot be reset: keep what it was without the copy
-            rss_before_copy = _peak_memory(device)[0]
+        if device.type == "cpu":  # RSS cannot be taken apart: keep what it was without the copy
+            rss_before_copy = memory.peak(device)[0]
         bare, bare_bytes = _whole_copy(workload, device, dtype)
     fences = Fences(sync=device_sync(device), barrier=fabric.barrier)
     unwrapped = Fences(sync=device_sync(device), barrier=lambda: None)
@@ -146,7 +186,12 @@ def _run(spec: RunSpec) -> RankResult:
             wrapped_peaks.append(torch.cuda.max_memory_allocated(device) - bare_bytes)
         try:
             sample: Sample | None = timed_generation(
-                bare, prompt, workload.max_new_tokens, unwrapped
+                bare,
+                prompt,
+                workload.max_new_tokens,
+                unwrapped,
+                generate=generate,
+                decode_step=bare_step,
             )[0]
         except torch.cuda.OutOfMemoryError:
             sample = None
@@ -157,6 +202,9 @@ def _run(spec: RunSpec) -> RankResult:
             torch.cuda.reset_peak_memory_stats(device)
         return sample
 
+    step, bare_step, compile_s, compile_how = _compiled_steps(
+        spec, record, wrapped, model.module, bare, prompt, device, generate is not None
+    )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     samples, tokens, timed_from, besides = run_workload(
@@ -168,19 +216,25 @@ def _run(spec: RunSpec) -> RankResult:
         fences,
         workload.slowdown,
         paired=beside,
+        generate=generate,
+        progress=progress,
+        next_token=record.next_token,
+        decode_step=step,
     )
     bare_samples = [s for s, _ in besides if s is not None]
     host_loop_s = tuple(seconds for _, seconds in besides)
     if len(bare_samples) < len(samples):
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
-    if paired and bare_samples:
-        steps = max(workload.max_new_tokens - 1, 1)
-        reference = statistics.median(s.decode_s / steps for s in bare_samples)
+    # Compiled, the reference is the compiled bare model beside the samples, never the eager
+    # one timed before wrapping.
+    if (paired or step is not None) and bare_samples:
+        steps = workload.max_new_tokens
+        reference = statistics.median(step_seconds(s, steps) for s in bare_samples)
     fabric_strategy, sharding, wrapper = record.describe_implementation(fabric, wrapped)
     backend = ""
     if torch.distributed.is_initialized():
         backend = str(torch.distributed.get_backend())
-    peak, memory_kind = _peak_memory(device)
+    peak, memory_kind = memory.peak(device)
     if wrapped_peaks:
         # With the copy dropped mid-run, the plain peak since then may still hold part of the
         # bare run that failed: a slight overestimate in a rare case.
@@ -202,7 +256,43 @@ def _run(spec: RunSpec) -> RankResult:
         bare_samples=tuple(bare_samples),
         host_loop_s=host_loop_s,
         calibration=calibration,
+        model_shape=shape,
+        compile_s=compile_s,
+        compiled=compile_how,
     )
+
+
+def _compiled_steps(
+    spec: RunSpec,
+    record: Any,
+    wrapped: Any,
+    inner: torch.nn.Module,
+    bare: torch.nn.Module | None,
+    prompt: torch.Tensor,
+    device: torch.device,
+    own_loop: bool,
+) -> tuple[Any, Any, float | None, str]:
+    """(wrapped step, bare step, compile seconds, what was compiled) for --distperf-compile;
+    (None, None, None, "") for an eager run."""
+    if not spec.compile:
+        return None, None, None, ""
+    if own_loop:
+        return None, None, None, "eager: the test's own generate= loop is timed as it is"
+    from pytest_distperf.ranks.compiled import compile_bare_step, compile_decode_step, settle
+
+    sync = device_sync(device)
+    replicated = not record.sharded and record.next_token is None
+    compiled = compile_decode_step(
+        wrapped, inner, device, replicated=replicated, own_step=record.next_token is not None
+    )
+    seconds = 0.0
+    if compiled.step is not None:
+        seconds += settle(compiled.step, wrapped, prompt, sync)
+    bare_step = compiled.step if replicated and bare is inner else None
+    if bare is not None and bare_step is None:
+        bare_step = compile_bare_step(bare, device)
+        seconds += settle(bare_step, bare, prompt, sync)
+    return compiled.step, bare_step, seconds, compiled.how
 
 
 def _rank_device(accelerator: str) -> torch.device:
@@ -229,12 +319,29 @@ def _join_group(device: torch.device) -> None:
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
 
-def _build(name: str, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    if ":" not in name:
-        return build_model(Config.from_name(name), seed=seed, device=device, dtype=dtype)
-    module_name, _, function = name.partition(":")
-    builder = getattr(importlib.import_module(module_name), function)
-    return builder(seed=seed, device=device, dtype=dtype)
+def _calibrate(
+    spec: RunSpec, shape: ModelShape | None, device: torch.device, dtype: torch.dtype
+) -> Any:
+    """Collectives at the session's sizes and, given the built model's shape, at every size
+    any strategy would use for it."""
+    from pytest_distperf.ranks.calibrate import calibrate
+
+    sizes = spec.calibration_sizes or MessageSizes((), ())
+    if shape is not None:
+        workload = spec.workload
+        own = message_sizes(
+            shape,
+            strategy_names(),
+            spec.devices,
+            PRECISION_BYTES[workload.precision],
+            workload.batch_size,
+        )
+        sizes = MessageSizes(
+            tuple(sorted({*sizes.all_gather, *own.all_gather})),
+            tuple(sorted({*sizes.all_reduce, *own.all_reduce})),
+            tuple(sorted({*sizes.p2p, *own.p2p})),
+        )
+    return calibrate(sizes.all_gather, sizes.all_reduce, device, dtype, sizes_p2p=sizes.p2p)
 
 
 def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
@@ -250,13 +357,14 @@ def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) ->
     cuda = device.type == "cuda"
     allocated = torch.cuda.memory_allocated(device) if cuda else 0
     try:
-        copy = _build(workload.model, workload.seed, device, dtype)
-        copy.setup_caches(
+        built = build(workload, device, dtype)
+        built.setup_caches(
             workload.batch_size,
             workload.prompt_length + workload.max_new_tokens,
             device=device,
             dtype=dtype,
         )
+        copy = built.module
     except torch.cuda.OutOfMemoryError:
         copy = None
     if not cuda:
@@ -268,13 +376,6 @@ def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) ->
         torch.cuda.empty_cache()
         return None, 0
     return copy, copy_bytes
-
-
-def _peak_memory(device: torch.device) -> tuple[int, str]:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda allocator peak"
-    # ru_maxrss is in KiB on Linux; it covers the whole process life (there is no reset).
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS peak"
 
 
 def _device_name(device: torch.device) -> str:

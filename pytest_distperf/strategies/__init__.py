@@ -8,7 +8,7 @@ a record in its family's module (or a new module) and, for a new module, one lin
 
 from __future__ import annotations
 
-from pytest_distperf.strategies import fsdp, replicated
+from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
 from pytest_distperf.strategies.record import BuildContext, StrategyRecord
 
 __all__ = ["STRATEGIES", "BuildContext", "StrategyRecord", "get_strategy", "strategy_names"]
@@ -18,6 +18,8 @@ STRATEGIES: dict[str, StrategyRecord] = {
     for record in (
         *replicated.RECORDS,
         *fsdp.RECORDS,
+        *tp.RECORDS,
+        *pipeline.RECORDS,
     )
 }
 

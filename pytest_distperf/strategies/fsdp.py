@@ -32,9 +32,14 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
     from distperf_model.parallelize import fully_shard_blocks
     from lightning.fabric.strategies import ModelParallelStrategy
 
-    # fully_shard_blocks finds the blocks by the wrapped model's own `block_class`.
+    # The blocks are the built model's shard units (its `block_class`, or found in it).
+    shard = partial(
+        fully_shard_blocks,
+        reshard_after_forward=reshard_after_forward,
+        unit_classes=context.wrap_units,
+    )
     return ModelParallelStrategy(
-        parallelize_fn=partial(fully_shard_blocks, reshard_after_forward=reshard_after_forward),
+        parallelize_fn=shard,
         data_parallel_size=context.devices,
         tensor_parallel_size=1,
     )

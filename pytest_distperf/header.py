@@ -1,0 +1,73 @@
+"""What the session tells the user before tests run: the report header and the collection line.
+
+The header is printed before collection, so it never probes the links (most sessions that load
+the plugin run no distperf test); the line after collection names the topology once it has been
+probed for the tests that will run, and the calibration each rank count will get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from pytest_distperf import xdist
+
+CALIBRATION_PENDING = "not yet (calibrated in the first run of each rank count)"
+
+
+def report_header(plugin: Any, config: pytest.Config) -> list[str]:
+    """plugin: the session's DistperfPlugin."""
+    settings = plugin.settings
+    resolved = plugin.resolve()
+    if plugin.job is not None:
+        ranks = f"{resolved.devices} ranks (this job's; only its rank 0 writes reports)"
+    elif settings.devices is None:
+        ranks = f"{resolved.devices} ranks per test (--distperf-devices auto)"
+    else:
+        ranks = f"{resolved.devices} ranks per test"
+    seen = ""
+    if settings.accelerator != "cpu":
+        auto = "auto: " if settings.accelerator == "auto" else ""
+        seen = f" ({auto}{resolved.visible_gpus} GPU(s) visible)"
+    if settings.topology:
+        topology = f"from {settings.topology}, loaded when the first distperf test runs"
+    else:
+        topology = "probed when the first distperf test runs"
+    lines = [
+        f"distperf: accelerator {resolved.accelerator}{seen}, {ranks}, "
+        f"{settings.repeats} repeats after {settings.warmup} warm-up",
+        f"distperf: topology {topology}; calibration {CALIBRATION_PENDING}",
+    ]
+    note = xdist.header_line(config)
+    if note:
+        lines.append(f"distperf: {note}")
+    return lines
+
+
+def topology_line(topology: Any) -> str:
+    """Key, link classes and source of a Topology, with its notes."""
+    classes = sorted({link.link_class for link in topology.links})
+    links = f"links {', '.join(classes)}" if classes else "no links (one device)"
+    notes = "".join(f"; {note}" for note in topology.notes)
+    return f"topology {topology.key()}: {links} (from {topology.source}){notes}"
+
+
+def collection_lines(topology: Any, sizes: Mapping[int, Any]) -> list[str]:
+    """After collection: the probed topology and what each rank count will calibrate."""
+    counts = []
+    for count in sorted(sizes):
+        measured = sizes[count]
+        if measured is None:
+            counts.append(f"{count} ranks: nothing (no all-gather in the selected tests)")
+        else:
+            counts.append(
+                f"{count} ranks: {len(measured.all_gather)} all-gather and "
+                f"{len(measured.all_reduce)} all-reduce sizes"
+            )
+    calibration = "; ".join(counts) or "nothing to calibrate"
+    return [
+        f"distperf: {topology_line(topology)}",
+        f"distperf: calibration in the first run of each rank count: {calibration}",
+    ]

@@ -1,0 +1,164 @@
+"""Every distperf run as a benchmark of pytest-benchmark's session, when that plugin is active.
+
+pytest-benchmark then saves, compares, tabulates and exports distperf tests like its own:
+`--benchmark-autosave/--benchmark-save`, `--benchmark-compare[-fail]`, `--benchmark-json`,
+`--benchmark-histogram` and `pytest-benchmark compare` work unchanged, with its statistics,
+machine and commit info. With `-p no:benchmark` (or without pytest-benchmark) nothing here runs.
+
+A round is one timed generation: the slowest rank's wall time of prefill + decode
+(`spec.Sample.total_s`), in seconds, so lower is better as for any pytest-benchmark timing.
+Tokens/sec, strategy, ranks, topology key, the predicted rate and its bound ride in
+`extra_info`; the group is the test function, so its strategies and rank counts share a table.
+
+How it hooks in: the `benchmark` fixture, once it has timed something, appends its stats object
+(`pytest_benchmark.stats.Metadata`) to the session's `benchmarks` list, and everything the
+session does later (saving, comparing, `--benchmark-compare-fail`, the table) reads that list.
+The rounds here were timed in the ranks, not by the fixture's timer, so a `Metadata` is built
+around a record of what the fixture would know of the test, its rounds added with its public
+`update()`. The session is found by the name pytest-benchmark registers it under (a public
+pluggy lookup) rather than through `config._benchmarksession`. Machine info is extended through
+the documented `pytest_benchmark_update_machine_info` hook (plugin.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_distperf.judge.record import REPORTED_FIELDS, JudgedRun
+from pytest_distperf.spec import RunResult
+
+# The name pytest-benchmark registers its BenchmarkSession under in pytest_configure.
+SESSION_PLUGIN = "pytest-benchmark"
+MACHINE_INFO_KEY = "distperf"
+
+# Beside the JUnit scalars (REPORTED_FIELDS): what a reader of a saved file needs to know what ran.
+_EXTRA_FIELDS = (
+    *REPORTED_FIELDS,
+    "tokens_per_sec_samples",
+    "aggregate_tokens_per_sec",
+    "ttft_s",
+    "workload",
+    "implementation",
+    "device_name",
+    "bound_description",
+    "link_class",
+)
+
+
+@dataclass
+class MeasuredRun:
+    """What `Metadata` reads from a `BenchmarkFixture`, for rounds timed in the rank processes."""
+
+    name: str
+    fullname: str
+    group: str
+    param: str | None
+    params: dict[str, Any]
+    extra_info: dict[str, Any] = field(default_factory=dict)
+    cprofile_stats: Any = None
+    has_error: bool = False
+
+
+def benchmark_session(config: pytest.Config) -> Any | None:
+    """pytest-benchmark's session when it will record benchmarks, else None."""
+    session = config.pluginmanager.get_plugin(SESSION_PLUGIN)
+    # Disabled under xdist and with --benchmark-disable: its fixture records nothing then either.
+    if session is None or getattr(session, "disabled", True) or not hasattr(session, "benchmarks"):
+        return None
+    return session
+
+
+def add_benchmark(item: pytest.Item, result: RunResult, record: JudgedRun, occurrence: int) -> bool:
+    """Add the run to pytest-benchmark's session; False when that session is not recording.
+
+    `occurrence` counts the runs of this test so far (1 for the first): a second run in one
+    test gets its own name, so saved files and comparisons never merge the two.
+    """
+    session = benchmark_session(item.config)
+    if session is None or not result.samples:
+        return False
+    from pytest_benchmark.stats import Metadata  # lazy: only when pytest-benchmark is active
+
+    suffix = "" if occurrence == 1 else f" #{occurrence}"
+    callspec = getattr(item, "callspec", None)
+    measured = MeasuredRun(
+        name=item.name + suffix,
+        fullname=item.nodeid + suffix,
+        group=function_id(item),
+        param=callspec.id if callspec is not None else None,
+        params={
+            "strategy": result.strategy,
+            "devices": result.devices,
+            "accelerator": result.spec.accelerator,
+            **result.spec.workload.params(),
+        },
+        extra_info=extra_info(record, result.new_tokens),
+    )
+    options = {
+        "disable_gc": False,
+        "timer": "distperf: slowest rank, synchronised, prefill + decode",
+        "min_rounds": result.spec.repeats,
+        "max_time": None,
+        "min_time": None,
+        "precision": None,
+        "confidence": None,
+        "warmup": result.spec.warmup,
+    }
+    stats = Metadata(measured, iterations=1, options=options)
+    for sample in result.samples:
+        stats.update(sample.total_s)
+    session.benchmarks.append(stats)
+    return True
+
+
+def function_id(item: pytest.Item) -> str:
+    """The node id without the parametrisation: `path::Class::test_function`."""
+    original = getattr(item, "originalname", item.name)
+    return item.nodeid[: len(item.nodeid) - len(item.name)] + original
+
+
+def extra_info(record: JudgedRun, new_tokens: int) -> dict[str, Any]:
+    """The run's figures for `extra_info`: plain JSON, non-finite numbers as strings."""
+    row = record.to_json()
+    extra = {key: row[key] for key in _EXTRA_FIELDS if row.get(key) is not None}
+    extra["new_tokens_per_generation"] = new_tokens
+    return _finite(extra)
+
+
+def update_machine_info(machine_info: dict[str, Any], records: Iterable[JudgedRun]) -> None:
+    """Name the topology keys and devices of the session's runs in pytest-benchmark's machine
+    info; nothing when no distperf test ran."""
+    records = list(records)
+    keys = sorted({r.topology_key for r in records if r.topology_key})
+    devices = sorted({r.run.device_name for r in records if r.run.device_name})
+    if keys or devices:
+        machine_info[MACHINE_INFO_KEY] = {"topology_keys": keys, "device_names": devices}
+
+
+def without_distperf_machine_info(compared: dict[str, Any]) -> dict[str, Any] | None:
+    """The saved machine info less this plugin's part, or None when it has none.
+
+    pytest-benchmark compares machine infos when it loads saved runs, at configure time,
+    before any distperf run could describe this machine; each run's topology key is in its
+    `extra_info`, and distperf's own gate never compares across topology keys.
+    """
+    saved = compared.get("machine_info")
+    if not isinstance(saved, Mapping) or MACHINE_INFO_KEY not in saved:
+        return None
+    return {key: value for key, value in saved.items() if key != MACHINE_INFO_KEY}
+
+
+def _finite(value: Any) -> Any:
+    """Non-finite floats as strings ("inf"): strict JSON readers reject Infinity and NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,357 @@
+"""Charts of distperf results as PNG files (matplotlib, the `plot` extra).
+
+    distperf plot REPORT.json -o results.png       tok/s per strategy (and per rank count) of a
+                                                   JSON report (--distperf-json), with each run's
+                                                   predicted rate and threshold marked
+    distperf plot --history BASELINE_DIR -o history.png
+                                                   each test's recorded run medians across
+                                                   baseline refreshes, with the tolerance band
+                                                   the next run is held to
+
+matplotlib is imported only when a chart is drawn, and drawn on its Agg canvas without pyplot,
+so no display and no global backend state are involved. Without matplotlib the command says
+which extra to install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_distperf.jsonfields import NUMBER, get_field, json_object
+
+INSTALL_HINT = "pip install 'pytest-distperf[plot]'"
+# One colour per rank count (matplotlib's default cycle), the marks in fixed contrasting colours.
+_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
+_PREDICTED, _THRESHOLD, _FAILED = "#111111", "#d62728", "#d62728"
+_DPI = 110
+
+
+class ChartError(Exception):
+    """A chart that cannot be drawn; the message says why (bad input, no matplotlib)."""
+
+
+@dataclass(frozen=True)
+class ResultBar:
+    """One run of a report, as the results chart shows it."""
+
+    test: str  # the test function: node id without its parameters
+    strategy: str
+    devices: int | None
+    tokens_per_sec: float
+    predicted: float | None
+    threshold: float | None
+    bound: str | None
+    failed: bool
+    topology_key: str | None = None
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def report_bars(document: object, source: str = "report") -> list[ResultBar]:
+    """The runs of a JSON report; ChartError naming the field when it is not one."""
+    from pytest_distperf.output.markdown import ReportError, parse_report
+
+    try:
+        rows = parse_report(document, source)  # the report's own validation
+        raw = document if isinstance(document, list) else json_object(document, source)["results"]
+        bars = []
+        for i, (row, data) in enumerate(zip(rows, raw, strict=True)):
+            where = f"{source}: results[{i}]"
+            rate = row.tokens_per_sec
+            if rate is None or not math.isfinite(rate):
+                continue  # a run that measured nothing has no bar
+
+            def number(name: str, data: Mapping[str, Any] = data, where: str = where) -> Any:
+                return get_field(data, name, NUMBER, where, optional=True)
+
+            verdict = row.verdict or ""
+            bars.append(
+                ResultBar(
+                    test=row.test_id.split("[", 1)[0],
+                    strategy=row.strategy or "?",
+                    devices=row.devices,
+                    tokens_per_sec=rate,
+                    predicted=number("predicted_tokens_per_sec"),
+                    threshold=number("threshold_tokens_per_sec"),
+                    bound=get_field(data, "bound", str, where, optional=True),
+                    failed=verdict.upper().startswith("FAIL"),
+                    topology_key=row.topology_key,
+                )
+            )
+    except (ReportError, ValueError, KeyError) as error:
+        raise ChartError(str(error)) from None
+    return bars
+
+
+@dataclass(frozen=True)
+class History:
+    """One test's recorded runs in a baseline store, and what the next run is held to."""
+
+    topology_key: str
+    test_id: str
+    run_medians: tuple[float, ...]
+    latest_samples: tuple[float, ...]
+    level: float
+    tolerance: float
+    tolerance_runs: int  # recorded runs whose spread set the tolerance (0: the repeats did)
+
+
+def store_histories(directory: str | Path) -> list[History]:
+    """Every entry of the baseline store in `directory`, with the gate's default tolerance."""
+    from pytest_distperf.judge.checks import GateSettings
+    from pytest_distperf.judge.stats import compare_to_recorded_runs
+    from pytest_distperf.store.store import BaselineFileError, BaselineStore
+
+    store = BaselineStore(directory)
+    if not store.directory.is_dir():
+        raise ChartError(f"{directory}: no such baseline directory")
+    floor = GateSettings(efficiency=1.0, tolerance=None).tolerance_floor
+    histories = []
+    topology_keys = store.keys()
+    for key in topology_keys:
+        try:
+            entries = store.load(key)
+        except BaselineFileError as error:
+            raise ChartError(str(error)) from None
+        for test_id, entry in sorted(entries.items()):
+            runs = entry.run_medians or (entry.median,)
+            # The comparison an unchanged run would get: its level and tolerance are the gate's.
+            held = compare_to_recorded_runs(
+                entry.samples, entry.samples, runs, tolerance_floor=floor
+            )
+            histories.append(
+                History(
+                    key,
+                    test_id,
+                    runs,
+                    entry.samples,
+                    held.baseline_median,
+                    held.tolerance,
+                    held.tolerance_runs,
+                )
+            )
+    if not histories:
+        raise ChartError(f"{directory}: no baselines recorded there")
+    return histories
+
+
+# --------------------------------------------------------------------------- drawing
+
+
+def _figure(width: float, height: float) -> Any:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ChartError(f"matplotlib is not installed: {INSTALL_HINT}") from None
+    figure = Figure(figsize=(width, height), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Any, out: str | Path) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def plot_report(bars: Sequence[ResultBar], out: str | Path, title: str = "") -> Path:
+    """tok/s per strategy, one panel per test function, one bar per rank count."""
+    if not bars:
+        raise ChartError("the report has no measured runs to draw")
+    tests = list(dict.fromkeys(bar.test for bar in bars))
+    counts = sorted({bar.devices for bar in bars}, key=lambda d: (d is None, d or 0))
+    widest = max(len({b.strategy for b in bars if b.test == t}) for t in tests)
+    figure = _figure(max(6.5, 1.5 + widest * (1.0 + 0.5 * len(counts))), 0.6 + 3.4 * len(tests))
+    axes = figure.subplots(len(tests), 1, squeeze=False)[:, 0]
+    width = 0.8 / len(counts)
+    for ax, test in zip(axes, tests, strict=True):
+        mine = [bar for bar in bars if bar.test == test]
+        strategies = list(dict.fromkeys(bar.strategy for bar in mine))
+        for slot, count in enumerate(counts):
+            for bar in (b for b in mine if b.devices == count):
+                x = strategies.index(bar.strategy) + (slot - (len(counts) - 1) / 2) * width
+                _draw_bar(ax, x, width, bar, _COLOURS[slot % len(_COLOURS)])
+        ax.set_xticks(range(len(strategies)), [_tick(s, mine) for s in strategies])
+        ax.set_xlim(-0.6, len(strategies) - 0.4)
+        figures = [b.tokens_per_sec for b in mine] + [b.predicted or 0 for b in mine]
+        positive = [f for f in figures if f > 0]
+        if max(positive) / min(positive) > 20:  # far-apart rates: each readable on a log axis
+            ax.set_yscale("log")
+            ax.set_ylim(min(positive) / 4, max(positive) * 4)
+        else:
+            ax.set_ylim(0, max(positive) * 1.3)
+        ax.set_ylabel("tokens/sec")
+        ax.set_title(test, fontsize=10, loc="left")
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    _report_legend(figure, counts, bars)
+    keys = sorted({bar.topology_key for bar in bars if bar.topology_key})
+    where = f" on {keys[0]}" if len(keys) == 1 else ""
+    figure.suptitle(title or f"distperf: tokens/sec per strategy{where}", fontsize=12)
+    return _save(figure, out)
+
+
+def _draw_bar(ax: Any, x: float, width: float, bar: ResultBar, colour: str) -> None:
+    edge = _FAILED if bar.failed else "none"
+    ax.bar(x, bar.tokens_per_sec, width * 0.92, color=colour, edgecolor=edge, linewidth=2)
+    # Above the bar and its marks, so that neither covers the figure.
+    top = max(bar.tokens_per_sec, bar.predicted or 0, bar.threshold or 0)
+    ax.annotate(
+        _rate(bar.tokens_per_sec) + (" FAIL" if bar.failed else ""),
+        (x, top),
+        xytext=(0, 4),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+        weight="bold",
+        color=_FAILED if bar.failed else "black",
+    )
+    half = width * 0.46
+    if bar.predicted:
+        ax.hlines(bar.predicted, x - half, x + half, colors=_PREDICTED, linewidth=2.5)
+        ax.plot([x], [bar.predicted], marker="D", color=_PREDICTED, markersize=5)
+    if bar.threshold:
+        ax.hlines(
+            bar.threshold, x - half, x + half, colors=_THRESHOLD, linestyles="--", linewidth=1.8
+        )
+
+
+def _tick(strategy: str, bars: Sequence[ResultBar]) -> str:
+    bounds = sorted({b.bound for b in bars if b.strategy == strategy and b.bound})
+    return strategy + (f"\nbound: {', '.join(bounds)}" if bounds else "")
+
+
+def _report_legend(figure: Any, counts: Sequence[int | None], bars: Sequence[ResultBar]) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles: list[Any] = [
+        Patch(color=_COLOURS[i % len(_COLOURS)], label=_ranks(count))
+        for i, count in enumerate(counts)
+    ]
+    if any(b.predicted for b in bars):
+        handles.append(
+            Line2D([], [], color=_PREDICTED, marker="D", linewidth=2.5, label="predicted")
+        )
+    if any(b.threshold for b in bars):
+        handles.append(Line2D([], [], color=_THRESHOLD, linestyle="--", label="threshold"))
+    if any(b.failed for b in bars):
+        handles.append(Patch(facecolor="white", edgecolor=_FAILED, linewidth=2, label="failed"))
+    figure.legend(handles=handles, fontsize=9, loc="outside lower center", ncols=len(handles))
+
+
+def plot_history(histories: Sequence[History], out: str | Path, title: str = "") -> Path:
+    """Each test's run medians across refreshes, with the band of the gate's tolerance."""
+    columns = 1 if len(histories) < 3 else 2
+    rows = math.ceil(len(histories) / columns)
+    figure = _figure(6.5 * columns, 0.6 + 3.0 * rows)
+    axes = figure.subplots(rows, columns, squeeze=False).ravel()
+    keys = sorted({h.topology_key for h in histories})
+    for ax, history in zip(axes, histories, strict=False):
+        runs = history.run_medians
+        xs = list(range(1, len(runs) + 1))
+        low, high = history.level * (1 - history.tolerance), history.level * (1 + history.tolerance)
+        source = (
+            f"the spread of {history.tolerance_runs} recorded runs"
+            if history.tolerance_runs
+            else "the latest repeats"
+        )
+        ax.axhspan(low, high, color="#2ca02c", alpha=0.15, label="tolerance band (next run)")
+        level = "level (median of the runs)" if len(runs) >= 3 else "level (latest run)"
+        ax.axhline(history.level, color="#2ca02c", linestyle="--", linewidth=1.2, label=level)
+        ax.axhline(low, color=_THRESHOLD, linewidth=1, alpha=0.7, label="a run below fails")
+        ax.scatter(
+            [xs[-1]] * len(history.latest_samples),
+            history.latest_samples,
+            color="#7f7f7f",
+            s=12,
+            zorder=3,
+            label="latest repeats",
+        )
+        ax.plot(xs, runs, marker="o", color=_COLOURS[0], zorder=4, label="run median")
+        ax.set_xticks(xs)
+        ax.set_xlim(0.5, len(runs) + 0.5)
+        top = max(high, *runs, *history.latest_samples)
+        ax.set_ylim(min(low, *runs, *history.latest_samples) * 0.85, top * 1.1)
+        ax.set_xlabel("baseline refresh")
+        ax.set_ylabel("tokens/sec")
+        name = history.test_id if len(keys) == 1 else f"{history.test_id} ({history.topology_key})"
+        ax.set_title(
+            f"{_short(name)}\ntolerance ±{history.tolerance:.0%} from {source}",
+            fontsize=9,
+            loc="left",
+        )
+        ax.grid(alpha=0.3)
+    for ax in axes[len(histories) :]:
+        ax.set_visible(False)
+    handles, labels = axes[0].get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: not labels[i].startswith("run median"))
+    figure.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        fontsize=9,
+        loc="outside lower center",
+        ncols=3,
+    )
+    where = keys[0] if len(keys) == 1 else f"{len(keys)} topology keys"
+    figure.suptitle(title or f"distperf baseline history: {where}", fontsize=12)
+    return _save(figure, out)
+
+
+def _short(test_id: str, limit: int = 70) -> str:
+    """A baseline test id (`path::test[params] [workload]`) without path and workload."""
+    name = test_id.rsplit(" [", 1)[0] if test_id.endswith("]") and " [" in test_id else test_id
+    name = name.rsplit("::", 1)[-1]
+    return name if len(name) <= limit else name[: limit - 1] + "…"
+
+
+def _rate(value: float) -> str:
+    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def _ranks(count: int | None) -> str:
+    if count is None:
+        return "ranks unknown"
+    return f"{count} rank" + ("s" if count != 1 else "")
+
+
+# --------------------------------------------------------------------------- `distperf plot`
+
+
+def add_parser(sub: Any) -> None:
+    """The `plot` subcommand of `distperf` (cli.py)."""
+    plot = sub.add_parser(
+        "plot",
+        help="draw a report's tok/s, or a baseline directory's history, as a PNG",
+        description="Draw tok/s per strategy of a JSON report (--distperf-json), or the recorded "
+        f"runs of a baseline directory with their tolerance. Needs matplotlib: {INSTALL_HINT}.",
+    )
+    plot.add_argument("report", nargs="?", help="a JSON report written by --distperf-json")
+    plot.add_argument("--history", metavar="BASELINE_DIR", help="a baseline directory instead")
+    plot.add_argument("-o", "--output", required=True, metavar="PNG", help="the file to write")
+    plot.add_argument("--title", default="", help="the chart's title")
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    if (args.report is None) == (args.history is None):
+        raise ChartError("give either a REPORT or --history BASELINE_DIR")
+    if args.history is not None:
+        path = plot_history(store_histories(args.history), args.output, args.title)
+    else:
+        try:
+            document = json.loads(Path(args.report).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise ChartError(f"cannot read report {args.report}: {error}") from None
+        path = plot_report(report_bars(document, args.report), args.output, args.title)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,78 @@
+"""The shape of a model as the performance model sees it: sizes and parameter counts, no weights.
+
+Every cost function and message size takes one of these (or anything with the same attributes:
+`distperf_model.config.Config` has them all). A shape comes from a config where one is known in
+the pytest process (presets, LitGPT names, built on the meta device) or from the built model in
+a rank (a user's builder); `ranks/models.py` measures it. Pure: no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+_SIZES = (
+    "n_layer",
+    "n_embd",
+    "n_head",
+    "n_query_groups",
+    "head_size",
+    "vocab_size",
+    "padded_vocab_size",
+    "intermediate_size",
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int  # shard units (transformer blocks)
+    n_embd: int
+    n_head: int
+    n_query_groups: int  # == n_head: MHA, 1: MQA, in between: GQA
+    head_size: int
+    vocab_size: int  # tokens a prompt may contain
+    padded_vocab_size: int  # rows of the embedding and the head
+    intermediate_size: int
+    block_size: int  # longest sequence the model accepts; 0: the model does not say
+    block_params: int  # parameters of one shard unit (the mean, should units differ)
+    non_block_params: int  # everything outside the units: embedding, final norm, head
+
+    def __post_init__(self) -> None:
+        for name in (*_SIZES, "block_params"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelShape: {name}={value!r} must be a positive int")
+        for name in ("block_size", "non_block_params"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"ModelShape: {name}={value!r} must be an int >= 0")
+
+    def block_param_count(self) -> int:
+        return self.block_params
+
+    def non_block_param_count(self) -> int:
+        return self.non_block_params
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Any,
+        *,
+        block_params: int | None = None,
+        non_block_params: int | None = None,
+    ) -> ModelShape:
+        """From any config with the shape's sizes (this project's `Config`, LitGPT's); the
+        parameter counts from its `block_param_count()`/`non_block_param_count()` unless given
+        (LitGPT's config has no such methods: they are counted on a built model)."""
+        sizes = {name: int(getattr(config, name)) for name in _SIZES}
+        return cls(
+            **sizes,
+            block_size=int(getattr(config, "block_size", 0) or 0),
+            block_params=int(config.block_param_count() if block_params is None else block_params),
+            non_block_params=int(
+                config.non_block_param_count() if non_block_params is None else non_block_params
+            ),
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}

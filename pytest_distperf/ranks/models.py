@@ -1,0 +1,376 @@
+"""The model a rank runs, built from the workload, seen through the one interface the worker uses.
+
+`distperf(model=...)` names a preset of `distperf_model`, a LitGPT config (`litgpt:pythia-14m`:
+LitGPT's own GPT with random weights from the seed) or a builder (`package.module:function`,
+called as `function(seed=, device=, dtype=)`). A builder may return the reference GPT, LitGPT's
+GPT as is, or any GPT-like module with `forward(idx, input_pos)` and one of two KV cache
+interfaces; `RankModel` hides the difference (caches, shard units, shape) and says what a module
+lacks when it lacks something. The contract: docs/extending.md ("Adding a model").
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import importlib
+import inspect
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, Workload
+
+THIS_CACHE_API = "setup_caches(max_batch_size, max_seq_length, device=, dtype=) and clear_caches()"
+LITGPT_CACHE_API = "set_kv_cache(batch_size, max_seq_length, device=, dtype=) and clear_kv_cache()"
+
+
+def use_import_paths(paths: Iterable[str]) -> None:
+    """Put the pytest process's import paths (test directories, rootdir, conftest additions)
+    that this rank lacks in front of its own, in their order: what a test imports, a rank can."""
+    missing = [path for path in dict.fromkeys(paths) if path not in sys.path]
+    sys.path[:0] = missing
+
+
+def load_object(path: str, what: str) -> Any:
+    """`package.module:name` imported in this rank; the error names `what` asked for it."""
+    module_name, _, name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(
+            f"{what}: cannot import {module_name!r} in the rank ({error}); it must be importable "
+            "in the pytest process (the test's directory, the rootdir or a conftest's sys.path)"
+        ) from error
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"{what}: module {module_name!r} has no {name!r}") from None
+
+
+class Caches(Protocol):
+    def setup(
+        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
+    ) -> None: ...
+
+    def clear(self, module: nn.Module) -> None: ...
+
+
+@dataclass(frozen=True)
+class DistperfCaches:
+    """This project's interface (gpt-fast's): `setup_caches` / `clear_caches`."""
+
+    def setup(
+        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        module.setup_caches(max_batch_size=batch, max_seq_length=seq, device=device, dtype=dtype)
+
+    def clear(self, module: nn.Module) -> None:
+        module.clear_caches()
+
+
+@dataclass(frozen=True)
+class LitGPTCaches:
+    """LitGPT's `set_kv_cache` / `clear_kv_cache`. LitGPT registers its rope tables (`cos`,
+    `sin`) as buffers in __init__; DDP would broadcast the buffers it finds when it wraps, so
+    they are dropped with the KV caches and rebuilt with them, as the worker does for KV caches.
+    """
+
+    rope_dtype: torch.dtype | None = None  # None: the module has no LitGPT-style rope tables
+
+    def setup(
+        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        if self.rope_dtype is not None:
+            module.max_seq_length = seq  # LitGPT's setter checks block_size, remakes the tables
+            cos, sin = module.rope_cache(device=device)
+            module.register_buffer("cos", cos.to(self.rope_dtype), persistent=False)
+            module.register_buffer("sin", sin.to(self.rope_dtype), persistent=False)
+        _call_with_accepted(
+            module.set_kv_cache, batch_size=batch, max_seq_length=seq, device=device, dtype=dtype
+        )
+
+    def clear(self, module: nn.Module) -> None:
+        module.clear_kv_cache()
+        if self.rope_dtype is not None:
+            for name in ("cos", "sin"):
+                if isinstance(getattr(module, name, None), torch.Tensor):
+                    delattr(module, name)
+
+
+def _call_with_accepted(function: Any, batch_size: int, **kwargs: Any) -> None:
+    """LitGPT-like `set_kv_cache` methods differ in which keywords they take: pass those named."""
+    parameters = inspect.signature(function).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in parameters}
+    function(batch_size, **kwargs)
+
+
+@dataclass(frozen=True)
+class RankModel:
+    """A built model and what the worker needs to know of it."""
+
+    module: nn.Module
+    caches: Caches
+    units: tuple[type[nn.Module], ...]  # the shard units (FSDP wraps or shards each)
+    shape: ModelShape  # measured from the module (perfmodel terms, message sizes)
+    name: str  # the model as the marker wrote it, for messages
+
+    def setup_caches(
+        self,
+        max_batch_size: int,
+        max_seq_length: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        module: nn.Module | None = None,
+    ) -> None:
+        """KV caches (and rope tables) for `module`, by default this model's own."""
+        target = self.module if module is None else module
+        self.caches.setup(target, max_batch_size, max_seq_length, device, dtype)
+
+    def clear_caches(self) -> None:
+        self.caches.clear(self.module)
+
+    def check_fits(self, positions: int, what: str) -> None:
+        """A rank's own check of the context, for models whose limit only a build tells."""
+        limit = self.shape.block_size
+        if limit and positions > limit:
+            raise ValueError(
+                f"{what} needs {positions} positions but model {self.name!r} accepts {limit}"
+            )
+
+
+def build(workload: Workload, device: torch.device, dtype: torch.dtype) -> RankModel:
+    """The workload's model on `device` in `dtype`, identical in every rank (and in every copy)."""
+    name = workload.model
+    if workload.model_source == "preset":
+        from distperf_model.config import Config
+        from distperf_model.model import build_model
+
+        module: Any = build_model(Config.from_name(name), workload.seed, device, dtype)
+    elif workload.model_source == "litgpt":
+        module = build_litgpt(name[len(LITGPT_PREFIX) :], workload.seed, device, dtype)
+    else:
+        builder = load_object(name, f"distperf(model={name!r})")
+        module = builder(seed=workload.seed, device=device, dtype=dtype)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                f"distperf(model={name!r}) returned {type(module).__name__}, not a torch.nn.Module"
+            )
+    return adapt(module, name, workload.shard_unit)
+
+
+def adapt(module: nn.Module, name: str, shard_unit: str | None = None) -> RankModel:
+    """`module` seen through one interface; a TypeError listing everything it lacks otherwise."""
+    problems = []
+    caches = _caches_of(module)
+    if caches is None:
+        cache_like = sorted(n for n in dir(type(module)) if "cache" in n.lower())
+        has = f"; it has {', '.join(cache_like)}" if cache_like else ""
+        problems.append(
+            f"KV cache methods: either {THIS_CACHE_API} (this project's GPT), or "
+            f"{LITGPT_CACHE_API} (LitGPT's GPT){has}"
+        )
+    try:
+        inspect.signature(module.forward).bind(object(), object())
+    except TypeError:
+        problems.append(
+            f"forward(idx, input_pos): its forward{inspect.signature(module.forward)} cannot "
+            "take the token ids and their positions"
+        )
+    units = _units_of(module, name, shard_unit)
+    if not units:
+        problems.append(
+            "a shard unit for FSDP: no nn.ModuleList of blocks found; set `block_class` on the "
+            "model or name it in the marker: distperf(shard_unit='package.module:Block')"
+        )
+    if _vocab_size(module) is None:
+        problems.append(
+            "a vocabulary size for the prompt: `config.vocab_size` or an nn.Embedding of tokens"
+        )
+    if problems:
+        lacks = "".join(f"\n  - {problem}" for problem in problems)
+        raise TypeError(
+            f"distperf(model={name!r}) built {type(module).__name__}, which lacks what a distperf "
+            f"run needs:{lacks}\nProvide these on the module (docs/extending.md, 'Adding a model')."
+        )
+    assert caches is not None
+    return RankModel(module, caches, units, measure_shape(module, units), name)
+
+
+def _caches_of(module: nn.Module) -> Caches | None:
+    def has(*names: str) -> bool:
+        return all(callable(getattr(module, n, None)) for n in names)
+
+    if has("setup_caches", "clear_caches"):
+        return DistperfCaches()
+    if has("set_kv_cache", "clear_kv_cache"):
+        cos = getattr(module, "cos", None)
+        rope = has("rope_cache") and isinstance(cos, torch.Tensor)
+        return LitGPTCaches(cos.dtype if rope else None)
+    return None
+
+
+def _units_of(module: nn.Module, name: str, shard_unit: str | None) -> tuple[type[nn.Module], ...]:
+    """The marker's `shard_unit`, else the model's `block_class`, else the class repeated in its
+    largest nn.ModuleList (by parameters: the transformer blocks)."""
+    if shard_unit:
+        unit = load_object(shard_unit, f"distperf(shard_unit={shard_unit!r})")
+        if not (isinstance(unit, type) and issubclass(unit, nn.Module)):
+            raise TypeError(f"distperf(shard_unit={shard_unit!r}) is not an nn.Module class")
+        return (unit,)
+    declared = getattr(module, "block_class", None)
+    if declared is not None:
+        return tuple(declared) if isinstance(declared, tuple) else (declared,)
+    lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
+    if not lists:
+        return ()
+    # modules() walks outer lists first, and max() keeps the first of equals: the outermost.
+    largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    counts = collections.Counter(type(m) for m in largest)
+    return (counts.most_common(1)[0][0],)
+
+
+def _embedding(module: nn.Module) -> nn.Embedding | None:
+    embeddings = [m for m in module.modules() if isinstance(m, nn.Embedding)]
+    return max(embeddings, key=lambda m: m.num_embeddings, default=None)
+
+
+def _vocab_size(module: nn.Module) -> int | None:
+    size = getattr(getattr(module, "config", None), "vocab_size", None)
+    if isinstance(size, int) and size > 0:
+        return size
+    embedding = _embedding(module)
+    return embedding.num_embeddings if embedding is not None else None
+
+
+def context_limit(module: nn.Module) -> int:
+    """Longest sequence the model accepts: `config.block_size`, else a `max_seq_length` it has
+    set; 0 when it says neither."""
+    for value in (
+        getattr(getattr(module, "config", None), "block_size", None),
+        getattr(module, "max_seq_length", None),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+def measure_shape(module: nn.Module, units: tuple[type[nn.Module], ...]) -> ModelShape:
+    """The shape of a built (or meta) model: parameters counted per shard unit and outside them,
+    sizes from its `config` where it has one. Without a config, the attention and MLP sizes
+    (which only the roofline's KV bytes read) fall back to one head and a 4x MLP."""
+    counts = {id(p): p.numel() for p in module.parameters()}
+    outer: list[str] = []
+    in_units: set[int] = set()
+    for path, sub in module.named_modules():
+        if isinstance(sub, units) and not any(path.startswith(f"{o}.") for o in outer):
+            outer.append(path)
+            in_units.update(id(p) for p in sub.parameters())
+    n_layer = max(len(outer), 1)
+    block = max(sum(counts[i] for i in in_units) // n_layer, 1)
+    config = getattr(module, "config", None)
+    embedding = _embedding(module)
+
+    def size(name: str, fallback: int) -> int:
+        value = getattr(config, name, None)
+        return value if isinstance(value, int) and value > 0 else fallback
+
+    n_embd = size("n_embd", embedding.embedding_dim if embedding is not None else 1)
+    padded = size("padded_vocab_size", embedding.num_embeddings if embedding is not None else 1)
+    n_head = size("n_head", 1)
+    return ModelShape(
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_query_groups=size("n_query_groups", n_head),
+        head_size=size("head_size", max(n_embd // n_head, 1)),
+        vocab_size=_vocab_size(module) or padded,
+        padded_vocab_size=padded,
+        intermediate_size=size("intermediate_size", 4 * n_embd),
+        block_size=context_limit(module),
+        block_params=block,
+        non_block_params=max(sum(counts.values()) - block * n_layer, 0),
+    )
+
+
+# --------------------------------------------------------------------------- LitGPT
+
+
+def _litgpt(config_name: str) -> tuple[type[nn.Module], Any]:
+    """LitGPT's GPT class and the named config; errors name the extra and the name."""
+    try:
+        from litgpt.config import Config
+        from litgpt.model import GPT
+    except ImportError as error:
+        raise ImportError(
+            f"model {LITGPT_PREFIX}{config_name} needs LitGPT ({LITGPT_EXTRA}): {error}"
+        ) from error
+    try:
+        return GPT, Config.from_name(config_name)
+    except ValueError as error:
+        raise ValueError(
+            f"model {LITGPT_PREFIX}{config_name}: {error} (litgpt.config.name_to_config)"
+        ) from None
+
+
+def litgpt_shape(config_name: str) -> ModelShape:
+    """The shape of LitGPT's model for `config_name`, counted on the meta device (no memory)."""
+    gpt, config = _litgpt(config_name)
+    with torch.device("meta"):
+        module = gpt(config)
+    return measure_shape(module, _units_of(module, config_name, None))
+
+
+def build_litgpt(
+    config_name: str, seed: int, device: torch.device, dtype: torch.dtype
+) -> nn.Module:
+    """LitGPT's own GPT for `config_name`, weights from `seed` alone: no download, no checkpoint.
+
+    Built on meta and materialised once in `dtype`; its only buffers, the rope tables, are
+    rebuilt with the caches. A config whose modules keep other buffers is built eagerly instead,
+    so that they hold what LitGPT puts there.
+    """
+    gpt, config = _litgpt(config_name)
+    with torch.device("meta"):
+        module = gpt(config)
+    if any(n not in ("cos", "sin") for n, _ in module.named_buffers()):
+        torch.manual_seed(seed)
+        with torch.device(device):
+            module = gpt(config)
+        module = module.to(dtype=dtype)
+    else:
+        module = module.to(dtype=dtype).to_empty(device=device)
+        cos, sin = module.rope_cache(device=device)
+        module.register_buffer("cos", cos.to(dtype), persistent=False)
+        module.register_buffer("sin", sin.to(dtype), persistent=False)
+    init_from_seed(module, seed)
+    return module.eval()
+
+
+def _param_seed(seed: int, name: str) -> int:
+    # A keyed digest, not hash() (salted per interpreter); low 32 bits depend on both inputs,
+    # since the CPU generator only uses those.
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+@torch.no_grad()
+def init_from_seed(module: nn.Module, seed: int) -> None:
+    """Every parameter from (seed, its name) alone: biases 0, other vectors (norm scales) 1,
+    matrices N(0, 0.02) drawn in float32; the same whatever the build order, device history or
+    dtype, so every rank and every copy holds the same weights without a broadcast."""
+    for name, p in module.named_parameters():
+        if name.rsplit(".", 1)[-1] == "bias":
+            p.zero_()
+        elif p.dim() < 2:
+            p.fill_(1.0)
+        else:
+            generator = torch.Generator(device=p.device)
+            generator.manual_seed(_param_seed(seed, name))
+            draw = torch.empty(p.shape, dtype=torch.float32, device=p.device)
+            p.copy_(draw.normal_(0.0, 0.02, generator=generator))

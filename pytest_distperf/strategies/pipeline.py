@@ -1,0 +1,119 @@
+"""Pipeline parallelism over all ranks (`pipeline`): LitGPT's sequentially.py layer split,
+across processes.
+
+Each rank holds a contiguous group of blocks; every forward passes the activation rank to rank
+with torch.distributed send/recv, and the last rank samples and sends the token back. One
+stream, so at batch 1 no stage overlaps another. Not a Fabric strategy: Fabric only launches
+and fences the ranks, the record's `wrap` splits the model
+(`distperf_model.parallelize.PipelineStage`) and its `next_token` decodes across the stages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pytest_distperf.perfmodel.calibration import MessageSizes
+from pytest_distperf.perfmodel.terms import GB, StrategyCost
+from pytest_distperf.strategies.record import (
+    CPU_AND_CUDA,
+    BuildContext,
+    StrategyRecord,
+    model_parallel,
+)
+from pytest_distperf.strategies.tp import activation_bytes
+
+if TYPE_CHECKING:
+    from distperf_model.config import Config
+
+    from pytest_distperf.perfmodel.terms import StrategyInput
+
+TOKEN_BYTES = 8  # one int64 token id per batch row
+
+
+def _build(context: BuildContext) -> Any:
+    return "auto"  # only launches the ranks and gives the barrier; the model is not set up
+
+
+def _wrap(model: Any, context: BuildContext) -> Any:
+    from distperf_model.parallelize import PipelineStage
+
+    return PipelineStage(model, context.rank, context.devices, context.comm_delay_s)
+
+
+def _next_token(module: Any, idx: Any, input_pos: Any) -> Any:
+    return module.next_token(idx, input_pos)
+
+
+def _describe_sharding(fabric: Any, module: Any) -> str:
+    return module.describe()
+
+
+def check(config: Config, devices: int) -> str | None:
+    """Every stage needs at least one block."""
+    if config.n_layer < devices:
+        return (
+            f"strategy 'pipeline' gives every rank at least one block: n_layer="
+            f"{config.n_layer} is fewer than {devices} ranks"
+        )
+    return None
+
+
+def cost(x: StrategyInput) -> StrategyCost:
+    n = x.devices
+    activation = activation_bytes(x.config, x.dtype_bytes, x.batch_size)
+    token = x.batch_size * TOKEN_BYTES
+    on_transfer, on_latency = x.links.p2p_time(activation)
+    back_transfer, back_latency = x.links.p2p_time(token)
+    hops = n - 1
+    if x.links.p2p_measured:
+        basis = "pipeline hops: send/recv measured in the ranks"
+    else:
+        basis = (
+            "pipeline hops: no send/recv measured; each at the link's all-gather bus bandwidth "
+            f"({x.links.busbw / GB:.3g} GB/s) and small-collective latency "
+            f"({x.links.latency_s * 1e6:.3g} us), which errs slow"
+        )
+    return StrategyCost(
+        f"pipeline {n} stages (send/recv)",
+        {
+            "p2p": hops * on_transfer + back_transfer,
+            "latency": hops * on_latency + back_latency,
+        },
+        {"p2p_bytes": float(hops * activation + token)},
+        hops + 1,
+        activation,
+        (
+            f"pipeline: the whole model's compute in turn, {hops} hop(s) of the {activation} B "
+            f"activation and the {token} B token back per token; one stream, so no stage "
+            "overlaps another",
+            basis,
+        ),
+        overlappable=False,
+        message_op="p2p",
+    )
+
+
+def _message_sizes(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+    hops = (batch * TOKEN_BYTES, activation_bytes(config, dtype_bytes, batch))
+    return MessageSizes((), (), tuple(sorted(set(hops))))
+
+
+RECORDS = (
+    StrategyRecord(
+        name="pipeline",
+        description="pipeline over all ranks: contiguous blocks per rank, activations "
+        "sent rank to rank",
+        family="pipeline",
+        sharded=True,
+        build=_build,
+        cost=cost,
+        replicas=model_parallel,
+        message_sizes=_message_sizes,
+        runs_on=CPU_AND_CUDA,
+        min_ranks=1,  # one rank is the whole model, as every strategy on one device
+        describe_sharding=_describe_sharding,
+        wrap=_wrap,
+        next_token=_next_token,
+        check=check,
+    ),
+)

@@ -1,0 +1,143 @@
+"""Tensor parallelism over all ranks (`tp`), as LitGPT's generate/tp.py does it.
+
+Attention heads and the MLP's hidden dimension are split across the ranks (column-wise in,
+row-wise out), so every block all-reduces its activation twice: after attention and after the
+MLP; the embedding and the head stay whole on every rank. Built with Fabric's
+`ModelParallelStrategy` (data_parallel_size=1) and DTensor's `parallelize_module`; the placement
+is `distperf_model.parallelize.tensor_parallel`, or the marker's `tp_plan`. Builds import torch
+lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pytest_distperf.perfmodel.calibration import MessageSizes
+from pytest_distperf.perfmodel.terms import StrategyCost
+from pytest_distperf.strategies.record import (
+    CPU_AND_CUDA,
+    BuildContext,
+    StrategyRecord,
+    model_parallel,
+)
+
+if TYPE_CHECKING:
+    from distperf_model.config import Config
+
+    from pytest_distperf.perfmodel.terms import StrategyInput
+
+
+def _build(context: BuildContext) -> Any:
+    from lightning.fabric.strategies import ModelParallelStrategy
+
+    return ModelParallelStrategy(
+        parallelize_fn=partial(_parallelize, context.tp_plan, context.comm_delay_s),
+        data_parallel_size=1,
+        tensor_parallel_size=context.devices,
+    )
+
+
+def _parallelize(plan: str | None, comm_delay_s: float, model: Any, device_mesh: Any) -> Any:
+    from distperf_model.parallelize import delay_row_parallel_outputs, tensor_parallel, tp_mesh
+
+    if plan is None:
+        model = tensor_parallel(model, device_mesh)
+    else:
+        model = load_plan(plan)(model, tp_mesh(device_mesh))
+    if comm_delay_s and not delay_row_parallel_outputs(model, comm_delay_s):
+        raise ValueError("comm_delay: the tensor-parallel plan left no row-wise (DTensor) linear")
+    return model
+
+
+def load_plan(plan: str) -> Any:
+    """The function `plan` ("package.module:function") names, or an error that names it."""
+    module_name, _, function = plan.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"tp_plan={plan!r}: {type(error).__name__}: {error}") from None
+    if not callable(found):
+        raise ValueError(f"tp_plan={plan!r} is not a function (model, tp_mesh) -> model")
+    return found
+
+
+def _describe_sharding(fabric: Any, module: Any) -> str:
+    from distperf_model.parallelize import describe_tensor_parallel
+
+    return describe_tensor_parallel(getattr(module, "module", module))
+
+
+def check(config: Config, devices: int) -> str | None:
+    """Heads, query groups and the MLP's width must split evenly over the ranks."""
+    for what in ("n_head", "n_query_groups", "intermediate_size"):
+        size = getattr(config, what)
+        if size % devices:
+            return (
+                f"strategy 'tp' splits attention heads and the MLP's hidden dimension over the "
+                f"ranks: {what}={size} is not divisible by {devices} ranks"
+            )
+    return None
+
+
+def compute_share(x: StrategyInput) -> float:
+    """Share of the bytes a rank streams per token: its 1/N of the blocks' weights and of the
+    KV cache (its heads' groups), and the head whole, since every rank keeps it."""
+    cfg = x.config
+    blocks = cfg.n_layer * cfg.block_param_count() * x.dtype_bytes
+    head = cfg.padded_vocab_size * cfg.n_embd * x.dtype_bytes
+    kv = 2 * x.batch_size * cfg.n_query_groups * cfg.head_size * x.seq_length * x.dtype_bytes
+    kv *= cfg.n_layer
+    return ((blocks + kv) / x.devices + head) / (blocks + kv + head)
+
+
+def activation_bytes(config: Config, dtype_bytes: int, batch: int) -> int:
+    """One decode step's activation, batch x 1 x n_embd: what each all-reduce (or hop) moves."""
+    return batch * config.n_embd * dtype_bytes
+
+
+def cost(x: StrategyInput) -> StrategyCost:
+    size = activation_bytes(x.config, x.dtype_bytes, x.batch_size)
+    count = 2 * x.config.n_layer
+    transfer, latency = x.links.collective_time("all_reduce", size, x.devices)
+    share = compute_share(x)
+    return StrategyCost(
+        f"TP {x.devices}-way (DTensor)",
+        {"all_reduce": count * transfer, "latency": count * latency},
+        {"all_reduce_bytes": float(count * size)},
+        count,
+        size,
+        (
+            f"TP: every rank streams 1/{x.devices} of the blocks and of the KV cache, and the "
+            "head whole (replicated, as in LitGPT's tp.py)",
+            f"TP: 2 all-reduces per block ({count} per token) of the {size} B activation, each "
+            "the next layer's input, so nothing hides behind them",
+        ),
+        compute_share=share,
+        overlappable=False,
+        message_op="all_reduce",
+    )
+
+
+def _message_sizes(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+    return MessageSizes((), (activation_bytes(config, dtype_bytes, batch),))
+
+
+RECORDS = (
+    StrategyRecord(
+        name="tp",
+        description="tensor parallel over all ranks: heads and MLP split, 2 all-reduces "
+        "per block (DTensor)",
+        family="tp",
+        sharded=True,
+        build=_build,
+        cost=cost,
+        replicas=model_parallel,
+        message_sizes=_message_sizes,
+        runs_on=CPU_AND_CUDA,
+        min_ranks=1,  # one rank is the whole model, as every strategy on one device
+        describe_sharding=_describe_sharding,
+        check=check,
+    ),
+)

@@ -1,0 +1,62 @@
+"""The compiled decode step on CPU ranks (inductor): same tokens as eager, compile time apart.
+
+Compiling on a 2-core CPU takes about a minute even for the tiny model, so this is one session
+behind the `slow` marker (CI runs it).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import json
+
+        import pytest
+
+        @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+        @pytest.mark.distperf(model="tiny", max_new_tokens=5, efficiency=0.05)
+        def test_x(distperf, compiled, request):
+            distperf.workload = type(distperf.workload)(
+                **{**distperf.workload.params(), "compile": compiled}
+            )
+            result = distperf.run()
+            out = request.config.rootpath / f"{'compiled' if compiled else 'eager'}.json"
+            out.write_text(json.dumps({"tokens": result.tokens, "how": result.ranks[0].compiled}))
+        """
+    )
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(
+        "--distperf-devices=2", "--distperf-repeats=2", f"--distperf-json={report}"
+    )
+    result.assert_outcomes(passed=2)
+    eager = json.loads((pytester.path / "eager.json").read_text())
+    compiled = json.loads((pytester.path / "compiled.json").read_text())
+    assert compiled["tokens"] == eager["tokens"]
+    assert eager["how"] == "" and compiled["how"].startswith("torch.compile")
+    rows = {row["test_id"].split("[")[1]: row for row in json.loads(report.read_text())["results"]}
+    assert rows["auto-2cpu-eager]"]["compile_s"] is None
+    assert rows["auto-2cpu-compiled]"]["compile_s"] > 0
+
+
+def test_bad_compile_value_names_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="tiny", compile="yes")
+        def test_x(distperf):
+            distperf.run()
+        """
+    )
+    result = pytester.runpytest("--distperf-devices=2")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*distperf(compile='yes') must be True or False*"])
