@@ -150,6 +150,7 @@ class RankResult:
     # generations); what a launch costs beyond it is the harness's own cost.
     work_s: float | None = None
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
+    reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
     compiled: str = ""  # how the decode step was compiled; "" for an eager run
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
 
@@ -221,6 +222,12 @@ class RunResult:
         """The slowest rank's time on the test itself; None from launchers that don't say."""
         times = [r.work_s for r in self.ranks if r.work_s is not None]
         return max(times) if len(times) == len(self.ranks) else None
+
+    @property
+    def reference_prefill_s(self) -> float | None:
+        """The slowest rank's prefill of the whole model alone; None when none was timed."""
+        times = [r.reference_prefill_s for r in self.ranks if r.reference_prefill_s is not None]
+        return max(times) if times else None
 
     @property
     def compile_s(self) -> float | None:

@@ -29,9 +29,18 @@ def _rank(rank: int, port: int, results: Any) -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        sizes = message_sizes(PRESETS["cpu-110m"], ["auto", "fsdp"], WORLD, 4)
+        sizes = message_sizes(PRESETS["cpu-110m"], ["auto", "fsdp", "pipeline"], WORLD, 4)
         start = time.perf_counter()
-        full = calibrate(sizes.all_gather, sizes.all_reduce, "cpu", torch.float32, 1, 3, 64 << 20)
+        full = calibrate(
+            sizes.all_gather,
+            sizes.all_reduce,
+            "cpu",
+            torch.float32,
+            1,
+            3,
+            64 << 20,
+            sizes_p2p=sizes.p2p,
+        )
         elapsed = time.perf_counter() - start
         odd = calibrate([ODD_SIZE], [ODD_SIZE], "cpu", torch.float32, 0, 1, 1 << 20)
         try:
@@ -106,6 +115,10 @@ def test_calibration_is_complete_and_follows_nccl_tests(ranks: dict[int, tuple[A
     assert 0.0 <= cal.overlap <= 1.0
     # a block's gather moves megabytes: it must take longer than the latency probe
     assert cal.time_at("all_gather", cfg.block_param_count() * 4) > cal.latency_s
+    # pipeline's hops: the token (8 B) and the activation (n_embd fp32), nccl-tests' sendrecv
+    assert [f.bytes for f in cal.p2p] == [8, cfg.n_embd * 4]
+    for f in cal.p2p:
+        assert f.time_s > 0 and f.busbw == pytest.approx(f.algbw)
 
 
 def test_sizes_round_up_to_whole_elements(ranks: dict[int, tuple[Any, ...]]) -> None:

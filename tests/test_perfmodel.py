@@ -282,9 +282,25 @@ def test_noreshard_has_no_per_token_traffic() -> None:
     assert p.terms["fsdp_overhead"] > 0
 
 
-def test_one_device_is_replicated_whatever_the_strategy() -> None:
-    p = predict(PRESETS["tiny"], "fsdp", 1, NVLINK, compute_time_s=0.01)
-    assert p.terms == {"compute": 0.01}
+def test_one_device_pays_the_wrapper_but_moves_nothing() -> None:
+    """One FSDP rank gathers from nobody, yet its per-unit hooks still run every forward."""
+    cfg = PRESETS["tiny"]
+    p = predict(cfg, "fsdp", 1, NVLINK, compute_time_s=0.01)
+    assert p.terms["all_gather"] == p.terms["latency"] == 0.0
+    assert p.terms["fsdp_overhead"] == pytest.approx((cfg.n_layer + 1) * 0.95e-3)
+    assert predict(cfg, "auto", 1, NVLINK, compute_time_s=0.01).terms == {"compute": 0.01}
+
+
+def test_the_prefill_beyond_one_step_is_spread_over_the_tokens() -> None:
+    cfg = PRESETS["tiny"]
+    plain = predict(cfg, "auto", 2, NVLINK, compute_time_s=0.01, max_new_tokens=4)
+    slow_prefill = predict(
+        cfg, "auto", 2, NVLINK, compute_time_s=0.01, max_new_tokens=4, prefill_time_s=0.05
+    )
+    assert slow_prefill.terms["prefill"] == pytest.approx((0.05 - 0.01) / 4)
+    # the rate a 4-token generation reaches: 4 tokens over prefill + 3 steps
+    assert slow_prefill.tokens_per_sec == pytest.approx(4 / (0.05 + 3 * 0.01))
+    assert "prefill" not in plain.terms
 
 
 def test_collectives_scale_with_the_group_size() -> None:

@@ -92,6 +92,7 @@ class Gate:
             max_new_tokens=workload.max_new_tokens,
             dtype_bytes=PRECISION_BYTES[workload.precision],
             compute_time_s=result.reference_token_s,
+            prefill_time_s=result.reference_prefill_s,
         )
         return prediction, ""
 

@@ -185,8 +185,11 @@ def plot_report(bars: Sequence[ResultBar], out: str | Path, title: str = "") -> 
         figures = [b.tokens_per_sec for b in mine] + [b.predicted or 0 for b in mine]
         positive = [f for f in figures if f > 0]
         if max(positive) / min(positive) > 20:  # far-apart rates: each readable on a log axis
+            from matplotlib.ticker import FuncFormatter
+
             ax.set_yscale("log")
             ax.set_ylim(min(positive) / 4, max(positive) * 4)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
         else:
             ax.set_ylim(0, max(positive) * 1.3)
         ax.set_ylabel("tokens/sec")
@@ -267,9 +270,9 @@ def plot_history(histories: Sequence[History], out: str | Path, title: str = "")
             else "the latest repeats"
         )
         ax.axhspan(low, high, color="#2ca02c", alpha=0.15, label="tolerance band (next run)")
-        level = "level (median of the runs)" if len(runs) >= 3 else "level (latest run)"
-        ax.axhline(history.level, color="#2ca02c", linestyle="--", linewidth=1.2, label=level)
-        ax.axhline(low, color=_THRESHOLD, linewidth=1, alpha=0.7, label="a run below fails")
+        ax.axhline(history.level, color="#2ca02c", linestyle="--", linewidth=1.2, label="level")
+        ax.axhline(low, color=_THRESHOLD, linewidth=1, alpha=0.7, label="drop beyond the tolerance")
+        level = f"median of {len(runs)} runs" if len(runs) >= 3 else "latest run"
         ax.scatter(
             [xs[-1]] * len(history.latest_samples),
             history.latest_samples,
@@ -283,11 +286,12 @@ def plot_history(histories: Sequence[History], out: str | Path, title: str = "")
         ax.set_xlim(0.5, len(runs) + 0.5)
         top = max(high, *runs, *history.latest_samples)
         ax.set_ylim(min(low, *runs, *history.latest_samples) * 0.85, top * 1.1)
-        ax.set_xlabel("baseline refresh")
+        ax.set_xlabel("recorded run (oldest first)")
         ax.set_ylabel("tokens/sec")
         name = history.test_id if len(keys) == 1 else f"{history.test_id} ({history.topology_key})"
         ax.set_title(
-            f"{_short(name)}\ntolerance ±{history.tolerance:.0%} from {source}",
+            f"{_short(name)}\nlevel {_rate(history.level)} tok/s ({level}), "
+            f"tolerance ±{history.tolerance:.0%} from {source}",
             fontsize=9,
             loc="left",
         )

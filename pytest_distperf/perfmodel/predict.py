@@ -126,16 +126,18 @@ def predict(
     dtype_bytes: int = 2,
     compute_time_s: float | None = None,
     overheads: Overheads = DEFAULT_OVERHEADS,
+    prefill_time_s: float | None = None,
 ) -> Prediction:
     """Predicted tokens/sec of one rank's stream under `strategy` on `devices` devices.
 
     `compute_time_s`: the measured single-rank time per token (docs/perfmodel.md, compute);
     without it the compute comes from the memory bandwidth in `links` (a roofline). On one
-    device every strategy is one whole model in one process: the replicated cost.
+    device a strategy still pays its wrapper's own costs (FSDP's per-unit hooks), with no
+    traffic. `prefill_time_s`: the measured single-rank prefill; the rate counts the prefill's
+    token, so what the prefill costs beyond one step is spread over the generation's tokens.
     """
     # At call time: the strategy modules import this package's terms.
     from pytest_distperf.strategies import get_strategy
-    from pytest_distperf.strategies.replicated import replicated_cost
 
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
@@ -158,13 +160,21 @@ def predict(
         overheads,
     )
     terms, moved, notes = _compute_terms(x, compute_time_s)
-    cost = record.cost(x) if devices > 1 else replicated_cost(x)
+    cost = record.cost(x)
     if cost.compute_share != 1.0:
         own = "compute" if "compute" in terms else "weights"
         terms[own] *= cost.compute_share
         notes += (f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",)
     terms.update(cost.terms)
     moved.update(cost.bytes_per_token)
+    if prefill_time_s is not None and compute_time_s is not None:
+        extra = (prefill_time_s - compute_time_s) * cost.compute_share / max_new_tokens
+        if extra > 0:
+            terms["prefill"] = extra
+            notes += (
+                f"prefill: measured {_ms(prefill_time_s)}, its excess over one step "
+                f"spread over {max_new_tokens} tokens",
+            )
     hidden = _hidden_by_overlap(terms, links.overlap) if cost.overlappable else 0.0
     if hidden:
         terms["overlap"] = -hidden

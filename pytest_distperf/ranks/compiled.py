@@ -55,7 +55,7 @@ def compile_decode_step(
         mode = "reduce-overhead" if cuda else None
         compiled = torch.compile(decode_one_token, mode=mode, fullgraph=True, dynamic=False)
         how = f"torch.compile {mode or 'default'}, fullgraph, on the module the wrapper holds"
-        return CompiledStep(lambda model, idx, pos: compiled(inner, idx, pos), how)
+        return CompiledStep(_graph_safe(lambda model, idx, pos: compiled(inner, idx, pos)), how)
     mode = "max-autotune-no-cudagraphs" if cuda else None
     compiled = torch.compile(decode_one_token, mode=mode, dynamic=False)
     how = f"torch.compile {mode or 'default'}, graph breaks at the wrapper's hooks, no CUDA graphs"
@@ -66,12 +66,21 @@ def compile_bare_step(bare: torch.nn.Module, device: torch.device) -> Step:
     """The bare model's step, compiled as a replicated one: what the wrapper is measured against."""
     mode = "reduce-overhead" if device.type == "cuda" else None
     compiled = torch.compile(decode_one_token, mode=mode, fullgraph=True, dynamic=False)
-    return lambda model, idx, pos: compiled(bare, idx, pos)
+    return _graph_safe(lambda model, idx, pos: compiled(bare, idx, pos))
 
 
-def settle(
-    step: Step, model: Any, prompt: torch.Tensor, sync: Callable[[], None]
-) -> float:
+def _graph_safe(step: Step) -> Step:
+    """A CUDA graph's output lives in memory its next replay overwrites, and each step's token
+    is the next step's input: mark each call as a new step and keep a copy of its token."""
+
+    def call(model: Any, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(model, idx, pos).clone()
+
+    return call
+
+
+def settle(step: Step, model: Any, prompt: torch.Tensor, sync: Callable[[], None]) -> float:
     """Compile and warm `step` up on `model` (its KV cache set up); the seconds it took."""
     batch, prompt_length = prompt.shape
     token = prompt[:, -1:]  # [B, 1]

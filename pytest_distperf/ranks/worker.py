@@ -259,7 +259,13 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
         model_shape=shape,
         compile_s=compile_s,
         compiled=compile_how,
+        reference_prefill_s=_median_prefill(bare_samples),
     )
+
+
+def _median_prefill(samples: list[Sample]) -> float | None:
+    prefills = [s.ttft_s for s in samples if s.ttft_s is not None]
+    return statistics.median(prefills) if prefills else None
 
 
 def _compiled_steps(

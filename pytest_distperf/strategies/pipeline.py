@@ -62,9 +62,10 @@ def cost(x: StrategyInput) -> StrategyCost:
     n = x.devices
     activation = activation_bytes(x.config, x.dtype_bytes, x.batch_size)
     token = x.batch_size * TOKEN_BYTES
-    on_transfer, on_latency = x.links.p2p_time(activation)
-    back_transfer, back_latency = x.links.p2p_time(token)
     hops = n - 1
+    on_transfer, on_latency = x.links.p2p_time(activation) if hops else (0.0, 0.0)
+    # One stage keeps its token: there is no hop back either.
+    back_transfer, back_latency = x.links.p2p_time(token) if hops else (0.0, 0.0)
     if x.links.p2p_measured:
         basis = "pipeline hops: send/recv measured in the ranks"
     else:

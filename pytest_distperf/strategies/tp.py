@@ -104,7 +104,11 @@ def cost(x: StrategyInput) -> StrategyCost:
     share = compute_share(x)
     return StrategyCost(
         f"TP {x.devices}-way (DTensor)",
-        {"all_reduce": count * transfer, "latency": count * latency},
+        {
+            "all_reduce": count * transfer,
+            "latency": count * latency,
+            "tp_overhead": x.config.n_layer * x.overheads.tp_layer_s,
+        },
         {"all_reduce_bytes": float(count * size)},
         count,
         size,
@@ -113,6 +117,8 @@ def cost(x: StrategyInput) -> StrategyCost:
             "head whole (replicated, as in LitGPT's tp.py)",
             f"TP: 2 all-reduces per block ({count} per token) of the {size} B activation, each "
             "the next layer's input, so nothing hides behind them",
+            f"TP per-block overhead {x.overheads.tp_layer_s * 1e3:g} ms x {x.config.n_layer} "
+            "blocks (DTensor dispatch, eager)",
         ),
         compute_share=share,
         overlappable=False,

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One call on a 1 x H200 machine: the example suite through the rank pool (eager), compiled
+# llama-2-7b against the copy bandwidth, LitGPT pythia-1b, tp/pipeline on one rank.
+#   bash docs/benchmarks/gpu/run_1gpu.sh            # writes logs and JSON under $OUT
+set -uo pipefail
+OUT=${OUT:-/tmp/distperf-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then  # litgpt and what it imports that the image lacks
+  python3 -c "import psutil" 2>/dev/null && rm -f .whl/psutil-*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
+  python3 -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'lightning', lightning.__version__)"
+  python3 -c "import litgpt; print('litgpt', litgpt.__version__)" 2>&1 | tail -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+common=(-p no:cacheprovider --distperf-devices 1 --distperf-accelerator cuda --distperf-timeout 400)
+step() { local name=$1; shift; local t0=$SECONDS
+  python3 -m pytest "${common[@]}" --distperf-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name rc=$? $((SECONDS - t0)) s"; grep -E '^ +[0-9.]+ +|passed|failed|skipped' "$OUT/$name.log" | tail -16; }
+step suite-eager examples
+step llama-compiled examples/gpu -k "llama and auto" --distperf-compile
+step litgpt-pythia-1b docs/benchmarks/gpu/test_litgpt_1gpu.py
+step tp-pipeline-1 docs/benchmarks/gpu/test_one_rank_strategies.py
