@@ -47,7 +47,7 @@ def calibrate(
     dtype: torch.dtype,
     warmup: int = 1,
     iters: int = 3,
-    copy_bytes: int = 64 * 1024 * 1024,
+    copy_bytes: int | None = None,
     sizes_p2p: Sequence[int] = (),
 ) -> Calibration:
     """Measure collectives and memory bandwidth in every rank; every rank returns the same value.
@@ -116,6 +116,8 @@ def calibrate(
         )
         del message
 
+    if copy_bytes is None:
+        copy_bytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
     copy_bytes = max(1, int(copy_bytes))
     copy_time, fresh_copy_time = _copy_times(copy_bytes, device, sync, barrier, warmup, iters)
     overlap_times = (0.0, 0.0, 0.0)
@@ -225,6 +227,12 @@ def _ring_hop(message: torch.Tensor) -> None:
 
 def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(src).copy_(src)
+
+
+# A host-timed copy must last far longer than a launch and a sync: on a GPU, a small copy's time
+# is mostly that overhead and its bandwidth reads low (docs/benchmarks/h200-2026-12-01-compiled.md).
+GPU_COPY_BYTES = 1 << 30
+CPU_COPY_BYTES = 64 << 20
 
 
 def _copy_bandwidth(nbytes: int, seconds: float) -> float:
