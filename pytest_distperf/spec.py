@@ -12,7 +12,7 @@ How tokens/sec is counted
 * `aggregate_tokens_per_sec` counts every independent stream: with data-parallel strategies
   (auto, ddp, and the fsdp family, which shard storage but still give every rank its own batch)
   each rank decodes its own stream, so the aggregate is `replicas x tokens_per_sec`. A
-  model-parallel strategy (tensor or pipeline parallel) would decode one stream across its
+  model-parallel strategy (tensor or pipeline parallel) decodes one stream across its
   group, so its `replicas` is devices / group size.
 """
 
@@ -53,7 +53,7 @@ class Workload:
     precision: str = "fp32"
     seed: int = 1234
     # Fraction by which to slow every timed generation, for proving that verdicts can fail.
-    # 0 unless asked for; see README "Proving a gate can fail".
+    # 0 unless asked for; see docs/gates.md, "Proving a gate can fail".
     slowdown: float = 0.0
     generate: str | None = None
     shard_unit: str | None = None
