@@ -1,7 +1,8 @@
 """Soak of the rank pool: 200 tests in one session, a rank exception every 50 tests.
 
-Generates a suite (tiny model, two strategies, 100 parameters each) in which parameters 49 and 99
-build a model that raises on rank 1, runs it in one pytest session on CPU ranks, and samples
+Generates a suite of four blocks of 50 tests (tiny model; `auto` and `fsdp-noreshard`), each
+block holding one test whose model raises on rank 1, runs it in one pytest session on CPU ranks,
+and samples
 after every test: the pytest process's RSS and open files, its live child processes and their
 RSS. Prints the outcome counts and the levels after test 10 against the end; writes every sample
 as JSON lines with --samples.
@@ -35,18 +36,27 @@ def raising(seed, device, dtype):
 SUITE = """
 import pytest
 
-FAILING = {49, 99}
-PARAMS = [
-    pytest.param(n, marks=pytest.mark.distperf(model="soakmod:raising")) if n in FAILING else n
-    for n in range(100)
-]
+# Four blocks of 50 tests: 48 healthy (24 x two strategies), one whose rank 1 raises, one more
+# healthy test, so one injected failure every 50 tests.
+for block in range(4):
+    @pytest.mark.strategy("auto", "fsdp-noreshard")
+    @pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.05)
+    @pytest.mark.parametrize("n", range(24))
+    def test_healthy(distperf, n):
+        distperf.run()
 
+    @pytest.mark.distperf(model="soakmod:raising", max_new_tokens=4, efficiency=0.05)
+    def test_injected(distperf):
+        distperf.run()
 
-@pytest.mark.strategy("auto", "fsdp-noreshard")
-@pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.05)
-@pytest.mark.parametrize("n", PARAMS)
-def test_soak(distperf, n):
-    distperf.run()
+    @pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.05)
+    def test_after(distperf):
+        distperf.run()
+
+    globals()[f"test_{block}_healthy"] = test_healthy
+    globals()[f"test_{block}_injected"] = test_injected
+    globals()[f"test_{block}_after"] = test_after
+del test_healthy, test_injected, test_after
 """
 
 SAMPLER = """

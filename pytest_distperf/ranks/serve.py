@@ -118,6 +118,29 @@ def _join_group(place: RankPlace) -> None:
     # Imported now, once, so that the first test does not pay for it.
     import lightning.fabric  # noqa: F401
 
+    _reuse_device_meshes()
+
+
+def _reuse_device_meshes() -> None:
+    """Give every test of this pool the same DeviceMesh per shape.
+
+    Fabric's ModelParallelStrategy builds a new mesh in each test's setup, and each new mesh makes
+    new process groups (sockets and threads that live until the process ends), so a long session
+    would grow without bound. The groups of one shape are the same for every test: keep them.
+    """
+    from lightning.fabric.strategies import model_parallel
+
+    build = model_parallel._setup_device_mesh
+    meshes: dict[tuple[int, int, int, str], object] = {}
+
+    def cached(data_parallel: int, tensor_parallel: int, world_size: int, device: object) -> object:
+        key = (data_parallel, tensor_parallel, world_size, str(getattr(device, "type", device)))
+        if key not in meshes:
+            meshes[key] = build(data_parallel, tensor_parallel, world_size, device)
+        return meshes[key]
+
+    model_parallel._setup_device_mesh = cached
+
 
 def _free_test_state(accelerator: str) -> None:
     """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks, and
