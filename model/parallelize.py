@@ -1,6 +1,6 @@
 """Parallelism applied to a built model, kept out of model.py (the torchtitan split).
 
-FSDP2 per block; tensor parallelism with DTensor on LitGPT's module names; pipeline stages of
+FSDP2 per block; tensor parallelism by hand on LitGPT's module names; pipeline stages of
 contiguous blocks that pass activations rank to rank. Each works on the reference GPT and on
 LitGPT's GPT as they are (both name their parts `transformer.wte/h/ln_f` and `lm_head`).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -58,23 +59,41 @@ def tp_mesh(device_mesh: Any) -> Any:
     return device_mesh["tensor_parallel"] if "tensor_parallel" in names else device_mesh
 
 
+@dataclass(frozen=True)
+class LinearSplit:
+    """How `tensor_parallel` split one linear by hand; what the sharding description and the
+    communication slow-down read, where a DTensor plan has placements instead."""
+
+    style: str  # "colwise": this rank's output rows; "rowwise": its input columns, all-reduced
+    ways: int  # ranks in the tensor-parallel group
+
+
+# The attribute a split linear carries its LinearSplit in.
+SPLIT_ATTR = "distperf_tp_split"
+# Where a row-wise linear keeps its whole bias: out of nn.Linear's reach, so that the forward
+# hook adds it once, after the all-reduce (sum of the partial products, then the bias).
+ROWWISE_BIAS = "bias_after_all_reduce"
+
+
 def tensor_parallel(model: nn.Module, device_mesh: Any) -> nn.Module:
-    """LitGPT's tensor parallelism (litgpt/generate/tp.py), built with DTensor.
+    """LitGPT's tensor parallelism (litgpt/generate/tp.py), done by hand as that file does it.
 
     In every block the fused q/k/v and the MLP's input projections are split column-wise (by
     heads and by the hidden dimension) and the two output projections row-wise, so each block
     all-reduces twice: after attention and after the MLP. The embedding, the norms and the head
     stay whole on every rank, as in LitGPT, so every rank samples the same token.
-    """
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
+    Each split linear keeps plain tensors, this rank's slice of the whole, and a row-wise one
+    sums its output over the group in a forward hook. Not DTensor's `parallelize_module`: its
+    eager dispatch around every sharded linear made tp on one H200 rank much slower
+    than the plain model (docs/benchmarks/h200-2026-12-01-pool.md). On one rank nothing is
+    split and no hook is added: the model is the plain one.
+    """
     root, heads_on = _tp_root(model)
     mesh = tp_mesh(device_mesh)
     n = mesh.size()
+    rank = mesh.get_local_rank() if n > 1 else 0
+    group = mesh.get_group() if n > 1 else None
     local_configs: dict[int, Any] = {}
     for i, block in enumerate(root.transformer.h):
         attn, mlp = block.attn, block.mlp
@@ -86,19 +105,50 @@ def tensor_parallel(model: nn.Module, device_mesh: Any) -> nn.Module:
         for what, size in (("n_head", heads), ("n_query_groups", groups), ("MLP width", width)):
             if size % n:
                 raise ValueError(f"tp: {what}={size} is not divisible by {n} ranks")
-        if qkv_name == "qkv":
+        if qkv_name == "qkv" and n > 1:
             _group_qkv_by_rank(attn.qkv, heads, groups, n)
-        # Every rank built the same weights from the seed: each keeps its shard, nothing is sent.
-        parallelize_module(
-            attn,
-            mesh,
-            {qkv_name: ColwiseParallel(), "proj": RowwiseParallel()},
-            src_data_rank=None,
-        )
-        plan = {name: ColwiseParallel() for name in mlp_in}
-        parallelize_module(mlp, mesh, {**plan, "proj": RowwiseParallel()}, src_data_rank=None)
-        _set_local_heads(attn, heads_on, heads // n, groups // n, local_configs)
+        # Every rank built the same weights from the seed: each keeps its slice, nothing is sent.
+        for linear in [getattr(attn, qkv_name)] + [getattr(mlp, name) for name in mlp_in]:
+            _split_linear(linear, "colwise", rank, n, group)
+        for linear in (attn.proj, mlp.proj):
+            _split_linear(linear, "rowwise", rank, n, group)
+        if n > 1:
+            _set_local_heads(attn, heads_on, heads // n, groups // n, local_configs)
     return model
+
+
+def _split_linear(linear: nn.Linear, style: str, rank: int, n: int, group: Any) -> None:
+    """Keep this rank's contiguous slice of `linear` (its output rows, or its input columns)."""
+    setattr(linear, SPLIT_ATTR, LinearSplit(style, n))
+    if n == 1:
+        return
+    dim = 0 if style == "colwise" else 1
+    # A copy, not a view: a view would keep the whole weight's storage alive.
+    shard = linear.weight.chunk(n, dim)[rank].clone()
+    linear.weight = nn.Parameter(shard, requires_grad=linear.weight.requires_grad)
+    bias = linear.bias
+    if style == "colwise":
+        linear.out_features = shard.shape[0]
+        if bias is not None:
+            linear.bias = nn.Parameter(bias.chunk(n)[rank].clone(), bias.requires_grad)
+        return
+    linear.in_features = shard.shape[1]
+    if bias is not None:
+        linear.register_parameter("bias", None)
+        linear.register_parameter(ROWWISE_BIAS, bias)
+    linear.register_forward_hook(partial(_all_reduce_output, group))
+
+
+def _all_reduce_output(group: Any, module: nn.Module, args: Any, output: Tensor) -> Tensor:
+    """Sum a row-wise linear's partial output over the group, then add its bias once."""
+    if torch.compiler.is_compiling():
+        from torch.distributed._functional_collectives import all_reduce
+
+        output = all_reduce(output, "sum", group)  # traceable into the compiled graph
+    else:
+        torch.distributed.all_reduce(output, group=group)  # in place: the least host work
+    bias = getattr(module, ROWWISE_BIAS, None)
+    return output if bias is None else output + bias
 
 
 def _tp_root(model: nn.Module) -> tuple[nn.Module, str]:
@@ -167,13 +217,10 @@ def _set_local_heads(
 def delay_row_parallel_outputs(model: nn.Module, seconds: float) -> int:
     """Sleep `seconds` after every row-wise linear's output all-reduce, whichever plan placed
     it (the communication-only slow-down self-check); returns how many were found."""
-    from torch.distributed.tensor import DTensor, Shard
-
     found = 0
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        placements = weight.placements if isinstance(weight, DTensor) else ()
-        if isinstance(module, nn.Linear) and (Shard(1) in placements or Shard(-1) in placements):
+        if isinstance(module, nn.Linear) and _linear_split(module) == "rowwise":
+            # Hooks run in order: after the by-hand all-reduce, or DTensor's own.
             module.register_forward_hook(partial(_sleep_after, seconds))
             found += 1
     return found
@@ -184,21 +231,45 @@ def _sleep_after(seconds: float, module: nn.Module, args: Any, output: Any) -> N
 
 
 def describe_tensor_parallel(model: nn.Module) -> str:
-    """How `model`'s linears are really split, read from their DTensor placements."""
+    """How `model`'s linears are really split: the by-hand split's marks, or the DTensor
+    placements that a plan of the user's (`tp_plan`) left."""
+    counts = {"colwise": 0, "rowwise": 0}
+    ways, dtensor = 1, False
+    for module in model.modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        style = _linear_split(module)
+        if style is None:
+            continue
+        counts[style] += 1
+        split = getattr(module, SPLIT_ATTR, None)
+        if split is not None:
+            ways = max(ways, split.ways)
+        else:
+            ways, dtensor = max(ways, module.weight.device_mesh.size()), True
+    if not counts["colwise"] + counts["rowwise"]:
+        return "replicated"
+    how = " DTensor" if dtensor else ""
+    return (
+        f"TP {ways}-way{how}: {counts['colwise']} column-wise, {counts['rowwise']} row-wise linears"
+    )
+
+
+def _linear_split(linear: nn.Linear) -> str | None:
+    """The split's style ("colwise", "rowwise") from the by-hand mark or the weight's DTensor
+    placement; None for a whole linear."""
+    split = getattr(linear, SPLIT_ATTR, None)
+    if split is not None:
+        return split.style
     from torch.distributed.tensor import DTensor, Shard
 
-    colwise = rowwise = 0
-    ways = 1
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if isinstance(module, nn.Linear) and isinstance(weight, DTensor):
-            ways = max(ways, weight.device_mesh.size())
-            dims = {p.dim for p in weight.placements if isinstance(p, Shard)}
-            colwise += 0 in dims
-            rowwise += bool(dims & {1, -1})
-    if not colwise + rowwise:
-        return "replicated"
-    return f"TP {ways}-way DTensor: {colwise} column-wise, {rowwise} row-wise linears"
+    weight = linear.weight
+    if not isinstance(weight, DTensor):
+        return None
+    dims = {p.dim for p in weight.placements if isinstance(p, Shard)}
+    if dims & {1, -1}:
+        return "rowwise"
+    return "colwise" if 0 in dims else None
 
 
 # --------------------------------------------------------------------------- pipeline

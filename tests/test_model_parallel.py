@@ -1,17 +1,27 @@
 """tp and pipeline without ranks: their cost terms, the checks that refuse a model they cannot
-split, the marker's tp_plan and comm_delay, point-to-point calibration figures, and a pipeline
-of one stage."""
+split, the marker's tp_plan and comm_delay, point-to-point calibration figures, a pipeline of
+one stage, and tp's by-hand split on one rank and on two ranks played by threads."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
-from distperf_model.config import PRESETS
+from distperf_model.config import PRESETS, Config
 from distperf_model.generate import generate, make_prompt
 from distperf_model.model import build_model
-from distperf_model.parallelize import PipelineStage, split_blocks, tensor_parallel
+from distperf_model.parallelize import (
+    PipelineStage,
+    delay_row_parallel_outputs,
+    describe_tensor_parallel,
+    split_blocks,
+    tensor_parallel,
+)
 from torch import nn
 
 from pytest_distperf.judge import gate
@@ -51,7 +61,7 @@ def test_tp_is_its_share_of_compute_plus_two_all_reduces_per_block() -> None:
     assert 0.25 < share < 0.27  # compute / N but for the replicated head
     assert "overlap" not in p.terms  # every all-reduce is the next layer's input
     assert p.time_per_token_s == pytest.approx(sum(p.terms.values()))
-    assert p.implementation == "TP 4-way (DTensor)"
+    assert p.implementation == "TP 4-way (by hand)"
     assert p.bandwidth_used == PHB.busbw  # nominal: the all-reduce's bus bandwidth
     assert STRATEGIES["tp"].replicas(4) == 1  # one stream over all ranks
 
@@ -188,10 +198,21 @@ def test_marker_tp_plan_and_comm_delay() -> None:
 
 
 class _Mesh:
+    """The 1-D tensor-parallel mesh as `tensor_parallel` reads it: size, rank and group."""
+
     mesh_dim_names = None
 
+    def __init__(self, ways: int = 2, rank: int = 0, group: Any = None) -> None:
+        self.ways, self.rank, self.group = ways, rank, group
+
     def size(self) -> int:
-        return 2
+        return self.ways
+
+    def get_local_rank(self) -> int:
+        return self.rank
+
+    def get_group(self) -> Any:
+        return self.group
 
 
 def test_tp_asks_for_a_plan_for_a_model_it_does_not_know() -> None:
@@ -222,3 +243,197 @@ def test_a_pipeline_of_one_stage_is_the_whole_model() -> None:
         position = position + 1
     assert torch.equal(torch.cat(tokens, dim=1), expected)
     assert stage.describe() == "pipeline 1 stages of 2 blocks (send/recv)"
+
+
+# --------------------------------------------------------------------------- tp's by-hand split
+
+GQA = Config(
+    name="gqa-llama",
+    block_size=64,
+    vocab_size=256,
+    padded_vocab_size=256,
+    n_layer=2,
+    n_head=4,
+    n_embd=64,
+    n_query_groups=2,
+    intermediate_size=128,
+    rotary_percentage=1.0,
+    parallel_residual=False,
+    bias=False,
+    norm_class="RMSNorm",
+    norm_eps=1e-5,
+    mlp_class="LLaMAMLP",
+    rope_base=10000,
+)
+
+
+def _reference(config: Config) -> Callable[[], nn.Module]:
+    return lambda: build_model(config, seed=3)
+
+
+def _litgpt_pythia() -> nn.Module:
+    from litgpt import GPT
+    from litgpt import Config as LitConfig
+
+    torch.manual_seed(3)
+    return GPT(LitConfig.from_name("pythia-14m")).eval()
+
+
+def _logits(model: nn.Module) -> torch.Tensor:
+    """Prefill and three greedy decode steps, each step's last logits [4, B, V]; the KV cache is
+    made once the model is split, as the worker makes it."""
+    if hasattr(model, "setup_caches"):
+        model.setup_caches(2, 16, device=torch.device("cpu"), dtype=torch.float32)
+    else:
+        model.set_kv_cache(batch_size=2, max_seq_length=16)
+    prompt = torch.randint(0, 200, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = [model(prompt, torch.arange(5))[:, -1]]
+        for step in range(3):
+            token = out[-1].argmax(-1, keepdim=True)
+            out.append(model(token, torch.tensor([5 + step]))[:, -1])
+    return torch.stack(out)
+
+
+class _Threads:
+    """Ranks played by threads of this process: `all_reduce` sums what every thread hands in,
+    in rank order, so each gets the same sum, as gloo's would be."""
+
+    def __init__(self, ways: int) -> None:
+        self.barrier = threading.Barrier(ways, timeout=60)
+        self.parts: list[torch.Tensor | None] = [None] * ways
+        self.calls = 0
+
+    def all_reduce(self, tensor: torch.Tensor, rank: int) -> None:
+        self.parts[rank] = tensor.clone()
+        self.calls += rank == 0
+        self.barrier.wait()
+        total = torch.stack([p for p in self.parts if p is not None]).sum(0)
+        self.barrier.wait()  # nobody hands in the next part before all have summed this one
+        tensor.copy_(total)
+
+
+class _RankGroup:
+    def __init__(self, threads: _Threads, rank: int) -> None:
+        self.threads, self.rank = threads, rank
+
+
+def _fake_all_reduce(
+    tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False
+) -> None:
+    group.threads.all_reduce(tensor, group.rank)
+
+
+def _split_in_threads(
+    make: Callable[[], nn.Module], ways: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[nn.Module], list[torch.Tensor], int]:
+    """Each rank's split model and its logits, and how many all-reduces rank 0 ran."""
+    threads = _Threads(ways)
+    monkeypatch.setattr(torch.distributed, "all_reduce", _fake_all_reduce)
+    models = [tensor_parallel(make(), _Mesh(ways, r, _RankGroup(threads, r))) for r in range(ways)]
+
+    def run(rank: int) -> torch.Tensor:
+        try:
+            return _logits(models[rank])
+        except BaseException:
+            threads.barrier.abort()  # let the other rank fail too instead of waiting
+            raise
+
+    with ThreadPoolExecutor(ways) as pool:
+        logits = list(pool.map(run, range(ways)))
+    return models, logits, threads.calls
+
+
+MODELS = {
+    "tiny": _reference(PRESETS["tiny"]),  # biases, fused qkv, GELU MLP, parallel residual
+    "gqa-llama": _reference(GQA),  # grouped queries, SwiGLU with fc_1 and fc_2, no biases
+    "litgpt-pythia-14m": _litgpt_pythia,  # LitGPT's own GPT: head counts in its config
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_tp_by_hand_on_two_ranks_gives_the_whole_models_logits(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if name.startswith("litgpt"):
+        pytest.importorskip("litgpt", reason="LitGPT is an optional extra")
+    whole_model = MODELS[name]()
+    expected = _logits(whole_model)
+    models, logits, all_reduces = _split_in_threads(MODELS[name], 2, monkeypatch)
+    for rank, got in enumerate(logits):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4, msg=f"rank {rank}")
+    blocks = len(models[0].transformer.h)
+    assert all_reduces == 4 * 2 * blocks  # prefill and 3 steps, after attention and the MLP
+    whole, block = whole_model.transformer.h[0], models[1].transformer.h[0]
+    qkv, mlp = block.attn.qkv, block.mlp
+    assert qkv.out_features == whole.attn.qkv.out_features // 2  # this rank's heads and groups
+    assert tuple(qkv.weight.shape) == (qkv.out_features, qkv.in_features)
+    assert block.attn.proj.in_features == whole.attn.proj.in_features // 2
+    assert tuple(mlp.proj.weight.shape) == (mlp.proj.out_features, mlp.proj.in_features)
+    # a row-wise bias stays whole on every rank and is added once, after the all-reduce
+    assert mlp.proj.bias is None
+    kept = getattr(mlp.proj, "bias_after_all_reduce", None)
+    if whole.mlp.proj.bias is not None:
+        assert kept is not None and torch.equal(kept, whole.mlp.proj.bias)
+    lines = 2 * blocks if name == "gqa-llama" else blocks  # fc_1 and fc_2, or fc
+    assert describe_tensor_parallel(models[0]) == (
+        f"TP 2-way: {blocks + lines} column-wise, {2 * blocks} row-wise linears"
+    )
+
+
+def test_tp_on_one_rank_is_the_plain_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_all_reduce(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("one rank all-reduced")
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", no_all_reduce)
+    expected = _logits(build_model(PRESETS["tiny"], seed=3))
+    model = build_model(PRESETS["tiny"], seed=3)
+    before = {name: (p, p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+    assert tensor_parallel(model, _Mesh(1)) is model
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()  # same count, same names: the bias where it was
+    for name, (param, pointer, values) in before.items():
+        assert after[name] is param and param.data_ptr() == pointer, name
+        assert torch.equal(param, values), name
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert model.transformer.h[0].attn.n_head == PRESETS["tiny"].n_head
+    assert torch.equal(_logits(model), expected)
+    assert describe_tensor_parallel(model) == "TP 1-way: 4 column-wise, 4 row-wise linears"
+    assert describe_tensor_parallel(build_model(PRESETS["tiny"], seed=3)) == "replicated"
+
+
+def test_comm_delay_sleeps_after_each_by_hand_all_reduce(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    models, _, _ = _split_in_threads(_reference(PRESETS["tiny"]), 2, monkeypatch)
+    model = models[0]
+    assert delay_row_parallel_outputs(model, 0.001) == 2 * PRESETS["tiny"].n_layer
+    proj = model.transformer.h[0].mlp.proj
+    hooks = [getattr(h, "func", h).__name__ for h in proj._forward_hooks.values()]
+    assert hooks == ["_all_reduce_output", "_sleep_after"]  # the sleep after the sum
+    assert not model.transformer.h[0].mlp.fc._forward_hooks  # column-wise: no collective
+
+
+def test_a_dtensor_plan_is_still_described_and_delayed() -> None:
+    """A marker's own plan may place DTensors: read from their placements (one gloo rank)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = build_model(PRESETS["tiny"], seed=3)
+        for block in model.transformer.h:
+            plan = {"fc": ColwiseParallel(), "proj": RowwiseParallel()}
+            parallelize_module(block.mlp, mesh, plan)
+        assert describe_tensor_parallel(model) == (
+            "TP 1-way DTensor: 2 column-wise, 2 row-wise linears"
+        )
+        assert delay_row_parallel_outputs(model, 0.0) == 2
+    finally:
+        dist.destroy_process_group()

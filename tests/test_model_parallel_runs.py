@@ -1,7 +1,8 @@
 """tp and pipeline on real CPU ranks (gloo): a slow-down of their communication alone fails
 their threshold while `auto` passes, a marker's own tp_plan is what runs, LitGPT's GPT by name
-decodes the same tokens under both, and the built-in plan gives one process's logits for
-LitGPT's GPT and for grouped-query attention."""
+decodes the same tokens under both, and the built-in by-hand split gives one process's logits on
+real gloo ranks for LitGPT's GPT, the reference GPT (row-wise biases) and grouped-query
+attention."""
 
 from __future__ import annotations
 
@@ -60,9 +61,9 @@ def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
     sharding = {row["test_id"].split("::")[-1]: row["implementation"]["sharding"] for row in rows}
     assert sharding == {
         "test_rate[auto-2cpu]": "replicated",
-        "test_rate[tp-2cpu]": "TP 2-way DTensor: 12 column-wise, 12 row-wise linears",
+        "test_rate[tp-2cpu]": "TP 2-way: 12 column-wise, 12 row-wise linears",
         "test_rate[pipeline-2cpu]": "pipeline 2 stages of 3+3 blocks (send/recv)",
-        # the marker's plan split only the MLPs
+        # the marker's plan split only the MLPs, with DTensor
         "test_own_plan[tp-2cpu]": "TP 2-way DTensor: 6 column-wise, 6 row-wise linears",
     }
 
@@ -81,7 +82,7 @@ def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
     )
     slowed.stdout.fnmatch_lines(
         [
-            "*tp (TP 2-way (DTensor)) on 2 device(s): measured * tok/s is below the threshold*",
+            "*tp (TP 2-way (by hand)) on 2 device(s): measured * tok/s is below the threshold*",
             "*terms: compute *, all_reduce *, latency *",
         ]
     )
@@ -109,7 +110,7 @@ def test_litgpt_by_name_gives_the_same_tokens_under_tp_and_pipeline() -> None:
     assert len(tokens) == 1  # every rank of every strategy
     assert sharding == {
         "auto": "replicated",
-        "tp": "TP 2-way DTensor: 12 column-wise, 12 row-wise linears",
+        "tp": "TP 2-way: 12 column-wise, 12 row-wise linears",
         "pipeline": "pipeline 2 stages of 3+3 blocks (send/recv)",
     }
 
@@ -142,7 +143,10 @@ def _models() -> dict[str, Any]:
         mlp_class="LLaMAMLP",
         rope_base=10000,
     )
-    models: dict[str, Any] = {"gqa-llama": lambda: build_model(gqa, seed=3)}
+    models: dict[str, Any] = {
+        "gqa-llama": lambda: build_model(gqa, seed=3),
+        "tiny": lambda: build_model(Config.from_name("tiny"), seed=3),  # row-wise biases
+    }
     try:
         from litgpt import GPT
         from litgpt import Config as LitConfig
@@ -160,7 +164,7 @@ def _models() -> dict[str, Any]:
 def _logits(name: str, model: Any) -> list[torch.Tensor]:
     """Prefill and three greedy decode steps; each step's logits. Caches are made once the
     model is placed, as the worker makes them: tp's hold only this rank's query groups."""
-    if name.startswith("gqa"):
+    if hasattr(model, "setup_caches"):
         model.setup_caches(2, 16, device=torch.device("cpu"), dtype=torch.float32)
     else:
         model.set_kv_cache(batch_size=2, max_seq_length=16)

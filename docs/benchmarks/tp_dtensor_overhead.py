@@ -3,6 +3,10 @@ DTensor plan, and of the same split by hand (plain weight shards, `dist.all_redu
 hooks, as LitGPT's generate/tp.py does it), plus a tight loop of activation all-reduces.
 
     python docs/benchmarks/tp_dtensor_overhead.py tiny pythia-14m cpu-110m
+
+Written while the built-in plan (`tensor_parallel`) used DTensor; it is now the split by hand,
+so its "DTensor tp" column measures the by-hand split too. The figures it gave then are in
+tp-cpu-2026-12-01.md.
 """
 
 from __future__ import annotations

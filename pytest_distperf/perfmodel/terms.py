@@ -18,7 +18,6 @@ MB = 1e6
 TERM_DESCRIPTIONS = {
     "compute": "single-rank compute (measured)",
     "prefill": "the prefill's cost beyond one decode step, per token (measured)",
-    "tp_overhead": "DTensor's per-block dispatch around the sharded layers",
     "weights": "weights and KV streaming from memory",
     "launch": "eager per-layer launch overhead",
     "all_gather": "all-gather traffic",
@@ -32,9 +31,7 @@ TERM_DESCRIPTIONS = {
 
 # Work that the host issues in order on the compute stream; everything else (all-gathers, their
 # latency, FSDP2's copies around them) runs on the collective's own stream.
-HOST_PATH_TERMS = frozenset(
-    {"compute", "prefill", "weights", "launch", "fsdp_overhead", "tp_overhead"}
-)
+HOST_PATH_TERMS = frozenset({"compute", "prefill", "weights", "launch", "fsdp_overhead"})
 # Terms that a link's bandwidth or latency sets: a message names the link beside them.
 LINK_TERMS = frozenset({"all_gather", "all_reduce", "p2p", "latency"})
 
@@ -56,8 +53,6 @@ class Overheads:
     fsdp2_unit_s: float = 0.3e-3
     # FSDP2, per unit that gathers, on top of `fsdp2_unit_s` and of `gather_copies`.
     fsdp2_gather_s: float = 0.6e-3
-    # Tensor parallel, per block: DTensor's dispatch around each sharded linear layer (eager).
-    tp_layer_s: float = 1.37e-3
 
 
 DEFAULT_OVERHEADS = Overheads()

@@ -2,10 +2,10 @@
 
 Attention heads and the MLP's hidden dimension are split across the ranks (column-wise in,
 row-wise out), so every block all-reduces its activation twice: after attention and after the
-MLP; the embedding and the head stay whole on every rank. Built with Fabric's
-`ModelParallelStrategy` (data_parallel_size=1) and DTensor's `parallelize_module`; the placement
-is `distperf_model.parallelize.tensor_parallel`, or the marker's `tp_plan`. Builds import torch
-lazily.
+MLP; the embedding and the head stay whole on every rank. Fabric's `ModelParallelStrategy`
+(data_parallel_size=1) launches the ranks and makes the mesh; the split is done by hand, plain
+weight slices and an all-reduce in a forward hook (`distperf_model.parallelize.tensor_parallel`),
+or it is the marker's `tp_plan`. Builds import torch lazily.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _parallelize(plan: str | None, comm_delay_s: float, model: Any, device_mesh:
     else:
         model = load_plan(plan)(model, tp_mesh(device_mesh))
     if comm_delay_s and not delay_row_parallel_outputs(model, comm_delay_s):
-        raise ValueError("comm_delay: the tensor-parallel plan left no row-wise (DTensor) linear")
+        raise ValueError("comm_delay: the tensor-parallel plan left no row-wise linear")
     return model
 
 
@@ -103,12 +103,8 @@ def cost(x: StrategyInput) -> StrategyCost:
     transfer, latency = x.links.collective_time("all_reduce", size, x.devices)
     share = compute_share(x)
     return StrategyCost(
-        f"TP {x.devices}-way (DTensor)",
-        {
-            "all_reduce": count * transfer,
-            "latency": count * latency,
-            "tp_overhead": x.config.n_layer * x.overheads.tp_layer_s,
-        },
+        f"TP {x.devices}-way (by hand)",
+        {"all_reduce": count * transfer, "latency": count * latency},
         {"all_reduce_bytes": float(count * size)},
         count,
         size,
@@ -117,8 +113,6 @@ def cost(x: StrategyInput) -> StrategyCost:
             "head whole (replicated, as in LitGPT's tp.py)",
             f"TP: 2 all-reduces per block ({count} per token) of the {size} B activation, each "
             "the next layer's input, so nothing hides behind them",
-            f"TP per-block overhead {x.overheads.tp_layer_s * 1e3:g} ms x {x.config.n_layer} "
-            "blocks (DTensor dispatch, eager)",
         ),
         compute_share=share,
         overlappable=False,
@@ -134,7 +128,7 @@ RECORDS = (
     StrategyRecord(
         name="tp",
         description="tensor parallel over all ranks: heads and MLP split, 2 all-reduces "
-        "per block (DTensor)",
+        "per block (by hand, as LitGPT)",
         family="tp",
         sharded=True,
         build=_build,
