@@ -152,6 +152,7 @@ class RankResult:
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
     reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
     compiled: str = ""  # how the decode step was compiled; "" for an eager run
+    cuda_graphs: bool = False  # the timed steps replayed as CUDA graphs (compiled.py)
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
 
 
@@ -228,6 +229,12 @@ class RunResult:
         """The slowest rank's prefill of the whole model alone; None when none was timed."""
         times = [r.reference_prefill_s for r in self.ranks if r.reference_prefill_s is not None]
         return max(times) if times else None
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Every rank's timed steps replayed as CUDA graphs: the device, not the host, paced
+        them."""
+        return bool(self.ranks) and all(r.cuda_graphs for r in self.ranks)
 
     @property
     def compile_s(self) -> float | None:

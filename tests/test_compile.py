@@ -42,9 +42,11 @@ def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
     compiled = json.loads((pytester.path / "compiled.json").read_text())
     assert compiled["tokens"] == eager["tokens"]
     assert eager["how"] == "" and compiled["how"].startswith("torch.compile")
+    assert "decode and prefill" in compiled["how"]  # auto: the prompt's pass compiled too
     rows = {row["test_id"].split("[")[1]: row for row in json.loads(report.read_text())["results"]}
     assert rows["auto-2cpu-eager]"]["compile_s"] is None
     assert rows["auto-2cpu-compiled]"]["compile_s"] > 0
+    assert rows["auto-2cpu-compiled]"]["cuda_graphs"] is False  # CPU: nothing replays
 
 
 def test_bad_compile_value_names_it(pytester: pytest.Pytester) -> None:

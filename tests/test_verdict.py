@@ -111,6 +111,27 @@ def test_recorded_runs_set_the_throughput_level_not_the_latest_refresh_alone() -
     assert baseline_check(slow_latest, [v * 0.6 for v in BASE], SETTINGS, "k", []).status == FAIL
 
 
+def test_five_steady_recorded_runs_lower_the_floor_so_a_five_percent_drop_fails() -> None:
+    steady = (100.0, 100.3, 99.8, 100.1, 99.9)
+    slower = [v * 0.95 for v in BASE]
+    three = baseline_check(replace(_entry(), run_medians=steady[:3]), slower, SETTINGS, "k", [])
+    # Three runs are too few to trust their spread: the fixed floor still holds.
+    assert three.status == OK and _baseline(three).tolerance == SETTINGS.tolerance_floor
+    five = baseline_check(replace(_entry(), run_medians=steady), slower, SETTINGS, "k", [])
+    assert five.status == FAIL and "change -5.0%" in five.message
+    figures = _baseline(five)
+    assert SETTINGS.settled_tolerance_floor <= figures.tolerance < 0.05
+    assert figures.detectable_drop < 0.05
+    unchanged = baseline_check(replace(_entry(), run_medians=steady), BASE[::-1], SETTINGS, "k", [])
+    assert unchanged.status == OK
+
+
+def test_five_drifting_recorded_runs_keep_a_wide_tolerance() -> None:
+    drifting = replace(_entry(), run_medians=(100.0, 92.0, 107.0, 96.0, 103.0))
+    check = baseline_check(drifting, [v * 0.95 for v in BASE], SETTINGS, "k", [])
+    assert check.status == OK and _baseline(check).tolerance > 0.10
+
+
 RELATIVE = [0.300, 0.302, 0.298, 0.301, 0.299, 0.300, 0.303, 0.297, 0.300, 0.301]
 
 
@@ -178,6 +199,15 @@ def test_a_slower_machine_warns_instead_of_failing() -> None:
     assert machine.change_beyond_host == pytest.approx(0.7 / (0.013 / 0.022) - 1, 0.02)
     for text in ("change -30.0%", "the machine itself ran slower", "40.9% lower", "22 ms"):
         assert text in judged.message, text
+
+
+def test_a_cuda_graph_run_is_never_excused_by_a_slower_host() -> None:
+    # The same figures that warn above, from steps the device replayed: the host paced nothing.
+    throughput, relative, _ = _judged(0.3, RELATIVE, host_now_s=0.022)
+    entry = replace(_relative_entry(), host_loop_run_medians=(0.013,))
+    loop = [0.022] * 5
+    assert machine_check(throughput, relative, entry, loop, host_paced=False) == throughput
+    assert throughput.status == FAIL
 
 
 def test_a_slower_model_on_a_steady_host_still_fails() -> None:

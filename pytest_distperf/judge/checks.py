@@ -21,7 +21,11 @@ from pytest_distperf.judge.stats import (
     compare_memory,
     compare_to_recorded_runs,
 )
-from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, detectable_drop
+from pytest_distperf.judge.tolerance import (
+    MIN_RUNS_FOR_DRIFT,
+    RUNS_FOR_SETTLED_FLOOR,
+    detectable_drop,
+)
 from pytest_distperf.perfmodel import Prediction, failure_message, threshold
 from pytest_distperf.store.entry import BaselineEntry
 
@@ -126,6 +130,9 @@ class GateSettings:
     # runs; the tolerance derived from noise never goes below this floor. The runs that set it:
     # docs/gates.md (docs/benchmarks/cpu.md).
     tolerance_floor: float = 0.10
+    # From RUNS_FOR_SETTLED_FLOOR recorded runs on, their medians' spread measures the drift the
+    # floor above stands in for, so the floor drops to this (docs/gates.md).
+    settled_tolerance_floor: float = 0.02
     # The speed relative to the bare model timed beside each sample does not move with the
     # host: a floor for what is left (pairing jitter, the strategy's own variance).
     relative_tolerance_floor: float = 0.05
@@ -178,13 +185,14 @@ def baseline_check(
         return Check("baseline", status, f"{where}{hint}; {check.message}", check.figures)
     # From 3 recorded runs on, their median is the level: the latest refresh alone may have met
     # the host at an odd speed (docs/benchmarks/h200-2026-11-30-gate.md).
+    settled = len(entry.run_medians) >= RUNS_FOR_SETTLED_FLOOR
     comparison = compare_to_recorded_runs(
         entry.samples,
         samples,
         entry.run_medians,
         tolerance=settings.tolerance,
         alpha=settings.alpha,
-        tolerance_floor=settings.tolerance_floor,
+        tolerance_floor=settings.settled_tolerance_floor if settled else settings.tolerance_floor,
     )
     figures = BaselineFigures(
         baseline_tokens_per_sec=comparison.baseline_median,
@@ -245,6 +253,7 @@ def machine_check(
     relative: Check,
     entry: BaselineEntry | None,
     host_loop_samples: Sequence[float],
+    host_paced: bool = True,
 ) -> Check:
     """`baseline`, turned into a warning when the machine's own slowdown accounts for its
     regression.
@@ -259,11 +268,13 @@ def machine_check(
     run warns "machine slower" with its figures instead of failing. Whatever the loop does not
     account for still fails: code that got slower by itself does not slow that loop. A run
     partly bound by the device is excused a little more than its host share warrants, the
-    price of not knowing that share.
+    price of not knowing that share. A run whose timed steps replayed as CUDA graphs
+    (`host_paced` False) is paced by the device: a slower host explains none of it.
     """
     figures, relative_figures = baseline.figures, relative.figures
     if (
-        not isinstance(figures, BaselineFigures)
+        not host_paced
+        or not isinstance(figures, BaselineFigures)
         or figures.verdict != "regression"
         or relative.status is CheckStatus.FAIL
         or not isinstance(relative_figures, RelativeSpeedFigures)

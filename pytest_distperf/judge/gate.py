@@ -143,7 +143,9 @@ class Gate:
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=threshold,
-            baseline=machine_check(baseline, relative, entry, result.host_loop_samples),
+            baseline=machine_check(
+                baseline, relative, entry, result.host_loop_samples, not result.cuda_graphs
+            ),
             relative_speed=relative,
             memory=memory_check(entry, result.peak_memory_bytes, settings, exact),
         )

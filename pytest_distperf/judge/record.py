@@ -89,6 +89,7 @@ class RunFigures:
     harness_s: float | None = None
     compile_s: float | None = None
     compiled: str = ""
+    cuda_graphs: bool = False
 
     @classmethod
     def of(cls, result: RunResult) -> RunFigures:
@@ -122,6 +123,7 @@ class RunFigures:
             harness_s=result.harness_s,
             compile_s=result.compile_s,
             compiled=first.compiled,
+            cuda_graphs=result.cuda_graphs,
         )
 
 
@@ -225,6 +227,7 @@ class JudgedRun:
             "harness_s": run.harness_s,
             "compile_s": run.compile_s,
             "compiled": run.compiled,
+            "cuda_graphs": run.cuda_graphs,
             "bandwidth_utilization": self.bandwidth_utilization,
             "verdict": self.decision.verdict,
         }

@@ -35,6 +35,10 @@ TOLERANCE_SIGMAS = 3.0
 # them (docs/benchmarks/h200-2026-11-29-overlap.md).
 MIN_RUNS_FOR_DRIFT = 3
 MIN_RUNS_FOR_QUARTILES = 5
+# From this many recorded runs the runs' own spread (interquartile, times the prediction factor)
+# measures the drift between jobs, and the fixed floor that stood in for it gives way to a small
+# one; three runs are too few to trust that far (docs/benchmarks/cpu.md).
+RUNS_FOR_SETTLED_FLOOR = MIN_RUNS_FOR_QUARTILES
 
 
 def drift_sigmas(runs: int, alpha: float = 0.01) -> float:

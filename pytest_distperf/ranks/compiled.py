@@ -4,16 +4,19 @@ An eager decode at batch 1 is bound by the host issuing kernels, which is both s
 device allows and the noisiest part of a GPU runner (docs/benchmarks). Compiling the decode step
 makes it device-bound. How depends on what wraps the model:
 
-* a replicated strategy's inference forward has no collective, so the step calls the module the
-  wrapper holds, whole-graph, with CUDA graphs on CUDA (`mode="reduce-overhead"`);
-* a sharded or model-parallel wrapper runs hooks and collectives between layers: the step is
-  compiled around them (graph breaks allowed) and without CUDA graphs, which cannot hold
-  collectives issued from those hooks;
+* a replicated strategy's inference forward has no collective, so its steps call the module the
+  wrapper holds, whole-graph, with CUDA graphs on CUDA; the prompt's prefill is compiled the
+  same way (one static shape per test), so that no eager, host-bound part is left in the timed
+  generation;
+* a sharded or model-parallel wrapper runs hooks and collectives between layers: the decode step
+  is compiled around them (graph breaks allowed) and without CUDA graphs, which cannot hold
+  collectives issued from those hooks; its prefill stays eager;
 * a strategy with its own step that sends and receives between ranks (pipeline) stays eager.
 
-The prefill stays eager: it runs once per generation, and a graph of its own would need more
-warm-up generations before it replays. Compilation happens before the warm-up and is reported
-as `compile_s`, never in the timed figures.
+On CUDA both use inductor's max-autotune modes: with `coordinate_descent_tuning` in them, the
+M = 1 matrix products of a batch-1 decode become reductions that inductor fuses and tunes (as
+gpt-fast sets it). Compilation happens before the warm-up and is reported as `compile_s`, never
+in the timed figures.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from distperf_model.generate import decode_one_token
+from distperf_model.generate import decode_one_token, prefill
+
+from pytest_distperf.ranks.timing import StepOverride
 
 Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -33,10 +38,22 @@ Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 SETTLE_CALLS = 3
 
 
+WHOLE_GRAPH_CUDA = "max-autotune"  # CUDA graphs, autotuned kernels, coordinate descent
+AROUND_HOOKS_CUDA = "max-autotune-no-cudagraphs"
+
+
 @dataclass(frozen=True)
 class CompiledStep:
     step: Step | None  # None: this strategy's step stays eager
-    how: str  # what ran, for the result: e.g. "torch.compile reduce-overhead, fullgraph"
+    how: str  # what ran, for the result: e.g. "torch.compile CUDA graphs, fullgraph"
+    prefill: Step | None = None  # None: the prefill stays eager
+    cuda_graphs: bool = False  # the step replays as a CUDA graph: the host does not pace it
+
+    def override(self) -> StepOverride | None:
+        """What the timed loop runs instead of its own steps; None: all eager."""
+        if self.step is None and self.prefill is None:
+            return None
+        return StepOverride(prefill=self.prefill, decode=self.step)
 
 
 def compile_decode_step(
@@ -47,31 +64,36 @@ def compile_decode_step(
     replicated: bool,
     own_step: bool,
 ) -> CompiledStep:
-    """The compiled decode step for `wrapped` (what the strategy built around `inner`)."""
+    """The compiled steps for `wrapped` (what the strategy built around `inner`)."""
     if own_step:
         return CompiledStep(None, "eager: the strategy's own step sends and receives between ranks")
     cuda = device.type == "cuda"
     if replicated:
-        mode = "reduce-overhead" if cuda else None
-        compiled = torch.compile(decode_one_token, mode=mode, fullgraph=True, dynamic=False)
-        how = f"torch.compile {mode or 'default'}, fullgraph, on the module the wrapper holds"
-        return CompiledStep(_graph_safe(lambda model, idx, pos: compiled(inner, idx, pos)), how)
-    mode = "max-autotune-no-cudagraphs" if cuda else None
+        return compile_bare_step(inner, device)
+    mode = AROUND_HOOKS_CUDA if cuda else None
     compiled = torch.compile(decode_one_token, mode=mode, dynamic=False)
-    how = f"torch.compile {mode or 'default'}, graph breaks at the wrapper's hooks, no CUDA graphs"
+    how = f"torch.compile {mode or 'default'}, graph breaks at the wrapper's hooks; prefill eager"
     return CompiledStep(compiled, how)
 
 
-def compile_bare_step(bare: torch.nn.Module, device: torch.device) -> Step:
-    """The bare model's step, compiled as a replicated one: what the wrapper is measured against."""
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    compiled = torch.compile(decode_one_token, mode=mode, fullgraph=True, dynamic=False)
-    return _graph_safe(lambda model, idx, pos: compiled(bare, idx, pos))
+def compile_bare_step(bare: torch.nn.Module, device: torch.device) -> CompiledStep:
+    """A whole module's decode step and prefill, whole-graph (CUDA graphs on CUDA): a replicated
+    strategy's, and the bare model's the wrapper is measured against."""
+    cuda = device.type == "cuda"
+    mode = WHOLE_GRAPH_CUDA if cuda else None
+
+    def whole_graph(function: Step) -> Step:
+        compiled = torch.compile(function, mode=mode, fullgraph=True, dynamic=False)
+        return _graph_safe(lambda model, idx, pos: compiled(bare, idx, pos))
+
+    how = f"torch.compile {mode or 'default'}, fullgraph, decode and prefill"
+    return CompiledStep(whole_graph(decode_one_token), how, whole_graph(prefill), cuda)
 
 
 def _graph_safe(step: Step) -> Step:
     """A CUDA graph's output lives in memory its next replay overwrites, and each step's token
-    is the next step's input: mark each call as a new step and keep a copy of its token."""
+    is the next step's input: mark each call as a new step and keep a copy of its token (a
+    no-op without CUDA graphs)."""
 
     def call(model: Any, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()
@@ -80,14 +102,21 @@ def _graph_safe(step: Step) -> Step:
     return call
 
 
-def settle(step: Step, model: Any, prompt: torch.Tensor, sync: Callable[[], None]) -> float:
-    """Compile and warm `step` up on `model` (its KV cache set up); the seconds it took."""
+def settle(
+    compiled: CompiledStep, model: Any, prompt: torch.Tensor, sync: Callable[[], None]
+) -> float:
+    """Compile and warm `compiled`'s steps up on `model` (its KV cache set up); the seconds it
+    took."""
     batch, prompt_length = prompt.shape
     token = prompt[:, -1:]  # [B, 1]
     pos = torch.tensor([prompt_length], device=prompt.device)  # [1]
+    positions = torch.arange(prompt_length, device=prompt.device)  # [T]
     start = time.perf_counter()
     with torch.no_grad():
         for _ in range(SETTLE_CALLS):
-            token = step(model, token, pos)
+            if compiled.prefill is not None:
+                compiled.prefill(model, prompt, positions)
+            if compiled.step is not None:
+                token = compiled.step(model, token, pos)
     sync()
     return time.perf_counter() - start

@@ -27,6 +27,15 @@ NextTokenFn = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
+class StepOverride:
+    """Compiled replacements for the built-in loop's steps (ranks/compiled.py); a step left
+    None stays as it is."""
+
+    prefill: NextTokenFn | None = None
+    decode: NextTokenFn | None = None
+
+
+@dataclass(frozen=True)
 class Fences:
     """How to wait for the device and for the other ranks."""
 
@@ -49,7 +58,7 @@ def timed_generation(
     slowdown: float = 0.0,
     generate: GenerateFn | None = None,
     next_token: NextTokenFn | None = None,
-    decode_step: NextTokenFn | None = None,
+    steps: StepOverride | None = None,
 ) -> tuple[Sample, torch.Tensor]:
     """One generation, timed; returns the sample and the new tokens [B, max_new_tokens].
 
@@ -59,9 +68,7 @@ def timed_generation(
     start = time.perf_counter()
     first: float | None = None
     if generate is None:
-        out, first = _prefill_and_decode(
-            model, prompt, max_new_tokens, fences, next_token, decode_step
-        )
+        out, first = _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
     else:
         out = generate(model, prompt, max_new_tokens)
     fences.sync()
@@ -83,15 +90,16 @@ def _prefill_and_decode(
     max_new_tokens: int,
     fences: Fences,
     next_token: NextTokenFn | None = None,
-    decode_step: NextTokenFn | None = None,
+    steps: StepOverride | None = None,
 ) -> tuple[list[torch.Tensor], float]:
     """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready.
 
-    `decode_step` replaces the steps after the prefill only (the compiled decode step)."""
+    `steps` replaces the prefill, the steps after it, or both (the compiled steps)."""
     batch, prompt_length = prompt.shape
     device = prompt.device
     first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
-    step = decode_step or step
+    if steps is not None:
+        first_step, step = steps.prefill or first_step, steps.decode or step
     input_pos = torch.arange(prompt_length, device=device)
     token = first_step(model, prompt, input_pos)  # [B, 1]
     fences.sync()
@@ -143,7 +151,7 @@ def run_workload(
     generate: GenerateFn | None = None,
     progress: Callable[[str], None] | None = None,
     next_token: NextTokenFn | None = None,
-    decode_step: NextTokenFn | None = None,
+    steps: StepOverride | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T]]:
     """Warm-up generations (untimed), then `repeats` timed ones.
 
@@ -163,7 +171,7 @@ def run_workload(
     for done in range(warmup):
         say(f"warm-up {done + 1}/{warmup}")
         _, tokens = timed_generation(
-            model, prompt, max_new_tokens, fences, 0.0, generate, next_token, decode_step
+            model, prompt, max_new_tokens, fences, 0.0, generate, next_token, steps
         )
         if paired is not None:
             paired()
@@ -172,7 +180,7 @@ def run_workload(
     beside: list[T] = []
     for done in range(repeats):
         sample, tokens = timed_generation(
-            model, prompt, max_new_tokens, fences, slowdown, generate, next_token, decode_step
+            model, prompt, max_new_tokens, fences, slowdown, generate, next_token, steps
         )
         samples.append(sample)
         rate = prompt.shape[0] * max_new_tokens / sample.total_s

@@ -191,7 +191,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
                 workload.max_new_tokens,
                 unwrapped,
                 generate=generate,
-                decode_step=bare_step,
+                steps=bare_steps.override() if bare_steps else None,
             )[0]
         except torch.cuda.OutOfMemoryError:
             sample = None
@@ -202,7 +202,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
             torch.cuda.reset_peak_memory_stats(device)
         return sample
 
-    step, bare_step, compile_s, compile_how = _compiled_steps(
+    wrapped_steps, bare_steps, compile_s = _compiled_steps(
         spec, record, wrapped, model.module, bare, prompt, device, generate is not None
     )
     if device.type == "cuda":
@@ -219,7 +219,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
         generate=generate,
         progress=progress,
         next_token=record.next_token,
-        decode_step=step,
+        steps=wrapped_steps.override() if wrapped_steps else None,
     )
     bare_samples = [s for s, _ in besides if s is not None]
     host_loop_s = tuple(seconds for _, seconds in besides)
@@ -227,7 +227,8 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     # Compiled, the reference is the compiled bare model beside the samples, never the eager
     # one timed before wrapping.
-    if (paired or step is not None) and bare_samples:
+    compiled_loop = wrapped_steps is not None and wrapped_steps.override() is not None
+    if (paired or compiled_loop) and bare_samples:
         steps = workload.max_new_tokens
         reference = statistics.median(step_seconds(s, steps) for s in bare_samples)
     fabric_strategy, sharding, wrapper = record.describe_implementation(fabric, wrapped)
@@ -258,7 +259,8 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
         calibration=calibration,
         model_shape=shape,
         compile_s=compile_s,
-        compiled=compile_how,
+        compiled=wrapped_steps.how if wrapped_steps else "",
+        cuda_graphs=bool(wrapped_steps and wrapped_steps.cuda_graphs),
         reference_prefill_s=_median_prefill(bare_samples),
     )
 
@@ -277,28 +279,35 @@ def _compiled_steps(
     prompt: torch.Tensor,
     device: torch.device,
     own_loop: bool,
-) -> tuple[Any, Any, float | None, str]:
-    """(wrapped step, bare step, compile seconds, what was compiled) for --distperf-compile;
-    (None, None, None, "") for an eager run."""
+) -> tuple[Any, Any, float | None]:
+    """(wrapped steps, bare steps, compile seconds) for --distperf-compile, each a
+    compiled.CompiledStep; (None, None, None) for an eager run."""
     if not spec.compile:
-        return None, None, None, ""
-    if own_loop:
-        return None, None, None, "eager: the test's own generate= loop is timed as it is"
-    from pytest_distperf.ranks.compiled import compile_bare_step, compile_decode_step, settle
+        return None, None, None
+    from pytest_distperf.ranks.compiled import (
+        CompiledStep,
+        compile_bare_step,
+        compile_decode_step,
+        settle,
+    )
 
+    if own_loop:
+        return (
+            CompiledStep(None, "eager: the test's own generate= loop is timed as it is"),
+            None,
+            None,
+        )
     sync = device_sync(device)
     replicated = not record.sharded and record.next_token is None
     compiled = compile_decode_step(
         wrapped, inner, device, replicated=replicated, own_step=record.next_token is not None
     )
-    seconds = 0.0
-    if compiled.step is not None:
-        seconds += settle(compiled.step, wrapped, prompt, sync)
-    bare_step = compiled.step if replicated and bare is inner else None
-    if bare is not None and bare_step is None:
-        bare_step = compile_bare_step(bare, device)
-        seconds += settle(bare_step, bare, prompt, sync)
-    return compiled.step, bare_step, seconds, compiled.how
+    seconds = settle(compiled, wrapped, prompt, sync)
+    bare_steps = compiled if replicated and bare is inner else None
+    if bare is not None and bare_steps is None:
+        bare_steps = compile_bare_step(bare, device)
+        seconds += settle(bare_steps, bare, prompt, sync)
+    return compiled, bare_steps, seconds
 
 
 def _rank_device(accelerator: str) -> torch.device:
