@@ -13,10 +13,8 @@ makes it device-bound. How depends on what wraps the model:
   collectives issued from those hooks; its prefill stays eager;
 * a strategy with its own step that sends and receives between ranks (pipeline) stays eager.
 
-On CUDA both use inductor's max-autotune modes: with `coordinate_descent_tuning` in them, the
-M = 1 matrix products of a batch-1 decode become reductions that inductor fuses and tunes (as
-gpt-fast sets it). Compilation happens before the warm-up and is reported as `compile_s`, never
-in the timed figures.
+Compilation happens before the warm-up and is reported as `compile_s`, never in the timed
+figures.
 """
 
 from __future__ import annotations
@@ -38,7 +36,9 @@ Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 SETTLE_CALLS = 3
 
 
-WHOLE_GRAPH_CUDA = "max-autotune"  # CUDA graphs, autotuned kernels, coordinate descent
+# Not max-autotune: its kernel choices changed from one session to the next and with them the
+# decode rate, which a baseline gate cannot tell from a regression (h200-2026-12-01-gate2.md).
+WHOLE_GRAPH_CUDA = "reduce-overhead"
 AROUND_HOOKS_CUDA = "max-autotune-no-cudagraphs"
 # The prefill runs once per generation: CUDA graphs take the host out of it, while autotuning
 # its matrix products would cost more compile time than it saves.
