@@ -36,8 +36,8 @@ Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 SETTLE_CALLS = 3
 
 
-# Not max-autotune: its kernel choices changed from one session to the next and with them the
-# decode rate, which a baseline gate cannot tell from a regression (h200-2026-12-01-gate2.md).
+# Not max-autotune: its decode rate moved from one session to the next far more than this
+# mode's, which a baseline gate cannot tell from a regression (h200-2026-12-01-gate2.md).
 WHOLE_GRAPH_CUDA = "reduce-overhead"
 AROUND_HOOKS_CUDA = "max-autotune-no-cudagraphs"
 # The prefill runs once per generation: CUDA graphs take the host out of it, while autotuning
