@@ -42,7 +42,7 @@ def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
     compiled = json.loads((pytester.path / "compiled.json").read_text())
     assert compiled["tokens"] == eager["tokens"]
     assert eager["how"] == "" and compiled["how"].startswith("torch.compile")
-    assert "decode and prefill" in compiled["how"]  # auto: the prompt's pass compiled too
+    assert "and prefill" in compiled["how"]  # auto: the prompt's pass compiled too
     rows = {row["test_id"].split("[")[1]: row for row in json.loads(report.read_text())["results"]}
     assert rows["auto-2cpu-eager]"]["compile_s"] is None
     assert rows["auto-2cpu-compiled]"]["compile_s"] > 0
@@ -62,3 +62,16 @@ def test_bad_compile_value_names_it(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--distperf-devices=2")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*distperf(compile='yes') must be True or False*"])
+
+
+def test_the_bare_model_compiles_its_prefill_only_where_the_wrapper_does() -> None:
+    import torch
+
+    from pytest_distperf.ranks.compiled import compile_bare_step
+
+    model = torch.nn.Linear(2, 2)  # torch.compile is lazy: nothing is traced here
+    with_prefill = compile_bare_step(model, torch.device("cpu"))
+    without = compile_bare_step(model, torch.device("cpu"), with_prefill=False)
+    assert with_prefill.prefill is not None and "and prefill" in with_prefill.how
+    assert without.prefill is None and "prefill" not in without.how
+    assert without.override() is not None and not without.cuda_graphs

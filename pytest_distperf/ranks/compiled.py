@@ -79,9 +79,12 @@ def compile_decode_step(
     return CompiledStep(compiled, how)
 
 
-def compile_bare_step(bare: torch.nn.Module, device: torch.device) -> CompiledStep:
-    """A whole module's decode step and prefill, whole-graph (CUDA graphs on CUDA): a replicated
-    strategy's, and the bare model's the wrapper is measured against."""
+def compile_bare_step(
+    bare: torch.nn.Module, device: torch.device, with_prefill: bool = True
+) -> CompiledStep:
+    """A whole module's decode step and (`with_prefill`) prefill, whole-graph (CUDA graphs on
+    CUDA): a replicated strategy's, and the bare model's the wrapper is measured against, whose
+    prefill is compiled only where the wrapper's is (the prediction adds the bare prefill)."""
     cuda = device.type == "cuda"
     decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if cuda else (None, None)
 
@@ -89,13 +92,12 @@ def compile_bare_step(bare: torch.nn.Module, device: torch.device) -> CompiledSt
         compiled = torch.compile(function, mode=mode, fullgraph=True, dynamic=False)
         return _graph_safe(lambda model, idx, pos: compiled(bare, idx, pos))
 
-    how = (
-        f"torch.compile fullgraph, decode and prefill ({decode_mode}, {prefill_mode})"
-        if cuda
-        else "torch.compile default, fullgraph, decode and prefill"
-    )
-    decode = whole_graph(decode_one_token, decode_mode)
-    return CompiledStep(decode, how, whole_graph(prefill, prefill_mode), cuda)
+    parts = f"decode ({decode_mode or 'default'})"
+    if with_prefill:
+        parts += f" and prefill ({prefill_mode or 'default'})"
+    first = whole_graph(prefill, prefill_mode) if with_prefill else None
+    how = f"torch.compile fullgraph, {parts}"
+    return CompiledStep(whole_graph(decode_one_token, decode_mode), how, first, cuda)
 
 
 def _graph_safe(step: Step) -> Step:

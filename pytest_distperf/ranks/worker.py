@@ -305,7 +305,7 @@ def _compiled_steps(
     seconds = settle(compiled, wrapped, prompt, sync)
     bare_steps = compiled if replicated and bare is inner else None
     if bare is not None and bare_steps is None:
-        bare_steps = compile_bare_step(bare, device)
+        bare_steps = compile_bare_step(bare, device, with_prefill=compiled.prefill is not None)
         seconds += settle(bare_steps, bare, prompt, sync)
     return compiled, bare_steps, seconds
 
