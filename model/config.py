@@ -143,6 +143,38 @@ def _neox(
     )
 
 
+def _llama_shaped(
+    name: str,
+    *,
+    block_size: int,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_query_groups: int,
+    width: int,
+    vocab_size: int = 256,
+) -> Config:
+    """A LLaMA-style config: RMSNorm, SwiGLU MLP of `width`, full rotary, no biases."""
+    return Config(
+        name=name,
+        block_size=block_size,
+        vocab_size=vocab_size,
+        padded_vocab_size=vocab_size,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_query_groups=n_query_groups,
+        intermediate_size=width,
+        rotary_percentage=1.0,
+        parallel_residual=False,
+        bias=False,
+        norm_class="RMSNorm",
+        norm_eps=1e-5,
+        mlp_class="LLaMAMLP",
+        rope_base=10000,
+    )
+
+
 # Values follow LitGPT's litgpt/config.py (github.com/Lightning-AI/litgpt, the "EleutherAI
 # Pythia" and "Meta LLaMA 2" entries plus the Config defaults they inherit: block_size 4096,
 # n_layer 16, n_embd 4096, n_head 32, vocab 50254, rope_base 10000), written out in full here.
@@ -154,23 +186,15 @@ _PRESET_LIST = (
     _neox("pythia-1b", block_size=2048, n_layer=16, n_embd=2048, n_head=8),
     _neox("pythia-2.8b", block_size=2048, n_layer=32, n_embd=2560, n_head=32),
     # LitGPT "Llama-2-7b-hf": vocab 32000 is already a multiple of its padding_multiple (64)
-    Config(
-        name="llama-2-7b",
+    _llama_shaped(
+        "llama-2-7b",
         block_size=4096,
-        vocab_size=32000,
-        padded_vocab_size=32000,
         n_layer=32,
-        n_head=32,
         n_embd=4096,
+        n_head=32,
         n_query_groups=32,
-        intermediate_size=11008,
-        rotary_percentage=1.0,
-        parallel_residual=False,
-        bias=False,
-        norm_class="RMSNorm",
-        norm_eps=1e-5,
-        mlp_class="LLaMAMLP",
-        rope_base=10000,
+        width=11008,
+        vocab_size=32000,
     ),
     # Not from LitGPT: a two-layer model for fast unit tests.
     Config(
@@ -190,6 +214,11 @@ _PRESET_LIST = (
         norm_eps=1e-5,
         mlp_class="GptNeoxMLP",
         rope_base=10000,
+    ),
+    # Not from LitGPT: "tiny" shaped as LLaMA (RMSNorm, SwiGLU, no biases) with 2 query groups
+    # for 4 heads, for tests of grouped-query attention.
+    _llama_shaped(
+        "tiny-llama", block_size=64, n_layer=2, n_embd=64, n_head=4, n_query_groups=2, width=128
     ),
     # Not from LitGPT: about 118M parameters in 8 wide blocks, so that on CPU/gloo the per-block
     # all-gathers of FSDP outweigh the matmuls and the slowdown the plugin must catch shows up.

@@ -247,24 +247,7 @@ def test_a_pipeline_of_one_stage_is_the_whole_model() -> None:
 
 # --------------------------------------------------------------------------- tp's by-hand split
 
-GQA = Config(
-    name="gqa-llama",
-    block_size=64,
-    vocab_size=256,
-    padded_vocab_size=256,
-    n_layer=2,
-    n_head=4,
-    n_embd=64,
-    n_query_groups=2,
-    intermediate_size=128,
-    rotary_percentage=1.0,
-    parallel_residual=False,
-    bias=False,
-    norm_class="RMSNorm",
-    norm_eps=1e-5,
-    mlp_class="LLaMAMLP",
-    rope_base=10000,
-)
+GQA = Config.from_name("tiny-llama")  # grouped-query attention, SwiGLU, no biases
 
 
 def _reference(config: Config) -> Callable[[], nn.Module]:

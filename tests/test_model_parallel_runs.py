@@ -125,26 +125,8 @@ def _models() -> dict[str, Any]:
     from distperf_model.config import Config
     from distperf_model.model import build_model
 
-    gqa = Config(
-        name="gqa-llama",
-        block_size=64,
-        vocab_size=256,
-        padded_vocab_size=256,
-        n_layer=2,
-        n_head=4,
-        n_embd=64,
-        n_query_groups=2,
-        intermediate_size=128,
-        rotary_percentage=1.0,
-        parallel_residual=False,
-        bias=False,
-        norm_class="RMSNorm",
-        norm_eps=1e-5,
-        mlp_class="LLaMAMLP",
-        rope_base=10000,
-    )
     models: dict[str, Any] = {
-        "gqa-llama": lambda: build_model(gqa, seed=3),
+        "gqa-llama": lambda: build_model(Config.from_name("tiny-llama"), seed=3),
         "tiny": lambda: build_model(Config.from_name("tiny"), seed=3),  # row-wise biases
     }
     try:
