@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from pytest_distperf import collection, markers, xdist
+from pytest_distperf.launch.early import process_started_at, start_first_pool
 from pytest_distperf.options import (
     OPTIONS,
     SettingError,
@@ -91,7 +91,7 @@ class DistperfPlugin:
     slowdown: float | None
     rootpath: Path = field(default_factory=Path.cwd)
     records: list[Any] = field(default_factory=list)  # judge.record.JudgedRun, one per run
-    started_at: float = field(default_factory=time.time)  # pytest start, near enough
+    started_at: float = field(default_factory=process_started_at)  # pytest's start
     # Calibrated once per rank count by the first run of that count, at the union of the
     # message sizes of every selected test of that count: rank count -> MessageSizes.
     calibration_sizes: dict[int, Any] = field(default_factory=dict)
@@ -101,7 +101,7 @@ class DistperfPlugin:
     builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)
     _gate: Any = field(default=None, repr=False)
     job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
-    pools: Any = None  # launch.pool.Pools, made on the first run that needs ranks
+    pools: Any = None  # launch.pool.Pools, made once collection has selected distperf tests
     live_output: bool = False  # pytest -s: the ranks' output streams to the terminal
     config: Any = field(default=None, repr=False)  # pytest.Config
     topology: Any = None  # the Topology an xdist worker's runs were held to (controller only)
@@ -216,6 +216,9 @@ class DistperfPlugin:
         workloads = collection.workloads_by_count(session.items, self.resolve().devices)
         if not workloads:
             return
+        first = min(workloads)  # the items run by rank count (collection.prepare)
+        if not self.settings.topology:  # a bad topology file is a usage error before any rank
+            start_first_pool(self, session.config, first)
         from pytest_distperf.judge.gate import session_message_sizes
 
         self.calibration_sizes = {
@@ -223,6 +226,8 @@ class DistperfPlugin:
         }
         if not xdist.is_worker(session.config):  # a worker may run none of them: on first use
             self.gate()  # a bad --distperf-topology is a usage error before any rank starts
+        if self.settings.topology:
+            start_first_pool(self, session.config, first)
 
     @pytest.hookimpl
     def pytest_report_header(self, config: pytest.Config) -> list[str]:

@@ -267,7 +267,7 @@ def build(seed, device, dtype):
 SLOW_ATTENTION_TEST = """
 import pytest
 
-@pytest.mark.distperf(model="slowattention:build", max_new_tokens=4)
+@pytest.mark.distperf(model="slowattention:build", max_new_tokens=2)
 def test_generate(distperf):
     distperf.run()
 """
@@ -306,12 +306,20 @@ def test_benchmark_compare_fail_catches_slower_attention(
     assert unchanged.ret == 0, unchanged.stdout.str() + unchanged.stderr.str()
 
 
+TINY_TEST = """
+import pytest
+
+@pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.05)
+def test_generate(distperf):
+    distperf.run()
+"""
+
+
 @pytest.mark.slow
 def test_distperf_works_without_pytest_benchmark(
     pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
 ) -> None:
-    pytester.makepyfile(slowattention=SLOW_ATTENTION_BUILDER)
-    pytester.makepyfile(SLOW_ATTENTION_TEST)
+    pytester.makepyfile(TINY_TEST)
     report = pytester.path / "report.json"
     result = run("-p", "no:benchmark", *RANKS[:2], f"--distperf-json={report}")
     result.assert_outcomes(passed=1)

@@ -15,7 +15,14 @@ import torch
 from distperf_model.config import PRESETS
 
 from pytest_distperf.perfmodel import Calibration, bus_factor
-from pytest_distperf.ranks.calibrate import calibrate, message_sizes, overlap_fraction
+from pytest_distperf.ranks.calibrate import (
+    OVERLAP_PROBE_MAX_S,
+    _median_time,
+    _probe_index,
+    calibrate,
+    message_sizes,
+    overlap_fraction,
+)
 
 WORLD = 2
 ODD_SIZE = 1001  # not a whole number of fp32 elements per rank: rounded up to 1008 bytes
@@ -157,3 +164,37 @@ def test_needs_a_process_group() -> None:
 )
 def test_overlap_fraction(transfer: float, host: float, both: float, expected: float) -> None:
     assert overlap_fraction(transfer, host, both) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("slow_call_s", "calls"), [(60.0, 2 + 5), (0.001, 2 + 1)])
+def test_a_slow_call_is_timed_once_after_its_warm_up(slow_call_s: float, calls: int) -> None:
+    made: list[float] = []
+    agreed: list[float] = []
+
+    def op() -> None:
+        made.append(time.perf_counter())
+        time.sleep(0.002)  # a call of at least this long: slow against 0.001 s, not against 60
+
+    def agree(seconds: float) -> float:  # one rank: its own figure is every rank's
+        agreed.append(seconds)
+        return seconds
+
+    median = _median_time(op, lambda: None, lambda: None, 2, 5, agree, slow_call_s=slow_call_s)
+    assert len(made) == calls
+    assert len(agreed) == 1 and agreed[0] >= 0.002  # the last warm-up call, asked once
+    assert median >= 0.002
+
+
+@pytest.mark.parametrize(
+    ("times", "expected"),
+    [
+        ((0.001, 0.01, 0.1), 2),  # all quick (a GPU): the largest size
+        ((0.001, 0.1, 0.9, 2.0), 1),  # the largest that stays quick
+        ((1.0, 0.9, 2.0), 1),  # none quick: the fastest
+    ],
+)
+def test_the_overlap_probe_uses_the_largest_quick_all_gather(
+    times: tuple[float, ...], expected: int
+) -> None:
+    assert OVERLAP_PROBE_MAX_S < 0.9  # the cases above straddle it
+    assert _probe_index(times) == expected

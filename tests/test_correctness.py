@@ -1,11 +1,13 @@
 """Every strategy computes the same function: in fp32 its greedy tokens equal one process's.
 
 pythia-14m: a real LitGPT shape (4 heads split by tp, 6 blocks in pipeline stages) that is still
-quick on two CPU ranks."""
+quick on two CPU ranks. The strategies run one after another in one rank pool, as a session runs
+them; the elastic launcher (--distperf-fresh-ranks) gets one run of its own."""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -14,13 +16,14 @@ from distperf_model.generate import generate, make_prompt
 from distperf_model.model import build_model
 
 from pytest_distperf.launch.elastic import launch
-from pytest_distperf.spec import RunSpec, Workload
+from pytest_distperf.launch.pool import Pools
+from pytest_distperf.spec import RunResult, RunSpec, Workload
 from pytest_distperf.strategies import strategy_names
 
 pytestmark = pytest.mark.slow
 
 WORKLOAD = Workload(
-    model="pythia-14m", max_new_tokens=12, prompt_length=5, batch_size=2, precision="fp32", seed=7
+    model="pythia-14m", max_new_tokens=6, prompt_length=5, batch_size=2, precision="fp32", seed=7
 )
 
 
@@ -35,24 +38,45 @@ def single_process_tokens() -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(row) for row in out[:, WORKLOAD.prompt_length :].tolist())
 
 
-@pytest.mark.parametrize("strategy", strategy_names())
-def test_strategy_generates_the_single_process_tokens(
-    strategy: str, single_process_tokens: tuple[tuple[int, ...], ...]
-) -> None:
-    spec = RunSpec(
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Pools]:
+    pools = Pools()
+    yield pools
+    pools.close()
+
+
+def _spec(strategy: str) -> RunSpec:
+    return RunSpec(
         test_id=f"correctness-{strategy}",
         strategy=strategy,
         devices=2,
         accelerator="cpu",
         workload=WORKLOAD,
-        repeats=2,
-        warmup=1,
+        repeats=1,
+        warmup=1,  # the tokens come from a second generation through the same caches
         timeout=120,
+        reference_steps=0,  # no reference and no bare copy: only the tokens matter here
     )
+
+
+def _check_tokens(result: RunResult, expected: tuple[tuple[int, ...], ...]) -> None:
+    assert len(set(expected)) == 2  # the two rows differ: batching is exercised
+    for rank in result.ranks:
+        assert rank.tokens == expected, f"rank {rank.rank} of {result.spec.strategy}"
+
+
+@pytest.mark.parametrize("strategy", strategy_names())
+def test_strategy_generates_the_single_process_tokens(
+    strategy: str, single_process_tokens: tuple[tuple[int, ...], ...], pools: Pools
+) -> None:
+    _check_tokens(pools.run(_spec(strategy)), single_process_tokens)
+
+
+def test_fresh_ranks_generate_them_too_and_give_the_signal_handlers_back(
+    single_process_tokens: tuple[tuple[int, ...], ...],
+) -> None:
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    result = launch(spec)
+    result = launch(_spec("fsdp"))
     # the elastic agent's handlers must not outlive the launch (Ctrl-C between tests)
     assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
-    assert len(set(single_process_tokens)) == 2  # the two rows differ: batching is exercised
-    for rank in result.ranks:
-        assert rank.tokens == single_process_tokens, f"rank {rank.rank} of {strategy}"
+    _check_tokens(result, single_process_tokens)

@@ -101,9 +101,17 @@ def test_strict_fails_without_baseline_and_names_the_key(pytester: pytest.Pytest
 
 
 def test_corrupt_baseline_file_is_named_and_left_untouched(pytester: pytest.Pytester) -> None:
+    from pytest_distperf.store.entry import BaselineEntry
+    from pytest_distperf.store.store import BaselineStore
+    from pytest_distperf.topology import probe
+
     pytester.makepyfile(TEST_AUTO)
-    pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-update-baselines")
+    # This machine's baseline file for the test, as a session would record it, then truncated.
+    key = probe("cpu", 2).key()
+    entry = BaselineEntry.from_samples("t.py::test_rate", [100.0, 101.0, 99.0], None, {})
+    BaselineStore(pytester.path / "distperf-baselines").save(key, {entry.test_id: entry}, {})
     [baseline] = _baseline_files(pytester.path)
+    assert baseline.stem == key
     truncated = baseline.read_bytes()[:40]
     baseline.write_bytes(truncated)
     for args in ([], ["--distperf-update-baselines"]):

@@ -8,13 +8,13 @@ slower by itself failing against its baseline. Needs the litgpt extra.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import torch
 from distperf_model.generate import generate, make_prompt
 
-from pytest_distperf.launch.elastic import launch
+from pytest_distperf.launch.pool import Pools
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import STRATEGIES
 
@@ -94,6 +94,7 @@ def other_cache(seed, device, dtype):
 
 SUITE = """
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -202,9 +203,17 @@ WORKLOAD = Workload(
 )
 
 
+@pytest.fixture(scope="module")
+def pools() -> Iterator[Pools]:
+    # One pool for every strategy, as a session runs them.
+    pools = Pools()
+    yield pools
+    pools.close()
+
+
 @pytest.mark.parametrize("strategy", ANY_MODEL_STRATEGIES)
 def test_litgpt_strategy_generates_the_single_process_tokens(
-    strategy: str, single_process_tokens: list[list[int]], tmp_path: Path
+    strategy: str, single_process_tokens: list[list[int]], pools: Pools
 ) -> None:
     spec = RunSpec(
         test_id=f"litgpt-correctness-{strategy}",
@@ -217,7 +226,7 @@ def test_litgpt_strategy_generates_the_single_process_tokens(
         timeout=180,
         reference_steps=0,
     )
-    result = launch(spec)
+    result = pools.run(spec)
     assert len({tuple(row) for row in single_process_tokens}) == 2  # batching is exercised
     for rank in result.ranks:
         assert [list(row) for row in rank.tokens] == single_process_tokens, rank.rank

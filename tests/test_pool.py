@@ -26,8 +26,8 @@ def _tiny(seed, device, dtype):
 
 
 def recording(seed, device, dtype):
-    # Leaves one file per (rank, pid): which processes ran the tests.
-    Path(f"pids/{os.environ['RANK']}-{os.getpid()}").touch()
+    # Leaves one file per (rank, pid): which processes ran the tests, and what they were given.
+    Path(f"pids/{os.environ['RANK']}-{os.getpid()}").write_text(os.environ.get("SET_LATE", ""))
     return _tiny(seed, device, dtype)
 
 
@@ -78,22 +78,71 @@ def test_x(distperf, n):
 """
 
 
+# Set once collection is over, after the session has started its first pool: that pool's ranks
+# never saw it, so the first test must run in ranks started after it.
+SET_LATE_CONFTEST = """
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def set_late():
+    os.environ["SET_LATE"] = "seen"
+"""
+
+
 def test_ranks_are_started_once_and_reused(pytester: pytest.Pytester, tag: str) -> None:
     pytester.makepyfile(builders=BUILDERS, test_suite=SUITE)
+    pytester.makeconftest(SET_LATE_CONFTEST)
     (pytester.path / "pids").mkdir()
     result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-repeats=1")
     result.assert_outcomes(passed=4)
     assert {rank: len(pids) for rank, pids in _pids(pytester.path).items()} == {"0": 1, "1": 1}
+    assert {path.read_text() for path in (pytester.path / "pids").iterdir()} == {"seen"}
 
 
 def test_fresh_ranks_start_new_processes_per_test(pytester: pytest.Pytester, tag: str) -> None:
     pytester.makepyfile(builders=BUILDERS, test_suite=SUITE)
     (pytester.path / "pids").mkdir()
     result = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-repeats=1", "--distperf-fresh-ranks"
+        "--distperf-devices=2", "--distperf-repeats=1", "--distperf-fresh-ranks", "-k", "auto"
     )
-    result.assert_outcomes(passed=4)
-    assert {rank: len(pids) for rank, pids in _pids(pytester.path).items()} == {"0": 4, "1": 4}
+    result.assert_outcomes(passed=2)
+    assert {rank: len(pids) for rank, pids in _pids(pytester.path).items()} == {"0": 2, "1": 2}
+
+
+def test_a_session_that_runs_no_distperf_test_starts_no_ranks(
+    pytester: pytest.Pytester, tag: str
+) -> None:
+    pytester.makepyfile(
+        """
+        import os
+        from pathlib import Path
+
+        import pytest
+
+        @pytest.mark.distperf(model="tiny")
+        def test_perf(distperf):
+            distperf.run()
+
+        def test_plain():
+            # Runs after collection: ranks started for the deselected test would run by now.
+            tagged = f"DISTPERF_TEST_TAG={os.environ['DISTPERF_TEST_TAG']}".encode()
+            others = []
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and int(entry.name) != os.getpid():
+                    try:
+                        if tagged in (entry / "environ").read_bytes():
+                            others.append(entry.name)
+                    except OSError:
+                        pass
+            assert others == []
+        """
+    )
+    for args in (["-k", "test_plain"], ["-m", "not distperf"]):
+        result = pytester.runpytest_subprocess("--distperf-devices=2", *args)
+        result.assert_outcomes(passed=1)
 
 
 def test_a_rank_killed_by_a_signal_is_named_and_the_next_test_runs(
@@ -164,10 +213,16 @@ def test_same_test_alone_and_after_ten_others_gives_same_tokens_and_memory(
         seen = {"tokens": result.tokens, "peak": result.peak_memory_bytes}
         (request.config.rootpath / "target.json").write_text(json.dumps(seen))
     """
+    # One other with a larger peak than the target's (a pool's peak would show through it),
+    # nine small ones under every kind of strategy that frees what it built.
     others = """
-    @pytest.mark.strategy("auto", "fsdp-noreshard")
     @pytest.mark.distperf(model="pythia-70m", max_new_tokens=2, efficiency=0.05)
-    @pytest.mark.parametrize("n", range(5))
+    def test_other_larger(distperf):
+        distperf.run()
+
+    @pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard")
+    @pytest.mark.distperf(model="tiny", max_new_tokens=2, efficiency=0.05)
+    @pytest.mark.parametrize("n", range(3))
     def test_other(distperf, n):
         distperf.run()
     """

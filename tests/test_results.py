@@ -130,7 +130,7 @@ JSON_FIELDS = {
     *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
     *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
     *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
-    *("work_s", "harness_s", "compile_s", "compiled", "bandwidth_utilization"),
+    *("work_s", "harness_s", "compile_s", "compiled", "cuda_graphs", "bandwidth_utilization"),
     "verdict",
     *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),
     *("bound_description", "link_class", "ratio_to_predicted"),

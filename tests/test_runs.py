@@ -68,7 +68,19 @@ def tag(monkeypatch: pytest.MonkeyPatch) -> str:
     return value
 
 
+# The ranks do the torch work; the pytest process stays without torch (seconds of import).
+NO_TORCH_CONFTEST = """
+import sys
+from pathlib import Path
+
+
+def pytest_sessionfinish(session):
+    Path("torch-imported").write_text(str("torch" in sys.modules))
+"""
+
+
 def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> None:
+    pytester.makeconftest(NO_TORCH_CONFTEST)
     pytester.makepyfile(
         """
         import pytest
@@ -111,6 +123,7 @@ def test_two_strategies_report_results(pytester: pytest.Pytester, tag: str) -> N
     assert all(len(row["host_loop_samples"]) == 3 for row in rows)
     assert all(0.0005 < t < 1.0 for row in rows for t in row["host_loop_samples"])
     assert rows[1]["memory_kind"] == "process RSS peak (before the bare copy was built)"
+    assert (pytester.path / "torch-imported").read_text() == "False"
     assert _wait_until_gone(tag) == []
 
 
@@ -157,20 +170,22 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
             assert distperf.run().tokens_per_sec > 0
         """
     )
+    # The timeout covers a test's work in its ranks (not their start): a few seconds more than
+    # test_b_runs needs on a busy machine, and than rank 1 needs to reach its sleep.
     result = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-timeout=20", "--distperf-repeats=1"
+        "--distperf-devices=2", "--distperf-timeout=6", "--distperf-repeats=1"
     )
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
         [
-            "*ranks still running after --distperf-timeout=20 s were stopped*",
+            "*ranks still running after --distperf-timeout=6 s were stopped*",
             "*--- rank 1*",
             "*faulty.py*in hanging*",
         ]
     )
     # Each rank's own watchdog fires at the timeout; whichever fires first dumps under this
     # header and exits, and the launcher's SIGTERM makes the other dump its stack as it is.
-    result.stdout.fnmatch_lines(["*Timeout (0:00:20)!*"])
+    result.stdout.fnmatch_lines(["*Timeout (0:00:06)!*"])
     assert _wait_until_gone(tag) == []
 
 
@@ -186,6 +201,15 @@ def test_after():
 """
 
 
+# pytest with SIGINT at its default action, as a terminal's foreground job has it. A shell that
+# starts a job in the background without job control leaves SIGINT ignored, every process
+# under it inherits that, and Python then keeps it ignored: a Ctrl-C would do nothing at all.
+AS_IN_A_TERMINAL = (
+    "import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.exit(pytest.console_main())"
+)
+
+
 def _interrupted_session(
     pytester: pytest.Pytester, interrupt: Callable[[subprocess.Popen[bytes]], None]
 ) -> tuple[int, str]:
@@ -194,7 +218,7 @@ def _interrupted_session(
     pytester.makepyfile(LONG_TEST)
     marker = pytester.path / "ranks-running"
     env = {**os.environ, "DISTPERF_MARKER_FILE": str(marker)}
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v"]
+    command = [sys.executable, "-c", AS_IN_A_TERMINAL, "-p", "no:cacheprovider", "-v"]
     command += ["--distperf-devices=2", "--distperf-repeats=1000"]
     process = subprocess.Popen(
         command,

@@ -2,10 +2,12 @@
 
 Starting ranks (process start, torch import, process group, Lightning) costs far more than a
 small test's timed work (docs/benchmarks/pool.md), so the ranks stay up between tests, as torch's
-own `MultiProcContinuousTest` keeps its process group. The rendezvous is torch elastic's: this
-process hosts the TCPStore and every rank joins as its client. Control goes through one pipe
-per rank (`ranks/serve.py`). A test that raises, hangs or loses a rank leaves the group in an
-unknown state: the pool is stopped and the next test gets a new one.
+own `MultiProcContinuousTest` keeps its process group. The session may start the first pool as
+soon as collection knows its tests (`Pools.start`), so that the ranks' start overlaps what the
+pytest process still has to do. Rank 0 hosts the group's TCPStore and this process relays its
+port to the others, so this process never imports torch. Control goes through one pipe per rank
+(`ranks/serve.py`). A test that raises, hangs or loses a rank leaves the group in an unknown
+state: the pool is stopped and the next test gets a new one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pytest_distperf.launch.failures import (
     where,
 )
 from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
-from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, RankPlace
+from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RankResult, RunResult, RunSpec
 
 # Variables that change how ranks talk to each other: pools differ when these do.
@@ -62,8 +64,14 @@ class PoolKey:
 
     @classmethod
     def of(cls, spec: RunSpec, environ: Mapping[str, str] = os.environ) -> PoolKey:
+        return cls.for_ranks(spec.accelerator, spec.devices, environ)
+
+    @classmethod
+    def for_ranks(
+        cls, accelerator: str, ranks: int, environ: Mapping[str, str] = os.environ
+    ) -> PoolKey:
         comm = tuple((name, environ[name]) for name in COMM_VARIABLES if environ.get(name))
-        return cls(spec.accelerator, spec.devices, comm)
+        return cls(accelerator, ranks, comm)
 
 
 class RankPool:
@@ -72,14 +80,12 @@ class RankPool:
     def __init__(self, key: PoolKey) -> None:
         import multiprocessing
 
-        import torch.distributed as dist
-
         self.key = key
         self.started_at = time.time()
         self.tests_run = 0
+        self.ready = False  # every rank has joined the process group
+        self._started_in = _surroundings()
         self._log_dir = Path(tempfile.mkdtemp(prefix="distperf-pool-"))
-        # The store lives here, so that it outlives any rank and every rank is only a client.
-        self._store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         context = multiprocessing.get_context("spawn")
         threads = threads_per_rank(key.ranks) if key.accelerator == "cpu" else 1
         self._processes: list[Any] = []
@@ -87,23 +93,28 @@ class RankPool:
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
         from pytest_distperf.ranks.serve import serve
 
-        for rank in range(key.ranks):
-            ours, theirs = context.Pipe()
-            place = RankPlace(
-                rank=rank,
-                world_size=key.ranks,
-                accelerator=key.accelerator,
-                store_port=self._store.port,
-                log_path=str(self.log_paths[rank]),
-                threads=threads,
-                parent_pid=os.getpid(),
-                environ=key.comm_environment,
-            )
-            process = context.Process(target=serve, args=(place, theirs), name=f"distperf-{rank}")
-            process.start()
-            theirs.close()
-            self._processes.append(process)
-            self._connections.append(ours)
+        try:
+            for rank in range(key.ranks):
+                ours, theirs = context.Pipe()
+                place = RankPlace(
+                    rank=rank,
+                    world_size=key.ranks,
+                    accelerator=key.accelerator,
+                    log_path=str(self.log_paths[rank]),
+                    threads=threads,
+                    parent_pid=os.getpid(),
+                    environ=key.comm_environment,
+                )
+                process = context.Process(
+                    target=serve, args=(place, theirs), name=f"distperf-{rank}"
+                )
+                self._connections.append(ours)
+                process.start()
+                theirs.close()
+                self._processes.append(process)
+        except BaseException:  # a Ctrl-C halfway: the ranks already started go too
+            self.close(kill=True)
+            raise
         self.ready_s = 0.0
         self.last_output: dict[int, str] = {}  # each rank's output during the last test
 
@@ -111,16 +122,25 @@ class RankPool:
     def alive(self) -> bool:
         return bool(self._processes) and all(p.is_alive() for p in self._processes)
 
+    def fits(self, key: PoolKey) -> bool:
+        """Whether the next test of `key` can run in these ranks. A pool started ahead of its
+        first test must still see the environment and directory that test would start it in."""
+        if self.key != key or not self.alive:
+            return False
+        return self.tests_run > 0 or self._started_in == _surroundings()
+
     def output_offsets(self) -> list[int]:
         return [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
 
     def wait_ready(self, spec: RunSpec) -> None:
-        """Block until every rank has joined the process group (first use only)."""
+        """Block until every rank has joined the process group (first use only); rank 0's
+        store port goes to the other ranks on the way."""
         start = time.perf_counter()
         replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
         failed = {rank: text for rank, (kind, text) in replies.items() if kind != READY}
         if failed:
             raise RunFailed(self._failure_text(spec, failed, time.perf_counter() - start))
+        self.ready = True
         self.ready_s = time.perf_counter() - start
 
     def run(
@@ -135,7 +155,7 @@ class RankPool:
         offsets = self.output_offsets()
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
-            if self.tests_run == 0:
+            if not self.ready:
                 self.wait_ready(spec)
             for connection in self._connections:
                 connection.send((RUN, spec))
@@ -164,7 +184,7 @@ class RankPool:
         progress: Callable[[str], None] | None = None,
     ) -> dict[int, tuple[str, Any]]:
         """Every rank's reply; a rank that raised, died or timed out gets (status, text).
-        Progress messages on the way go to `progress`."""
+        Progress messages on the way go to `progress`; rank 0's store port to the others."""
         replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
         pending = dict(enumerate(self._connections))
         deadline = time.monotonic() + timeout
@@ -190,6 +210,11 @@ class RankPool:
                     if message[0] == PROGRESS:  # not a reply: this rank's reply is still due
                         if progress is not None:
                             progress(message[1])
+                        continue
+                    if message[0] == STORE:  # nor this: the others join through rank 0's store
+                        for other in self._connections[1:]:
+                            with contextlib.suppress(OSError):  # a rank gone: seen as such
+                                other.send(message)
                         continue
                     del pending[rank]
                     replies[rank] = message
@@ -239,13 +264,16 @@ class RankPool:
         return f"exit code {code}, pid {process.pid}"
 
     def stop(self, kill: bool = False) -> None:
-        """End the ranks: politely between tests, at once after a fault. Idempotent."""
-        if not kill:
+        """End the ranks: politely between tests, at once after a fault or before they were
+        ever used (still importing, they would read a polite stop only once ready). Idempotent."""
+        polite = not kill and self.ready
+        if polite:
             for connection in self._connections:
                 with contextlib.suppress(OSError, ValueError):
                     connection.send((STOP, None))
         # Even when killing, a rank that is already exiting gets a moment to finish.
-        deadline = time.monotonic() + (0.5 if kill else STOP_WAIT_S)
+        wait = STOP_WAIT_S if polite else 0.5 if self.ready else 0.0
+        deadline = time.monotonic() + wait
         for process in self._processes:
             process.join(timeout=max(deadline - time.monotonic(), 0.0))
         for process in self._processes:
@@ -310,6 +338,13 @@ class OutputStreamer:
         self._thread.join(timeout=5.0)
 
 
+def _surroundings() -> tuple[str, tuple[tuple[str, str], ...]]:
+    """What spawned ranks inherit from this process: its directory and its environment (less
+    the variable pytest sets for every test phase)."""
+    environ = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
+    return os.getcwd(), environ
+
+
 @contextlib.contextmanager
 def _stopping_signals() -> Iterator[None]:
     """While a test's ranks run, SIGTERM, SIGHUP and SIGQUIT end the session (SessionStopped);
@@ -344,6 +379,15 @@ class Pools:
     def current(self) -> RankPool | None:
         return self._current
 
+    def start(self, key: PoolKey) -> None:
+        """Start the ranks of `key` now, ahead of the first test that needs them; that test
+        reports any trouble in starting them."""
+        if self._current is not None and self._current.fits(key):
+            return
+        self.close()
+        with contextlib.suppress(Exception):
+            self._current = RankPool(key)
+
     def run(
         self,
         spec: RunSpec,
@@ -354,13 +398,13 @@ class Pools:
             spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
         key = PoolKey.of(spec)
         pool = self._current
-        if pool is not None and (pool.key != key or not pool.alive):
+        if pool is not None and not pool.fits(key):
             pool.close()
             pool = self._current = None
         if pool is None:
             try:
                 pool = self._current = RankPool(key)
-            except Exception as error:  # store or spawn trouble: still this test's failure
+            except Exception as error:  # spawn trouble: still this test's failure
                 raise RunFailed(
                     f"distperf: could not start the ranks {where(spec)}: "
                     f"{type(error).__name__}: {error}"

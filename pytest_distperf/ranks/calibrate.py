@@ -17,6 +17,8 @@ Conventions (nccl-tests, doc/PERFORMANCE.md):
 Timing: every iteration starts with a device sync and a barrier (so no rank times its wait for
 a late peer), ends with a device sync (so no kernel is still queued), and is measured on the host
 clock. Host timing includes the launch cost of one collective, which is what eager code pays too.
+A call that takes longer than SLOW_CALL_S (a huge all-gather over loopback on CPU ranks) is timed
+once after its warm-up instead of `iters` times.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ def calibrate(
         dist.all_reduce(token)
         sync()
 
+    agree = partial(_slowest, device)
+
     gather_times = []
     gathered_bytes = []
     for size in sorted(set(sizes_all_gather)):
@@ -85,6 +89,7 @@ def calibrate(
                 sync,
                 barrier,
                 *_repeats(gathered_bytes[-1], warmup, iters),
+                agree,
             )
         )
         del shard
@@ -100,6 +105,7 @@ def calibrate(
                 sync,
                 barrier,
                 *_repeats(reduced_bytes[-1], warmup, iters),
+                agree,
             )
         )
         del tensor
@@ -111,7 +117,11 @@ def calibrate(
         p2p_bytes.append(message.numel() * element)
         p2p_times.append(
             _median_time(
-                partial(_ring_hop, message), sync, barrier, *_repeats(p2p_bytes[-1], warmup, iters)
+                partial(_ring_hop, message),
+                sync,
+                barrier,
+                *_repeats(p2p_bytes[-1], warmup, iters),
+                agree,
             )
         )
         del message
@@ -119,11 +129,22 @@ def calibrate(
     if copy_bytes is None:
         copy_bytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
     copy_bytes = max(1, int(copy_bytes))
-    copy_time, fresh_copy_time = _copy_times(copy_bytes, device, sync, barrier, warmup, iters)
+    copy_time, fresh_copy_time = _copy_times(
+        copy_bytes, device, sync, barrier, warmup, iters, agree
+    )
     overlap_times = (0.0, 0.0, 0.0)
     if gathered_bytes and n > 1:
+        probe = _probe_index([agree(t) for t in gather_times])  # the same size in every rank
         overlap_times = _overlap_times(
-            gathered_bytes[-1], gather_times[-1], device, dtype, sync, barrier, warmup, iters
+            gathered_bytes[probe],
+            gather_times[probe],
+            device,
+            dtype,
+            sync,
+            barrier,
+            warmup,
+            iters,
+            agree,
         )
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     local = torch.tensor(
@@ -182,16 +203,37 @@ def _repeats(nbytes: int, warmup: int, iters: int) -> tuple[int, int]:
     return warmup, iters
 
 
+# A call this long is a steady measurement by itself (the host's jitter is a small share of it);
+# more repeats would only add seconds each, as huge all-gathers do over loopback on CPU ranks.
+SLOW_CALL_S = 0.5
+
+
+def _slowest(device: torch.device, seconds: float) -> float:
+    """The largest of every rank's `seconds`: ranks must agree on how often they call."""
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value.item())
+
+
 def _median_time(
     op: Callable[[], object],
     sync: Callable[[], None],
     barrier: Callable[[], None],
     warmup: int,
     iters: int,
+    agree: Callable[[float], float],
+    slow_call_s: float = SLOW_CALL_S,
 ) -> float:
+    """Median seconds of `iters` fenced calls of `op` after `warmup` untimed ones; a single
+    timed call when the last warm-up call took `slow_call_s` or more on any rank (`agree`)."""
+    warm_s = 0.0
     for _ in range(warmup):
+        start = time.perf_counter()
         op()
         sync()
+        warm_s = time.perf_counter() - start
+    if warmup and agree(warm_s) >= slow_call_s:
+        iters = 1
     samples = []
     for _ in range(iters):
         sync()
@@ -246,6 +288,7 @@ def _copy_times(
     barrier: Callable[[], None],
     warmup: int,
     iters: int,
+    agree: Callable[[float], float],
 ) -> tuple[float, float]:
     """(copy into an existing tensor, copy into a new one) of `copy_bytes`, median seconds.
 
@@ -256,8 +299,8 @@ def _copy_times(
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     try:
-        warm = _median_time(partial(dst.copy_, src), sync, barrier, max(warmup, 1), iters)
-        fresh = _median_time(partial(_fresh_copy, src), sync, barrier, max(warmup, 1), iters)
+        warm = _median_time(partial(dst.copy_, src), sync, barrier, max(warmup, 1), iters, agree)
+        fresh = _median_time(partial(_fresh_copy, src), sync, barrier, max(warmup, 1), iters, agree)
         return warm, fresh
     finally:
         del src, dst
@@ -268,6 +311,19 @@ def _copy_times(
 HOST_WORK_ELEMENTS = 256
 HOST_WORK_PROBE_OPS = 200
 HOST_WORK_MAX_OPS = 200_000
+
+
+# The overlap probe's all-gather lasts at most this long where the sizes allow: the hidden share
+# is the machine's (threads and copy engines against the host), which a longer transfer shows no
+# better, while every phase of the probe repeats it (seconds each for huge CPU all-gathers).
+OVERLAP_PROBE_MAX_S = 0.25
+
+
+def _probe_index(times: Sequence[float]) -> int:
+    """Index of the overlap probe's all-gather among sizes in ascending order: the largest whose
+    call took at most OVERLAP_PROBE_MAX_S, else the fastest."""
+    fitting = [i for i, seconds in enumerate(times) if seconds <= OVERLAP_PROBE_MAX_S]
+    return fitting[-1] if fitting else min(range(len(times)), key=times.__getitem__)
 
 
 def overlap_fraction(transfer_s: float, host_s: float, both_s: float) -> float:
@@ -297,21 +353,27 @@ def _overlap_times(
     barrier: Callable[[], None],
     warmup: int,
     iters: int,
+    agree: Callable[[float], float],
 ) -> tuple[float, float, float]:
     """(all-gather alone, host work alone, both at once), median seconds, this rank.
 
-    The all-gather is the largest calibrated size, started asynchronously as FSDP starts the
-    next unit's gather; meanwhile the host issues about as much small-kernel work as the gather
-    lasts (equal lengths make the hidden share easiest to see). Whether the two overlap depends
-    on the machine: the collective's stream and copy engines on a GPU, on a CPU whether the
-    backend's thread finds a free core.
+    The all-gather is the largest calibrated size within OVERLAP_PROBE_MAX_S, started
+    asynchronously as FSDP starts the next unit's gather; meanwhile the host issues about as
+    much small-kernel work as the gather lasts (equal lengths make the hidden share easiest to
+    see). Whether the two overlap depends on the machine: the collective's stream and copy
+    engines on a GPU, on a CPU whether the backend's thread finds a free core.
     """
     n = dist.get_world_size()
     element = torch.tensor([], dtype=dtype).element_size()
     shard = torch.ones(max(1, gathered_bytes // (element * n)), dtype=dtype, device=device)
     scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
     probe = _median_time(
-        partial(_host_work, scratch, HOST_WORK_PROBE_OPS), sync, barrier, max(warmup, 1), iters
+        partial(_host_work, scratch, HOST_WORK_PROBE_OPS),
+        sync,
+        barrier,
+        max(warmup, 1),
+        iters,
+        agree,
     )
     per_op = probe / HOST_WORK_PROBE_OPS
     # Every rank must issue the same work, or the faster host would wait for the slower.
@@ -319,10 +381,15 @@ def _overlap_times(
     dist.all_reduce(ops_local, op=dist.ReduceOp.MIN)
     ops = int(min(max(ops_local.item(), HOST_WORK_PROBE_OPS), HOST_WORK_MAX_OPS))
 
-    gather = _median_time(partial(_fresh_all_gather, shard, n), sync, barrier, warmup, iters)
-    host = _median_time(partial(_host_work, scratch, ops), sync, barrier, warmup, iters)
+    gather = _median_time(partial(_fresh_all_gather, shard, n), sync, barrier, warmup, iters, agree)
+    host = _median_time(partial(_host_work, scratch, ops), sync, barrier, warmup, iters, agree)
     together = _median_time(
-        partial(_gather_during_host_work, shard, n, scratch, ops), sync, barrier, warmup, iters
+        partial(_gather_during_host_work, shard, n, scratch, ops),
+        sync,
+        barrier,
+        warmup,
+        iters,
+        agree,
     )
     return gather, host, together
 

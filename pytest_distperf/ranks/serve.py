@@ -1,10 +1,12 @@
 """The rank side of the pool: join the process group once, then run one RunSpec per message.
 
-Started by `launch/pool.py` in a fresh (spawned) process per rank. The process group comes from
-the pool's own TCPStore (torch elastic's agent-store rendezvous), so Fabric finds it initialised
-and never launches anything itself. Between tests everything a test built is freed, so the next
-test starts from the same state; a test that raises leaves the group in an unknown state, so the
-pool is replaced after it (the pytest side decides that).
+Started by `launch/pool.py` in a fresh (spawned) process per rank. Rank 0 hosts the group's
+TCPStore on a port the kernel picks and the pytest process relays that port to the other ranks,
+so no rank races another for a port and the pytest process never imports torch; the group is
+joined before the first test, so Fabric finds it initialised and never launches anything itself.
+Between tests everything a test built is freed, so the next test starts from the same state; a
+test that raises leaves the group in an unknown state, so the pool is replaced after it (the
+pytest side decides that).
 """
 
 from __future__ import annotations
@@ -18,12 +20,19 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_distperf.spec import RunSpec
 
 # Messages, pytest process -> rank: ("run", RunSpec) or ("stop", None).
 # Rank -> pytest process: ("ready", None), ("done", RankResult) or ("raised", traceback text);
 # during a run rank 0 may also send ("progress", text), any number of times before its reply.
+# At start rank 0 sends ("store", port) before its "ready"; the pytest process sends it on to
+# every other rank, which waits for it before it joins the group.
 RUN, STOP, READY, DONE, RAISED = "run", "stop", "ready", "done", "raised"
-PROGRESS = "progress"
+PROGRESS, STORE = "progress", "store"
+STORE_TIMEOUT_S = 300.0  # a rank's wait for the others to reach the store
 
 _PR_SET_PDEATHSIG = 1
 
@@ -35,7 +44,6 @@ class RankPlace:
     rank: int
     world_size: int
     accelerator: str  # "cpu" or "cuda"
-    store_port: int  # the pool's TCPStore, hosted by the pytest process
     log_path: str  # this rank's stdout and stderr go here
     threads: int  # CPU threads for this rank (CPU ranks share the host's cores)
     parent_pid: int  # the pytest process
@@ -52,10 +60,10 @@ def serve(place: RankPlace, connection: Connection) -> None:
         signal.signal(sig, signal.SIG_IGN)
     os.environ.update(_rank_environment(place))
     try:
-        _join_group(place)
+        _join_group(place, connection)
     except BaseException:
         connection.send((RAISED, traceback.format_exc()))
-        os._exit(1)
+        _exit(1)
     connection.send((READY, None))
     from pytest_distperf.ranks.worker import run_rank
 
@@ -66,22 +74,67 @@ def serve(place: RankPlace, connection: Connection) -> None:
         try:
             kind, spec = connection.recv()
         except EOFError:  # the pytest process is gone
-            return
+            _exit(0)
         if kind == STOP:
-            return
-        start = time.perf_counter()
+            # Nothing is left to finish: an interpreter shutdown would only tear down torch and
+            # the process group, slowly, while the pytest process waits for it.
+            _exit(0)
         try:
+            spec, calibration = _calibrate_first(spec, place)
+            start = time.perf_counter()
             reporter = progress if place.rank == 0 else None
-            result = replace(run_rank(spec, reporter), work_s=time.perf_counter() - start)
+            result = run_rank(spec, reporter)
+            # Plain strings: torch's version string is a str subclass whose unpickling would
+            # import torch into the pytest process.
+            versions = {name: str(version) for name, version in result.versions.items()}
+            result = replace(result, versions=versions, work_s=time.perf_counter() - start)
+            if calibration is not None:
+                result = replace(result, calibration=calibration)
         except BaseException:
             connection.send((RAISED, traceback.format_exc()))
-            sys.stdout.flush()
-            sys.stderr.flush()
             # The group's state is unknown now: this pool is done. No interpreter shutdown,
             # which could wait on a collective that will never complete.
-            os._exit(1)
+            _exit(1)
         _free_test_state(place.accelerator)
         connection.send((DONE, result))
+
+
+def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
+    """(the spec left to run, the pool's calibration): calibrated here, before the test, rather
+    than inside it, where its buffers would be the first test's memory peak and its time the
+    first test's work. A builder's model is calibrated by the test, once built."""
+    sizes = spec.calibration_sizes
+    if sizes is None or spec.calibrate_model:
+        return spec, None
+    import faulthandler
+
+    import torch
+
+    from pytest_distperf.ranks.calibrate import calibrate
+    from pytest_distperf.ranks.worker import DTYPES
+
+    cuda = place.accelerator == "cuda"
+    device = torch.device("cuda", place.rank) if cuda else torch.device("cpu")
+    # The test's own watchdog (worker.run_rank) starts after this: a hung collective here must
+    # leave its stack behind too.
+    faulthandler.dump_traceback_later(spec.timeout, exit=True, file=sys.stderr)
+    try:
+        calibration = calibrate(
+            sizes.all_gather,
+            sizes.all_reduce,
+            device,
+            DTYPES[spec.workload.precision],
+            sizes_p2p=sizes.p2p,
+        )
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    return replace(spec, calibration_sizes=None), calibration
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _rank_environment(place: RankPlace) -> dict[str, str]:
@@ -93,9 +146,8 @@ def _rank_environment(place: RankPlace) -> dict[str, str]:
         "WORLD_SIZE": str(place.world_size),
         "LOCAL_WORLD_SIZE": str(place.world_size),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(place.store_port),
-        # The pytest process hosts the store: every rank is a client of it (torch elastic's
-        # agent-store mode), so no rank races another for a port.
+        # The store exists before anything could rendezvous through env://: anything that does
+        # must join it as a client (torch elastic's agent-store mode), never host a second one.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": "0",
         "OMP_NUM_THREADS": threads,
@@ -104,20 +156,40 @@ def _rank_environment(place: RankPlace) -> dict[str, str]:
     }
 
 
-def _join_group(place: RankPlace) -> None:
+def _join_group(place: RankPlace, connection: Connection) -> None:
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
 
+    timeout = timedelta(seconds=STORE_TIMEOUT_S)
+    if place.rank == 0:
+        store = dist.TCPStore(
+            "127.0.0.1", 0, place.world_size, is_master=True, timeout=timeout,
+            wait_for_workers=False,
+        )  # fmt: skip
+        connection.send((STORE, store.port))
+    # Imported now, once, so that the first test does not pay for it; the other ranks import it
+    # while rank 0's port is on its way to them.
+    import lightning.fabric  # noqa: F401
+
+    if place.rank != 0:
+        kind, port = connection.recv()
+        if kind == STOP:  # the pool was closed before it was ever used
+            _exit(0)
+        if kind != STORE:
+            raise RuntimeError(f"expected the store's port from the pytest process, got {kind!r}")
+        store = dist.TCPStore("127.0.0.1", port, place.world_size, is_master=False, timeout=timeout)
+    os.environ["MASTER_PORT"] = str(store.port)  # for whatever reads the rendezvous variables
     if place.accelerator == "cpu":
         torch.set_num_threads(place.threads)
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", store=store, rank=place.rank, world_size=place.world_size)
     else:
         device = torch.device("cuda", place.rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device)
-    # Imported now, once, so that the first test does not pay for it.
-    import lightning.fabric  # noqa: F401
-
+        dist.init_process_group(
+            "nccl", store=store, rank=place.rank, world_size=place.world_size, device_id=device
+        )
     _reuse_device_meshes()
 
 
