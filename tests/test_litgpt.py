@@ -94,7 +94,6 @@ def other_cache(seed, device, dtype):
 
 SUITE = """
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
