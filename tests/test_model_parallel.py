@@ -23,6 +23,7 @@ from distperf_model.parallelize import (
     tensor_parallel,
 )
 from torch import nn
+from tp_logits import greedy_logits
 
 from pytest_distperf.judge import gate
 from pytest_distperf.options import SettingError, workload_from_marker
@@ -263,19 +264,7 @@ def _litgpt_pythia() -> nn.Module:
 
 
 def _logits(model: nn.Module) -> torch.Tensor:
-    """Prefill and three greedy decode steps, each step's last logits [4, B, V]; the KV cache is
-    made once the model is split, as the worker makes it."""
-    if hasattr(model, "setup_caches"):
-        model.setup_caches(2, 16, device=torch.device("cpu"), dtype=torch.float32)
-    else:
-        model.set_kv_cache(batch_size=2, max_seq_length=16)
-    prompt = torch.randint(0, 200, (2, 5), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        out = [model(prompt, torch.arange(5))[:, -1]]
-        for step in range(3):
-            token = out[-1].argmax(-1, keepdim=True)
-            out.append(model(token, torch.tensor([5 + step]))[:, -1])
-    return torch.stack(out)
+    return torch.stack(greedy_logits(model))  # [4, B, V]
 
 
 class _Threads:

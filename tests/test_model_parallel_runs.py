@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from tp_logits import greedy_logits
 
 pytestmark = pytest.mark.slow
 
@@ -144,19 +145,7 @@ def _models() -> dict[str, Any]:
 
 
 def _logits(name: str, model: Any) -> list[torch.Tensor]:
-    """Prefill and three greedy decode steps; each step's logits. Caches are made once the
-    model is placed, as the worker makes them: tp's hold only this rank's query groups."""
-    if hasattr(model, "setup_caches"):
-        model.setup_caches(2, 16, device=torch.device("cpu"), dtype=torch.float32)
-    else:
-        model.set_kv_cache(batch_size=2, max_seq_length=16)
-    prompt = torch.randint(0, 200, (2, 5), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        out = [model(prompt, torch.arange(5))[:, -1]]
-        for step in range(3):
-            token = out[-1].argmax(-1, keepdim=True)
-            out.append(model(token, torch.tensor([5 + step]))[:, -1])
-    return out
+    return greedy_logits(model)
 
 
 def _rank(rank: int, port: int, results: Any) -> None:
