@@ -4,11 +4,16 @@
 # sessions with 5% real extra work in every block (slowed_model.py) alternate, up to PAIRS of
 # each, until BUDGET seconds have passed. Resumable: a later call with the same STATE (kept on
 # a warm machine, or carried back) goes on where the last one stopped, its baselines included.
+# SEED=dir starts an empty STATE from an earlier run's records and baselines, as a CI branch
+# starts from main's; EXTRA is the slowed sessions' extra traffic (a fraction of block bytes).
 #   RECORDS=5 PAIRS=10 BUDGET=540 bash docs/benchmarks/gpu/run_gate.sh
 set -uo pipefail
 STATE=${STATE:-.gate-run}; RECORDS=${RECORDS:-5}; PAIRS=${PAIRS:-10}; BUDGET=${BUDGET:-540}
-OUT=${OUT:-/tmp/distperf-gate}
+OUT=${OUT:-/tmp/distperf-gate}; SEED=${SEED:-}; EXTRA=${EXTRA:-0.03}
 mkdir -p "$STATE" "$OUT"
+if [[ -n $SEED && ! -d $STATE/baselines ]]; then
+  cp -r "$SEED/baselines" "$STATE/" && cp "$SEED"/record-*.json "$STATE/" || exit 1
+fi
 # inductor's cache beside the state: a session after the first compiles from it.
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/$STATE/inductor
 export PYTHONPATH=docs/benchmarks/gpu${PYTHONPATH:+:$PYTHONPATH}
@@ -44,7 +49,7 @@ while (( $(count slow5) < PAIRS && SECONDS - start < BUDGET )); do
   if (( $(count same) <= $(count slow5) )); then
     session "same-$(( $(count same) + 1 ))"
   else
-    DISTPERF_EXTRA_WORK=0.05 session "slow5-$(( $(count slow5) + 1 ))"
+    DISTPERF_EXTRA_WORK=$EXTRA session "slow5-$(( $(count slow5) + 1 ))"
   fi
 done
 # The device tool brings back few files: one archive of the runs (not the compile cache).
