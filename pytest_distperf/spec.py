@@ -153,6 +153,7 @@ class RankResult:
     reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
     compiled: str = ""  # how the decode step was compiled; "" for an eager run
     cuda_graphs: bool = False  # the timed steps replayed as CUDA graphs (compiled.py)
+    graph_breaks: bool = False  # the timed steps compiled around the wrapper's hooks
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
 
 
@@ -235,6 +236,11 @@ class RunResult:
         """Every rank's timed steps replayed as CUDA graphs: the device, not the host, paced
         them."""
         return bool(self.ranks) and all(r.cuda_graphs for r in self.ranks)
+
+    @property
+    def graph_breaks(self) -> bool:
+        """Some rank's steps were compiled around its wrapper's hooks (compiled.py)."""
+        return any(r.graph_breaks for r in self.ranks)
 
     @property
     def compile_s(self) -> float | None:

@@ -23,7 +23,9 @@ from pytest_distperf.judge.checks import (
 )
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.perfmodel import (
+    DEFAULT_OVERHEADS,
     Calibration,
+    Overheads,
     MessageSizes,
     Prediction,
     message_sizes,
@@ -93,6 +95,7 @@ class Gate:
             dtype_bytes=PRECISION_BYTES[workload.precision],
             compute_time_s=result.reference_token_s,
             prefill_time_s=result.reference_prefill_s,
+            overheads=_overheads_of(result),
         )
         return prediction, ""
 
@@ -176,6 +179,11 @@ class Gate:
 
 
 TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET")
+
+
+def _overheads_of(result: RunResult) -> Overheads:
+    """A run compiled around its wrapper's hooks pays more per unit than an eager one."""
+    return DEFAULT_OVERHEADS.around_graph_breaks() if result.graph_breaks else DEFAULT_OVERHEADS
 
 
 def transport_suffix(accelerator: str, environ: Mapping[str, str] = os.environ) -> str:

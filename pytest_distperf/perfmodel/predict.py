@@ -160,6 +160,8 @@ def predict(
         overheads,
     )
     terms, moved, notes = _compute_terms(x, compute_time_s)
+    if overheads.note:
+        notes += (overheads.note,)
     cost = record.cost(x)
     if cost.compute_share != 1.0:
         own = "compute" if "compute" in terms else "weights"

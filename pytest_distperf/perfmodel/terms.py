@@ -4,7 +4,7 @@ explains each term."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -53,6 +53,21 @@ class Overheads:
     fsdp2_unit_s: float = 0.3e-3
     # FSDP2, per unit that gathers, on top of `fsdp2_unit_s` and of `gather_copies`.
     fsdp2_gather_s: float = 0.6e-3
+    # Compiled with graph breaks at the wrapper's hooks: each unit also leaves and re-enters
+    # the compiled code (guards, resume), so its host work costs this many times the eager one.
+    graph_break_unit_factor: float = 1.35
+    note: str = ""  # said in the prediction's assumptions when these are not the eager figures
+
+    def around_graph_breaks(self) -> Overheads:
+        """The per-unit costs of a run compiled around its wrapper's hooks (docs/perfmodel.md)."""
+        k = self.graph_break_unit_factor
+        return replace(
+            self,
+            fsdp1_unit_s=self.fsdp1_unit_s * k,
+            fsdp2_unit_s=self.fsdp2_unit_s * k,
+            fsdp2_gather_s=self.fsdp2_gather_s * k,
+            note=f"per-unit wrapper costs x {k:g}: compiled with graph breaks at its hooks",
+        )
 
 
 DEFAULT_OVERHEADS = Overheads()

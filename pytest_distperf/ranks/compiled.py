@@ -51,6 +51,7 @@ class CompiledStep:
     how: str  # what ran, for the result: e.g. "torch.compile CUDA graphs, fullgraph"
     prefill: Step | None = None  # None: the prefill stays eager
     cuda_graphs: bool = False  # the step replays as a CUDA graph: the host does not pace it
+    graph_breaks: bool = False  # compiled around the wrapper's hooks, which run between graphs
 
     def override(self) -> StepOverride | None:
         """What the timed loop runs instead of its own steps; None: all eager."""
@@ -76,7 +77,7 @@ def compile_decode_step(
     mode = AROUND_HOOKS_CUDA if cuda else None
     compiled = torch.compile(decode_one_token, mode=mode, dynamic=False)
     how = f"torch.compile {mode or 'default'}, graph breaks at the wrapper's hooks; prefill eager"
-    return CompiledStep(compiled, how)
+    return CompiledStep(compiled, how, graph_breaks=True)
 
 
 def compile_bare_step(

@@ -261,6 +261,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
         compile_s=compile_s,
         compiled=wrapped_steps.how if wrapped_steps else "",
         cuda_graphs=bool(wrapped_steps and wrapped_steps.cuda_graphs),
+        graph_breaks=bool(wrapped_steps and wrapped_steps.graph_breaks),
         reference_prefill_s=_median_prefill(bare_samples),
     )
 
