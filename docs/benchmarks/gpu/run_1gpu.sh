@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One call on a 1 x H200 machine: the example suite through the rank pool (eager), compiled
-# llama-2-7b against the copy bandwidth, LitGPT pythia-1b, tp/pipeline on one rank.
+# One call on a 1 x H200 machine: the example suite through the rank pool (eager, then compiled),
+# LitGPT pythia-1b, tp/pipeline on one rank. The compiled suite alone took 10.7 minutes from a
+# cold compile cache (h200-2026-12-01-gate3.md), over one call's limit: pick steps per call,
+# e.g. STEPS=suite-compiled PYTEST_ADDOPTS="-k 'llama or pythia_2'", then "-k 'not llama and not pythia_2'".
 #   bash docs/benchmarks/gpu/run_1gpu.sh            # writes logs and JSON under $OUT
 set -uo pipefail
 OUT=${OUT:-/tmp/distperf-gpu}
@@ -23,7 +25,13 @@ common=(-p no:cacheprovider --distperf-devices 1 --distperf-accelerator cuda --d
 step() { local name=$1; shift; local t0=$SECONDS
   python3 -m pytest "${common[@]}" --distperf-json "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name rc=$? $((SECONDS - t0)) s"; grep -E '^ +[0-9.]+ +|passed|failed|skipped' "$OUT/$name.log" | tail -16; }
-step suite-eager examples
-step llama-compiled examples/gpu -k "llama and auto" --distperf-compile
-step litgpt-pythia-1b docs/benchmarks/gpu/test_litgpt_1gpu.py
-step tp-pipeline-1 docs/benchmarks/gpu/test_one_rank_strategies.py
+STEPS=${STEPS:-suite-eager suite-compiled litgpt-pythia-1b tp-pipeline-1}
+for name in $STEPS; do
+  case $name in
+    suite-eager) step suite-eager examples ;;
+    suite-compiled) step suite-compiled examples --distperf-compile ;;
+    litgpt-pythia-1b) step litgpt-pythia-1b docs/benchmarks/gpu/test_litgpt_1gpu.py ;;
+    tp-pipeline-1) step tp-pipeline-1 docs/benchmarks/gpu/test_one_rank_strategies.py ;;
+    *) echo "unknown step $name"; exit 2 ;;
+  esac
+done
