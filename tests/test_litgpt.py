@@ -212,7 +212,14 @@ def pools() -> Iterator[Pools]:
     pools.close()
 
 
-@pytest.mark.parametrize("strategy", ANY_MODEL_STRATEGIES)
+# tp and pipeline split LitGPT's GPT by its own module names (no plan given)
+MODEL_PARALLEL_SHARDING = {
+    "tp": "TP 2-way: 12 column-wise, 12 row-wise linears",
+    "pipeline": "pipeline 2 stages of 3+3 blocks (send/recv)",
+}
+
+
+@pytest.mark.parametrize("strategy", [*ANY_MODEL_STRATEGIES, *MODEL_PARALLEL_SHARDING])
 def test_litgpt_strategy_generates_the_single_process_tokens(
     strategy: str, single_process_tokens: list[list[int]], pools: Pools
 ) -> None:
@@ -231,3 +238,5 @@ def test_litgpt_strategy_generates_the_single_process_tokens(
     assert len({tuple(row) for row in single_process_tokens}) == 2  # batching is exercised
     for rank in result.ranks:
         assert [list(row) for row in rank.tokens] == single_process_tokens, rank.rank
+    if strategy in MODEL_PARALLEL_SHARDING:
+        assert result.implementation.sharding == MODEL_PARALLEL_SHARDING[strategy]
