@@ -8,13 +8,18 @@ must pass every healthy row and still fail each of them at half its speed.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from distperf_model.config import PRESETS
+from test_results import _rank, _result
 
+from pytest_distperf.judge.gate import run_overheads
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
     CollectiveFigure,
+    Overheads,
     links_from_calibration,
     predict,
 )
@@ -48,7 +53,7 @@ COMPILED_ROWS = [
 ]
 
 
-def _predicted(row: tuple, overheads=DEFAULT_OVERHEADS) -> float:
+def _predicted(row: tuple, overheads: Overheads = DEFAULT_OVERHEADS) -> float:
     model, strategy, dtype_bytes, new_tokens, compute_ms, prefill_ms, _ = row
     prediction = predict(
         PRESETS[model],
@@ -81,16 +86,37 @@ def test_eager_per_unit_costs_fail_some_healthy_compiled_rows() -> None:
 def test_graph_breaks_scale_only_the_wrappers_per_unit_costs_and_say_so() -> None:
     compiled = DEFAULT_OVERHEADS.around_graph_breaks()
     k = DEFAULT_OVERHEADS.graph_break_unit_factor
-    assert compiled.fsdp1_unit_s == pytest.approx(DEFAULT_OVERHEADS.fsdp1_unit_s * k)
-    assert compiled.fsdp2_gather_s == pytest.approx(DEFAULT_OVERHEADS.fsdp2_gather_s * k)
+    for name in ("fsdp1_unit_s", "fsdp2_unit_s", "fsdp2_gather_s"):
+        assert getattr(compiled, name) == pytest.approx(getattr(DEFAULT_OVERHEADS, name) * k)
     assert compiled.launch_per_layer_s == DEFAULT_OVERHEADS.launch_per_layer_s
+    assert compiled.around_graph_breaks() == compiled  # scaled once, however often asked
     cfg = PRESETS["tiny"]
-    for strategy in ("auto", "fsdp", "fsdp-noreshard"):
+    for strategy in ("auto", "tp", "fsdp", "fsdp-noreshard"):
         eager = predict(cfg, strategy, 1, ONE_H200, compute_time_s=1e-3)
         around = predict(cfg, strategy, 1, ONE_H200, compute_time_s=1e-3, overheads=compiled)
-        if strategy == "auto":  # no wrapper units: nothing changes but the note
-            assert around.tokens_per_sec == eager.tokens_per_sec
+        said = any("graph breaks" in a for a in around.assumptions)
+        if strategy in ("auto", "tp"):  # no per-unit wrapper cost: nothing to scale or say
+            assert around.tokens_per_sec == eager.tokens_per_sec and not said
         else:
-            assert around.tokens_per_sec < eager.tokens_per_sec
-        assert any("graph breaks" in a for a in around.assumptions)
+            assert around.tokens_per_sec < eager.tokens_per_sec and said
         assert not any("graph breaks" in a for a in eager.assumptions)
+
+
+def test_the_gate_predicts_with_them_when_the_ranks_compiled_around_hooks() -> None:
+    eager = _result(_rank(0, [1.0, 1.1], []), _rank(1, [1.0, 1.1], []))
+    around = replace(eager, ranks=tuple(replace(r, graph_breaks=True) for r in eager.ranks))
+    assert not eager.graph_breaks and around.graph_breaks
+    assert run_overheads(eager) == DEFAULT_OVERHEADS
+    assert run_overheads(around) == DEFAULT_OVERHEADS.around_graph_breaks()
+
+
+def test_a_sharded_step_is_compiled_around_its_hooks_a_replicated_one_whole() -> None:
+    import torch
+
+    from pytest_distperf.ranks.compiled import compile_decode_step
+
+    model, cpu = torch.nn.Linear(2, 2), torch.device("cpu")  # torch.compile is lazy
+    sharded = compile_decode_step(model, model, cpu, replicated=False, own_step=False)
+    whole = compile_decode_step(model, model, cpu, replicated=True, own_step=False)
+    own = compile_decode_step(model, model, cpu, replicated=False, own_step=True)
+    assert sharded.graph_breaks and not whole.graph_breaks and not own.graph_breaks

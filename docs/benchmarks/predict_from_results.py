@@ -3,8 +3,9 @@
     python docs/benchmarks/predict_from_results.py LINK_CLASS REPORT.json [...]
 
 Each row is predicted from what that run itself recorded: the session calibration (collectives
-at the model's message sizes, measured in the ranks) and the run's single-process reference
-time per token, exactly as `Gate.prediction` does during a test.
+at the model's message sizes, measured in the ranks), the run's single-process reference time
+per token and, for a run compiled around its wrapper's hooks, those per-unit costs, as
+`Gate.prediction` does during a test, less its prefill term (reports keep no bare prefill).
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import sys
 
 from distperf_model.config import Config
 
-from pytest_distperf.perfmodel import Calibration, links_from_calibration, predict
+from pytest_distperf.perfmodel import (
+    DEFAULT_OVERHEADS,
+    Calibration,
+    links_from_calibration,
+    predict,
+)
 from pytest_distperf.spec import PRECISION_BYTES
 
 
@@ -38,6 +44,11 @@ def rows(link_class: str, paths: list[str]) -> list[str]:
                 max_new_tokens=w["max_new_tokens"],
                 dtype_bytes=PRECISION_BYTES[w["precision"]],
                 compute_time_s=r["reference_token_s"],
+                overheads=(
+                    DEFAULT_OVERHEADS.around_graph_breaks()
+                    if r.get("graph_breaks")
+                    else DEFAULT_OVERHEADS
+                ),
             )
             error = (p.tokens_per_sec - r["tokens_per_sec"]) / r["tokens_per_sec"]
             out.append(

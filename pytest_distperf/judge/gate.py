@@ -25,8 +25,8 @@ from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
-    Overheads,
     MessageSizes,
+    Overheads,
     Prediction,
     message_sizes,
     predict,
@@ -95,7 +95,7 @@ class Gate:
             dtype_bytes=PRECISION_BYTES[workload.precision],
             compute_time_s=result.reference_token_s,
             prefill_time_s=result.reference_prefill_s,
-            overheads=_overheads_of(result),
+            overheads=run_overheads(result),
         )
         return prediction, ""
 
@@ -181,7 +181,7 @@ class Gate:
 TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET")
 
 
-def _overheads_of(result: RunResult) -> Overheads:
+def run_overheads(result: RunResult) -> Overheads:
     """A run compiled around its wrapper's hooks pays more per unit than an eager one."""
     return DEFAULT_OVERHEADS.around_graph_breaks() if result.graph_breaks else DEFAULT_OVERHEADS
 

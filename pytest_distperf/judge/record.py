@@ -90,6 +90,7 @@ class RunFigures:
     compile_s: float | None = None
     compiled: str = ""
     cuda_graphs: bool = False
+    graph_breaks: bool = False
 
     @classmethod
     def of(cls, result: RunResult) -> RunFigures:
@@ -124,6 +125,7 @@ class RunFigures:
             compile_s=result.compile_s,
             compiled=first.compiled,
             cuda_graphs=result.cuda_graphs,
+            graph_breaks=result.graph_breaks,
         )
 
 
@@ -228,6 +230,7 @@ class JudgedRun:
             "compile_s": run.compile_s,
             "compiled": run.compiled,
             "cuda_graphs": run.cuda_graphs,
+            "graph_breaks": run.graph_breaks,
             "bandwidth_utilization": self.bandwidth_utilization,
             "verdict": self.decision.verdict,
         }

@@ -160,9 +160,9 @@ def predict(
         overheads,
     )
     terms, moved, notes = _compute_terms(x, compute_time_s)
-    if overheads.note:
-        notes += (overheads.note,)
     cost = record.cost(x)
+    if overheads.note and "fsdp_overhead" in cost.terms:  # what the note's figures scale
+        notes += (overheads.note,)
     if cost.compute_share != 1.0:
         own = "compute" if "compute" in terms else "weights"
         terms[own] *= cost.compute_share

@@ -60,6 +60,8 @@ class Overheads:
 
     def around_graph_breaks(self) -> Overheads:
         """The per-unit costs of a run compiled around its wrapper's hooks (docs/perfmodel.md)."""
+        if self.note:  # already scaled
+            return self
         k = self.graph_break_unit_factor
         return replace(
             self,

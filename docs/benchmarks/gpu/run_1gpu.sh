@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One call on a 1 x H200 machine: the example suite through the rank pool (eager, then compiled),
-# LitGPT pythia-1b, tp/pipeline on one rank. The compiled suite alone took 10.7 minutes from a
-# cold compile cache (h200-2026-12-01-gate3.md), over one call's limit: pick steps per call,
-# e.g. STEPS=suite-compiled PYTEST_ADDOPTS="-k 'llama or pythia_2'", then "-k 'not llama and not pythia_2'".
+# LitGPT pythia-1b, tp/pipeline on one rank. The compiled suite from a cold compile cache needs
+# more than one call (h200-2026-12-01-gate3.md): pick steps per call, e.g.
+#   STEPS=suite-compiled PYTEST_ADDOPTS="-k 'llama or pythia_2'" bash ...
+#   STEPS=suite-compiled PYTEST_ADDOPTS="-k 'not llama and not pythia_2'" bash ...
 #   bash docs/benchmarks/gpu/run_1gpu.sh            # writes logs and JSON under $OUT
 set -uo pipefail
 OUT=${OUT:-/tmp/distperf-gpu}
@@ -32,6 +33,6 @@ for name in $STEPS; do
     suite-compiled) step suite-compiled examples --distperf-compile ;;
     litgpt-pythia-1b) step litgpt-pythia-1b docs/benchmarks/gpu/test_litgpt_1gpu.py ;;
     tp-pipeline-1) step tp-pipeline-1 docs/benchmarks/gpu/test_one_rank_strategies.py ;;
-    *) echo "unknown step $name"; exit 2 ;;
+    *) echo "unknown step $name" >&2; exit 2 ;;
   esac
 done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The baseline gate on 1 x H200 with the compiled decode, each session a separate pytest run:
 # RECORDS sessions refresh the baseline (as a main branch would), then unchanged sessions and
-# sessions with 5% real extra work in every block (slowed_model.py) alternate, up to PAIRS of
-# each, until BUDGET seconds have passed. Resumable: a later call with the same STATE (kept on
+# sessions with real extra work in every block (slowed_model.py, EXTRA of its bytes; sized to
+# slow the decode by about 5%, so named slow5-N) alternate, up to PAIRS of each, until BUDGET
+# seconds have passed. Resumable: a later call with the same STATE (kept on
 # a warm machine, or carried back) goes on where the last one stopped, its baselines included.
 # SEED=dir starts an empty STATE from an earlier run's records and baselines, as a CI branch
 # starts from main's; EXTRA is the slowed sessions' extra traffic (a fraction of block bytes).
@@ -11,11 +12,16 @@ set -uo pipefail
 STATE=${STATE:-.gate-run}; RECORDS=${RECORDS:-5}; PAIRS=${PAIRS:-10}; BUDGET=${BUDGET:-540}
 OUT=${OUT:-/tmp/distperf-gate}; SEED=${SEED:-}; EXTRA=${EXTRA:-0.03}
 mkdir -p "$STATE" "$OUT"
+python3 -c "import sys; sys.exit(not 0 < float(sys.argv[1]) < 1)" "$EXTRA" 2>/dev/null \
+  || { echo "EXTRA=$EXTRA: a fraction in (0, 1) of each block's bytes" >&2; exit 2; }
 if [[ -n $SEED && ! -d $STATE/baselines ]]; then
-  cp -r "$SEED/baselines" "$STATE/" && cp "$SEED"/record-*.json "$STATE/" || exit 1
+  if [[ ! -d $SEED/baselines ]] || ! compgen -G "$SEED/record-*.json" >/dev/null; then
+    echo "SEED=$SEED: no baselines/ and record-*.json to start from" >&2; exit 2
+  fi
+  cp -r "$SEED/baselines" "$SEED"/record-*.json "$STATE/" || exit 1
 fi
 # inductor's cache beside the state: a session after the first compiles from it.
-export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/$STATE/inductor
+export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$(cd "$STATE" && pwd)/inductor
 export PYTHONPATH=docs/benchmarks/gpu${PYTHONPATH:+:$PYTHONPATH}
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
 base=(-p no:cacheprovider -q docs/benchmarks/gpu/test_gate.py --distperf-devices 1
