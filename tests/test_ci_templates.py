@@ -16,58 +16,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from ci_report import REPORT
 
-from pytest_distperf.output.markdown import ReportError, parse_report, render_markdown
-from pytest_distperf.output.markdown import main as markdown_main
+from pytest_distperf.output.markdown import parse_report, render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "ci" / "distperf-ci.sh"
 GITHUB = ROOT / "ci" / "github" / "distperf.yml"
 GITLAB = ROOT / "ci" / "gitlab" / "distperf.gitlab-ci.yml"
 
-ROWS = [
-    {
-        "test_id": "examples/test_generate.py::test_generate[fsdp]",
-        "strategy": "fsdp",
-        "devices": 2,
-        "accelerator": "cpu",
-        "device_name": "cpu",
-        "topology_key": "cpu_cpu_x2_loopbackx1_2cpus",
-        "tokens_per_sec": 412.345,
-        "baseline_tokens_per_sec": 600.0,
-        "change": -0.3128,
-        "relative_speed": 0.3012,
-        "relative_speed_change": -0.021,
-        "verdict": "FAIL (baseline)",
-        "baseline_status": "fail",
-        "baseline_message": (
-            "throughput regression: measured median 412 tok/s\nvs baseline 600 tok/s"
-        ),
-        "relative_speed_status": "ok",
-        "relative_speed_message": "relative speed within tolerance",
-    },
-    {
-        "test_id": "examples/test_generate.py::test_generate[ddp]",
-        "strategy": "ddp",
-        "devices": 2,
-        "accelerator": "cpu",
-        "device_name": "cpu",
-        "topology_key": "cpu_cpu_x2_loopbackx1_2cpus",
-        "tokens_per_sec": 1234.5,
-        "baseline_tokens_per_sec": 1230.0,
-        "change": 0.0037,
-        "verdict": "ok",
-        "baseline_status": "ok",
-        "baseline_message": "throughput within tolerance",
-    },
-    {  # no baseline keys at all: a run before any baseline was recorded
-        "test_id": "examples/test_tiny.py::test_tiny[a|b]",
-        "strategy": "auto",
-        "devices": 1,
-        "tokens_per_sec": 7.25,
-    },
-]
-REPORT = {"schema": 1, "results": ROWS}
 # What the script reads from its environment (besides PYTHON).
 SCRIPT_ENV = frozenset(
     {"MODE", "DEVICES", "SUITE", "REPORT_DIR", "BASELINE_DIR", "REPORT", "DRY_RUN"}
@@ -484,108 +441,4 @@ def test_run_without_a_report(tmp_path: Path, stub_python: Path) -> None:
     assert (
         "No distperf report at `r/distperf.json` (pytest exit status 3)"
         in (tmp_path / "r" / "summary.md").read_text()
-    )
-
-
-# --- the Markdown renderer -----------------------------------------------------------------------
-
-
-def test_render_markdown() -> None:
-    text = render_markdown(parse_report(REPORT))
-    lines = text.splitlines()
-    assert lines[0] == "## distperf results"
-    assert lines[2] == (
-        "3 results · accelerator cpu · device cpu · topology `cpu_cpu_x2_loopbackx1_2cpus` · "
-        "1 FAIL (baseline), 1 ok"
-    )
-    table = [line for line in lines if line.startswith("|")]
-    assert table == [
-        "| Test | Strategy | Devices | tok/s | Baseline tok/s | Change | Relative speed "
-        "| Rel. change | Verdict |",
-        "|---|---|--:|--:|--:|--:|--:|--:|---|",
-        "| `examples/test_generate.py::test_generate[fsdp]` | fsdp | 2 | 412.3 | 600.0 | -31.3% "
-        "| 0.301 | -2.1% | **FAIL (baseline)** |",
-        "| `examples/test_generate.py::test_generate[ddp]` | ddp | 2 | 1,234.5 | 1,230.0 | +0.4% "
-        "| – | – | ok |",
-        "| `examples/test_tiny.py::test_tiny[a\\|b]` | auto | 1 | 7.25 | – | – | – | – | – |",
-    ]
-    # only failed or warning checks speak; a multi-line message folds into one list item
-    messages = [line for line in lines if line.startswith("- ")]
-    assert messages == [
-        "- `examples/test_generate.py::test_generate[fsdp]` baseline: throughput regression: "
-        "measured median 412 tok/s vs baseline 600 tok/s"
-    ]
-    assert render_markdown(parse_report(ROWS)) == text  # a bare list of rows works too
-
-
-def test_render_markdown_of_a_real_report() -> None:
-    # The plugin's own JSON report of a gate run on 2 x H200 with the slow-down knob at 10%.
-    path = ROOT / "docs" / "benchmarks" / "data" / "gates-v3b" / "slow10.json"
-    text = render_markdown(parse_report(json.loads(path.read_text())))
-    assert "**FAIL (relative_speed)**" in text
-    assert "test_generation_throughput[auto-2cuda]` relative_speed: relative speed regression" in (
-        text
-    )
-    assert "test_generation_throughput[fsdp-2cuda]` baseline: throughput regression" in text
-
-
-def test_render_markdown_without_results() -> None:
-    text = render_markdown(parse_report({"schema": 1, "results": []}), title="t")
-    assert text == "## t\n\nNo distperf results: no test ran a measured generation.\n"
-    assert render_markdown([], title="t") == text
-
-
-def test_every_saved_report_parses() -> None:
-    """Reports written by earlier versions (statuses said "pass" then) still summarise."""
-    paths = sorted((ROOT / "docs" / "benchmarks" / "data").rglob("*.json"))
-    reports = [json.loads(p.read_text()) for p in paths]
-    reports = [r for r in reports if isinstance(r, dict) and "results" in r]
-    assert len(reports) > 10
-    for report in reports:
-        assert all(row.test_id for row in parse_report(report))
-
-
-@pytest.mark.parametrize(
-    ("document", "message"),
-    [
-        ({"results": {}}, "report: field 'results' must be a list, got {}"),
-        ({"schema": 2, "results": []}, "report: unknown report schema 2"),
-        ("text", "report: expected a JSON object, got str"),
-        ([["t"]], r"report: results\[0\]: expected a JSON object, got list"),
-        ([{"strategy": "ddp"}], r"results\[0\]: missing field 'test_id'"),
-        (
-            [{"test_id": "t", "tokens_per_sec": "fast"}],
-            r"results\[0\]: field 'tokens_per_sec' must be a number, got 'fast'",
-        ),
-        ([{"test_id": "t", "devices": True}], "field 'devices' must be an integer, got True"),
-        (
-            [{"test_id": "t", "baseline_status": "great"}],
-            "baseline_status: unknown check status 'great'",
-        ),
-    ],
-)
-def test_a_malformed_report_is_refused_with_the_reason(document: object, message: str) -> None:
-    with pytest.raises(ReportError, match=message):
-        parse_report(document)
-
-
-def test_markdown_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "r.json"
-    path.write_text(json.dumps(REPORT))
-    assert markdown_main([str(path), "--title", "T"]) == 0
-    assert capsys.readouterr().out == render_markdown(parse_report(REPORT), title="T")
-
-    path.write_text("{truncated")
-    with pytest.raises(SystemExit) as exit_info:
-        markdown_main([str(path)])
-    assert exit_info.value.code == 2
-    assert f"cannot read report {path}" in capsys.readouterr().err
-
-    path.write_text(json.dumps({"schema": 1, "results": [{"test_id": "t", "change": "-5%"}]}))
-    with pytest.raises(SystemExit) as exit_info:
-        markdown_main([str(path)])
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.endswith(
-        f"error: not a distperf JSON report: {path}: results[0]: field 'change' must be a "
-        "number, got '-5%'\n"
     )
