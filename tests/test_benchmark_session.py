@@ -8,6 +8,7 @@ attention slowed by a few milliseconds per call, and distperf without pytest-ben
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import subprocess
@@ -217,10 +218,15 @@ def test_pytest_benchmark_saves_compares_and_fails_on_distperf_rounds(
     assert "test_gen[auto] #2" in done.stdout
 
 
+# find_spec, not importorskip: importing pygal here (it pulls in importlib_metadata) left the later
+# in-process pytester sessions of this run without the distperf plugin.
+@pytest.mark.skipif(
+    importlib.util.find_spec("pygal") is None,
+    reason="--benchmark-histogram needs pytest-benchmark[histogram]",
+)
 def test_pytest_benchmark_histogram_draws_distperf_rounds(
     pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
 ) -> None:
-    pytest.importorskip("pygal", reason="--benchmark-histogram needs pytest-benchmark[histogram]")
     pytester.makeconftest(BRIDGE_CONFTEST)
     pytester.makepyfile(BRIDGE_TEST)
     run(f"--benchmark-histogram={pytester.path / 'hist'}").assert_outcomes(passed=1)
