@@ -72,6 +72,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
     workload = spec.workload
     use_import_paths(spec.sys_path)  # before any of the user's modules is imported
     device = _rank_device(spec.accelerator)
+    _forget_compiled_code()
     memory.reset_peak(device)  # a pooled rank has run other tests before this one
     record = get_strategy(spec.strategy)
     reason = record.unsupported(spec.accelerator, spec.devices)
@@ -309,6 +310,18 @@ def _compiled_steps(
         bare_steps = compile_bare_step(bare, device, with_prefill=compiled.prefill is not None)
         seconds += settle(bare_steps, bare, prompt, sync)
     return compiled, bare_steps, seconds
+
+
+def _forget_compiled_code() -> None:
+    """A pooled rank compiles the same step functions for test after test: drop the earlier
+    tests' code and CUDA graphs, whose guards would pile up to dynamo's recompile limit and whose
+    graph pools would hold memory (inductor's on-disk cache still serves a repeated test)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is not None and torch.cuda.is_available():
+        trees.reset_cudagraph_trees()  # not all torch versions' dynamo.reset() does this
 
 
 def _rank_device(accelerator: str) -> torch.device:

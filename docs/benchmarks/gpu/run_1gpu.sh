@@ -19,7 +19,7 @@ fi
   date -u +%Y-%m-%dT%H:%M:%SZ
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv
   python3 -c "import torch, lightning; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version(), 'lightning', lightning.__version__)"
-  python3 -c "import litgpt; print('litgpt', litgpt.__version__)" 2>&1 | tail -1
+  python3 -c "from importlib.metadata import version; print('litgpt', version('litgpt'))" 2>&1 | tail -1
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 common=(-p no:cacheprovider --distperf-devices 1 --distperf-accelerator cuda --distperf-timeout 400)
