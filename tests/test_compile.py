@@ -75,3 +75,37 @@ def test_the_bare_model_compiles_its_prefill_only_where_the_wrapper_does() -> No
     assert with_prefill.prefill is not None and "and prefill" in with_prefill.how
     assert without.prefill is None and "prefill" not in without.how
     assert without.override() is not None and not without.cuda_graphs
+
+
+def test_a_pooled_rank_forgets_earlier_tests_compiled_steps() -> None:
+    """Every test compiles decode_one_token for its own model: in one pooled rank the entries of
+    earlier tests' shapes piled up to dynamo's recompile limit (1 x H200: the ninth test)."""
+    import dataclasses
+    import itertools
+
+    import torch
+    from distperf_model import PRESETS, build_model, decode_one_token, make_prompt
+
+    from pytest_distperf.ranks.worker import _forget_compiled_code
+
+    vocab_sizes = itertools.count(96, 32)
+
+    def one_test() -> None:  # a model of another shape, as the next test's
+        vocab = next(vocab_sizes)
+        config = dataclasses.replace(PRESETS["tiny"], vocab_size=vocab, padded_vocab_size=vocab)
+        model = build_model(config, seed=0)
+        model.setup_caches(1, 4)
+        prompt = make_prompt(model.config, 1, 2, seed=0)
+        step = torch.compile(decode_one_token, backend="eager", fullgraph=True, dynamic=False)
+        with torch.no_grad():
+            step(model, prompt[:, -1:], torch.tensor([2]))
+
+    with torch._dynamo.config.patch(recompile_limit=2):
+        _forget_compiled_code()
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            for _ in range(3):
+                one_test()  # what the pool did before
+        for _ in range(3):
+            _forget_compiled_code()
+            one_test()
+    _forget_compiled_code()
