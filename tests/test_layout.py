@@ -19,13 +19,13 @@ PACKAGE = ROOT / "pytest_distperf"
 
 # part -> modules it must never pull in
 FORBIDDEN = {
-    "pytest_distperf.ranks": ("pytest", "_pytest"),
+    "pytest_distperf.ranks": ("pytest", "_pytest", "lightning", "lightning_fabric"),
     "pytest_distperf.perfmodel": ("torch",),
     "pytest_distperf.judge": ("torch",),
     "pytest_distperf.store": ("torch",),
     "pytest_distperf.topology": ("torch",),
     "pytest_distperf.output": ("torch",),
-    "pytest_distperf.strategies": ("torch", "lightning"),
+    "pytest_distperf.strategies": ("torch", "lightning", "lightning_fabric"),
     "pytest_distperf.spec": ("torch", "pytest"),
     "pytest_distperf.options": ("torch",),
     "pytest_distperf.plugin": ("torch",),

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from pytest_distperf.ranks.fabric import fabric_module
+
 if TYPE_CHECKING:
     from pytest_distperf.spec import RunSpec
 
@@ -171,7 +173,7 @@ def _join_group(place: RankPlace, connection: Connection) -> None:
         connection.send((STORE, store.port))
     # Imported now, once, so that the first test does not pay for it; the other ranks import it
     # while rank 0's port is on its way to them.
-    import lightning.fabric  # noqa: F401
+    fabric_module()
 
     if place.rank != 0:
         kind, port = connection.recv()
@@ -200,7 +202,7 @@ def _reuse_device_meshes() -> None:
     new process groups (sockets and threads that live until the process ends), so a long session
     would grow without bound. The groups of one shape are the same for every test: keep them.
     """
-    from lightning.fabric.strategies import model_parallel
+    model_parallel = fabric_module("strategies.model_parallel")
 
     build = model_parallel._setup_device_mesh
     meshes: dict[tuple[int, int, int, str], object] = {}

@@ -23,6 +23,7 @@ from distperf_model.generate import make_prompt
 from pytest_distperf.perfmodel.calibration import MessageSizes, message_sizes
 from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks import memory
+from pytest_distperf.ranks.fabric import fabric_module, fabric_version
 from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
 from pytest_distperf.ranks.models import build, load_object, use_import_paths
 from pytest_distperf.ranks.timing import (
@@ -65,7 +66,7 @@ def run_rank(spec: RunSpec, progress: Callable[[str], None] | None = None) -> Ra
 
 
 def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankResult:
-    from lightning.fabric import Fabric
+    Fabric = fabric_module().Fabric
 
     if spec.accelerator == "cpu":
         torch.set_num_threads(spec.threads_per_rank)
@@ -414,12 +415,10 @@ def _device_name(device: torch.device) -> str:
 
 
 def software_versions() -> dict[str, str]:
-    import lightning
-
     versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "lightning": lightning.__version__,
+        "lightning": fabric_version(),
     }
     if torch.cuda.is_available():
         versions["cuda"] = str(torch.version.cuda)

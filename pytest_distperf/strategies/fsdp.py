@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
     from distperf_model.parallelize import fully_shard_blocks
-    from lightning.fabric.strategies import ModelParallelStrategy
+
+    from pytest_distperf.ranks.fabric import fabric_module
 
     # The blocks are the built model's shard units (its `block_class`, or found in it).
     shard = partial(
@@ -38,7 +39,7 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
         reshard_after_forward=reshard_after_forward,
         unit_classes=context.wrap_units,
     )
-    return ModelParallelStrategy(
+    return fabric_module("strategies").ModelParallelStrategy(
         parallelize_fn=shard,
         data_parallel_size=context.devices,
         tensor_parallel_size=1,
@@ -48,10 +49,12 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
 def _build_fsdp(context: BuildContext) -> Any:
     if context.accelerator != "cuda":
         return _build_fsdp2(True, context)
-    from lightning.fabric.strategies import FSDPStrategy
+    from pytest_distperf.ranks.fabric import fabric_module
 
     policy = partial(_wrap_blocks, context.wrap_units)
-    return FSDPStrategy(auto_wrap_policy=policy, sharding_strategy="FULL_SHARD")
+    return fabric_module("strategies").FSDPStrategy(
+        auto_wrap_policy=policy, sharding_strategy="FULL_SHARD"
+    )
 
 
 def _wrap_blocks(

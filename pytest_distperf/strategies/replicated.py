@@ -42,9 +42,9 @@ def _build_auto(context: BuildContext) -> Any:
 
 
 def _build_ddp(context: BuildContext) -> Any:
-    from lightning.fabric.strategies import DDPStrategy
+    from pytest_distperf.ranks.fabric import fabric_module
 
-    return DDPStrategy()
+    return fabric_module("strategies").DDPStrategy()
 
 
 def _no_messages(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
 
 def _build(context: BuildContext) -> Any:
-    from lightning.fabric.strategies import ModelParallelStrategy
+    from pytest_distperf.ranks.fabric import fabric_module
 
-    return ModelParallelStrategy(
+    return fabric_module("strategies").ModelParallelStrategy(
         parallelize_fn=partial(_parallelize, context.tp_plan, context.comm_delay_s),
         data_parallel_size=1,
         tensor_parallel_size=context.devices,
