@@ -8,8 +8,10 @@ in a fresh interpreter, so modules loaded by other tests cannot hide a stray imp
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import pytest
@@ -62,12 +64,25 @@ def _loaded_after_import(module: str) -> set[str]:
     return set(json.loads(out.stdout.splitlines()[-1]))
 
 
-@pytest.mark.parametrize(
-    ("module", "forbidden"),
-    [(module, forbidden) for part, forbidden in FORBIDDEN.items() for module in _submodules(part)],
-)
-def test_module_pulls_in_nothing_forbidden(module: str, forbidden: tuple[str, ...]) -> None:
-    loaded = _loaded_after_import(module)
+CHECKED = [
+    (module, forbidden) for part, forbidden in FORBIDDEN.items() for module in _submodules(part)
+]
+
+
+@pytest.fixture(scope="module")
+def imports() -> dict[str, Future[set[str]]]:
+    """Every checked module imported in its own interpreter, as many at once as there are CPUs."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {module: pool.submit(_loaded_after_import, module) for module, _ in CHECKED}
+        wait(futures.values())
+    return futures
+
+
+@pytest.mark.parametrize(("module", "forbidden"), CHECKED)
+def test_module_pulls_in_nothing_forbidden(
+    module: str, forbidden: tuple[str, ...], imports: dict[str, Future[set[str]]]
+) -> None:
+    loaded = imports[module].result()  # raises here what that import raised
     pulled = sorted(name for name in forbidden if name in loaded)
     assert not pulled, f"importing {module} pulls in {', '.join(pulled)}"
 
