@@ -27,7 +27,8 @@ MATMUL_MARKS = ("gemm", "gemv", "cutlass", "nvjet", "xmma", "splitk", "triton_te
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 10) -> float:
-    """Read + write bytes per second of a device copy, as the plugin's calibration counts it."""
+    """Read + write bytes per second of a device copy, as the plugin's calibration counts it
+    (ranks/calibrate.py needs a process group; this script runs without one)."""
     src = torch.ones(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     times = []
