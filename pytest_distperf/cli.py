@@ -445,7 +445,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
     )
     print()
-    header = f"{'strategy':<16}{'tok/s':>9}{'ms/token':>10}  {'bound':<52}{'MB/token':>9}"
+    # a step decodes one token of every batch row
+    per = "token" if args.batch_size == 1 else "step"
+    header = f"{'strategy':<16}{'tok/s':>9}{'ms/' + per:>10}  {'bound':<52}{'MB/token':>9}"
     print(header)
     print("-" * len(header))
     for p in predictions:
@@ -456,7 +458,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             f"{bound:<52}{received:>9.4g}"
         )
     print()
-    print("terms (ms per token):")
+    print(f"terms (ms per {per}):")
     for p in predictions:
         terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
         print(f"  {p.strategy:<16}{p.implementation}: {terms}")

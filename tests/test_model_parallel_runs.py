@@ -22,13 +22,14 @@ from tp_logits import greedy_logits
 pytestmark = pytest.mark.slow
 
 # pythia-14m, whose head sets most of its compute: tiny's rate is set by per-call overheads and
-# by waits for the other rank on two shared cores, which the prediction does not model. A sleep
-# of 20 ms in each all-reduce or send puts both far below the loose threshold (efficiency 0.3).
+# by waits for the other rank on two shared cores, which the prediction does not model. Healthy
+# tp on busy shared CI cores fell to 0.23 of its prediction, hence the loose efficiency 0.1; a
+# sleep of 100 ms in each all-reduce or send puts tp and pipeline at about half of that or less.
 TEST_COMM = """
 import pytest
 
 @pytest.mark.strategy("auto", "tp", "pipeline")
-@pytest.mark.distperf(model="pythia-14m", max_new_tokens=4, efficiency=0.3, comm_delay={delay})
+@pytest.mark.distperf(model="pythia-14m", max_new_tokens=4, efficiency=0.1, comm_delay={delay})
 def test_rate(distperf):
     distperf.run()
 
@@ -68,7 +69,7 @@ def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
         "test_own_plan[tp-2cpu]": "TP 2-way DTensor: 6 column-wise, 6 row-wise linears",
     }
 
-    pytester.makepyfile(test_comm=TEST_COMM.format(delay=0.02))
+    pytester.makepyfile(test_comm=TEST_COMM.format(delay=0.1))
     # fewer repeats: tp sleeps through 2 x 6 all-reduces a token
     slowed = pytester.runpytest_subprocess(
         "--distperf-devices=2", "--distperf-repeats=2", "-k", "test_rate"

@@ -26,6 +26,7 @@ from pytest_distperf.perfmodel import (
     Overheads,
     Prediction,
     bus_factor,
+    describe_prediction,
     failure_message,
     links_from_calibration,
     nominal_links,
@@ -301,6 +302,20 @@ def test_the_prefill_beyond_one_step_is_spread_over_the_tokens() -> None:
     # the rate a 4-token generation reaches: 4 tokens over prefill + 3 steps
     assert slow_prefill.tokens_per_sec == pytest.approx(4 / (0.05 + 3 * 0.01))
     assert "prefill" not in plain.terms
+
+
+@pytest.mark.parametrize("strategy", ["auto", "fsdp", "tp"])
+def test_a_step_yields_a_token_for_every_batch_row(strategy: str) -> None:
+    # The measured rate counts batch x new tokens; the prediction must count the same, or the
+    # threshold of a batch of 4 is four times too lax.
+    cfg = PRESETS["tiny"]
+    one = predict(cfg, strategy, 2, NVLINK, compute_time_s=0.01, batch_size=1)
+    four = predict(cfg, strategy, 2, NVLINK, compute_time_s=0.01, batch_size=4)
+    assert four.tokens_per_sec == pytest.approx(4 / four.time_per_token_s)
+    assert one.tokens_per_sec == pytest.approx(1 / one.time_per_token_s)
+    assert four.to_dict()["batch_size"] == 4
+    assert "per step of 4 rows" in describe_prediction(four)
+    assert "/token)" in describe_prediction(one)
 
 
 def test_collectives_scale_with_the_group_size() -> None:

@@ -43,6 +43,7 @@ class Prediction:
     implementation: str = ""
     measured_links: bool = False
     collectives_per_token: int = 0
+    batch_size: int = 1  # rows decoded in each step: a step of time_per_token_s yields this many
 
     @property
     def bound_description(self) -> str:
@@ -63,6 +64,7 @@ class Prediction:
             "bound_description": self.bound_description,
             "bytes_per_token": dict(self.bytes_per_token),
             "collectives_per_token": self.collectives_per_token,
+            "batch_size": self.batch_size,
             "link_class": self.link_class,
             "bandwidth_used": self.bandwidth_used,
             "measured_links": self.measured_links,
@@ -189,7 +191,8 @@ def predict(
     return Prediction(
         strategy=strategy,
         devices=devices,
-        tokens_per_sec=1.0 / total if total > 0 else math.inf,
+        # counted as the measured rate is: every batch row's token of a step
+        tokens_per_sec=batch_size / total if total > 0 else math.inf,
         time_per_token_s=total,
         terms=terms,
         bound=bound,
@@ -200,6 +203,7 @@ def predict(
         implementation=cost.implementation,
         measured_links=links.measured,
         collectives_per_token=cost.collectives,
+        batch_size=batch_size,
     )
 
 
@@ -247,8 +251,9 @@ def describe_prediction(prediction: Prediction) -> str:
     kind = "measured" if p.measured_links else "nominal"
     received = p.bytes_per_token.get("all_gather_received", 0.0)
     terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
+    step = "/token" if p.batch_size == 1 else f" per step of {p.batch_size} rows"
     return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s ({_ms(p.time_per_token_s)}/token), bound by "
+        f"predicted {p.tokens_per_sec:.3g} tok/s ({_ms(p.time_per_token_s)}{step}), bound by "
         f"{p.bound} ({p.bound_description}, {_ms(p.terms[p.bound])}); link {p.link_class} at "
         f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
         f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
