@@ -233,3 +233,43 @@ def test_markdown_from_a_record_matches_markdown_from_its_saved_row(tmp_path) ->
     assert text == render_markdown(saved, title="t")
     assert "| `t` | fsdp | 2 |" in text and "**FAIL (baseline)**" in text
     assert "- `t` memory: grew" in text and "- `t` baseline: regression" in text
+
+
+@pytest.mark.parametrize(("strategy", "batch"), [("auto", 1), ("tp", 4)])
+def test_bandwidth_utilization_counts_one_weight_read_per_forward(strategy: str, batch: int) -> None:
+    # A forward reads a rank's share of the weights once and yields a token for each batch row.
+    from distperf_model.config import PRESETS
+
+    from pytest_distperf.perfmodel import (
+        Calibration,
+        CollectiveFigure,
+        links_from_calibration,
+        predict,
+    )
+
+    figures = {
+        op: (CollectiveFigure.from_time(op, 1 << 20, 50e-6, 2),)
+        for op in ("all_gather", "all_reduce")
+    }
+    calibration = Calibration(
+        world_size=2,
+        backend="nccl",
+        device_type="cuda",
+        **figures,
+        latency_s=10e-6,
+        memory_bandwidth=1e12,
+    )
+    links = links_from_calibration(calibration, "NV18")
+    shape = PRESETS["pythia-1b"]
+    prediction = predict(shape, strategy, 2, links, compute_time_s=0.01, batch_size=batch)
+    whole = predict(shape, "auto", 2, links, compute_time_s=0.01).bytes_per_token["weights_read"]
+    share = prediction.terms["compute"] / 0.01  # tp: the split linears halved, the rest whole
+    assert (share == 1.0) == (strategy == "auto") and share > 0.5
+    assert prediction.bytes_per_token["weights_read"] == pytest.approx(whole * share)
+    record = replace(
+        _record(),
+        prediction=prediction,
+        calibration=calibration,
+        run=replace(_record().run, decode_tokens_per_sec=100.0 * batch),  # 100 forwards/s
+    )
+    assert record.bandwidth_utilization == pytest.approx(whole * share * 100 / 1e12)

@@ -165,9 +165,9 @@ class JudgedRun:
 
     @property
     def bandwidth_utilization(self) -> float | None:
-        """Share of the measured device copy bandwidth that the weights read per token reach:
-        weight bytes a rank reads per token x decode tok/s over the copy bandwidth (the
-        calibration's). None without a prediction or a calibrated bandwidth."""
+        """Share of the measured device copy bandwidth that the weights read reach: weight
+        bytes a rank reads per forward x forwards/sec (decode tok/s over the batch size) over
+        the copy bandwidth (the calibration's). None without a prediction or a calibration."""
         calibration, prediction = self.calibration, self.prediction
         if prediction is None or calibration is None or not calibration.memory_bandwidth:
             return None
@@ -175,7 +175,8 @@ class JudgedRun:
         rate = self.run.decode_tokens_per_sec or self.run.tokens_per_sec
         if not weights or not rate:
             return None
-        return weights * rate / calibration.memory_bandwidth
+        # a forward reads the weights once and yields a token for every batch row
+        return weights * rate / prediction.batch_size / calibration.memory_bandwidth
 
     @property
     def threshold(self) -> ThresholdFigures | None:

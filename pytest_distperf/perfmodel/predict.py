@@ -168,6 +168,7 @@ def predict(
     if cost.compute_share != 1.0:
         own = "compute" if "compute" in terms else "weights"
         terms[own] *= cost.compute_share
+        moved["weights_read"] *= cost.compute_share  # a tp rank or a stage reads its share
         notes += (f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",)
     terms.update(cost.terms)
     moved.update(cost.bytes_per_token)
