@@ -236,7 +236,9 @@ def test_markdown_from_a_record_matches_markdown_from_its_saved_row(tmp_path) ->
 
 
 @pytest.mark.parametrize(("strategy", "batch"), [("auto", 1), ("tp", 4)])
-def test_bandwidth_utilization_counts_one_weight_read_per_forward(strategy: str, batch: int) -> None:
+def test_bandwidth_utilization_counts_one_weight_read_per_forward(
+    strategy: str, batch: int
+) -> None:
     # A forward reads a rank's share of the weights once and yields a token for each batch row.
     from distperf_model.config import PRESETS
 
