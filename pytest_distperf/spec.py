@@ -151,6 +151,7 @@ class RankResult:
     work_s: float | None = None
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
     reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
+    eager_reference: bool = False  # a compiled run whose reference is the eager model's
     compiled: str = ""  # how the decode step was compiled; "" for an eager run
     cuda_graphs: bool = False  # the timed steps replayed as CUDA graphs (compiled.py)
     graph_breaks: bool = False  # the timed steps compiled around the wrapper's hooks
@@ -230,6 +231,12 @@ class RunResult:
         """The slowest rank's prefill of the whole model alone; None when none was timed."""
         times = [r.reference_prefill_s for r in self.ranks if r.reference_prefill_s is not None]
         return max(times) if times else None
+
+    @property
+    def eager_reference(self) -> bool:
+        """Some rank's compiled run had no compiled whole copy beside it: its reference is the
+        eager model's step."""
+        return any(r.eager_reference for r in self.ranks)
 
     @property
     def cuda_graphs(self) -> bool:

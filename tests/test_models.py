@@ -19,7 +19,12 @@ from pytest_distperf.models import context_limit, run_shape, shape_of
 from pytest_distperf.options import SettingError, workload_from_marker
 from pytest_distperf.perfmodel import Calibration, CollectiveFigure, ModelShape, message_sizes
 from pytest_distperf.ranks.models import adapt, build, init_from_seed, measure_shape
-from pytest_distperf.ranks.timing import Fences, step_seconds, timed_generation
+from pytest_distperf.ranks.timing import (
+    Fences,
+    reference_token_time,
+    step_seconds,
+    timed_generation,
+)
 from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 
 CPU = torch.device("cpu")
@@ -291,6 +296,29 @@ def test_a_users_loop_is_timed_without_a_prefill_split() -> None:
     result = _result(Workload(model="tiny", max_new_tokens=6), (own, own))
     assert result.ttft_s is None and result.decode_tokens_per_sec is None
     assert result.tokens_per_sec == pytest.approx(6 / own.total_s)
+
+
+def test_the_reference_times_its_prefill_too_unless_the_loop_is_a_users() -> None:
+    # A sharded run without a whole copy beside it takes its prefill from here.
+    model = build_model(Config.from_name("tiny"), seed=1)
+    model.setup_caches(1, 20)
+    prompt = make_prompt(model.config, 1, 4, seed=1)
+    step_s, prefill_s = reference_token_time(model, prompt, 4, lambda: None)
+    assert step_s > 0 and prefill_s is not None and prefill_s > 0
+    assert reference_token_time(model, prompt, 4, lambda: None, _greedy_loop)[1] is None
+
+
+def test_a_compiled_run_with_the_eager_reference_says_so(tmp_path) -> None:
+    from pytest_distperf.store.store import BaselineStore
+    from pytest_distperf.topology import probe
+
+    judge = gate.Gate(probe("cpu", 2), BaselineStore(tmp_path))
+    result = _result(Workload(model="tiny", max_new_tokens=6))
+    eager = dataclasses.replace(result.ranks[0], reference_token_s=0.01, eager_reference=True)
+    for rank, said in ((dataclasses.replace(eager, eager_reference=False), False), (eager, True)):
+        prediction, _ = judge.prediction(dataclasses.replace(result, ranks=(rank,)), None)
+        assert prediction is not None and prediction.terms["compute"] == 0.01
+        assert any("the eager model's step" in a for a in prediction.assumptions) == said
 
 
 def test_a_users_loop_returning_too_few_tokens_is_named() -> None:

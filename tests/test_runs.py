@@ -307,3 +307,50 @@ def test_inside_a_torchrun_job_uses_its_ranks_and_rank_0_writes(
     [baseline] = (pytester.path / "distperf-baselines").glob("*.json")
     assert len(json.loads(baseline.read_text())["entries"]) == 2
     assert _wait_until_gone(tag) == []
+
+
+CACHE_BUILDERS = """
+import os
+from pathlib import Path
+
+from distperf_model.config import Config
+from distperf_model.model import build_model
+
+
+def recording_caches(seed, device, dtype):
+    # Each rank's model writes the cache length of every setup_caches call (its whole copy too).
+    model = build_model(Config.from_name("tiny"), seed, device, dtype)
+    own = model.setup_caches
+
+    def setup_caches(max_batch_size, max_seq_length, **kwargs):
+        with Path(f"caches-{os.environ['RANK']}").open("a") as out:
+            out.write(f"{max_seq_length}\\n")
+        return own(max_batch_size, max_seq_length, **kwargs)
+
+    model.setup_caches = setup_caches
+    return model
+"""
+
+
+def test_a_sharded_runs_reference_reads_the_runs_cache_length(pytester: pytest.Pytester) -> None:
+    # Attention reads the whole static cache each step: a reference timed with a shorter cache
+    # than the run's would predict too fast a step.
+    pytester.makepyfile(
+        builders=CACHE_BUILDERS,
+        test_caches="""
+        import pytest
+
+        @pytest.mark.strategy("fsdp")
+        @pytest.mark.distperf(
+            model="builders:recording_caches", max_new_tokens=12, prompt_length=5, efficiency=0.05
+        )
+        def test_rate(distperf):
+            distperf.run()
+        """,
+    )
+    result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-repeats=1")
+    result.assert_outcomes(passed=1)
+    for rank in (0, 1):
+        lengths = (pytester.path / f"caches-{rank}").read_text().split()
+        # the reference before wrapping, the run, the whole copy beside it
+        assert lengths == ["17", "17", "17"], rank

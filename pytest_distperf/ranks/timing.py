@@ -229,17 +229,23 @@ def reference_token_time(
     steps: int,
     sync: Callable[[], None],
     generate: GenerateFn | None = None,
-) -> float:
-    """Seconds per decode step of this rank's whole, unwrapped model: no collectives at all.
+) -> tuple[float, float | None]:
+    """(seconds per decode step, seconds of the prefill) of this rank's whole, unwrapped
+    model: no collectives at all. The prefill is None for a user's own loop (no split).
 
     The compute term of the performance model: it carries the eager-mode launch overhead and
     the real kernels of this device, which a bandwidth roofline would miss by ~4x.
     """
     local = Fences(sync=sync, barrier=lambda: None)
+    prefills: list[float] = []
 
     def once() -> float:
         sample = timed_generation(model, prompt, steps, local, generate=generate)[0]
+        if sample.ttft_s is not None:
+            prefills.append(sample.ttft_s)
         return step_seconds(sample, steps)
 
     once()  # warm-up: allocator, kernels, caches
-    return steady_median(once)[0]
+    prefills.clear()
+    step_s = steady_median(once)[0]
+    return step_s, statistics.median(prefills) if prefills else None

@@ -88,7 +88,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
     # Every rank builds the same weights from the seed; sharded strategies then keep their shard.
     model = build(workload, device, dtype)
     model.check_fits(
-        workload.prompt_length + max(workload.max_new_tokens, spec.reference_steps),
+        workload.prompt_length + spec.reference_steps,
         f"distperf(prompt_length={workload.prompt_length}, "
         f"max_new_tokens={workload.max_new_tokens})",
     )
@@ -135,15 +135,16 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
     # the samples; a sharded model (and a generation too short to time a reference beside it,
     # a step or two of a tiny model being all noise) is timed until steady before wrapping.
     paired = not record.sharded and workload.max_new_tokens > spec.reference_steps
-    reference = None
+    reference = reference_prefill = None
     if spec.reference_steps and not paired:
+        # The run's cache length at least: attention reads the whole static cache every step.
         model.setup_caches(
             workload.batch_size,
-            workload.prompt_length + spec.reference_steps,
+            workload.prompt_length + max(workload.max_new_tokens, spec.reference_steps),
             device=device,
             dtype=dtype,
         )
-        reference = reference_token_time(
+        reference, reference_prefill = reference_token_time(
             model.module, prompt, spec.reference_steps, device_sync(device), generate
         )
         model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
@@ -233,6 +234,9 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
     if (paired or compiled_loop) and bare_samples:
         steps = workload.max_new_tokens
         reference = statistics.median(step_seconds(s, steps) for s in bare_samples)
+    # No whole copy beside a compiled run (it did not fit): the threshold says its reference
+    # was the eager model's, slower than a compiled one.
+    eager_reference = compiled_loop and reference is not None and not bare_samples
     fabric_strategy, sharding, wrapper = record.describe_implementation(fabric, wrapped)
     backend = ""
     if torch.distributed.is_initialized():
@@ -264,7 +268,9 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
         compiled=wrapped_steps.how if wrapped_steps else "",
         cuda_graphs=bool(wrapped_steps and wrapped_steps.cuda_graphs),
         graph_breaks=bool(wrapped_steps and wrapped_steps.graph_breaks),
-        reference_prefill_s=_median_prefill(bare_samples),
+        # the bare runs' prefill; with no copy beside the run, the one timed before wrapping
+        reference_prefill_s=_median_prefill(bare_samples) if bare_samples else reference_prefill,
+        eager_reference=eager_reference,
     )
 
 
