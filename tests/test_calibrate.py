@@ -1,4 +1,4 @@
-"""calibrate() in two real gloo ranks on CPU: conventions, agreement between ranks, speed."""
+"""calibrate() in two real gloo ranks on CPU: conventions, agreement between ranks."""
 
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ def _rank(rank: int, port: int, results: Any) -> None:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
         sizes = message_sizes(PRESETS["cpu-110m"], ["auto", "fsdp", "pipeline"], WORLD, 4)
-        start = time.perf_counter()
         full = calibrate(
             sizes.all_gather,
             sizes.all_reduce,
@@ -48,7 +47,6 @@ def _rank(rank: int, port: int, results: Any) -> None:
             64 << 20,
             sizes_p2p=sizes.p2p,
         )
-        elapsed = time.perf_counter() - start
         odd = calibrate([ODD_SIZE], [ODD_SIZE], "cpu", torch.float32, 0, 1, 1 << 20)
         try:
             calibrate([4096], [], "cpu", torch.float32, warmup=0, iters=0)
@@ -57,9 +55,9 @@ def _rank(rank: int, port: int, results: Any) -> None:
         else:
             bad = ""
         dist.destroy_process_group()
-        results.put((rank, full.to_dict(), odd.to_dict(), elapsed, bad, None))
+        results.put((rank, full.to_dict(), odd.to_dict(), bad, None))
     except BaseException:  # noqa: BLE001 - report anything to the parent instead of hanging it
-        results.put((rank, None, None, 0.0, "", traceback.format_exc()))
+        results.put((rank, None, None, "", traceback.format_exc()))
 
 
 def _free_port() -> int:
@@ -84,8 +82,8 @@ def ranks() -> dict[int, tuple[Any, ...]]:
                 item = results.get(timeout=max(0.1, deadline - time.monotonic()))
             except queue.Empty:
                 pytest.fail(f"ranks did not answer in 60 s (got {sorted(got)})")
-            if item[5] is not None:
-                pytest.fail(f"rank {item[0]} failed:\n{item[5]}")
+            if item[4] is not None:
+                pytest.fail(f"rank {item[0]} failed:\n{item[4]}")
             got[item[0]] = item[1:]
     finally:
         for p in procs:
@@ -134,12 +132,8 @@ def test_sizes_round_up_to_whole_elements(ranks: dict[int, tuple[Any, ...]]) -> 
     assert [f.bytes for f in odd.all_reduce] == [1004]  # 251 fp32 elements
 
 
-def test_cpu_110m_calibration_is_fast(ranks: dict[int, tuple[Any, ...]]) -> None:
-    assert max(r[2] for r in ranks.values()) < 10.0
-
-
 def test_bad_repeats_are_refused(ranks: dict[int, tuple[Any, ...]]) -> None:
-    assert "iters >= 1" in ranks[0][3]
+    assert "iters >= 1" in ranks[0][2]
 
 
 def test_needs_a_process_group() -> None:

@@ -10,12 +10,13 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-# `auto` is predicted from the run's own single-process reference, so its threshold holds even
-# for the tiny model, whose rate per-call overheads set (efficiency 0.3 leaves room for noise).
+# `auto` is predicted from the bare model timed beside each repeat (more than 8 new tokens), so
+# its threshold holds even for the tiny model, whose rate per-call overheads set; efficiency 0.2
+# leaves room for a busy CI host, and the slow-down knob below still falls far under it.
 TEST_AUTO = """
 import pytest
 
-@pytest.mark.distperf(model="tiny", max_new_tokens=8, efficiency=0.3)
+@pytest.mark.distperf(model="tiny", max_new_tokens=12, efficiency=0.2)
 def test_rate(distperf):
     distperf.run()
 """
@@ -36,7 +37,7 @@ def test_slowdown_knob_fails_the_threshold_with_the_reason(
         [
             "*distperf threshold check failed:*",
             "*auto (replicated) on 2 device(s): measured * tok/s is below the threshold "
-            "* tok/s (30% of the predicted * tok/s); measured/predicted = 0.*",
+            "* tok/s (20% of the predicted * tok/s); measured/predicted = 0.*",
             "*bound by compute*",
         ]
     )
@@ -60,10 +61,10 @@ def test_record_then_compare_then_catch_a_regression(
 
     junit = pytester.path / "junit.xml"
     # A tiny model on two shared cores moves by up to a third between runs (seen once in this
-    # suite); the test is about the mechanics, so the unchanged run gets a wide tolerance and
-    # the regression below is made far larger than it.
+    # suite); the test is about the mechanics, so the unchanged run gets a wide tolerance (60%)
+    # and the regression below (80%) is made larger than it.
     same = pytester.runpytest_subprocess(
-        "--distperf-devices=2", f"--junitxml={junit}", "--distperf-tolerance=0.45"
+        "--distperf-devices=2", f"--junitxml={junit}", "--distperf-tolerance=0.6"
     )
     same.assert_outcomes(passed=1)
     same.stdout.fnmatch_lines(["*auto*2 x cpu*compute*[+-]*%*test_rate[[]auto-2cpu[]]"])
@@ -75,7 +76,7 @@ def test_record_then_compare_then_catch_a_regression(
 
     monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.8")
     caught = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-efficiency=0.01", "--distperf-tolerance=0.45"
+        "--distperf-devices=2", "--distperf-efficiency=0.01", "--distperf-tolerance=0.6"
     )
     caught.assert_outcomes(failed=1)
     caught.stdout.fnmatch_lines(
@@ -137,7 +138,7 @@ def test_bad_efficiency_is_a_usage_error(pytester: pytest.Pytester, bad: str) ->
 
 
 def test_bad_efficiency_in_marker_fails_its_test(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(TEST_AUTO.replace("efficiency=0.3", "efficiency=2"))
+    pytester.makepyfile(TEST_AUTO.replace("efficiency=0.2", "efficiency=2"))
     result = pytester.runpytest()
     result.assert_outcomes(errors=1)  # at setup: no rank starts
     result.stdout.fnmatch_lines(

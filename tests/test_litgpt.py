@@ -147,10 +147,10 @@ def test_litgpt_models_pass_every_gate_and_a_slower_one_fails(
     pytester.makepyfile(builders=BUILDERS, test_suite=SUITE, test_bad=BAD)
     report = pytester.path / "report.json"
     common = ("--distperf-devices=2", "--distperf-accelerator=cpu", f"--distperf-json={report}")
-    # A batch of 2 on two shared cores: healthy runs measured 0.78-1.1 of their prediction, so
+    # Two shared cores: healthy runs of these models measured 0.51-1.1 of their prediction, so
     # a looser efficiency than the default keeps a busy CI host from failing the threshold.
     recorded = pytester.runpytest_subprocess(
-        *common, "--distperf-update-baselines", "--distperf-efficiency=0.35", "test_suite.py"
+        *common, "--distperf-update-baselines", "--distperf-efficiency=0.2", "test_suite.py"
     )
     recorded.assert_outcomes(passed=7)
     rows = {row["test_id"].split("::")[1]: row for row in json.loads(report.read_text())["results"]}
