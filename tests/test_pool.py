@@ -339,3 +339,27 @@ def test_rank_output_is_a_report_section_and_streams_with_s(
     # print at the same time, so either line may come first
     streamed.stdout.fnmatch_lines(["*model built on rank 0"])
     streamed.stdout.fnmatch_lines(["*[[]rank 1[]] model built on rank 1"])
+
+
+def test_pool_ranks_inside_a_slurm_allocation_keep_their_own_ranks(
+    pytester: pytest.Pytester, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An sbatch script that runs pytest itself (no srun, so no job mode): Fabric would take
+    # every pool rank's rank from SLURM_PROCID unless the ranks say they are TorchElastic's.
+    for name, value in (("SLURM_NTASKS", "1"), ("SLURM_PROCID", "0"), ("SLURM_LOCALID", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SLURM_JOB_NAME", "gpu-ci")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.strategy("auto", "fsdp")
+        @pytest.mark.distperf(model="tiny", max_new_tokens=2, efficiency=0.05)
+        def test_x(distperf):
+            result = distperf.run()
+            assert sorted(rank.rank for rank in result.ranks) == [0, 1]
+            assert result.ranks[0].replicas == 2
+        """
+    )
+    result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-repeats=1")
+    result.assert_outcomes(passed=2)

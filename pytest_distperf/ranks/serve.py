@@ -152,6 +152,9 @@ def _rank_environment(place: RankPlace) -> dict[str, str]:
         # must join it as a client (torch elastic's agent-store mode), never host a second one.
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_RESTART_COUNT": "0",
+        # Fabric takes ranks from the first cluster it detects, TorchElastic before SLURM: without
+        # this, inside a SLURM allocation every pool rank would be SLURM_PROCID's rank.
+        "TORCHELASTIC_RUN_ID": "distperf-pool",
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
         **dict(place.environ),
