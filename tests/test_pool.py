@@ -363,3 +363,13 @@ def test_pool_ranks_inside_a_slurm_allocation_keep_their_own_ranks(
     )
     result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-repeats=1")
     result.assert_outcomes(passed=2)
+
+
+def test_a_variable_ranks_read_at_start_keys_the_pool() -> None:
+    from pytest_distperf.launch.pool import PoolKey
+
+    plain = PoolKey.for_ranks("cuda", 2, {"HOME": "/root"})
+    assert PoolKey.for_ranks("cuda", 2, {"HOME": "/tmp"}) == plain  # not one the ranks read
+    for name in ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF"):
+        key = PoolKey.for_ranks("cuda", 2, {"HOME": "/root", name: "0"})
+        assert key != plain and key.comm_environment == ((name, "0"),), name

@@ -354,3 +354,26 @@ def test_a_sharded_runs_reference_reads_the_runs_cache_length(pytester: pytest.P
         lengths = (pytester.path / f"caches-{rank}").read_text().split()
         # the reference before wrapping, the run, the whole copy beside it
         assert lengths == ["17", "17", "17"], rank
+
+
+def test_a_torchrun_job_of_one_rank_runs_without_a_process_group(
+    pytester: pytest.Pytester, tag: str
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.05)
+        def test_alone(distperf):
+            assert [r.rank for r in distperf.run().ranks] == [0]
+        """
+    )
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=1"),
+        *("--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--max-restarts=0"),
+        *("-m", "pytest", "-p", "no:cacheprovider"),
+    ]
+    done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout and "test_alone[auto-1cpu]" in done.stdout
+    assert _wait_until_gone(tag) == []

@@ -138,3 +138,25 @@ def test_launched_job_from_srun_variables() -> None:
     }  # fmt: skip
     with pytest.raises(ValueError, match="SLURM_PROCID='one'"):
         launched_job({**srun, "SLURM_PROCID": "one"})
+    with pytest.raises(ValueError, match=r"SLURM_TASKS_PER_NODE='2,1' .*same number of tasks"):
+        launched_job({**srun, "SLURM_TASKS_PER_NODE": "2,1"})
+    with pytest.raises(ValueError, match=r"SLURM_PROCID=4 must be in \[0, SLURM_NTASKS=4\)"):
+        launched_job({**srun, "SLURM_PROCID": "4"})
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"RANK": "2"}, r"RANK=2 must be in \[0, WORLD_SIZE=2\)"),
+        ({"WORLD_SIZE": "0", "RANK": "0"}, r"WORLD_SIZE=0 must be >= 1"),
+        ({"LOCAL_WORLD_SIZE": "0"}, r"LOCAL_WORLD_SIZE=0 must be in \[1, WORLD_SIZE\]"),
+        ({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"}, r"LOCAL_RANK=1 must be in \[0, LOCAL_"),
+    ],
+)
+def test_a_launched_jobs_numbers_must_agree(changes: dict[str, str], message: str) -> None:
+    from pytest_distperf.launch.job import launched_job
+
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert launched_job(torchrun) is not None
+    with pytest.raises(ValueError, match=message + ".*from the environment"):
+        launched_job({**torchrun, **changes})

@@ -6,6 +6,7 @@ Every rank runs the same tests in the same order; the job's process group is the
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,19 +51,47 @@ def launched_job(environ: Mapping[str, str] = os.environ) -> LaunchedJob | None:
         rank, world = _integers(environ, names[:2])
         local_world = _integers(environ, names[2:3], default=world)[0]
         local_rank = _integers(environ, names[3:], default=rank % max(local_world, 1))[0]
-        return LaunchedJob(rank, world, local_world, local_rank)
+        return _checked(LaunchedJob(rank, world, local_world, local_rank), names)
     # MASTER_ADDR/PORT too: an interactive salloc shell has SLURM_PROCID but is not a job.
     if all(environ.get(name) for name in SRUN_VARIABLES):
         rank, world = _integers(environ, ("SLURM_PROCID", "SLURM_NTASKS"))
         local_rank = _integers(environ, ("SLURM_LOCALID",), default=0)[0]
-        per_node = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
         local_world = world
-        if per_node:  # SLURM writes e.g. "2(x3)": 2 tasks on each of 3 nodes
-            local_world = _integers(
-                {"tasks per node": per_node.split("(")[0]}, ("tasks per node",)
-            )[0]
-        return LaunchedJob(rank, world, local_world, local_rank, launcher="srun")
+        for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+            per_node = environ.get(name)
+            if not per_node:
+                continue
+            # SLURM writes e.g. "2(x3)": 2 tasks on each of 3 nodes; "2,1" is an uneven layout
+            if not re.fullmatch(r"\d+(\(x\d+\))?", per_node):
+                raise ValueError(
+                    f"{name}={per_node!r} in the environment: distperf needs the same number "
+                    "of tasks on every node, e.g. '4' or '4(x2)'"
+                )
+            local_world = int(per_node.split("(")[0])
+            break
+        names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_LOCALID")
+        return _checked(LaunchedJob(rank, world, local_world, local_rank, "srun"), names)
     return None
+
+
+def _checked(job: LaunchedJob, names: tuple[str, str, str, str]) -> LaunchedJob:
+    """`job`, once its numbers agree; `names`: the variables of rank, world size, local world
+    size and local rank, as the launcher spells them."""
+    rank, world, local_world, local_rank = names
+    problems = []
+    if job.world_size < 1:
+        problems.append(f"{world}={job.world_size} must be >= 1")
+    elif not 0 <= job.rank < job.world_size:
+        problems.append(f"{rank}={job.rank} must be in [0, {world}={job.world_size})")
+    if not 1 <= job.local_world_size <= max(job.world_size, 1):
+        problems.append(f"{local_world}={job.local_world_size} must be in [1, {world}]")
+    elif not 0 <= job.local_rank < job.local_world_size:
+        problems.append(
+            f"{local_rank}={job.local_rank} must be in [0, {local_world}={job.local_world_size})"
+        )
+    if problems:
+        raise ValueError("; ".join(problems) + " (from the environment)")
+    return job
 
 
 def _integers(
@@ -84,13 +113,16 @@ def _integers(
 
 def run_in_job(spec: RunSpec) -> RunResult:
     """Run `spec` in this process as its rank of the launched job; every rank gets every
-    rank's result. A failing or hung rank stops the whole job (the job launcher's business)."""
+    rank's result. A rank that raises fails its test; ranks it leaves waiting in a collective
+    are stopped by their watchdog at --distperf-timeout, and the launcher then ends the job."""
     import torch.distributed as dist
 
     from pytest_distperf.ranks.worker import run_rank
 
     launched_at, start = time.time(), time.perf_counter()
     mine = run_rank(spec)
+    if not dist.is_initialized():  # a job of one rank: no process group was needed
+        return RunResult(spec, (mine,), time.perf_counter() - start, launched_at)
     everyone: list[RankResult | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     ranks = tuple(sorted((r for r in everyone if r is not None), key=lambda r: r.rank))

@@ -30,6 +30,7 @@ from pytest_distperf.launch.failures import (
     failed_headline,
     output_tail,
     rank_section,
+    start_timeout_headline,
     timeout_headline,
     where,
 )
@@ -37,15 +38,22 @@ from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RankResult, RunResult, RunSpec
 
-# Variables that change how ranks talk to each other: pools differ when these do.
-COMM_VARIABLES = (
+# Variables that change how ranks talk to each other or what they run on: pools differ when
+# these do, even after a pool's first test (ranks read them once, at their start).
+POOL_VARIABLES = (
     "NCCL_P2P_DISABLE",
     "NCCL_P2P_LEVEL",
     "NCCL_SHM_DISABLE",
     "NCCL_NET",
     "NCCL_IB_DISABLE",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
     "NCCL_ALGO",
     "NCCL_PROTO",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_CUMEM_ENABLE",
+    "CUDA_VISIBLE_DEVICES",
+    "PYTORCH_CUDA_ALLOC_CONF",
 )
 START_TIMEOUT_S = 300.0  # process start, imports, process group
 GRACE_S = 10.0  # past the timeout, for the ranks' own watchdogs to dump their stacks
@@ -70,7 +78,7 @@ class PoolKey:
     def for_ranks(
         cls, accelerator: str, ranks: int, environ: Mapping[str, str] = os.environ
     ) -> PoolKey:
-        comm = tuple((name, environ[name]) for name in COMM_VARIABLES if environ.get(name))
+        comm = tuple((name, environ[name]) for name in POOL_VARIABLES if environ.get(name))
         return cls(accelerator, ranks, comm)
 
 
@@ -109,8 +117,10 @@ class RankPool:
                     target=serve, args=(place, theirs), name=f"distperf-{rank}"
                 )
                 self._connections.append(ours)
-                process.start()
-                theirs.close()
+                try:
+                    process.start()
+                finally:
+                    theirs.close()  # the rank holds its own end now (or never will)
                 self._processes.append(process)
         except BaseException:  # a Ctrl-C halfway: the ranks already started go too
             self.close(kill=True)
@@ -137,7 +147,13 @@ class RankPool:
         store port goes to the other ranks on the way."""
         start = time.perf_counter()
         replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
-        failed = {rank: text for rank, (kind, text) in replies.items() if kind != READY}
+        failed = {rank: reply for rank, reply in replies.items() if reply[0] != READY}
+        if any(kind == "timeout" for kind, _ in failed.values()):
+            self.stop(kill=True)
+            lines = [start_timeout_headline(spec, START_TIMEOUT_S)]
+            for rank in range(self.key.ranks):
+                lines.append(rank_section(rank, self._status(rank), self._output(rank)))
+            raise RunFailed("\n".join(lines))
         if failed:
             raise RunFailed(self._failure_text(spec, failed, time.perf_counter() - start))
         self.ready = True
@@ -157,6 +173,7 @@ class RankPool:
         try:
             if not self.ready:
                 self.wait_ready(spec)
+            running_from = time.perf_counter()  # the ranks' watchdogs count from here
             for connection in self._connections:
                 connection.send((RUN, spec))
             replies = self._collect(spec, spec.timeout + GRACE_S, expect=DONE, progress=progress)
@@ -170,9 +187,10 @@ class RankPool:
             }
         self.tests_run += 1
         elapsed = time.perf_counter() - start
-        failed = {rank: text for rank, (kind, text) in replies.items() if kind != DONE}
+        failed = {rank: reply for rank, reply in replies.items() if reply[0] != DONE}
         if failed:
-            raise RunFailed(self._failure_text(spec, failed, elapsed))
+            ran = time.perf_counter() - running_from
+            raise RunFailed(self._failure_text(spec, failed, elapsed, ran >= spec.timeout))
         ranks: tuple[RankResult, ...] = tuple(replies[r][1] for r in sorted(replies))
         return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
 
@@ -228,14 +246,25 @@ class RankPool:
         if any(p.exitcode == -signal.SIGINT for p in self._processes):
             raise KeyboardInterrupt
 
-    def _failure_text(self, spec: RunSpec, failed: dict[int, str], elapsed: float) -> str:
-        timed_out = any(text == "" and self._exitcode(r) is None for r, text in failed.items())
-        timed_out = timed_out or elapsed >= spec.timeout
+    def _failure_text(
+        self,
+        spec: RunSpec,
+        replies: dict[int, tuple[str, Any]],
+        elapsed: float,
+        past_timeout: bool = False,
+    ) -> str:
+        """`replies`: the failed ranks' (kind, text); `past_timeout`: the test ran as long as
+        the ranks' watchdogs allow, so the rank that died first was most likely stopped by its
+        own, and the others failed for want of it."""
+        kinds = {kind for kind, _ in replies.values()}
+        failed = {rank: text for rank, (_, text) in replies.items()}
+        timed_out = "timeout" in kinds or past_timeout
         self.stop(kill=True)
         if timed_out:  # every rank's stack matters: who waits for whom
             lines = [timeout_headline(spec)]
             for rank in range(self.key.ranks):
-                lines.append(rank_section(rank, self._status(rank), self._output(rank)))
+                body = failed.get(rank) or self._output(rank)
+                lines.append(rank_section(rank, self._status(rank), body))
             return "\n".join(lines)
         # The first rank to fail is the cause; the others failed because it was gone.
         first, *after = failed
@@ -248,9 +277,6 @@ class RankPool:
 
     def _output(self, rank: int) -> str:
         return output_tail(self.log_paths[rank])
-
-    def _exitcode(self, rank: int) -> int | None:
-        return self._processes[rank].exitcode
 
     def _status(self, rank: int) -> str:
         process = self._processes[rank]

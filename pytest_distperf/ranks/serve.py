@@ -92,12 +92,13 @@ def serve(place: RankPlace, connection: Connection) -> None:
             result = replace(result, versions=versions, work_s=time.perf_counter() - start)
             if calibration is not None:
                 result = replace(result, calibration=calibration)
+            # Inside the try: a CUDA error left pending by the test surfaces in its synchronize.
+            _free_test_state(place.accelerator)
         except BaseException:
             connection.send((RAISED, traceback.format_exc()))
             # The group's state is unknown now: this pool is done. No interpreter shutdown,
             # which could wait on a collective that will never complete.
             _exit(1)
-        _free_test_state(place.accelerator)
         connection.send((DONE, result))
 
 
