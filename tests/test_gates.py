@@ -62,7 +62,7 @@ def test_record_then_compare_then_catch_a_regression(
     junit = pytester.path / "junit.xml"
     # A tiny model on two shared cores moves by up to a third between runs (seen once in this
     # suite); the test is about the mechanics, so the unchanged run gets a wide tolerance (60%)
-    # and the regression below (80%) is made larger than it.
+    # and the regression below (90%: a tenth of the rate) lies far beyond it.
     same = pytester.runpytest_subprocess(
         "--distperf-devices=2", f"--junitxml={junit}", "--distperf-tolerance=0.6"
     )
@@ -74,7 +74,7 @@ def test_record_then_compare_then_catch_a_regression(
     assert properties["distperf_topology_key"] == baseline.stem
     assert float(properties["distperf_relative_speed"]) > 0
 
-    monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.8")
+    monkeypatch.setenv("DISTPERF_SLOWDOWN", "0.9")
     caught = pytester.runpytest_subprocess(
         "--distperf-devices=2", "--distperf-efficiency=0.01", "--distperf-tolerance=0.6"
     )

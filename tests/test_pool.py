@@ -373,3 +373,55 @@ def test_a_variable_ranks_read_at_start_keys_the_pool() -> None:
     for name in ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF"):
         key = PoolKey.for_ranks("cuda", 2, {"HOME": "/root", name: "0"})
         assert key != plain and key.comm_environment == ((name, "0"),), name
+
+
+SETTINGS_BUILDERS = """
+import json
+import os
+from pathlib import Path
+
+import torch
+from distperf_model.config import Config
+from distperf_model.model import build_model
+
+
+def changing(seed, device, dtype):
+    model = build_model(Config.from_name("tiny"), seed, device, dtype)
+    torch.set_float32_matmul_precision("medium")
+    torch.set_default_dtype(torch.float64)
+    os.environ["SET_BY_A_TEST"] = "1"
+    return model
+
+
+def recording(seed, device, dtype):
+    seen = [torch.get_float32_matmul_precision(), str(torch.get_default_dtype())]
+    seen.append("SET_BY_A_TEST" in os.environ)
+    Path(f"seen-{os.environ['RANK']}").write_text(json.dumps(seen))
+    return build_model(Config.from_name("tiny"), seed, device, dtype)
+"""
+
+
+def test_a_tests_torch_settings_and_environment_end_with_it(
+    pytester: pytest.Pytester, tag: str
+) -> None:
+    pytester.makepyfile(settings_builders=SETTINGS_BUILDERS)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="settings_builders:changing", max_new_tokens=2)
+        def test_a_changes(distperf):
+            distperf.run()
+
+        @pytest.mark.distperf(model="settings_builders:recording", max_new_tokens=2)
+        def test_b_records(distperf):
+            distperf.run()
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "--distperf-devices=2", "--distperf-repeats=1", "--distperf-efficiency=0.05"
+    )
+    result.assert_outcomes(passed=2)
+    for rank in (0, 1):
+        seen = json.loads((pytester.path / f"seen-{rank}").read_text())
+        assert seen == ["highest", "torch.float32", False], rank

@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
@@ -85,7 +86,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
             spec, calibration = _calibrate_first(spec, place)
             start = time.perf_counter()
             reporter = progress if place.rank == 0 else None
-            result = run_rank(spec, reporter)
+            with _settings_of_one_test():
+                result = run_rank(spec, reporter)
             # Plain strings: torch's version string is a str subclass whose unpickling would
             # import torch into the pytest process.
             versions = {name: str(version) for name, version in result.versions.items()}
@@ -218,6 +220,26 @@ def _reuse_device_meshes() -> None:
         return meshes[key]
 
     model_parallel._setup_device_mesh = cached
+
+
+@contextlib.contextmanager
+def _settings_of_one_test() -> Iterator[None]:
+    """A test's changes to torch's process-wide settings and to the environment end with it: a
+    builder that sets TF32 matmuls or a default dtype must not change the next test's run."""
+    import torch
+
+    environ = dict(os.environ)
+    dtype, precision = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    deterministic, grad = torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_default_dtype(dtype)
+        torch.set_float32_matmul_precision(precision)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.set_grad_enabled(grad)
 
 
 def _free_test_state(accelerator: str) -> None:

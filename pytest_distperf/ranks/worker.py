@@ -80,7 +80,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
     if reason:
         raise ValueError(reason)
     dtype = DTYPES[workload.precision]
-    if spec.devices > 1:
+    if spec.devices > 1 or "MASTER_ADDR" in os.environ:  # a launched job of one rank too
         _join_group(device)
     calibration = None
     if spec.calibration_sizes is not None and not spec.calibrate_model:
