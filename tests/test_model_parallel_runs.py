@@ -71,9 +71,10 @@ def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
     }
 
     pytester.makepyfile(test_comm=TEST_COMM.format(delay=0.15))
-    # one repeat: tp sleeps through 2 x 6 all-reduces a token
+    # one repeat, no warm-up (which could only make it slower): tp sleeps through 2 x 6
+    # all-reduces a token
     slowed = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-repeats=1", "-k", "test_rate"
+        "--distperf-devices=2", "--distperf-repeats=1", "--distperf-warmup=0", "-k", "test_rate"
     )
     slowed.assert_outcomes(passed=1, failed=2, deselected=1)
     slowed.stdout.fnmatch_lines(
