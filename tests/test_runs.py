@@ -310,6 +310,7 @@ def test_inside_a_torchrun_job_uses_its_ranks_and_rank_0_writes(
 
 
 CACHE_BUILDERS = """
+import dataclasses
 import os
 from pathlib import Path
 
@@ -329,6 +330,11 @@ def recording_caches(seed, device, dtype):
 
     model.setup_caches = setup_caches
     return model
+
+
+def short_context(seed, device, dtype):
+    config = dataclasses.replace(Config.from_name("tiny"), block_size=16)
+    return build_model(config, seed, device, dtype)
 """
 
 
@@ -346,10 +352,22 @@ def test_a_sharded_runs_reference_reads_the_runs_cache_length(pytester: pytest.P
         )
         def test_rate(distperf):
             distperf.run()
+
+        # a builder's context limit is known only once built: the rank checks the whole run
+        @pytest.mark.strategy("fsdp")
+        @pytest.mark.distperf(model="builders:short_context", max_new_tokens=12, prompt_length=5)
+        def test_too_long(distperf):
+            distperf.run()
         """,
     )
     result = pytester.runpytest_subprocess("--distperf-devices=2", "--distperf-repeats=1")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*distperf(prompt_length=5, max_new_tokens=12) needs 17 positions but model "
+            "'builders:short_context' accepts 16*"
+        ]
+    )
     for rank in (0, 1):
         lengths = (pytester.path / f"caches-{rank}").read_text().split()
         # the reference before wrapping, the run, the whole copy beside it

@@ -88,7 +88,7 @@ def _run(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankRe
     # Every rank builds the same weights from the seed; sharded strategies then keep their shard.
     model = build(workload, device, dtype)
     model.check_fits(
-        workload.prompt_length + spec.reference_steps,
+        workload.prompt_length + max(workload.max_new_tokens, spec.reference_steps),
         f"distperf(prompt_length={workload.prompt_length}, "
         f"max_new_tokens={workload.max_new_tokens})",
     )
