@@ -425,3 +425,43 @@ def test_a_tests_torch_settings_and_environment_end_with_it(
     for rank in (0, 1):
         seen = json.loads((pytester.path / f"seen-{rank}").read_text())
         assert seen == ["highest", "torch.float32", False], rank
+
+
+# Spawned ranks (and only they) stall at interpreter start, before they could ever be ready.
+STALLING_SITECUSTOMIZE = """
+import sys
+import time
+
+if "--multiprocessing-fork" in sys.argv:
+    time.sleep(60)
+"""
+
+
+def test_a_pool_that_does_not_start_says_so(
+    pytester: pytest.Pytester, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = pytester.mkdir("site")
+    (site / "sitecustomize.py").write_text(STALLING_SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    pytester.makeconftest(
+        """
+        from pytest_distperf.launch import pool
+
+        pool.START_TIMEOUT_S = 3.0
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.distperf(model="tiny", max_new_tokens=2)
+        def test_x(distperf):
+            distperf.run()
+        """
+    )
+    result = pytester.runpytest_subprocess("--distperf-devices=2")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*distperf: the rank pool did not start within 3 s (process start, imports, process*"]
+    )
+    result.stdout.no_fnmatch_line("*rank 0 of 2 failed*")

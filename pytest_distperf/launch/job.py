@@ -120,9 +120,7 @@ def run_in_job(spec: RunSpec) -> RunResult:
     from pytest_distperf.ranks.worker import run_rank
 
     launched_at, start = time.time(), time.perf_counter()
-    mine = run_rank(spec)
-    if not dist.is_initialized():  # a job of one rank: no process group was needed
-        return RunResult(spec, (mine,), time.perf_counter() - start, launched_at)
+    mine = run_rank(spec)  # joins the job's group, a group of one included
     everyone: list[RankResult | None] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     ranks = tuple(sorted((r for r in everyone if r is not None), key=lambda r: r.rank))

@@ -148,14 +148,9 @@ class RankPool:
         start = time.perf_counter()
         replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
         failed = {rank: reply for rank, reply in replies.items() if reply[0] != READY}
-        if any(kind == "timeout" for kind, _ in failed.values()):
-            self.stop(kill=True)
-            lines = [start_timeout_headline(spec, START_TIMEOUT_S)]
-            for rank in range(self.key.ranks):
-                lines.append(rank_section(rank, self._status(rank), self._output(rank)))
-            raise RunFailed("\n".join(lines))
         if failed:
-            raise RunFailed(self._failure_text(spec, failed, time.perf_counter() - start))
+            elapsed = time.perf_counter() - start
+            raise RunFailed(self._failure_text(spec, failed, elapsed, starting=True))
         self.ready = True
         self.ready_s = time.perf_counter() - start
 
@@ -252,16 +247,20 @@ class RankPool:
         replies: dict[int, tuple[str, Any]],
         elapsed: float,
         past_timeout: bool = False,
+        starting: bool = False,
     ) -> str:
         """`replies`: the failed ranks' (kind, text); `past_timeout`: the test ran as long as
         the ranks' watchdogs allow, so the rank that died first was most likely stopped by its
-        own, and the others failed for want of it."""
+        own, and the others failed for want of it; `starting`: the pool was still starting."""
         kinds = {kind for kind, _ in replies.values()}
         failed = {rank: text for rank, (_, text) in replies.items()}
         timed_out = "timeout" in kinds or past_timeout
         self.stop(kill=True)
         if timed_out:  # every rank's stack matters: who waits for whom
-            lines = [timeout_headline(spec)]
+            if starting:
+                lines = [start_timeout_headline(spec, START_TIMEOUT_S)]
+            else:
+                lines = [timeout_headline(spec)]
             for rank in range(self.key.ranks):
                 body = failed.get(rank) or self._output(rank)
                 lines.append(rank_section(rank, self._status(rank), body))
