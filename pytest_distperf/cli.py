@@ -29,7 +29,7 @@ from pytest_distperf import perfmodel, topology
 from pytest_distperf.output import charts
 from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
 from pytest_distperf.spec import PRECISION_BYTES
-from pytest_distperf.strategies import strategy_names
+from pytest_distperf.strategies import predict_all_for, strategy_names
 from pytest_distperf.topology import Topology, TopologyError
 
 USAGE_ERROR = 2
@@ -239,7 +239,7 @@ def _load_calibration(path: str | None, devices: int | None) -> Calibration | No
 
 
 def _load_config(name: str) -> Any:
-    """The named model's shape: a preset, or a LitGPT name (counted on the meta device)."""
+    """The named model's shape: a preset, or a LitGPT name (counted from its config)."""
     from pytest_distperf.models import shape_of
 
     try:
@@ -384,7 +384,7 @@ def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Predic
             f"exceeds {args.model}'s block_size {config.block_size}"
         )
     compute = args.compute_ms_per_token / 1e3 if args.compute_ms_per_token else None
-    predictions = perfmodel.predict_all(
+    predictions = predict_all_for(
         config,
         args.devices,
         links,

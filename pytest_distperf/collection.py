@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from pytest_distperf import markers, xdist
+from pytest_distperf.items import ARGNAMES, is_distperf
 from pytest_distperf.spec import Workload
+from pytest_distperf.strategies import get_strategy
 
-ARGNAMES = ("distperf_strategy", "distperf_devices")
 INVALID_ID = "invalid-marker"
 REFUSED = pytest.StashKey[str]()  # why this item must not start ranks here (xdist)
 
@@ -73,10 +74,6 @@ def workloads_by_count(
     return workloads
 
 
-def is_distperf(item: pytest.Item) -> bool:
-    return "distperf_strategy" in getattr(getattr(item, "callspec", None), "params", {})
-
-
 def prepare(config: pytest.Config, items: list[pytest.Item], default_devices: int) -> None:
     """Order the items by rank count; on an xdist worker that cannot keep them on one worker,
     mark them to fail."""
@@ -105,8 +102,6 @@ def check_supported(
     """Before any rank starts: a rank count the test's own devices marker asks for (`marked`)
     that the strategy can never run with fails; what the session chose (accelerator,
     --distperf-devices) may suit it on another machine, so that skips."""
-    from pytest_distperf.strategies import get_strategy
-
     record = get_strategy(strategy)
     reason = record.unsupported(accelerator, devices)
     if reason and marked and accelerator in record.runs_on:

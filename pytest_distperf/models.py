@@ -1,9 +1,9 @@
 """What `distperf(model=...)` names, as the pytest process knows it before any rank runs: the
 model's shape (for the performance model and the calibration's message sizes) and its context.
 
-Presets come from `distperf_model.config` (no torch); a LitGPT name is LitGPT's model counted on
-the meta device (torch and litgpt are imported then, for such tests only); a user's builder is
-known only once a rank has built it (`RankResult.model_shape`). No torch at import.
+Presets come from `distperf_model.config`; a LitGPT name's shape is counted from LitGPT's own
+config module, loaded alone (`litgpt_shape`); a user's builder is known only once a rank has
+built it (`RankResult.model_shape`). No torch, not even lazily, and nothing from the ranks.
 """
 
 from __future__ import annotations
@@ -79,16 +79,99 @@ def shape_of(model: str) -> ModelShape | None:
         return ModelShape.from_config(Config.from_name(model))
     if source == "builder":
         return None
-    litgpt_config(model[len(LITGPT_PREFIX) :])  # the extra and the name, checked without torch
-    from pytest_distperf.ranks.models import litgpt_shape
-
-    return litgpt_shape(model[len(LITGPT_PREFIX) :])
+    return litgpt_shape(litgpt_config(model[len(LITGPT_PREFIX) :]))
 
 
 def run_shape(result: RunResult) -> ModelShape | None:
-    """The shape a run's prediction uses: from the name where it tells, else as the ranks
-    measured the model they built."""
+    """The shape a run's prediction uses: the model its ranks built, as they measured it;
+    from the name for a result that carries none."""
+    if result.ranks and result.ranks[0].model_shape is not None:
+        return result.ranks[0].model_shape
     workload = result.spec.workload
-    if workload.is_custom_builder:
-        return result.ranks[0].model_shape if result.ranks else None
-    return shape_of(workload.model)
+    return None if workload.is_custom_builder else shape_of(workload.model)
+
+
+# --------------------------------------------------------------------------- LitGPT, counted
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _norm(config: Any, size: int) -> int:
+    """Parameters of LitGPT's `config.norm_class(size)`: RMSNorm a weight; LayerNorm a weight
+    and a bias, none for OLMo's (elementwise_affine=False)."""
+    if config.norm_class_name == "RMSNorm":
+        return size
+    return 0 if "OLMo" in config.name else 2 * size
+
+
+def _attention(config: Any) -> int:
+    """LitGPT's CausalSelfAttention, or its MultiheadLatentAttention (`latent_attention`)."""
+    c = config
+    if c.latent_attention is not None:
+        return (
+            _linear(c.n_embd, c.q_lora_rank, c.attn_bias)
+            + c.q_lora_rank  # q_a_norm, an RMSNorm whatever the config's norm class
+            + _linear(c.q_lora_rank, c.n_head * c.qk_head_dim, c.bias)
+            + _linear(c.n_embd, c.kv_lora_rank + c.qk_rope_head_dim, c.attn_bias)
+            + c.kv_lora_rank  # kv_a_norm
+            + _linear(
+                c.kv_lora_rank, c.n_query_groups * (c.qk_nope_head_dim + c.v_head_dim), c.bias
+            )
+            + _linear(c.n_head * c.v_head_dim, c.n_embd, c.bias)
+        )
+    qkv = (c.n_head + 2 * c.n_query_groups) * c.head_size
+    params = _linear(c.n_embd, qkv, c.bias or c.attn_bias)
+    params += _linear(c.head_size * c.n_head, c.n_embd, c.bias)
+    if c.norm_qk:
+        olmo2 = c.norm_qk_type == "olmo2"
+        params += _norm(c, c.n_head * c.head_size if olmo2 else c.head_size)
+        params += _norm(c, c.n_query_groups * c.head_size if olmo2 else c.head_size)
+    return params
+
+
+def _mlp(config: Any, kind: str, width: int) -> int:
+    c = config
+    if kind == "GptNeoxMLP":  # fc, proj
+        return _linear(c.n_embd, width, c.bias) + _linear(width, c.n_embd, c.bias)
+    if kind in ("LLaMAMLP", "GemmaMLP"):  # fc_1, fc_2, proj
+        return 2 * _linear(c.n_embd, width, c.bias) + _linear(width, c.n_embd, c.bias)
+    if kind == "LLaMAMoE":
+        each = c.moe_intermediate_size or c.intermediate_size  # as LLaMAMLP takes it
+        shared = c.n_shared_expert or 0
+        params = c.n_expert * (c.n_embd + _mlp(c, "LLaMAMLP", each))  # a gate row per expert
+        return params + (_mlp(c, "LLaMAMLP", each * shared) if shared else 0)
+    raise ModelError(f"LitGPT model {config.name!r}: unknown mlp_class_name {kind!r}")
+
+
+def _block(config: Any, index: int) -> int:
+    """One LitGPT `Block`'s parameters (blocks before `first_k_dense_replace` are dense)."""
+    c = config
+    dense = c.first_k_dense_replace is not None and index < c.first_k_dense_replace
+    mlp = _mlp(c, "LLaMAMLP" if dense else c.mlp_class_name, c.intermediate_size)
+    norms = sum(
+        (
+            c.norm_1,
+            c.post_attention_norm,
+            c.norm_2 and not c.shared_attention_norm,
+            c.post_mlp_norm,
+        )
+    )
+    return norms * _norm(c, c.n_embd) + _attention(c) + mlp
+
+
+def litgpt_shape(config: Any) -> ModelShape:
+    """The shape of LitGPT's `GPT(config)`, its parameters counted from the config alone, as
+    `ranks.models.measure_shape` counts them on the built model: per block (the mean, should
+    blocks differ) and outside them (embedding, final norm, head)."""
+    blocks = sum(_block(config, i) for i in range(config.n_layer))
+    outside = (
+        config.padded_vocab_size * config.n_embd  # wte
+        + _norm(config, config.n_embd)  # ln_f
+        + _linear(config.n_embd, config.padded_vocab_size, config.lm_head_bias)
+    )
+    block = blocks // config.n_layer
+    return ModelShape.from_config(
+        config, block_params=block, non_block_params=outside + blocks - block * config.n_layer
+    )

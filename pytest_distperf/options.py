@@ -64,6 +64,12 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "relative drop from the baseline tolerated; default: from the baseline's own noise",
     ),
     OptionSpec(
+        "gates",
+        "on",
+        "on or off; off: every run is measured and reported but no threshold, baseline, "
+        "relative-speed or memory check fails it (a test's distperf(gates=...) wins)",
+    ),
+    OptionSpec(
         "alpha", "0.01", "false-alarm rate of the baseline test: a regression needs p <= alpha"
     ),
     OptionSpec(
@@ -116,8 +122,9 @@ class Settings:
     numa_binding: str | None = None
     fresh_ranks: bool = False
     compile: bool = False
+    gates: bool = True  # False: runs are measured and reported, no check fails them
 
-    def gate_value(self, name: str, marker: Mapping[str, float]) -> Any:
+    def gate_value(self, name: str, marker: Mapping[str, Any]) -> Any:
         """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
         return marker.get(name, getattr(self, name))
 
@@ -177,6 +184,16 @@ def _parse_numa_binding(raw: str, source: str) -> str | None:
     return value
 
 
+GATES_WORDS = {"on": True, "off": False}
+
+
+def _parse_gates(raw: Any, source: str) -> bool:
+    value = str(raw).strip().lower()
+    if value not in GATES_WORDS:
+        raise SettingError(f"{source}: expected on or off, got {raw!r}")
+    return GATES_WORDS[value]
+
+
 def _parse_flag(raw: Any, source: str) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -200,6 +217,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
         parse_fraction(raw, source, "tolerance", allow_one=False) if raw else None
     ),
     "alpha": lambda raw, source: parse_fraction(raw, source, "alpha", allow_one=False),
+    "gates": _parse_gates,
     "baseline_dir": lambda raw, source: raw or None,
     "update_baselines": lambda raw, source: _parse_flag(raw, source),
     "strict": lambda raw, source: _parse_flag(raw, source),
@@ -287,15 +305,22 @@ def workload_from_marker(
     return Workload(**{**values, "slowdown": float(slowdown), "comm_delay": float(delay)})
 
 
-GATE_ARGUMENTS = ("efficiency", "tolerance")
+GATE_ARGUMENTS = ("efficiency", "tolerance", "gates")
 
 
-def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, float]:
-    """The marker's per-test overrides of --distperf-efficiency and --distperf-tolerance."""
-    gate = {}
+def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The marker's per-test overrides of --distperf-efficiency, --distperf-tolerance and
+    --distperf-gates (`gates`: True or False)."""
+    gate: dict[str, Any] = {}
     for name in GATE_ARGUMENTS:
-        if name in kwargs:
-            source = f"{where}: distperf({name}={kwargs[name]!r})"
+        if name not in kwargs:
+            continue
+        source = f"{where}: distperf({name}={kwargs[name]!r})"
+        if name == "gates":
+            if not isinstance(kwargs[name], bool):
+                raise SettingError(f"{source}: gates must be True or False")
+            gate[name] = kwargs[name]
+        else:
             gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
     return gate
 

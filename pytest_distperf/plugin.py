@@ -293,9 +293,9 @@ class DistperfPlugin:
             from pytest_distperf.header import topology_line
 
             terminalreporter.write_line(topology_line(self.topology_of_gate()))
-        from pytest_distperf.output.report import RESULT_HEADER, format_result_line
+        from pytest_distperf.output.report import format_result_line, result_header
 
-        terminalreporter.write_line(RESULT_HEADER)
+        terminalreporter.write_line(result_header())
         for record in shown:
             terminalreporter.write_line(format_result_line(record, outcomes[record.run.test_id]))
 
@@ -421,6 +421,7 @@ class DistperfRun:
             alpha=settings.alpha,
             strict=settings.strict,
             fail_on_improvement=settings.fail_on_improvement,
+            gates=settings.gate_value("gates", overrides),
         )
         try:
             record = gate.judge(

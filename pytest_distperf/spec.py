@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_distperf.figures import run_row
+
 # Bytes per parameter or activation element of each precision a workload may ask for.
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 PRECISIONS = tuple(PRECISION_BYTES)
@@ -306,36 +308,10 @@ class RunResult:
         return self.ranks[0].tokens
 
     def summary(self) -> dict[str, Any]:
-        """A JSON-able row for reports."""
-        return {
-            "test_id": self.spec.test_id,
-            "strategy": self.strategy,
-            "devices": self.devices,
-            "accelerator": self.spec.accelerator,
-            "workload": self.spec.workload.params(),
-            "repeats": self.spec.repeats,
-            "warmup": self.spec.warmup,
-            "tokens_per_sec": self.tokens_per_sec,
-            "tokens_per_sec_samples": list(self.tokens_per_sec_samples),
-            "decode_tokens_per_sec": self.decode_tokens_per_sec,
-            "aggregate_tokens_per_sec": self.aggregate_tokens_per_sec,
-            "ttft_s": self.ttft_s,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "peak_memory_per_rank": [r.peak_memory_bytes for r in self.ranks],
-            "memory_kind": self.ranks[0].memory_kind,
-            "implementation": vars(self.implementation),
-            "device_name": self.ranks[0].device_name,
-            "versions": self.versions,
-            "launch_s": self.launch_s,
-            "startup_s": self.startup_s,
-            "work_s": self.work_s,
-            "harness_s": self.harness_s,
-            "reference_token_s": self.reference_token_s,
-            "relative_speed": self.relative_speed,
-            "relative_speed_samples": list(self.relative_speed_samples),
-            "host_loop_samples": list(self.host_loop_samples),
-            **self.extras,
-        }
+        """A JSON-able row for reports: every figure that figures.py declares for the JSON
+        report and computes from the run, under the same keys as --distperf-json, then
+        `extras`."""
+        return {**run_row(self), **self.extras}
 
 
 def _slowest_per_repeat(per_rank: Iterable[tuple[Sample, ...]]) -> tuple[Sample, ...]:

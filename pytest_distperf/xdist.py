@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from pytest_distperf.items import is_distperf
+
 SCOPE = "<distperf ranks>"  # the scheduling scope of every distperf test; no node id looks so
 REPORT_KEY = "distperf_payload"  # the test report attribute the payload travels in
 MODE_KEY = "distperf_dist"  # the controller's --dist mode, in each worker's workerinput
@@ -152,8 +154,6 @@ def scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
 
 def write_ids(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On a worker, before xdist sends its collection: name the distperf items."""
-    from pytest_distperf.collection import is_distperf
-
     directory = config.workerinput.get(IDS_KEY)  # type: ignore[attr-defined]
     if directory is None:
         return

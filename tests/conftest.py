@@ -1,7 +1,53 @@
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Generator, Iterator
+from typing import Any
+
 # Imported once here, before any in-process pytester run: pytester restores sys.modules after
 # each run, and a second import of torch (or of numpy's C extensions, which LitGPT's import pulls
 # in through scipy) in the same process crashes it.
 import numpy.fft  # noqa: F401
+import pytest
 import torch  # noqa: F401
+from helpers import TAG_VARIABLE, wait_until_gone
+
+from pytest_distperf.launch.guard import FORBID_RANKS
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator:
+    """The fast tier starts no rank process: in a test not marked `slow` (its fixtures and
+    the pytest sessions it runs included), the pool and the launchers refuse to start ranks."""
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    saved = os.environ.get(FORBID_RANKS)
+    os.environ[FORBID_RANKS] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        if saved is None:
+            os.environ.pop(FORBID_RANKS, None)
+        else:
+            os.environ[FORBID_RANKS] = saved
+
+
+@pytest.fixture
+def tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A tag the processes this test starts inherit: none may outlive it by 15 s."""
+    value = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_VARIABLE, value)
+    yield value
+    assert wait_until_gone(value) == []
+
+
+@pytest.fixture(scope="session")
+def cpu_pools() -> Iterator[Any]:
+    """One pool of CPU ranks for the modules that run specs in it directly (launch.pool.Pools):
+    started once for all of them, as a session runs its tests."""
+    from pytest_distperf.launch.pool import Pools
+
+    pools = Pools()
+    yield pools
+    pools.close()

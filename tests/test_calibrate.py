@@ -1,4 +1,4 @@
-"""calibrate() in two real gloo ranks on CPU: conventions, agreement between ranks."""
+"""calibrate(): conventions and agreement in two real gloo ranks on CPU (slow); its pure parts."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from pytest_distperf.ranks.calibrate import (
     _median_time,
     _probe_index,
     calibrate,
-    message_sizes,
     overlap_fraction,
 )
+from pytest_distperf.strategies import message_sizes_for
 
 WORLD = 2
 ODD_SIZE = 1001  # not a whole number of fp32 elements per rank: rounded up to 1008 bytes
@@ -36,7 +36,7 @@ def _rank(rank: int, port: int, results: Any) -> None:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        sizes = message_sizes(PRESETS["cpu-110m"], ["auto", "fsdp", "pipeline"], WORLD, 4)
+        sizes = message_sizes_for(PRESETS["cpu-110m"], ["auto", "fsdp", "pipeline"], WORLD, 4, 1)
         full = calibrate(
             sizes.all_gather,
             sizes.all_reduce,
@@ -94,14 +94,13 @@ def ranks() -> dict[int, tuple[Any, ...]]:
     return got
 
 
-pytestmark = pytest.mark.slow
-
-
+@pytest.mark.slow  # two gloo ranks
 def test_every_rank_returns_the_same_figures(ranks: dict[int, tuple[Any, ...]]) -> None:
     assert ranks[0][0] == ranks[1][0]
     assert ranks[0][1] == ranks[1][1]
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_calibration_is_complete_and_follows_nccl_tests(ranks: dict[int, tuple[Any, ...]]) -> None:
     cal = Calibration.from_dict(ranks[0][0])
     cfg = PRESETS["cpu-110m"]
@@ -126,12 +125,14 @@ def test_calibration_is_complete_and_follows_nccl_tests(ranks: dict[int, tuple[A
         assert f.time_s > 0 and f.busbw == pytest.approx(f.algbw)
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_sizes_round_up_to_whole_elements(ranks: dict[int, tuple[Any, ...]]) -> None:
     odd = Calibration.from_dict(ranks[0][1])
     assert [f.bytes for f in odd.all_gather] == [1008]  # 126 fp32 elements per rank x 2
     assert [f.bytes for f in odd.all_reduce] == [1004]  # 251 fp32 elements
 
 
+@pytest.mark.slow  # two gloo ranks
 def test_bad_repeats_are_refused(ranks: dict[int, tuple[Any, ...]]) -> None:
     assert "iters >= 1" in ranks[0][2]
 

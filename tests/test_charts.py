@@ -185,9 +185,9 @@ def test_without_matplotlib_the_error_names_the_extra(
 SUITE = """
 import pytest
 
-# A toy model: per-call overheads set its rate, so the threshold is relaxed.
+# Charts of the figures, not a test of the gates: they are off.
 @pytest.mark.strategy("auto", "fsdp")
-@pytest.mark.distperf(model="tiny", max_new_tokens=6, efficiency=0.05)
+@pytest.mark.distperf(model="tiny", max_new_tokens=6, gates=False)
 def test_throughput(distperf):
     distperf.run()
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shutil
@@ -261,14 +262,18 @@ def test_malformed_options_exit_2(
 
 
 def test_commands_never_import_torch() -> None:
+    """Nor LitGPT's package: a LitGPT name is counted from its config file alone."""
+    litgpt = "litgpt:pythia-14m" if importlib.util.find_spec("litgpt") else "pythia-14m"
     code = (
         "import sys, io, contextlib\n"
         "from pytest_distperf.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    main(['predict', '--model', 'llama-2-7b', '--devices', '4',\n"
-        f"          '--nvidia-smi-topo', {str(SEED)!r}])\n"
+        f"    for model in ('llama-2-7b', {litgpt!r}):\n"
+        "        main(['predict', '--model', model, '--devices', '4',\n"
+        f"              '--nvidia-smi-topo', {str(SEED)!r}])\n"
         "    main(['topology', '--accelerator', 'cpu'])\n"
-        "print(sorted(m for m in ('torch', 'lightning', 'pytest') if m in sys.modules))\n"
+        "loaded = ('torch', 'lightning', 'pytest', 'litgpt')\n"
+        "print(sorted(m for m in loaded if m in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

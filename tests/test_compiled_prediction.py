@@ -22,8 +22,8 @@ from pytest_distperf.perfmodel import (
     CollectiveFigure,
     Overheads,
     links_from_calibration,
-    predict,
 )
+from pytest_distperf.strategies import predict_for as predict
 
 EFFICIENCY = 0.7  # the default threshold: measured >= 70% of predicted
 
@@ -134,13 +134,20 @@ def test_the_gate_predicts_with_them_when_the_ranks_compiled_around_hooks() -> N
     assert run_overheads(around) == DEFAULT_OVERHEADS.around_graph_breaks()
 
 
-def test_a_sharded_step_is_compiled_around_its_hooks_a_replicated_one_whole() -> None:
+def test_a_sharded_step_is_compiled_around_its_hooks_a_replicated_one_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import torch
 
     from pytest_distperf.ranks.compiled import compile_decode_step
 
-    model, cpu = torch.nn.Linear(2, 2), torch.device("cpu")  # torch.compile is lazy
+    # What is asked of torch.compile, without importing dynamo (seconds): nothing compiles here.
+    asked: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: asked.append(kwargs) or fn)
+    model, cpu = torch.nn.Linear(2, 2), torch.device("cpu")
     sharded = compile_decode_step(model, model, cpu, replicated=False, own_step=False)
+    assert [kwargs.get("fullgraph", False) for kwargs in asked] == [False]
     whole = compile_decode_step(model, model, cpu, replicated=True, own_step=False)
+    assert asked[1:] and all(kwargs.get("fullgraph") for kwargs in asked[1:])
     own = compile_decode_step(model, model, cpu, replicated=False, own_step=True)
     assert sharded.graph_breaks and not whole.graph_breaks and not own.graph_breaks

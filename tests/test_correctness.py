@@ -2,12 +2,12 @@
 
 pythia-14m: a real LitGPT shape (4 heads split by tp, 6 blocks in pipeline stages) that is still
 quick on two CPU ranks. The strategies run one after another in one rank pool, as a session runs
-them; the elastic launcher (--distperf-fresh-ranks) gets one run of its own."""
+them (the pool test_litgpt.py uses too); the elastic launcher (--distperf-fresh-ranks) gets one
+run of its own."""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -38,13 +38,6 @@ def single_process_tokens() -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(row) for row in out[:, WORKLOAD.prompt_length :].tolist())
 
 
-@pytest.fixture(scope="module")
-def pools() -> Iterator[Pools]:
-    pools = Pools()
-    yield pools
-    pools.close()
-
-
 def _spec(strategy: str) -> RunSpec:
     return RunSpec(
         test_id=f"correctness-{strategy}",
@@ -67,9 +60,9 @@ def _check_tokens(result: RunResult, expected: tuple[tuple[int, ...], ...]) -> N
 
 @pytest.mark.parametrize("strategy", strategy_names())
 def test_strategy_generates_the_single_process_tokens(
-    strategy: str, single_process_tokens: tuple[tuple[int, ...], ...], pools: Pools
+    strategy: str, single_process_tokens: tuple[tuple[int, ...], ...], cpu_pools: Pools
 ) -> None:
-    _check_tokens(pools.run(_spec(strategy)), single_process_tokens)
+    _check_tokens(cpu_pools.run(_spec(strategy)), single_process_tokens)
 
 
 def test_fresh_ranks_generate_them_too_and_give_the_signal_handlers_back(

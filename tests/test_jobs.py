@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -25,18 +25,12 @@ import os
 import pytest
 
 @pytest.mark.strategy("auto", "fsdp")
-@pytest.mark.distperf(model="tiny", max_new_tokens=3, efficiency=0.05)
+@pytest.mark.distperf(model="tiny", max_new_tokens=3, gates=False)
 def test_in_job(distperf):
     result = distperf.run()
     assert {r.rank for r in result.ranks} == {0, 1}
     assert result.implementation.backend == "gloo"
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pytest_args(report: Path) -> list[str]:
@@ -85,7 +79,7 @@ def _run_all(commands: list[list[str]], cwd: Path, envs: list[dict[str, str]]) -
 def test_two_torchrun_agents_as_two_nodes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_job=SUITE)
     report = pytester.path / "report.json"
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     run_id = uuid.uuid4().hex[:8]
     commands = [
         [
@@ -111,7 +105,7 @@ def test_two_torchrun_agents_as_two_nodes(pytester: pytest.Pytester) -> None:
 def test_srun_style_environment_without_torchrun(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_job=SUITE)
     report = pytester.path / "report.json"
-    port = str(_free_port())
+    port = str(free_port())
     envs = []
     for rank in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE"))}

@@ -8,17 +8,17 @@ slower by itself failing against its baseline. Needs the litgpt extra.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import torch
 from distperf_model.generate import generate, make_prompt
+from helpers import Session, run_session, write_files
 
 from pytest_distperf.launch.pool import Pools
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import STRATEGIES
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # every test here runs ranks
 
 NO_LITGPT = "LitGPT is an optional extra: pip install 'pytest-distperf[litgpt]'"
 # The families that run any GPT-like model as it is; tp and pipeline split only models whose
@@ -100,29 +100,35 @@ from pathlib import Path
 import pytest
 
 
-def keep(result, name):
-    Path("tokens").mkdir(exist_ok=True)
-    Path("tokens", f"{name}-{result.strategy}.json").write_text(json.dumps(result.tokens))
+def keep(distperf, name):
+    # the run's tokens, also when a gate failed the test (the tokens are another test's point)
+    try:
+        distperf.run()
+    finally:
+        if distperf.results:
+            result = distperf.results[-1]
+            Path("tokens").mkdir(exist_ok=True)
+            Path("tokens", f"{name}-{result.strategy}.json").write_text(json.dumps(result.tokens))
 
 
 # 4 tokens: on gloo, fsdp gathers the whole model over loopback for every one of them
 @pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard")
 @pytest.mark.distperf(model="litgpt:pythia-14m", max_new_tokens=4, batch_size=2)
 def test_by_name(distperf):
-    keep(distperf.run(), "name")
+    keep(distperf, "name")
 
 
 @pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard")
 @pytest.mark.distperf(model="builders:pythia", max_new_tokens=4, batch_size=2)
 def test_builder(distperf):
-    keep(distperf.run(), "builder")
+    keep(distperf, "builder")
 
 
 @pytest.mark.distperf(
     model="builders:pythia", max_new_tokens=4, batch_size=2, generate="builders:greedy"
 )
 def test_own_loop(distperf):
-    keep(distperf.run(), "own-loop")
+    keep(distperf, "own-loop")
 """
 
 BAD = """
@@ -135,57 +141,75 @@ def test_other_cache(distperf):
 """
 
 
-@pytest.fixture
-def litgpt() -> None:
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
+    """Every model recorded as a baseline at the default thresholds; then the builder's model
+    slowed by itself against its baseline, and a model whose cache distperf cannot drive."""
     pytest.importorskip("litgpt", reason=NO_LITGPT)
+    path = tmp_path_factory.mktemp("litgpt")
+    write_files(path, builders=BUILDERS, test_suite=SUITE, test_bad=BAD)
+    common = ("--distperf-devices=2", "--distperf-accelerator=cpu")
+    # three repeats make the baselines (the slowed run's five are compared with them): fsdp
+    # all-gathers the whole model for every token over gloo, seconds a generation
+    update = ("--distperf-update-baselines", "--distperf-repeats=3", "--distperf-json=report.json")
+    update = (*update, "test_suite.py")
+    slowed = ("test_suite.py::test_builder[auto-2cpu]", "test_bad.py")
+    return {
+        "recorded": run_session(path, *common, *update),
+        "slowed": run_session(
+            path, *common, *slowed, env={"DISTPERF_TEST_ATTENTION_SLEEP": "0.005"}
+        ),
+    }
 
 
-@pytest.mark.usefixtures("litgpt")
-def test_litgpt_models_pass_every_gate_and_a_slower_one_fails(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytester.makepyfile(builders=BUILDERS, test_suite=SUITE, test_bad=BAD)
-    report = pytester.path / "report.json"
-    common = ("--distperf-devices=2", "--distperf-accelerator=cpu", f"--distperf-json={report}")
-    # Two shared cores: healthy runs of these models measured 0.51-1.1 of their prediction, so
-    # a looser efficiency than the default keeps a busy CI host from failing the threshold.
-    recorded = pytester.runpytest_subprocess(
-        *common, "--distperf-update-baselines", "--distperf-efficiency=0.2", "test_suite.py"
-    )
-    recorded.assert_outcomes(passed=7)
-    rows = {row["test_id"].split("::")[1]: row for row in json.loads(report.read_text())["results"]}
-    for test_id, row in rows.items():
+@pytest.mark.slow
+def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
+    recorded = gated["recorded"]
+    recorded.result.assert_outcomes(passed=7)
+    for test_id, row in recorded.rows().items():
         # every run was predicted from its own model's shape (the builder's measured in its
         # ranks), met its threshold and became a baseline
         assert row["prediction"] is not None, test_id
         assert row["threshold_status"] == "ok", (test_id, row["threshold_message"])
         assert row["baseline_recorded"], test_id
-    assert rows["test_own_loop[auto-2cpu]"]["ttft_s"] is None  # a user's loop has no split
-    assert rows["test_own_loop[auto-2cpu]"]["decode_tokens_per_sec"] is None
-    for name in ("name", "builder"):
-        tokens = {
-            path.name: json.loads(path.read_text())
-            for path in (pytester.path / "tokens").glob(f"{name}-*.json")
-        }
-        assert len(tokens) == 3 and len(set(map(str, tokens.values()))) == 1, tokens
-    own = json.loads((pytester.path / "tokens" / "own-loop-auto.json").read_text())
-    builder = json.loads((pytester.path / "tokens" / "builder-auto.json").read_text())
-    assert own == builder  # the user's greedy loop makes the built-in loop's tokens
+    assert "own model builder" not in recorded.output() + gated["slowed"].output()
 
-    monkeypatch.setenv("DISTPERF_TEST_ATTENTION_SLEEP", "0.005")
-    slowed = pytester.runpytest_subprocess(
-        *common, "test_suite.py::test_builder[auto-2cpu]", "test_bad.py"
+
+@pytest.mark.slow
+def test_litgpt_models_give_the_same_tokens_under_every_strategy(
+    gated: dict[str, Session],
+) -> None:
+    tokens_dir = gated["recorded"].path / "tokens"
+    for name in ("name", "builder"):
+        tokens = {p.name: json.loads(p.read_text()) for p in tokens_dir.glob(f"{name}-*.json")}
+        assert len(tokens) == 3 and len(set(map(str, tokens.values()))) == 1, tokens
+    own = json.loads((tokens_dir / "own-loop-auto.json").read_text())
+    builder = json.loads((tokens_dir / "builder-auto.json").read_text())
+    assert own == builder  # the user's greedy loop makes the built-in loop's tokens
+    row = gated["recorded"].rows()["test_own_loop[auto-2cpu]"]
+    assert row["ttft_s"] is None and row["decode_tokens_per_sec"] is None  # a loop has no split
+
+
+@pytest.mark.slow
+def test_a_litgpt_model_slower_by_itself_fails_its_baseline(gated: dict[str, Session]) -> None:
+    slowed = gated["slowed"]
+    slowed.result.assert_outcomes(failed=2)
+    slowed.result.stdout.fnmatch_lines(
+        ["*test_builder[[]auto-2cpu[]]*", "*distperf baseline check failed:*"], consecutive=False
     )
-    slowed.assert_outcomes(failed=2)
-    slowed.stdout.fnmatch_lines(
+
+
+@pytest.mark.slow
+def test_a_model_with_other_cache_methods_is_told_what_distperf_needs(
+    gated: dict[str, Session],
+) -> None:
+    gated["slowed"].result.stdout.fnmatch_lines(
         [
-            "*distperf baseline check failed:*",
             "*KV cache methods: either setup_caches(max_batch_size, max_seq_length, device=, "
             "dtype=) and clear_caches()*, or set_kv_cache(*) and clear_kv_cache()*; it has "
             "init_kv_cache, reset_kv_cache*",
         ]
     )
-    assert "own model builder" not in recorded.stdout.str() + slowed.stdout.str()
 
 
 @pytest.fixture(scope="module")
@@ -206,14 +230,6 @@ WORKLOAD = Workload(
 )
 
 
-@pytest.fixture(scope="module")
-def pools() -> Iterator[Pools]:
-    # One pool for every strategy, as a session runs them.
-    pools = Pools()
-    yield pools
-    pools.close()
-
-
 # tp and pipeline split LitGPT's GPT by its own module names (no plan given)
 MODEL_PARALLEL_SHARDING = {
     "tp": "TP 2-way: 12 column-wise, 12 row-wise linears",
@@ -223,7 +239,7 @@ MODEL_PARALLEL_SHARDING = {
 
 @pytest.mark.parametrize("strategy", [*ANY_MODEL_STRATEGIES, *MODEL_PARALLEL_SHARDING])
 def test_litgpt_strategy_generates_the_single_process_tokens(
-    strategy: str, single_process_tokens: list[list[int]], pools: Pools
+    strategy: str, single_process_tokens: list[list[int]], cpu_pools: Pools
 ) -> None:
     spec = RunSpec(
         test_id=f"litgpt-correctness-{strategy}",
@@ -236,7 +252,7 @@ def test_litgpt_strategy_generates_the_single_process_tokens(
         timeout=180,
         reference_steps=0,
     )
-    result = pools.run(spec)
+    result = cpu_pools.run(spec)  # one pool for every strategy, as a session runs them
     assert len({tuple(row) for row in single_process_tokens}) == 2  # batching is exercised
     for rank in result.ranks:
         assert [list(row) for row in rank.tokens] == single_process_tokens, rank.rank

@@ -22,8 +22,8 @@ from distperf_model.parallelize import (
     split_blocks,
     tensor_parallel,
 )
+from helpers import greedy_logits
 from torch import nn
-from tp_logits import greedy_logits
 
 from pytest_distperf.judge import gate
 from pytest_distperf.options import SettingError, workload_from_marker
@@ -33,12 +33,12 @@ from pytest_distperf.perfmodel import (
     Links,
     bus_factor,
     links_from_calibration,
-    message_sizes,
-    predict,
 )
+from pytest_distperf.ranks.strategies.tp import load_plan
 from pytest_distperf.spec import RunResult, RunSpec, Workload
 from pytest_distperf.strategies import STRATEGIES, get_strategy
-from pytest_distperf.strategies.tp import load_plan
+from pytest_distperf.strategies import message_sizes_for as message_sizes
+from pytest_distperf.strategies import predict_for as predict
 
 # Nominal PCIe through the host, with an overlap that tp and pipeline must not use.
 PHB = Links("PHB", 4, 12e9, 50e-6, 510e9, False, overlap=0.9)

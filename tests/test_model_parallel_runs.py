@@ -1,43 +1,32 @@
-"""tp and pipeline on real CPU ranks (gloo): a slow-down of their communication alone fails
-their threshold while `auto` passes, a marker's own tp_plan is what runs, and the built-in
-by-hand split gives one process's logits on real gloo ranks for LitGPT's GPT, the reference GPT
-(row-wise biases) and grouped-query attention. LitGPT's tokens under tp and pipeline: see
-test_litgpt.py."""
+"""tp and pipeline on real CPU ranks (gloo): healthy runs at the default thresholds, a slow-down
+of their communication alone failing their threshold while `auto` passes, a marker's own tp_plan
+is what runs, and the built-in by-hand split gives one process's logits on real gloo ranks for
+LitGPT's GPT, the reference GPT (row-wise biases) and grouped-query attention. LitGPT's tokens
+under tp and pipeline: see test_litgpt.py."""
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import os
-import queue
-import socket
-import time
-import traceback
 from typing import Any
 
 import pytest
 import torch
-from tp_logits import greedy_logits
-
-pytestmark = pytest.mark.slow
+from helpers import Session, greedy_logits, run_session, spawn_gloo_ranks, write_files
 
 # pythia-14m, whose head sets most of its compute: tiny's rate is set by per-call overheads and
-# by waits for the other rank on two shared cores, which the prediction does not model. Healthy
-# tp on busy shared CI cores fell to 0.23 of its prediction, hence the loose efficiency 0.1; a
-# sleep of 150 ms in each all-reduce or send puts both below a third of that (pipeline, with
-# two sends a token, until its measured step passes 30 ms).
+# by waits for the other rank on two shared cores, which the prediction does not model. A sleep
+# of 100 ms in each all-reduce or send puts both far below their healthy rate (pipeline, with
+# two sends a token, to a third of it until its healthy step passes 100 ms).
 TEST_COMM = """
 import pytest
 
 @pytest.mark.strategy("auto", "tp", "pipeline")
-@pytest.mark.distperf(model="pythia-14m", max_new_tokens=4, efficiency=0.1, comm_delay={delay})
+@pytest.mark.distperf(model="pythia-14m", max_new_tokens=4, comm_delay={delay})
 def test_rate(distperf):
     distperf.run()
 
+# what runs, not how fast: the gates are off
 @pytest.mark.strategy("tp")
-@pytest.mark.distperf(
-    model="pythia-14m", max_new_tokens=4, efficiency=0.01, tp_plan="plans:mlp_only"
-)
+@pytest.mark.distperf(model="pythia-14m", max_new_tokens=4, tp_plan="plans:mlp_only", gates=False)
 def test_own_plan(distperf):
     distperf.run()
 """
@@ -53,37 +42,63 @@ def mlp_only(model, tp_mesh):
 """
 
 
-def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
-    pytester: pytest.Pytester,
-) -> None:
-    pytester.makepyfile(plans=PLANS, test_comm=TEST_COMM.format(delay=0.0))
-    report = pytester.path / "distperf.json"
-    healthy = pytester.runpytest_subprocess("--distperf-devices=2", f"--distperf-json={report}")
-    healthy.assert_outcomes(passed=4)
-    rows = json.loads(report.read_text())["results"]
-    sharding = {row["test_id"].split("::")[-1]: row["implementation"]["sharding"] for row in rows}
-    assert sharding == {
+@pytest.fixture(scope="module")
+def comm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
+    """The healthy runs, then with 100 ms in each message, one repeat: tp sleeps through
+    2 x 6 all-reduces a token."""
+    sessions = {}
+    for name, delay, args in (
+        ("healthy", 0.0, ()),
+        ("slowed", 0.1, ("--distperf-repeats=1", "-k", "test_rate")),
+    ):
+        path = tmp_path_factory.mktemp(name)
+        write_files(path, plans=PLANS, test_comm=TEST_COMM.format(delay=delay))
+        common = ("-v", "--distperf-devices=2", "--distperf-json=report.json")
+        sessions[name] = run_session(path, *common, *args)
+    return sessions
+
+
+@pytest.mark.slow
+def test_each_strategy_splits_the_model_as_asked(comm: dict[str, Session]) -> None:
+    rows = comm["healthy"].rows()
+    assert {name: row["implementation"]["sharding"] for name, row in rows.items()} == {
         "test_rate[auto-2cpu]": "replicated",
         "test_rate[tp-2cpu]": "TP 2-way: 12 column-wise, 12 row-wise linears",
         "test_rate[pipeline-2cpu]": "pipeline 2 stages of 3+3 blocks (send/recv)",
         # the marker's plan split only the MLPs, with DTensor
         "test_own_plan[tp-2cpu]": "TP 2-way DTensor: 6 column-wise, 6 row-wise linears",
     }
+    comm["healthy"].result.stdout.fnmatch_lines(["*test_own_plan[[]tp-2cpu[]] PASSED*"])
 
-    pytester.makepyfile(test_comm=TEST_COMM.format(delay=0.15))
-    # one repeat, no warm-up (which could only make it slower): tp sleeps through 2 x 6
-    # all-reduces a token
-    slowed = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-repeats=1", "--distperf-warmup=0", "-k", "test_rate"
-    )
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["auto", "pipeline"])
+def test_a_healthy_run_meets_the_default_threshold(comm: dict[str, Session], strategy: str) -> None:
+    row = comm["healthy"].rows()[f"test_rate[{strategy}-2cpu]"]
+    assert row["threshold_status"] == "ok", row["threshold_message"]
+    comm["healthy"].result.stdout.fnmatch_lines([f"*test_rate[[]{strategy}-2cpu[]] PASSED*"])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True, reason="tp on 2 CPU ranks measured 0.37-0.43 of prediction (issue 24)"
+)
+def test_a_healthy_tp_run_meets_the_default_threshold(comm: dict[str, Session]) -> None:
+    row = comm["healthy"].rows()["test_rate[tp-2cpu]"]
+    assert row["threshold_status"] == "ok", row["threshold_message"]
+
+
+@pytest.mark.slow
+def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
+    comm: dict[str, Session],
+) -> None:
+    slowed = comm["slowed"].result
     slowed.assert_outcomes(passed=1, failed=2, deselected=1)
     slowed.stdout.fnmatch_lines(
-        [
-            "*FAILED*test_rate[[]tp-2cpu[]]*",
-            "*FAILED*test_rate[[]pipeline-2cpu[]]*",
-        ],
+        ["*test_rate[[]auto-2cpu[]] PASSED*", "*FAILED*test_rate[[]tp-2cpu[]]*",
+         "*FAILED*test_rate[[]pipeline-2cpu[]]*"],
         consecutive=False,
-    )
+    )  # fmt: skip
     slowed.stdout.fnmatch_lines(
         [
             "*tp (TP 2-way (by hand)) on 2 device(s): measured * tok/s is below the threshold*",
@@ -96,7 +111,12 @@ def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
             "*terms: compute *, p2p *, latency *",
         ]
     )
-    assert "test_rate[auto-2cpu] FAILED" not in slowed.stdout.str()
+    # The delay, not tp's miss when healthy, failed them: a third of the healthy rate at most.
+    healthy, slowed_rows = comm["healthy"].rows(), comm["slowed"].rows()
+    for strategy in ("tp", "pipeline"):
+        name = f"test_rate[{strategy}-2cpu]"
+        ratio = slowed_rows[name]["tokens_per_sec"] / healthy[name]["tokens_per_sec"]
+        assert ratio < 1 / 3, (strategy, ratio)
 
 
 # --------------------------------------------------------------------------- the plan itself
@@ -127,64 +147,25 @@ def _models() -> dict[str, Any]:
     return models
 
 
-def _logits(name: str, model: Any) -> list[torch.Tensor]:
-    return greedy_logits(model)
-
-
-def _rank(rank: int, port: int, results: Any) -> None:
-    import torch.distributed as dist
+def _tp_logits(rank: int, world: int) -> dict[str, list[Any]]:
+    """In one of `world` gloo ranks: every model split by hand, its logits as arrays."""
     from distperf_model.parallelize import tensor_parallel
     from torch.distributed.device_mesh import init_device_mesh
 
-    try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        names = ("data_parallel", "tensor_parallel")  # as Fabric's ModelParallelStrategy has it
-        mesh = init_device_mesh("cpu", (1, WORLD), mesh_dim_names=names)
-        got = {}
-        for name, make in _models().items():
-            model = tensor_parallel(make(), mesh)
-            got[name] = [t.numpy() for t in _logits(name, model)]
-        dist.destroy_process_group()
-        results.put((rank, got, None))
-    except BaseException:  # noqa: BLE001 - report anything to the parent instead of hanging it
-        results.put((rank, None, traceback.format_exc()))
-    time.sleep(1)  # let the parent read the queue before this process goes
+    names = ("data_parallel", "tensor_parallel")  # as Fabric's ModelParallelStrategy has it
+    mesh = init_device_mesh("cpu", (1, world), mesh_dim_names=names)
+    return {
+        name: [t.numpy() for t in greedy_logits(tensor_parallel(make(), mesh))]
+        for name, make in _models().items()
+    }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.slow
 def test_tensor_parallel_gives_one_process_logits() -> None:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, results)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    try:
-        while len(got) < WORLD:
-            try:
-                rank, logits, error = results.get(timeout=120)
-            except queue.Empty:
-                pytest.fail(f"ranks did not answer in 120 s (got {sorted(got)})")
-            if error is not None:
-                pytest.fail(f"rank {rank} failed:\n{error}")
-            got[rank] = logits
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    got = spawn_gloo_ranks(_tp_logits, WORLD)
     models = _models()
     for name, make in models.items():
-        expected = _logits(name, make())
+        expected = greedy_logits(make())
         for rank in range(WORLD):
             for step, (ours, theirs) in enumerate(zip(got[rank][name], expected, strict=True)):
                 torch.testing.assert_close(

@@ -6,6 +6,7 @@ In-process and quick; the runs on real ranks are in test_litgpt.py.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 import torch
@@ -15,9 +16,9 @@ from distperf_model.model import build_model
 from torch import nn
 
 from pytest_distperf.judge import gate
-from pytest_distperf.models import context_limit, run_shape, shape_of
+from pytest_distperf.models import context_limit, litgpt_shape, run_shape, shape_of
 from pytest_distperf.options import SettingError, workload_from_marker
-from pytest_distperf.perfmodel import Calibration, CollectiveFigure, ModelShape, message_sizes
+from pytest_distperf.perfmodel import Calibration, CollectiveFigure, ModelShape
 from pytest_distperf.ranks.models import adapt, build, init_from_seed, measure_shape
 from pytest_distperf.ranks.timing import (
     Fences,
@@ -26,6 +27,7 @@ from pytest_distperf.ranks.timing import (
     timed_generation,
 )
 from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.strategies import message_sizes_for
 
 CPU = torch.device("cpu")
 NO_LITGPT = "LitGPT is an optional extra: pip install 'pytest-distperf[litgpt]'"
@@ -67,7 +69,7 @@ def test_shape_of_a_preset_has_the_config_counts(name: str) -> None:
     assert shape.block_param_count() == config.block_param_count()
     assert shape.non_block_param_count() == config.non_block_param_count()
     # a Config is a shape as it is: the cost functions read the same figures from both
-    assert message_sizes(shape, "fsdp", 2, 2) == message_sizes(config, "fsdp", 2, 2)
+    assert message_sizes_for(shape, "fsdp", 2, 2) == message_sizes_for(config, "fsdp", 2, 2)
 
 
 def test_measured_shape_of_the_reference_model_matches_its_config() -> None:
@@ -164,14 +166,73 @@ def litgpt() -> None:
 
 
 @pytest.mark.usefixtures("litgpt")
-def test_litgpt_shape_on_meta_matches_the_same_preset() -> None:
+def test_litgpt_shape_from_its_config_matches_the_same_preset() -> None:
     # pythia-14m is both a preset (LitGPT's hyperparameters, this project's code) and a LitGPT
-    # config: counting LitGPT's own modules must give the preset's formula.
+    # config: counting LitGPT's config must give the preset's formula.
     assert shape_of("litgpt:pythia-14m") == shape_of("pythia-14m")
     assert context_limit("litgpt:Llama-2-7b-hf") == 4096
     shape = shape_of("litgpt:Llama-2-7b-hf")
     assert shape is not None and shape.n_layer == 32
     assert shape.n_layer * shape.block_params + shape.non_block_params == 6_738_415_616
+
+
+# One of each thing the count must know: GQA and LLaMA's MLP, RMSNorm with qk norms, OLMo's
+# LayerNorm without parameters, OLMo-2's wide qk norms, Gemma-2's extra norms, a mixture of
+# experts; "deepseek-like" (built below) has latent attention, a grouped router, shared experts
+# and dense first layers, which no config of the LitGPT installed here has.
+LITGPT_KINDS = (
+    "Llama-2-7b-hf",
+    "Qwen3-0.6B",
+    "OLMo-1B-hf",
+    "OLMo-2-1124-7B",
+    "Gemma-2-2b",
+    "Mixtral-8x7B-v0.1",
+    "deepseek-like",
+)
+
+
+def _litgpt_config(name: str) -> Any:
+    from litgpt.config import Config as LitConfig
+
+    if name != "deepseek-like":
+        return LitConfig.from_name(name)
+    latent = dict(
+        q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16
+    )
+    return LitConfig(
+        name=name,
+        n_layer=3,
+        n_embd=64,
+        n_head=4,
+        vocab_size=100,
+        padding_multiple=64,
+        norm_class_name="RMSNorm",
+        bias=False,
+        mlp_class_name="LLaMAMoE",
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        n_expert=4,
+        n_expert_per_token=2,
+        n_expert_groups=2,
+        n_topk_groups=1,
+        n_topk_scores_per_group=2,
+        n_shared_expert=1,
+        first_k_dense_replace=1,
+        latent_attention=latent,
+    )
+
+
+@pytest.mark.usefixtures("litgpt")
+@pytest.mark.parametrize("name", LITGPT_KINDS)
+def test_litgpt_shape_from_its_config_is_what_the_ranks_measure(name: str) -> None:
+    """The pytest process counts a LitGPT model from its config (no torch there); a rank
+    measures the built model: the two must agree."""
+    from litgpt.model import GPT
+
+    config = _litgpt_config(name)
+    with torch.device("meta"):
+        module = GPT(config)
+    assert litgpt_shape(config) == adapt(module, name).shape
 
 
 @pytest.mark.usefixtures("litgpt")

@@ -30,11 +30,10 @@ from pytest_distperf.perfmodel import (
     failure_message,
     links_from_calibration,
     nominal_links,
-    predict,
-    predict_all,
     threshold,
 )
 from pytest_distperf.perfmodel import terms as pm_terms
+from pytest_distperf.strategies import predict_all_for, predict_for
 from pytest_distperf.topology import load_nvidia_smi_topo
 
 DATA = Path(__file__).parent / "data" / "topologies"
@@ -133,7 +132,7 @@ def test_h200_rows_within_25_percent(
     source: str, model: str, path: str, strategy: str, replicated: float, measured: float
 ) -> None:
     links = NVLINK if path == "nvlink" else HOST_STAGED
-    p = predict(PRESETS[model], strategy, 2, links, compute_time_s=1 / replicated)
+    p = predict_for(PRESETS[model], strategy, 2, links, compute_time_s=1 / replicated)
     assert abs(_error(p.tokens_per_sec, measured)) <= 0.25, (p.tokens_per_sec, measured, p.terms)
 
 
@@ -149,7 +148,7 @@ def test_h200_rows_from_nccl_tests_figures_alone() -> None:
         ("pythia-2.8b", host, "fsdp", 107.6, 7.05),
     ]
     for model, links, strategy, replicated, measured in rows:
-        p = predict(PRESETS[model], strategy, 2, links, compute_time_s=1 / replicated)
+        p = predict_for(PRESETS[model], strategy, 2, links, compute_time_s=1 / replicated)
         assert abs(_error(p.tokens_per_sec, measured)) <= 0.25, (model, p.tokens_per_sec)
 
 
@@ -158,30 +157,30 @@ def test_host_staged_fsdp_on_the_project_run_needs_the_overlap() -> None:
     # the compute and the per-unit overhead behind the transfer; the reference host (7.05) did
     # not. Added up, the terms are pessimistic by a third; with the overlap that machine
     # measures (~1) the prediction lands on the measurement.
-    added = predict(PRESETS["pythia-2.8b"], "fsdp", 2, HOST_STAGED, compute_time_s=1 / 57.93)
+    added = predict_for(PRESETS["pythia-2.8b"], "fsdp", 2, HOST_STAGED, compute_time_s=1 / 57.93)
     assert -0.35 <= _error(added.tokens_per_sec, 9.72) < -0.2
     overlapped = replace(HOST_STAGED, overlap=1.0)
-    p = predict(PRESETS["pythia-2.8b"], "fsdp", 2, overlapped, compute_time_s=1 / 57.93)
+    p = predict_for(PRESETS["pythia-2.8b"], "fsdp", 2, overlapped, compute_time_s=1 / 57.93)
     assert abs(_error(p.tokens_per_sec, 9.72)) <= 0.05
     assert p.bound == "all_gather"
 
 
 def test_overlap_hides_the_shorter_path() -> None:
     cfg = PRESETS["pythia-2.8b"]
-    added = predict(cfg, "fsdp", 2, HOST_STAGED, compute_time_s=0.01)
+    added = predict_for(cfg, "fsdp", 2, HOST_STAGED, compute_time_s=0.01)
     assert "overlap" not in added.terms
     host = sum(v for k, v in added.terms.items() if k in pm_terms.HOST_PATH_TERMS)
     transfer = added.time_per_token_s - host
     assert transfer > host  # host-staged: the transfer is the longer path
     for share in (0.25, 0.5, 1.0):
-        p = predict(cfg, "fsdp", 2, replace(HOST_STAGED, overlap=share), compute_time_s=0.01)
+        p = predict_for(cfg, "fsdp", 2, replace(HOST_STAGED, overlap=share), compute_time_s=0.01)
         assert p.terms["overlap"] == pytest.approx(-share * host)
         assert p.time_per_token_s == pytest.approx(host + transfer - share * host)
         assert p.bound == "all_gather"
         assert any("overlap" in a for a in p.assumptions)
     # nothing to overlap without a per-token collective
     for name in ("auto", "fsdp-noreshard"):
-        q = predict(cfg, name, 2, replace(HOST_STAGED, overlap=1.0), compute_time_s=0.01)
+        q = predict_for(cfg, name, 2, replace(HOST_STAGED, overlap=1.0), compute_time_s=0.01)
         assert "overlap" not in q.terms
 
 
@@ -201,7 +200,7 @@ def test_calibrated_overlap_reaches_the_links() -> None:
 
 @pytest.mark.parametrize(("model", "measured"), [("pythia-2.8b", 103.8), ("llama-2-7b", 79.0)])
 def test_roofline_with_eager_launch_matches_replicated_h200(model: str, measured: float) -> None:
-    p = predict(PRESETS[model], "auto", 2, NVLINK)
+    p = predict_for(PRESETS[model], "auto", 2, NVLINK)
     assert set(p.terms) == {"weights", "launch"}
     assert abs(_error(p.tokens_per_sec, measured)) <= 0.10
     assert any("roofline" in a for a in p.assumptions)
@@ -213,8 +212,8 @@ def test_cpu_rows_of_this_project() -> None:
     cal = _calibration(CPU_GATHER, 21.86e9, "gloo", "cpu", fresh_copy=4.96e9)
     links = links_from_calibration(cal, "LOOPBACK")
     kwargs = dict(device_type="cpu", dtype_bytes=4, max_new_tokens=20, compute_time_s=1 / 29.47)
-    fsdp = predict(PRESETS["cpu-110m"], "fsdp", 2, links, **kwargs)
-    noreshard = predict(PRESETS["cpu-110m"], "fsdp-noreshard", 2, links, **kwargs)
+    fsdp = predict_for(PRESETS["cpu-110m"], "fsdp", 2, links, **kwargs)
+    noreshard = predict_for(PRESETS["cpu-110m"], "fsdp-noreshard", 2, links, **kwargs)
     assert fsdp.implementation.startswith("FSDP2")
     assert fsdp.bound == "all_gather"
     assert abs(_error(fsdp.tokens_per_sec, 0.967)) <= 0.25
@@ -232,8 +231,8 @@ def test_cpu_reference_table() -> None:
     cal = _calibration(((4096, 0.25e-3), (gib64, t)), 20e9, "gloo", "cpu")
     links = links_from_calibration(cal, "LOOPBACK")
     kwargs = dict(device_type="cpu", dtype_bytes=4, compute_time_s=1 / 40.2)
-    fsdp = predict(PRESETS["cpu-110m"], "fsdp", 2, links, **kwargs)
-    noreshard = predict(PRESETS["cpu-110m"], "fsdp-noreshard", 2, links, **kwargs)
+    fsdp = predict_for(PRESETS["cpu-110m"], "fsdp", 2, links, **kwargs)
+    noreshard = predict_for(PRESETS["cpu-110m"], "fsdp-noreshard", 2, links, **kwargs)
     assert 0.3 < fsdp.tokens_per_sec / 1.45 < 1.0
     assert abs(_error(noreshard.tokens_per_sec, 33.1)) <= 0.25
 
@@ -243,7 +242,7 @@ def test_cpu_reference_table() -> None:
 
 def test_replicated_has_no_collective_terms() -> None:
     for name in ("auto", "ddp"):
-        p = predict(PRESETS["pythia-2.8b"], name, 4, NVLINK, compute_time_s=0.01)
+        p = predict_for(PRESETS["pythia-2.8b"], name, 4, NVLINK, compute_time_s=0.01)
         assert p.terms == {"compute": 0.01}
         assert p.bound == "compute"
         assert p.collectives_per_token == 0
@@ -252,7 +251,7 @@ def test_replicated_has_no_collective_terms() -> None:
 
 def test_fsdp1_gathers_every_block_but_not_the_root() -> None:
     cfg = PRESETS["pythia-2.8b"]
-    p = predict(cfg, "fsdp", 2, NVLINK, compute_time_s=0.01)
+    p = predict_for(cfg, "fsdp", 2, NVLINK, compute_time_s=0.01)
     block = cfg.block_param_count() * 2
     assert p.implementation == "FSDP1 FULL_SHARD"
     assert p.collectives_per_token == cfg.n_layer
@@ -262,7 +261,7 @@ def test_fsdp1_gathers_every_block_but_not_the_root() -> None:
 
 def test_fsdp2_also_gathers_the_root_and_pays_copies() -> None:
     cfg = PRESETS["pythia-2.8b"]
-    p = predict(cfg, "fsdp2", 2, NVLINK, compute_time_s=0.01)
+    p = predict_for(cfg, "fsdp2", 2, NVLINK, compute_time_s=0.01)
     root = cfg.non_block_param_count() * 2
     assert p.collectives_per_token == cfg.n_layer + 1
     assert (
@@ -272,12 +271,12 @@ def test_fsdp2_also_gathers_the_root_and_pays_copies() -> None:
 
 
 def test_fsdp_is_fsdp2_off_cuda() -> None:
-    cpu = predict(PRESETS["tiny"], "fsdp", 2, NVLINK, device_type="cpu", compute_time_s=0.01)
+    cpu = predict_for(PRESETS["tiny"], "fsdp", 2, NVLINK, device_type="cpu", compute_time_s=0.01)
     assert cpu.implementation.startswith("FSDP2 reshard_after_forward=True")
 
 
 def test_noreshard_has_no_per_token_traffic() -> None:
-    p = predict(PRESETS["llama-2-7b"], "fsdp-noreshard", 2, HOST_STAGED, compute_time_s=0.01)
+    p = predict_for(PRESETS["llama-2-7b"], "fsdp-noreshard", 2, HOST_STAGED, compute_time_s=0.01)
     assert "all_gather" not in p.terms
     assert p.bytes_per_token["all_gather_received"] == 0
     assert p.terms["fsdp_overhead"] > 0
@@ -286,16 +285,16 @@ def test_noreshard_has_no_per_token_traffic() -> None:
 def test_one_device_pays_the_wrapper_but_moves_nothing() -> None:
     """One FSDP rank gathers from nobody, yet its per-unit hooks still run every forward."""
     cfg = PRESETS["tiny"]
-    p = predict(cfg, "fsdp", 1, NVLINK, compute_time_s=0.01)
+    p = predict_for(cfg, "fsdp", 1, NVLINK, compute_time_s=0.01)
     assert p.terms["all_gather"] == p.terms["latency"] == 0.0
     assert p.terms["fsdp_overhead"] == pytest.approx((cfg.n_layer + 1) * 0.95e-3)
-    assert predict(cfg, "auto", 1, NVLINK, compute_time_s=0.01).terms == {"compute": 0.01}
+    assert predict_for(cfg, "auto", 1, NVLINK, compute_time_s=0.01).terms == {"compute": 0.01}
 
 
 def test_the_prefill_beyond_one_step_is_spread_over_the_tokens() -> None:
     cfg = PRESETS["tiny"]
-    plain = predict(cfg, "auto", 2, NVLINK, compute_time_s=0.01, max_new_tokens=4)
-    slow_prefill = predict(
+    plain = predict_for(cfg, "auto", 2, NVLINK, compute_time_s=0.01, max_new_tokens=4)
+    slow_prefill = predict_for(
         cfg, "auto", 2, NVLINK, compute_time_s=0.01, max_new_tokens=4, prefill_time_s=0.05
     )
     assert slow_prefill.terms["prefill"] == pytest.approx((0.05 - 0.01) / 4)
@@ -309,8 +308,8 @@ def test_a_step_yields_a_token_for_every_batch_row(strategy: str) -> None:
     # The measured rate counts batch x new tokens; the prediction must count the same, or the
     # threshold of a batch of 4 is four times too lax.
     cfg = PRESETS["tiny"]
-    one = predict(cfg, strategy, 2, NVLINK, compute_time_s=0.01, batch_size=1)
-    four = predict(cfg, strategy, 2, NVLINK, compute_time_s=0.01, batch_size=4)
+    one = predict_for(cfg, strategy, 2, NVLINK, compute_time_s=0.01, batch_size=1)
+    four = predict_for(cfg, strategy, 2, NVLINK, compute_time_s=0.01, batch_size=4)
     assert four.tokens_per_sec == pytest.approx(4 / four.time_per_token_s)
     assert one.tokens_per_sec == pytest.approx(1 / one.time_per_token_s)
     assert four.to_dict()["batch_size"] == 4
@@ -320,8 +319,8 @@ def test_a_step_yields_a_token_for_every_batch_row(strategy: str) -> None:
 
 def test_collectives_scale_with_the_group_size() -> None:
     cfg = PRESETS["pythia-2.8b"]
-    two = predict(cfg, "fsdp", 2, NVLINK, compute_time_s=0.01)
-    four = predict(cfg, "fsdp", 4, NVLINK, compute_time_s=0.01)
+    two = predict_for(cfg, "fsdp", 2, NVLINK, compute_time_s=0.01)
+    four = predict_for(cfg, "fsdp", 4, NVLINK, compute_time_s=0.01)
     # measured on 2 ranks: 4 ranks receive 3/4 of the weights instead of 1/2
     assert four.terms["all_gather"] == pytest.approx(two.terms["all_gather"] * 1.5)
 
@@ -331,20 +330,20 @@ def test_monotonic_in_bandwidth_and_model_size() -> None:
     rates = []
     for gbps in (2.0, 4.0, 12.0, 50.0, 200.0):
         links = nominal_links(topo, 4, bus_bandwidth=gbps * GB)
-        fsdp = predict(PRESETS["pythia-2.8b"], "fsdp", 4, links, compute_time_s=0.05)
-        auto = predict(PRESETS["pythia-2.8b"], "auto", 4, links, compute_time_s=0.05)
+        fsdp = predict_for(PRESETS["pythia-2.8b"], "fsdp", 4, links, compute_time_s=0.05)
+        auto = predict_for(PRESETS["pythia-2.8b"], "auto", 4, links, compute_time_s=0.05)
         assert auto.tokens_per_sec == pytest.approx(20.0)  # links do not matter when replicated
         rates.append(fsdp.tokens_per_sec)
     assert rates == sorted(rates) and len(set(rates)) == len(rates)
     links = nominal_links(topo, 4)
     sizes = ["pythia-160m", "pythia-1b", "pythia-2.8b", "llama-2-7b"]
-    by_size = [predict(PRESETS[m], "fsdp", 4, links).tokens_per_sec for m in sizes]
+    by_size = [predict_for(PRESETS[m], "fsdp", 4, links).tokens_per_sec for m in sizes]
     assert by_size == sorted(by_size, reverse=True)
 
 
 def test_strategies_order_on_slow_links() -> None:
     links = nominal_links(load_nvidia_smi_topo(SEED_TOPO), 4)
-    by = {p.strategy: p for p in predict_all(PRESETS["pythia-2.8b"], 4, links)}
+    by = {p.strategy: p for p in predict_all_for(PRESETS["pythia-2.8b"], 4, links)}
     assert by["auto"].tokens_per_sec > by["fsdp-noreshard"].tokens_per_sec
     assert by["fsdp-noreshard"].tokens_per_sec > by["fsdp"].tokens_per_sec
     assert by["fsdp"].tokens_per_sec > by["fsdp2"].tokens_per_sec  # FSDP2 also gathers the root
@@ -352,8 +351,8 @@ def test_strategies_order_on_slow_links() -> None:
 
 def test_seed_box_bounds() -> None:
     links = nominal_links(load_nvidia_smi_topo(SEED_TOPO), 4)
-    auto = predict(PRESETS["pythia-2.8b"], "auto", 4, links)
-    fsdp = predict(PRESETS["pythia-2.8b"], "fsdp", 4, links)
+    auto = predict_for(PRESETS["pythia-2.8b"], "auto", 4, links)
+    fsdp = predict_for(PRESETS["pythia-2.8b"], "fsdp", 4, links)
     assert auto.bound == "weights"
     assert fsdp.bound == "all_gather" and fsdp.link_class == "PHB"
     assert "PHB" in fsdp.bound_description
@@ -363,31 +362,31 @@ def test_seed_box_bounds() -> None:
 
 def test_kv_cache_bytes_grow_with_the_sequence() -> None:
     cfg = PRESETS["llama-2-7b"]
-    short = predict(cfg, "auto", 1, NVLINK, max_new_tokens=10)
-    long = predict(cfg, "auto", 1, NVLINK, max_new_tokens=2000)
+    short = predict_for(cfg, "auto", 1, NVLINK, max_new_tokens=10)
+    long = predict_for(cfg, "auto", 1, NVLINK, max_new_tokens=2000)
     assert long.bytes_per_token["kv_read"] > short.bytes_per_token["kv_read"]
     assert long.tokens_per_sec < short.tokens_per_sec
 
 
 def test_overheads_are_a_parameter() -> None:
     none = Overheads(0.0, 0.0, 0.0, 0.0)
-    p = predict(PRESETS["pythia-2.8b"], "fsdp", 2, NVLINK, compute_time_s=0.01, overheads=none)
+    p = predict_for(PRESETS["pythia-2.8b"], "fsdp", 2, NVLINK, compute_time_s=0.01, overheads=none)
     assert p.terms["fsdp_overhead"] == 0
-    default = predict(PRESETS["pythia-2.8b"], "fsdp", 2, NVLINK, compute_time_s=0.01)
+    default = predict_for(PRESETS["pythia-2.8b"], "fsdp", 2, NVLINK, compute_time_s=0.01)
     assert default.tokens_per_sec < p.tokens_per_sec
 
 
 def test_bad_inputs_raise_with_the_value() -> None:
     cfg = PRESETS["tiny"]
     with pytest.raises(ValueError, match="unknown strategy 'zero3'; valid: auto"):
-        predict(cfg, "zero3", 2, NVLINK)
+        predict_for(cfg, "zero3", 2, NVLINK)
     with pytest.raises(ValueError, match="devices must be >= 1, got 0"):
-        predict(cfg, "auto", 0, NVLINK)
+        predict_for(cfg, "auto", 0, NVLINK)
     with pytest.raises(ValueError, match="compute_time_s must be > 0"):
-        predict(cfg, "auto", 2, NVLINK, compute_time_s=0.0)
+        predict_for(cfg, "auto", 2, NVLINK, compute_time_s=0.0)
     no_memory = replace(NVLINK, memory_bandwidth=None)
     with pytest.raises(ValueError, match="no memory bandwidth"):
-        predict(cfg, "auto", 2, no_memory)
+        predict_for(cfg, "auto", 2, no_memory)
 
 
 # --------------------------------------------------------------------------- calibration values
@@ -438,7 +437,7 @@ def test_calibration_from_dict_names_the_bad_field() -> None:
 def _fsdp_cpu_prediction() -> Prediction:
     cal = _calibration(CPU_GATHER, 21.86e9, "gloo", "cpu", fresh_copy=4.96e9)
     links = links_from_calibration(cal, "LOOPBACK")
-    return predict(
+    return predict_for(
         PRESETS["cpu-110m"],
         "fsdp",
         2,
@@ -501,7 +500,7 @@ def test_fsdp_rows_of_the_recorded_h200_runs(report: str) -> None:
     assert len(fsdp) == 2
     for r in fsdp:
         w = r["workload"]
-        p = predict(
+        p = predict_for(
             Config.from_name(w["model"]),
             "fsdp",
             r["devices"],

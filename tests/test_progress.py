@@ -114,7 +114,7 @@ def test_when_the_line_shows(
 TEST_TINY = """
 import pytest
 
-@pytest.mark.distperf(model="tiny", max_new_tokens=4, efficiency=0.01)
+@pytest.mark.distperf(model="tiny", max_new_tokens=4, gates=False)
 def test_rate(distperf):
     distperf.run()
 """

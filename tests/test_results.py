@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields, replace
-from types import SimpleNamespace
+from dataclasses import replace
 
 import pytest
 
@@ -214,9 +213,8 @@ def test_result_line_shows_the_relative_speed_change_and_what_it_can_detect() ->
 
 def test_result_line_refuses_a_run_without_a_figure_instead_of_printing_a_dash() -> None:
     record = _record()
-    # The run's figures as a stand-in that lacks one of them (the decode rate, say).
-    partial = SimpleNamespace(**{f.name: getattr(record.run, f.name) for f in fields(record.run)})
-    del partial.decode_tokens_per_sec
+    # The run's figures less one of them (the decode rate, say).
+    partial = RunFigures({k: v for k, v in record.run.items() if k != "decode_tokens_per_sec"})
     with pytest.raises(AttributeError, match="decode_tokens_per_sec"):
         format_result_line(replace(record, run=partial), "passed")
     # ... nor will it read the JUnit properties it was once made from.
@@ -246,8 +244,8 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
         Calibration,
         CollectiveFigure,
         links_from_calibration,
-        predict,
     )
+    from pytest_distperf.strategies import predict_for
 
     figures = {
         op: (CollectiveFigure.from_time(op, 1 << 20, 50e-6, 2),)
@@ -263,8 +261,9 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
     )
     links = links_from_calibration(calibration, "NV18")
     shape = PRESETS["pythia-1b"]
-    prediction = predict(shape, strategy, 2, links, compute_time_s=0.01, batch_size=batch)
-    whole = predict(shape, "auto", 2, links, compute_time_s=0.01).bytes_per_token["weights_read"]
+    prediction = predict_for(shape, strategy, 2, links, compute_time_s=0.01, batch_size=batch)
+    replicated = predict_for(shape, "auto", 2, links, compute_time_s=0.01)
+    whole = replicated.bytes_per_token["weights_read"]
     share = prediction.terms["compute"] / 0.01  # tp: the split linears halved, the rest whole
     assert (share == 1.0) == (strategy == "auto") and share > 0.5
     assert prediction.bytes_per_token["weights_read"] == pytest.approx(whole * share)
@@ -272,6 +271,6 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
         _record(),
         prediction=prediction,
         calibration=calibration,
-        run=replace(_record().run, decode_tokens_per_sec=100.0 * batch),  # 100 forwards/s
+        run=_record().run.with_values(decode_tokens_per_sec=100.0 * batch),  # 100 forwards/s
     )
     assert record.bandwidth_utilization == pytest.approx(whole * share * 100 / 1e12)

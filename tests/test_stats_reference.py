@@ -1,6 +1,7 @@
-"""scipy.stats gives the results of the hand-written statistics it replaced, on tied and untied
-samples: the replaced functions are kept below as the reference (as they were before scipy),
-and exact p-values with ties are also checked against a count of every split of the samples.
+"""The statistics behind the gate checked against independent answers: a count of every split
+of the pooled samples (exact rank-sum p-values, tied or not), textbook formulas (the normal
+approximation, t-tests from Student's t distribution, spreads from `statistics`), cases worked
+out by hand, and the decisions the hand-written statistics took before scipy replaced them.
 """
 
 from __future__ import annotations
@@ -22,49 +23,33 @@ from pytest_distperf.judge.stats import compare, compare_to_recorded_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# --- the reference: the hand-written statistics as they were ----------------------------------
+# --- independent answers ---------------------------------------------------------------------
 
 
-def ref_midranks(values: list[float]) -> tuple[list[float], list[int]]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    ties: list[int] = []
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        ties.append(j - i + 1)
-        i = j + 1
-    return ranks, ties
+def midranks(values: list[float]) -> list[float]:
+    """Rank of each value, ties sharing the mean of the ranks they span."""
+    ordered = sorted(values)
+    first = {v: ordered.index(v) + 1 for v in values}
+    count = {v: ordered.count(v) for v in values}
+    return [first[v] + (count[v] - 1) / 2 for v in values]
 
 
-def ref_exact_rank_sum_p(ranks: list[float], n_cur: int, observed: float, slower: bool) -> float:
-    import numpy as np
-
-    doubled = [round(2 * r) for r in ranks]
-    total = sum(sorted(doubled)[-n_cur:])
-    ways = np.zeros((n_cur + 1, total + 1))
-    ways[0, 0] = 1.0
-    for r in doubled:
-        ways[1:, r:] += ways[:-1, : total + 1 - r].copy()
-    dist = ways[n_cur]
-    obs = round(2 * observed)
-    tail = dist[: obs + 1].sum() if slower else dist[obs:].sum()
-    return float(min(1.0, tail / dist.sum()))
+def enumerated_p(base: list[float], cur: list[float], slower: bool) -> float:
+    """Exact conditional p-value of the rank sum, counting every split of the pooled samples."""
+    ranks = midranks(base + cur)
+    observed = sum(ranks[len(base) :])
+    sums = [sum(c) for c in itertools.combinations(ranks, len(cur))]
+    hits = sum(s <= observed + 1e-9 if slower else s >= observed - 1e-9 for s in sums)
+    return hits / len(sums)
 
 
-def ref_mann_whitney(base: list[float], cur: list[float], slower: bool) -> float:
+def normal_approximation_p(base: list[float], cur: list[float], slower: bool) -> float:
+    """The textbook large-sample rank-sum test: tie-corrected variance, continuity correction."""
     pooled = base + cur
     n, n_cur = len(pooled), len(cur)
-    ranks, ties = ref_midranks(pooled)
-    if len(ties) == 1:
-        return 1.0
+    ranks = midranks(pooled)
+    ties = [pooled.count(v) for v in set(pooled)]
     rank_sum = sum(ranks[len(base) :])
-    if n <= 50:
-        return ref_exact_rank_sum_p(ranks, n_cur, rank_sum, slower)
     mean = n_cur * (n + 1) / 2
     tie_term = sum(t**3 - t for t in ties) / (n * (n - 1))
     var = len(base) * n_cur / 12 * ((n + 1) - tie_term)
@@ -72,7 +57,8 @@ def ref_mann_whitney(base: list[float], cur: list[float], slower: bool) -> float
     return 0.5 * math.erfc(-z / math.sqrt(var) / math.sqrt(2))
 
 
-def ref_t_test_log(base: list[float], cur: list[float], pooled: bool, slower: bool) -> float:
+def t_test_log_p(base: list[float], cur: list[float], pooled: bool, slower: bool) -> float:
+    """Welch's or Student's t on log rates, from the formulas and Student's t distribution."""
     from scipy.special import stdtr
 
     lb, lc = [math.log(v) for v in base], [math.log(v) for v in cur]
@@ -86,52 +72,9 @@ def ref_t_test_log(base: list[float], cur: list[float], pooled: bool, slower: bo
     else:
         a, b = vb / nb, vc / nc
         se = math.sqrt(a + b)
-        denom = a * a / (nb - 1) + b * b / (nc - 1)
-        df = (a + b) ** 2 / denom if denom > 0 else nb + nc - 2
-    if se == 0.0:
-        if diff == 0.0:
-            return 1.0
-        return 0.0 if (diff < 0) == slower else 1.0
+        df = (a + b) ** 2 / (a * a / (nb - 1) + b * b / (nc - 1))
     t = diff / se
     return float(stdtr(df, t if slower else -t))
-
-
-def ref_relative_spread(values: list[float]) -> float:
-    median = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - median) for v in values) / median
-
-
-def ref_run_drift(runs: list[float]) -> float:
-    if len(runs) < 3:
-        return 0.0
-    if len(runs) < 5:
-        return max(ref_relative_spread(runs), statistics.stdev(runs) / statistics.fmean(runs))
-    lower, _, upper = statistics.quantiles(runs, n=4, method="inclusive")
-    return (upper - lower) / 1.349 / statistics.median(runs)
-
-
-def ref_quantiles(sorted_values: list[float], n: int) -> list[float]:
-    m = len(sorted_values)
-    if n == m:
-        return list(sorted_values)
-    out = []
-    for j in range(n):
-        pos = min(max((j + 0.5) / n * m - 0.5, 0.0), m - 1.0)
-        lo = math.floor(pos)
-        hi = min(lo + 1, m - 1)
-        frac = pos - lo
-        out.append(sorted_values[lo] * (1 - frac) + sorted_values[hi] * frac)
-    return out
-
-
-def enumerated_p(base: list[float], cur: list[float], slower: bool) -> float:
-    """Exact conditional p-value by counting every split of the pooled samples."""
-    pooled = base + cur
-    ranks, _ = ref_midranks(pooled)
-    observed = sum(ranks[len(base) :])
-    sums = [sum(c) for c in itertools.combinations(ranks, len(cur))]
-    hits = sum(s <= observed + 1e-9 if slower else s >= observed - 1e-9 for s in sums)
-    return hits / len(sums)
 
 
 # --- samples -----------------------------------------------------------------------------------
@@ -149,9 +92,11 @@ def sample_pairs(seed: int, count: int, sizes: tuple[int, int], step: float | No
         yield draw(rng, 100.0, nb, step), draw(rng, rng.choice([100.0, 96.0, 90.0]), nc, step)
 
 
-UNTIED = list(sample_pairs(1, 60, (2, 25), None))
-TIED = list(sample_pairs(2, 60, (2, 12), 2.0))  # quantized rates: ties within and across
+# Small enough to count every split (at most C(14, 7) = 3432 of them).
+UNTIED = list(sample_pairs(1, 60, (2, 7), None))
+TIED = list(sample_pairs(2, 60, (2, 7), 2.0))  # quantized rates: ties within and across
 LARGE = list(sample_pairs(3, 10, (26, 40), None)) + list(sample_pairs(4, 10, (26, 40), 1.0))
+WIDE = list(sample_pairs(5, 40, (2, 25), None)) + list(sample_pairs(6, 40, (2, 12), 2.0))
 
 
 def _has_ties(base: list[float], cur: list[float]) -> bool:
@@ -159,46 +104,88 @@ def _has_ties(base: list[float], cur: list[float]) -> bool:
 
 
 @pytest.mark.parametrize("slower", [True, False])
-def test_mann_whitney_untied_is_scipys_exact_distribution(slower: bool) -> None:
-    pairs = [(b, c) for b, c in UNTIED if not _has_ties(b, c)]
-    assert len(pairs) > 50
-    for base, cur in pairs:
+def test_mann_whitney_is_the_count_of_every_split(slower: bool) -> None:
+    untied = [(b, c) for b, c in UNTIED if not _has_ties(b, c)]
+    tied = [(b, c) for b, c in TIED if _has_ties(b, c)]
+    assert len(untied) > 50 and len(tied) > 40
+    for base, cur in untied + tied:
         ours = significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
-        assert ours == pytest.approx(ref_mann_whitney(base, cur, slower), rel=1e-9)
+        assert ours == pytest.approx(enumerated_p(base, cur, slower), rel=1e-9)
 
 
-@pytest.mark.parametrize("slower", [True, False])
-def test_mann_whitney_with_ties_is_exact(slower: bool) -> None:
-    pairs = [(b, c) for b, c in TIED if _has_ties(b, c)]
-    assert len(pairs) > 40
-    for base, cur in pairs:
-        ours = significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
-        assert ours == pytest.approx(ref_mann_whitney(base, cur, slower), rel=1e-9)
-        if math.comb(len(base) + len(cur), len(cur)) <= 20_000:
-            assert ours == pytest.approx(enumerated_p(base, cur, slower), rel=1e-9)
+def test_mann_whitney_by_hand() -> None:
+    def p(base: list[float], cur: list[float], slower: bool = True) -> float:
+        return significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
+
+    # cur below every baseline value: one split in C(n, k) is as extreme
+    assert p([10.0, 11, 12, 13, 14], [1.0, 2, 3, 4, 5]) == pytest.approx(1 / 252)
+    assert p([float(v) for v in range(30, 55)], [float(v) for v in range(25)]) == pytest.approx(
+        1 / math.comb(50, 25)
+    )
+    assert p([1.0, 2, 3], [0.5]) == pytest.approx(1 / 4)
+    # pooled 1 2 2 2 3, midranks 1 3 3 3 5; cur {1, 2} sums 4; pairs' sums: 4 x3, 6 x4, 8 x3
+    assert p([2.0, 2, 3], [1.0, 2]) == pytest.approx(3 / 10)
+    # pooled 1 2 2 2, midranks 1 3 3 3; cur {2, 2} sums 6, as 3 of the 6 pairs do, none more
+    assert p([1.0, 2], [2.0, 2], slower=False) == pytest.approx(1 / 2)
+    assert p([1.0, 2], [2.0, 2], slower=True) == 1.0
+    assert p([5.0, 5], [5.0, 5, 5]) == 1.0  # every value equal: no evidence
 
 
-def test_mann_whitney_past_fifty_samples_is_scipys_normal_approximation() -> None:
+def test_mann_whitney_past_fifty_samples_is_the_normal_approximation() -> None:
     assert any(_has_ties(b, c) for b, c in LARGE) and not all(_has_ties(b, c) for b, c in LARGE)
     for base, cur in LARGE:
         for slower in (True, False):
             ours = significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
-            assert ours == pytest.approx(ref_mann_whitney(base, cur, slower), rel=1e-9)
+            assert ours == pytest.approx(normal_approximation_p(base, cur, slower), rel=1e-9)
+
+
+def test_mann_whitney_agrees_with_scipys_permutation_test() -> None:
+    """Past what the count above covers, against scipy's own exact permutation test (few
+    cases: it enumerates every split too)."""
+    import numpy as np
+    from scipy.stats import PermutationMethod, mannwhitneyu
+
+    exact = PermutationMethod(n_resamples=np.inf)
+    beyond = [(b, c) for b, c in WIDE if 3432 < math.comb(len(b) + len(c), len(c)) <= 20_000]
+    cases = [p for p in beyond if _has_ties(*p)][:2] + [p for p in beyond if not _has_ties(*p)][:2]
+    assert len(cases) == 4
+    for base, cur in cases:
+        ours = significance.one_sided_p(base, cur, "mann-whitney", slower=True)
+        theirs = mannwhitneyu(cur, base, alternative="less", method=exact).pvalue
+        assert ours == pytest.approx(float(theirs), rel=1e-9)
 
 
 @pytest.mark.parametrize("method", ["welch-log", "student-log"])
-def test_t_tests_on_log_rates_are_scipys(method: str) -> None:
-    pairs = UNTIED + TIED + [([100.0], [90.0, 91.0, 89.5]), ([95.0, 97.0, 96.0], [80.0])]
+def test_t_tests_on_log_rates_are_the_formulas(method: str) -> None:
+    pairs = UNTIED + TIED + WIDE + [([100.0], [90.0, 91.0, 89.5]), ([95.0, 97.0, 96.0], [80.0])]
     checked = 0
     for base, cur in pairs:
         if method == "welch-log" and min(len(base), len(cur)) < 2:
             continue
+        if statistics.pvariance(base) == 0 and statistics.pvariance(cur) == 0:
+            continue  # the exact-difference case: by hand below
         for slower in (True, False):
             ours = significance.one_sided_p(base, cur, method, slower=slower)
-            reference = ref_t_test_log(base, cur, method == "student-log", slower)
+            reference = t_test_log_p(base, cur, method == "student-log", slower)
             assert ours == pytest.approx(reference, rel=1e-9, abs=1e-300)
             checked += 1
     assert checked > 200
+
+
+def test_t_tests_by_hand() -> None:
+    e = math.exp
+    # logs 0, 0.2 against -0.3, -0.1: diff -0.3, se sqrt(0.02), t = -3 / sqrt(2), 2 d.f.,
+    # whose CDF is 1/2 + t / (2 sqrt(2 + t^2))
+    welch = significance.one_sided_p([1.0, e(0.2)], [e(-0.3), e(-0.1)], "welch-log", slower=True)
+    assert welch == pytest.approx(0.5 - 3 / (2 * math.sqrt(13)), rel=1e-9)
+    # log 0 against -0.3, -0.1: pooled variance 0.02, se sqrt(0.03), t = -2 / sqrt(3), 1 d.f.
+    # (Cauchy): CDF 1/2 + atan(t) / pi
+    student = significance.one_sided_p([1.0], [e(-0.3), e(-0.1)], "student-log", slower=True)
+    assert student == pytest.approx(0.5 - math.atan(2 / math.sqrt(3)) / math.pi, rel=1e-9)
+    # identical repeats on both sides: the difference is exact
+    assert significance.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=True) == 0
+    assert significance.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=False) == 1
+    assert significance.one_sided_p([100.0] * 3, [100.0] * 3, "welch-log", slower=True) == 1
 
 
 def test_identical_repeats_and_near_identical_ones_raise_no_warning() -> None:
@@ -207,26 +194,51 @@ def test_identical_repeats_and_near_identical_ones_raise_no_warning() -> None:
         warnings.simplefilter("error")
         base, cur = [100.0, 105.0, 100.0, 100.0, 105.0], [95.0] * 7
         assert significance.one_sided_p(base, cur, "welch-log", slower=True) == pytest.approx(
-            ref_t_test_log(base, cur, False, True), rel=1e-9
+            t_test_log_p(base, cur, False, True), rel=1e-9
         )
-        assert significance.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=True) == 0
-        assert significance.one_sided_p([100.0] * 3, [100.0] * 3, "welch-log", slower=True) == 1
 
 
-def test_spreads_and_quantiles_are_scipys_and_numpys() -> None:
+def test_spreads_and_quantiles_are_the_formulas() -> None:
+    def spread(values: list[float]) -> float:  # 1.4826 * MAD / median
+        median = statistics.median(values)
+        return 1.4826 * statistics.median(abs(v - median) for v in values) / median
+
     rng = random.Random(7)
     for _ in range(200):
         values = draw(rng, 100.0, rng.randint(1, 15), rng.choice([None, 1.0]))
         assert tolerance.relative_spread(values) == pytest.approx(
-            ref_relative_spread(values), rel=1e-12, abs=1e-15
+            spread(values), rel=1e-12, abs=1e-15
         )
-        runs = draw(rng, 100.0, rng.randint(0, 10), None)
-        assert tolerance.run_drift(runs) == pytest.approx(ref_run_drift(runs), rel=1e-12)
+        runs = draw(rng, 100.0, rng.randint(5, 10), None)
+        q1, _, q3 = statistics.quantiles(runs, n=4, method="inclusive")
+        drift = (q3 - q1) / 1.349 / statistics.median(runs)
+        assert tolerance.run_drift(runs) == pytest.approx(drift, rel=1e-12)
         ordered = sorted(values)
         for n in range(1, 12):
-            assert tolerance._quantiles(ordered, n) == pytest.approx(
-                ref_quantiles(ordered, n), rel=1e-12
-            )
+            # Hazen's plotting positions (j + 0.5) / n, at index p * m - 0.5, interpolated
+            last = len(ordered) - 1
+            positions = [min(max((j + 0.5) / n * len(ordered) - 0.5, 0), last) for j in range(n)]
+            expected = [
+                ordered[math.floor(x)]
+                + (ordered[min(math.floor(x) + 1, last)] - ordered[math.floor(x)])
+                * (x - math.floor(x))
+                for x in positions
+            ]
+            got = tolerance._quantiles(ordered, n)
+            if n == len(ordered):
+                expected = ordered
+            assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_spreads_by_hand() -> None:
+    # median 3, absolute deviations 2 1 0 1 97: MAD 1, one wild value ignored
+    assert tolerance.relative_spread([1.0, 2, 3, 4, 100]) == pytest.approx(1.4826 / 3)
+    # three runs at two levels: MAD 0, so the coefficient of variation, sqrt(1200) / 120
+    assert tolerance.run_drift([100.0, 100, 160]) == pytest.approx(math.sqrt(1200) / 120)
+    assert tolerance.run_drift([100.0, 160]) == 0.0  # too few runs
+    # five runs: quartiles 95 and 105
+    assert tolerance.run_drift([90.0, 95, 100, 105, 110]) == pytest.approx(10 / 1.349 / 100)
+    assert tolerance._quantiles([1.0, 2, 3, 4], 2) == pytest.approx([1.5, 3.5])
 
 
 # (baseline, current, recorded run medians), and what the hand-written statistics decided:
@@ -292,13 +304,22 @@ CHEAP = [
     "pytest_distperf.output.charts",
     "pytest_distperf.cli",
 ]
+HEAVY = {"scipy", "numpy", "matplotlib", "pytest_benchmark", "torch"}
 
 
-@pytest.mark.parametrize("module", CHEAP)
-def test_heavy_libraries_are_imported_only_when_used(module: str) -> None:
-    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+def test_heavy_libraries_are_imported_only_when_used() -> None:
+    # One fresh interpreter for all of them: if none of them imports a heavy library, their
+    # union does not either, and the first that does is named.
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {CHEAP!r}:\n"
+        "    importlib.import_module(name)\n"
+        f"    heavy = sorted(set(sys.modules) & set({sorted(HEAVY)!r}))\n"
+        "    print(json.dumps([name, heavy]))\n"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
-    loaded = set(json.loads(done.stdout.splitlines()[-1]))
-    assert not loaded & {"scipy", "numpy", "matplotlib", "pytest_benchmark", "torch"}
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [name for name, _ in lines] == CHEAP
+    assert [(name, heavy) for name, heavy in lines if heavy] == []

@@ -1,4 +1,5 @@
-"""The strategy records: each one complete, and a new one predicted without touching perfmodel."""
+"""The strategy records, both halves: each one complete, the pure half a `StrategyModel`, and a
+new record predicted without touching perfmodel."""
 
 from __future__ import annotations
 
@@ -15,16 +16,25 @@ from pytest_distperf.perfmodel import (
     MessageSizes,
     StrategyCost,
     StrategyInput,
+    StrategyModel,
     message_sizes,
     predict,
     predict_all,
 )
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES
+from pytest_distperf.ranks.strategies import (
+    RANK_STRATEGIES,
+    BuildContext,
+    RankStrategy,
+    rank_strategy,
+)
 from pytest_distperf.strategies import (
     STRATEGIES,
-    BuildContext,
     StrategyRecord,
     get_strategy,
+    message_sizes_for,
+    predict_all_for,
+    predict_for,
     strategy_names,
 )
 from pytest_distperf.strategies.record import data_parallel
@@ -38,9 +48,10 @@ HOOKS = ("wrap", "next_token")  # optional: None means Fabric's setup_module and
 def test_every_record_is_complete(name: str) -> None:
     record = STRATEGIES[name]
     assert record.name == name and record.description and record.family
-    for part in ("build", "cost", "replicas", "message_sizes", "describe_sharding", "check"):
+    assert isinstance(record, StrategyModel)
+    for part in ("cost", "replicas", "message_sizes", "check"):
         assert callable(getattr(record, part)), part
-    assert all(getattr(record, hook) is None or callable(getattr(record, hook)) for hook in HOOKS)
+    assert isinstance(record.decodes_across_ranks, bool)
     assert record.runs_on and record.runs_on <= {"cpu", "cuda"}
     assert record.min_ranks >= 1
     assert record.replicas(4) >= 1
@@ -52,6 +63,22 @@ def test_every_record_is_complete(name: str) -> None:
     for device_type in sorted(record.runs_on):
         x = StrategyInput(PRESETS["tiny"], 2, device_type, 1, 58, 2, LINKS, DEFAULT_OVERHEADS)
         assert isinstance(record.cost(x), StrategyCost)
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_every_record_has_its_rank_half(name: str) -> None:
+    half = rank_strategy(name)
+    assert isinstance(half, RankStrategy) and half.name == name
+    assert callable(half.build) and callable(half.describe_sharding)
+    assert all(getattr(half, hook) is None or callable(getattr(half, hook)) for hook in HOOKS)
+    # a strategy that steps the decode itself is one whose rank half has the step
+    assert (half.next_token is not None) == STRATEGIES[name].decodes_across_ranks
+
+
+def test_both_registries_name_the_same_strategies_in_order() -> None:
+    assert tuple(RANK_STRATEGIES) == strategy_names()
+    with pytest.raises(ValueError, match="unknown strategy 'zero3'; valid: auto, ddp, fsdp"):
+        rank_strategy("zero3")
 
 
 def _tensor_parallel(x: StrategyInput) -> StrategyCost:
@@ -67,27 +94,38 @@ TP = StrategyRecord(
     description="tensor parallel (test only)",
     family="toy",
     sharded=True,
-    build=lambda context: "auto",
     cost=_tensor_parallel,
     replicas=lambda devices: 1,  # one stream, split across the ranks
     message_sizes=lambda config, dtype_bytes, batch: MessageSizes((), (7 * batch,)),
     runs_on=frozenset({"cuda"}),
     min_ranks=2,
-    describe_sharding=lambda fabric, module: "TP",
 )
 
 
-def test_a_new_record_is_predicted_without_other_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_perfmodel_predicts_the_record_it_is_given() -> None:
+    """perfmodel looks no name up: the record is the argument, registered or not."""
+    cfg = PRESETS["llama-2-7b"]
+    p = predict(cfg, TP, 2, LINKS, compute_time_s=0.01)
+    assert p.strategy == "toy-tp" and p.implementation == "TP"
+    assert p.collectives_per_token == 64 and p.terms["latency"] > 0
+    both = predict_all(cfg, 2, LINKS, [get_strategy("auto"), TP], compute_time_s=0.01)
+    assert [q.strategy for q in both] == ["auto", "toy-tp"]
+    assert 7 * 3 in message_sizes(cfg, [TP], 2, 2, batch=3).all_reduce
+    # on one device nothing crosses a link
+    one = predict(cfg, TP, 1, LINKS, compute_time_s=0.01).terms
+    assert one["compute"] == 0.01 and sum(v for k, v in one.items() if k != "compute") == 0
+
+
+def test_a_new_record_is_predicted_by_name_without_other_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setitem(STRATEGIES, "toy-tp", TP)
     cfg = PRESETS["llama-2-7b"]
-    p = predict(cfg, "toy-tp", 2, LINKS, compute_time_s=0.01)
-    assert p.implementation == "TP"
-    assert p.collectives_per_token == 64 and p.terms["latency"] > 0
-    assert "toy-tp" in {q.strategy for q in predict_all(cfg, 2, LINKS, compute_time_s=0.01)}
-    assert 7 * 3 in message_sizes(cfg, "toy-tp", 2, 2, batch=3).all_reduce
-    # on one device nothing crosses a link
-    one = predict(cfg, "toy-tp", 1, LINKS, compute_time_s=0.01).terms
-    assert one["compute"] == 0.01 and sum(v for k, v in one.items() if k != "compute") == 0
+    assert predict_for(cfg, "toy-tp", 2, LINKS, compute_time_s=0.01) == predict(
+        cfg, TP, 2, LINKS, compute_time_s=0.01
+    )
+    assert "toy-tp" in {q.strategy for q in predict_all_for(cfg, 2, LINKS, compute_time_s=0.01)}
+    assert 7 * 3 in message_sizes_for(cfg, "toy-tp", 2, 2, batch=3).all_reduce
 
 
 def test_perfmodel_names_no_strategy() -> None:
@@ -111,6 +149,8 @@ def test_where_a_record_runs() -> None:
 def test_unknown_strategy_names_the_valid_ones() -> None:
     with pytest.raises(ValueError, match="unknown strategy 'zero3'; valid: auto, ddp, fsdp"):
         get_strategy("zero3")
+    with pytest.raises(ValueError, match="unknown strategy 'zero3'; valid: auto, ddp, fsdp"):
+        predict_for(PRESETS["tiny"], "zero3", 2, LINKS)
 
 
 def test_fsdp1_wraps_the_contexts_units() -> None:
@@ -119,39 +159,41 @@ def test_fsdp1_wraps_the_contexts_units() -> None:
     class MyBlock:
         pass
 
-    strategy = get_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=(MyBlock,)))
+    strategy = rank_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=(MyBlock,)))
     assert type(strategy).__name__ == "FSDPStrategy"
     policy = strategy._fsdp_kwargs["auto_wrap_policy"]
     assert policy(module=MyBlock(), recurse=False, nonwrapped_numel=1)
     assert not policy(module=object(), recurse=False, nonwrapped_numel=1)
     assert policy(module=object(), recurse=True, nonwrapped_numel=1)
-    other = get_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=()))
+    other = rank_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=()))
     assert not other._fsdp_kwargs["auto_wrap_policy"](
         module=MyBlock(), recurse=False, nonwrapped_numel=1
     )
-    cpu = get_strategy("fsdp").build(BuildContext("cpu", 2, wrap_units=(MyBlock,)))
+    cpu = rank_strategy("fsdp").build(BuildContext("cpu", 2, wrap_units=(MyBlock,)))
     assert type(cpu).__name__ == "ModelParallelStrategy"
 
 
-def test_describe_implementation_reads_the_record() -> None:
+def test_describe_implementation_reads_the_rank_half() -> None:
     class Fabric:
         strategy = object()
 
     class Wrapper:
         _forward_module = object()
 
-    ran = replace(TP, describe_sharding=lambda fabric, module: "TP 2-way")
+    ran = RankStrategy("toy-tp", build=lambda c: "auto", describe_sharding=lambda f, m: "TP 2-way")
     assert ran.describe_implementation(Fabric(), Wrapper()) == ("object", "TP 2-way", "object")
+    own = replace(ran, wrap=lambda model, context: model)
+    assert own.describe_implementation(Fabric(), Wrapper())[0] == "object (launch only)"
 
 
 def test_message_sizes_are_the_models_own() -> None:
     cfg = PRESETS["cpu-110m"]
-    sharded = message_sizes(cfg, "fsdp", 2, 4)
+    sharded = message_sizes_for(cfg, "fsdp", 2, 4)
     assert cfg.block_param_count() * 4 in sharded.all_gather
     assert cfg.non_block_param_count() * 4 in sharded.all_gather
     assert cfg.n_embd * 4 in sharded.all_reduce
     assert min(sharded.all_gather) <= LATENCY_PROBE_BYTES
-    replicated = message_sizes(cfg, "auto", 2, 4, batch=3)
+    replicated = message_sizes_for(cfg, "auto", 2, 4, batch=3)
     assert max(replicated.all_gather) == max(3 * cfg.n_embd * 4, LATENCY_PROBE_BYTES)
-    both = message_sizes(cfg, ["auto", "fsdp-noreshard"], 2, 4)
+    both = message_sizes_for(cfg, ["auto", "fsdp-noreshard"], 2, 4)
     assert both.all_gather == sharded.all_gather

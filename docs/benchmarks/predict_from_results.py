@@ -19,9 +19,9 @@ from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
     links_from_calibration,
-    predict,
 )
 from pytest_distperf.spec import PRECISION_BYTES
+from pytest_distperf.strategies import predict_for as predict
 
 
 def rows(link_class: str, paths: list[str]) -> list[str]:

@@ -28,13 +28,12 @@ from pytest_distperf.perfmodel import (
     MessageSizes,
     Overheads,
     Prediction,
-    message_sizes,
-    predict,
     run_links,
 )
 from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
+from pytest_distperf.strategies import message_sizes_for, predict_for
 from pytest_distperf.topology import Topology
 
 BASELINE_DIR_NAME = "distperf-baselines"
@@ -83,7 +82,7 @@ class Gate:
             return None, f"model {workload.model!r}: the ranks did not report its shape"
         suffix = transport_suffix(self.topology.accelerator)
         links = run_links(self.topology, result.devices, calibration, suffix)
-        prediction = predict(
+        prediction = predict_for(
             shape,
             result.strategy,
             result.devices,
@@ -118,6 +117,7 @@ class Gate:
         the record the reports are made from."""
         prediction, why_none = self.prediction(result, calibration)
         decision = self.decide(result, settings, prediction, why_none)
+        decision = replace(decision, gates=settings.gates)
         return JudgedRun.of(
             result,
             decision,
@@ -223,7 +223,7 @@ def session_message_sizes(
         shape = shape_of(workload.model)
         if shape is None:  # its shape is unknown until a rank builds it
             continue
-        sizes = message_sizes(
+        sizes = message_sizes_for(
             shape,
             strategy,
             devices,

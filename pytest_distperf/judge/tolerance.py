@@ -14,10 +14,8 @@ from collections.abc import Sequence
 
 from pytest_distperf.jsonfields import is_number
 from pytest_distperf.judge.significance import choose_method, one_sided_p
+from pytest_distperf.store.spread import checked_rates, relative_spread
 
-# 1.4826 * MAD estimates the standard deviation for normal data (1 / Phi^-1(3/4)), so the spread
-# below is on the same scale as a coefficient of variation, yet one wild repeat cannot inflate it.
-_MAD_TO_SIGMA = 1.4826
 _IQR_TO_SIGMA = 1.349  # the same for the interquartile range (2 x Phi^-1(3/4))
 
 # Default tolerance = max(floor, K * robust relative spread), K = 3 (the Shewhart 3-sigma rule).
@@ -63,14 +61,6 @@ def drift_sigmas(runs: int, alpha: float = 0.01) -> float:
         raise ValueError(f"a spread needs at least 2 runs, got {runs}")
     quantile = float(stdtrit(runs - 1, 1.0 - alpha)) * math.sqrt(1.0 + 1.0 / runs)
     return max(TOLERANCE_SIGMAS, quantile)
-
-
-def relative_spread(samples: Sequence[float]) -> float:
-    """Robust relative spread: 1.4826 * MAD / median (a CV that ignores a single outlier)."""
-    from scipy.stats import median_abs_deviation  # lazy: scipy.stats is slow to import
-
-    values = checked_rates(samples, "samples")
-    return _MAD_TO_SIGMA * float(median_abs_deviation(values)) / statistics.median(values)
 
 
 def default_tolerance(
@@ -186,18 +176,6 @@ def _quantiles(sorted_values: list[float], n: int) -> list[float]:
 
 
 # --- shared checks of the inputs ------------------------------------------------------------
-
-
-def checked_rates(samples: Sequence[float], name: str) -> list[float]:
-    values = list(samples)
-    if not values:
-        raise ValueError(f"{name}: no samples")
-    for v in values:
-        if not is_number(v):
-            raise ValueError(f"{name}: samples must be numbers, got {v!r}")
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{name}: rates must be finite and positive, got {v!r}")
-    return [float(v) for v in values]
 
 
 def check_fraction(value: float, name: str, *, upper: float, allow_zero: bool = True) -> None:

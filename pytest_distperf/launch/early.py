@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_distperf import xdist
+from pytest_distperf.launch.guard import ranks_forbidden
 
 NO_TEST_BODY = ("collectonly", "setuponly", "setupplan")
 
@@ -20,9 +21,12 @@ def start_first_pool(plugin: Any, config: Any, devices: int) -> None:
     """Start `plugin`'s (plugin.DistperfPlugin) pool of `devices` ranks unless the session
     will not use one: no test body runs, its ranks are not a pool's (job mode, fresh ranks,
     NUMA binding), an xdist worker (which may run none of the distperf tests: on first use), or
-    a CUDA test that lacks its GPUs (it skips)."""
+    a CUDA test that lacks its GPUs (it skips), or where ranks are forbidden (launch/guard.py:
+    a test that needs them is refused when it asks)."""
     settings = plugin.settings
     if plugin.job or settings.fresh_ranks or settings.numa_binding or xdist.is_worker(config):
+        return
+    if ranks_forbidden() is not None:
         return
     if any(getattr(config.option, name, False) for name in NO_TEST_BODY):
         return

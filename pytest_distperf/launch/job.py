@@ -11,6 +11,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.spec import RankResult, RunResult, RunSpec
 
 
@@ -115,6 +116,7 @@ def run_in_job(spec: RunSpec) -> RunResult:
     """Run `spec` in this process as its rank of the launched job; every rank gets every
     rank's result. A rank that raises fails its test; ranks it leaves waiting in a collective
     are stopped by their watchdog at --distperf-timeout, and the launcher then ends the job."""
+    refuse_ranks()
     import torch.distributed as dist
 
     from pytest_distperf.ranks.worker import run_rank

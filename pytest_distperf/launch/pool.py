@@ -34,6 +34,7 @@ from pytest_distperf.launch.failures import (
     timeout_headline,
     where,
 )
+from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RankResult, RunResult, RunSpec
@@ -88,6 +89,7 @@ class RankPool:
     def __init__(self, key: PoolKey) -> None:
         import multiprocessing
 
+        refuse_ranks()
         self.key = key
         self.started_at = time.time()
         self.tests_run = 0

@@ -7,8 +7,9 @@ machine and commit info. With `-p no:benchmark` (or without pytest-benchmark) no
 
 A round is one timed generation: the slowest rank's wall time of prefill + decode
 (`spec.Sample.total_s`), in seconds, so lower is better as for any pytest-benchmark timing.
-Tokens/sec, strategy, ranks, topology key, the predicted rate and its bound ride in
-`extra_info`; the group is the test function, so its strategies and rank counts share a table.
+The figures declared with Report.BENCHMARK_EXTRA (figures.py: tokens/sec, strategy, ranks,
+topology key, the predicted rate and its bound, ...) ride in `extra_info`; the group is the
+test function, so its strategies and rank counts share a table.
 
 How it hooks in: the `benchmark` fixture, once it has timed something, appends its stats object
 (`pytest_benchmark.stats.Metadata`) to the session's `benchmarks` list, and everything the
@@ -29,25 +30,13 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf.judge.record import REPORTED_FIELDS, JudgedRun
+from pytest_distperf.figures import BENCHMARK_EXTRA, json_value
+from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.spec import RunResult
 
 # The name pytest-benchmark registers its BenchmarkSession under in pytest_configure.
 SESSION_PLUGIN = "pytest-benchmark"
 MACHINE_INFO_KEY = "distperf"
-
-# Beside the JUnit scalars (REPORTED_FIELDS): what a reader of a saved file needs to know what ran.
-_EXTRA_FIELDS = (
-    *REPORTED_FIELDS,
-    "tokens_per_sec_samples",
-    "aggregate_tokens_per_sec",
-    "ttft_s",
-    "workload",
-    "implementation",
-    "device_name",
-    "bound_description",
-    "link_class",
-)
 
 
 @dataclass
@@ -97,7 +86,7 @@ def add_benchmark(item: pytest.Item, result: RunResult, record: JudgedRun, occur
             "accelerator": result.spec.accelerator,
             **result.spec.workload.params(),
         },
-        extra_info=extra_info(record, result.new_tokens),
+        extra_info=extra_info(record),
     )
     options = {
         "disable_gc": False,
@@ -122,12 +111,10 @@ def function_id(item: pytest.Item) -> str:
     return item.nodeid[: len(item.nodeid) - len(item.name)] + original
 
 
-def extra_info(record: JudgedRun, new_tokens: int) -> dict[str, Any]:
-    """The run's figures for `extra_info`: plain JSON, non-finite numbers as strings."""
-    row = record.to_json()
-    extra = {key: row[key] for key in _EXTRA_FIELDS if row.get(key) is not None}
-    extra["new_tokens_per_generation"] = new_tokens
-    return _finite(extra)
+def extra_info(record: JudgedRun) -> dict[str, Any]:
+    """The figures declared with Report.BENCHMARK_EXTRA, in order, those without a value left
+    out: plain JSON, non-finite numbers as strings."""
+    return _finite({f.name: json_value(v) for f, v in record.reported(BENCHMARK_EXTRA)})
 
 
 def update_machine_info(machine_info: dict[str, Any], records: Iterable[JudgedRun]) -> None:

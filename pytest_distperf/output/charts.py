@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.jsonfields import NUMBER, get_field, json_object
+from pytest_distperf.figures import figure
+from pytest_distperf.jsonfields import get_field, json_object
 
 INSTALL_HINT = "pip install 'pytest-distperf[plot]'"
 # One colour per rank count (matplotlib's default cycle), the marks in fixed contrasting colours.
@@ -68,8 +69,9 @@ def report_bars(document: object, source: str = "report") -> list[ResultBar]:
             if rate is None or not math.isfinite(rate):
                 continue  # a run that measured nothing has no bar
 
-            def number(name: str, data: Mapping[str, Any] = data, where: str = where) -> Any:
-                return get_field(data, name, NUMBER, where, optional=True)
+            def read(name: str, data: Mapping[str, Any] = data, where: str = where) -> Any:
+                # checked against the declared figure's JSON type (figures.py)
+                return get_field(data, name, _json_type(name), where, optional=True)
 
             verdict = row.verdict or ""
             bars.append(
@@ -78,9 +80,9 @@ def report_bars(document: object, source: str = "report") -> list[ResultBar]:
                     strategy=row.strategy or "?",
                     devices=row.devices,
                     tokens_per_sec=rate,
-                    predicted=number("predicted_tokens_per_sec"),
-                    threshold=number("threshold_tokens_per_sec"),
-                    bound=get_field(data, "bound", str, where, optional=True),
+                    predicted=read("predicted_tokens_per_sec"),
+                    threshold=read("threshold_tokens_per_sec"),
+                    bound=read("bound"),
                     failed=verdict.upper().startswith("FAIL"),
                     topology_key=row.topology_key,
                 )
@@ -88,6 +90,10 @@ def report_bars(document: object, source: str = "report") -> list[ResultBar]:
     except (ReportError, ValueError, KeyError) as error:
         raise ChartError(str(error)) from None
     return bars
+
+
+def _json_type(name: str) -> type | tuple[type, ...]:
+    return figure(name).json_type or object
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
     python -m pytest_distperf.output.markdown distperf.json [--title TITLE]
 
-prints one table row per result: test, strategy, devices, tok/s, and, when the run has them,
-the baseline, the change (current / baseline - 1), the relative speed and its change, and the
-verdict; then the message of every check that failed or warned. It renders `SummaryRow`s, made
-from judged runs (`SummaryRow.of`) or from a saved JSON report (`parse_report`, which refuses a
-malformed file with the reason). No torch: it runs wherever the report is.
+prints one table row per result, a column for every figure declared with a Markdown column
+(figures.py: test, strategy, devices, tok/s, and, when the run has them, the baseline, the
+change (current / baseline - 1), the relative speed and its change, and the verdict); then the
+message of every check that failed or warned. It renders `SummaryRow`s, made from judged runs
+(`SummaryRow.of`) or from a saved JSON report (`parse_report`, which refuses a malformed file
+with the reason). No torch: it runs wherever the report is.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.jsonfields import NUMBER, get_field, json_object
+from pytest_distperf.figures import ABSENT, MARKDOWN, FigureValues, declared
+from pytest_distperf.jsonfields import get_field, json_object
 from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
 from pytest_distperf.judge.record import JudgedRun
 
@@ -44,38 +46,22 @@ class Message:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """What the summary shows of one run; None where the run (or an older report) has none."""
+    """What the summary shows of one run: the figures declared with Report.MARKDOWN, each an
+    attribute too (`row.tokens_per_sec`); None where the run (or an older report) has none."""
 
-    test_id: str
-    strategy: str | None
-    devices: int | None
-    accelerator: str | None
-    device_name: str | None
-    topology_key: str | None
-    tokens_per_sec: float | None
-    baseline_tokens_per_sec: float | None
-    change: float | None
-    relative_speed: float | None
-    relative_speed_change: float | None
-    verdict: str | None
+    figures: FigureValues
     messages: tuple[Message, ...]  # every check's, in the order the checks run
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("figures", "messages"):
+            raise AttributeError(name)
+        return getattr(self.figures, name)
 
     @classmethod
     def of(cls, record: JudgedRun) -> SummaryRow:
-        run, baseline, relative = record.run, record.baseline, record.relative_speed
+        values = {f.name: record.value(f) for f in declared(MARKDOWN)}
         return cls(
-            test_id=run.test_id,
-            strategy=run.strategy,
-            devices=run.devices,
-            accelerator=run.accelerator,
-            device_name=run.device_name,
-            topology_key=record.topology_key,
-            tokens_per_sec=run.tokens_per_sec,
-            baseline_tokens_per_sec=baseline.baseline_tokens_per_sec if baseline else None,
-            change=baseline.change if baseline else None,
-            relative_speed=run.relative_speed,
-            relative_speed_change=relative.change if relative else None,
-            verdict=record.decision.verdict,
+            figures=FigureValues({k: None if v is ABSENT else v for k, v in values.items()}),
             messages=tuple(
                 Message(check.name, check.status, check.message)
                 for check in record.decision.checks
@@ -88,30 +74,18 @@ class SummaryRow:
         """A row of a JSON report; ValueError naming `where` and the field when it is not one."""
         data = json_object(row, where)
 
-        def optional(name: str, kind: type | tuple[type, ...]) -> Any:
-            return get_field(data, name, kind, where, optional=True)
+        def optional(name: str, kind: type | tuple[type, ...] | None) -> Any:
+            return get_field(data, name, object if kind is None else kind, where, optional=True)
 
+        get_field(data, "test_id", str, where)  # a row names its test
         messages = []
         for name in CHECK_NAMES:
             status = optional(f"{name}_status", str)
             if status is not None:
                 status = CheckStatus.parse(status, f"{where}: {name}_status")
                 messages.append(Message(name, status, optional(f"{name}_message", str) or ""))
-        return cls(
-            test_id=get_field(data, "test_id", str, where),
-            strategy=optional("strategy", str),
-            devices=optional("devices", int),
-            accelerator=optional("accelerator", str),
-            device_name=optional("device_name", str),
-            topology_key=optional("topology_key", str),
-            tokens_per_sec=optional("tokens_per_sec", NUMBER),
-            baseline_tokens_per_sec=optional("baseline_tokens_per_sec", NUMBER),
-            change=optional("change", NUMBER),
-            relative_speed=optional("relative_speed", NUMBER),
-            relative_speed_change=optional("relative_speed_change", NUMBER),
-            verdict=optional("verdict", str),
-            messages=tuple(messages),
-        )
+        figures = {f.name: optional(f.name, f.json_type) for f in declared(MARKDOWN)}
+        return cls(figures=FigureValues(figures), messages=tuple(messages))
 
 
 def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
@@ -154,23 +128,14 @@ def render_markdown(rows: Sequence[SummaryRow | JudgedRun], title: str = "") -> 
         facts.append(", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())))
     lines += [" · ".join(facts), ""]
 
-    lines.append(
-        "| Test | Strategy | Devices | tok/s | Baseline tok/s | Change | Relative speed "
-        "| Rel. change | Verdict |"
+    columns = sorted(
+        ((f, f.markdown) for f in declared(MARKDOWN) if f.markdown is not None),
+        key=lambda pair: pair[1].at,
     )
-    lines.append("|---|---|--:|--:|--:|--:|--:|--:|---|")
+    lines.append("| " + " | ".join(column.header for _, column in columns) + " |")
+    lines.append("|" + "|".join(_ALIGN[column.style] for _, column in columns) + "|")
     for row in summary:
-        cells = [
-            f"`{row.test_id}`",
-            _MISSING if row.strategy is None else row.strategy,
-            _MISSING if row.devices is None else str(row.devices),
-            _rate(row.tokens_per_sec),
-            _rate(row.baseline_tokens_per_sec),
-            _change(row.change),
-            _ratio(row.relative_speed),
-            _change(row.relative_speed_change),
-            _verdict(row.verdict),
-        ]
+        cells = [_STYLES[column.style](row.figures[f.name]) for f, column in columns]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
 
     telling = [
@@ -207,6 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _text(value: object) -> str:
+    return _MISSING if value is None else str(value)
+
+
+def _code(value: object) -> str:
+    return _MISSING if value is None else f"`{value}`"
+
+
 def _rate(value: float | None) -> str:
     if not _is_finite(value):
         return _MISSING
@@ -229,6 +202,21 @@ def _verdict(value: str | None) -> str:
 
 def _is_finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
+
+
+# How each of figures.MARKDOWN_STYLES writes a value, and aligns its column.
+_STYLES: dict[str, Callable[[Any], str]] = {
+    "code": _code,
+    "text": _text,
+    "count": _text,
+    "rate": _rate,
+    "change": _change,
+    "ratio": _ratio,
+    "verdict": _verdict,
+}
+_ALIGN = {
+    style: "--:" if style in ("count", "rate", "change", "ratio") else "---" for style in _STYLES
+}
 
 
 def _cell(text: str) -> str:

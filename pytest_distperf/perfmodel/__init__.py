@@ -1,14 +1,16 @@
 """Predicted tokens/sec per strategy, as a sum of named per-token terms; pure functions.
 
 No torch and no I/O: the plugin, the `distperf predict` command and the unit tests call the
-same functions with plain values (a model shape, a strategy name, a `Calibration` measured in
-the ranks or a `Topology` loaded from a file). Each strategy's own terms come from its record
-(`pytest_distperf.strategies`). The terms and the reasoning behind them: docs/perfmodel.md.
+same functions with plain values (a model shape, a strategy's record, a `Calibration` measured
+in the ranks or a `Topology` loaded from a file). A strategy's own terms come from its record,
+which implements `StrategyModel`; this package imports no strategy (by name: the registry,
+`pytest_distperf.strategies`). The terms and the reasoning behind them: docs/perfmodel.md.
 
-Modules: `terms` (term names, overheads, a strategy cost's input and output), `calibration`
-(measured collectives, the message sizes to measure), `links` (measured or nominal link
-figures), `predict` (the prediction and its verdict text), `shape` (the model shape every
-cost reads; `distperf_model.config.Config` has the same attributes).
+Modules: `terms` (units, term names, overheads), `cost` (the interface a strategy's record
+implements, its cost's input and output), `calibration` (measured collectives, the message
+sizes to measure), `links` (measured or nominal link figures), `predict` (the prediction and its
+verdict text), `shape` (the model shape every cost reads; `distperf_model.config.Config` has the
+same attributes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pytest_distperf.perfmodel.calibration import (
     bus_factor,
     message_sizes,
 )
+from pytest_distperf.perfmodel.cost import StrategyCost, StrategyInput, StrategyModel
 from pytest_distperf.perfmodel.links import (
     GPU_MEMORY_BANDWIDTH,
     Links,
@@ -44,8 +47,6 @@ from pytest_distperf.perfmodel.terms import (
     MB,
     TERM_DESCRIPTIONS,
     Overheads,
-    StrategyCost,
-    StrategyInput,
 )
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "Prediction",
     "StrategyCost",
     "StrategyInput",
+    "StrategyModel",
     "bus_factor",
     "describe_prediction",
     "failure_message",

@@ -13,7 +13,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.shape import ModelShape
@@ -234,31 +234,36 @@ NO_MESSAGES = MessageSizes((), ())
 LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
 
 
+class MessageSource(Protocol):
+    """What `message_sizes` reads of a strategy (part of `perfmodel.cost.StrategyModel`)."""
+
+    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
+        """The collective sizes worth calibrating for this model under this strategy."""
+        ...
+
+
 def message_sizes(
     config: ModelShape,
-    strategy: str | Iterable[str],
+    strategies: Iterable[MessageSource],
     devices: int,
     dtype_bytes: int,
     batch: int = 1,
     latency_probe_bytes: int = LATENCY_PROBE_BYTES,
 ) -> MessageSizes:
-    """The message sizes the model really uses under `strategy` (one name or several).
+    """The message sizes the model really uses under `strategies` (their records).
 
     Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
     tensor-parallel layer would need; then what each strategy's record asks for (for the
     sharded ones, the weights their all-gathers move; for pipeline, its hops).
     """
-    # At call time: the strategy modules import this package's terms.
-    from pytest_distperf.strategies import get_strategy
-
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     activation = batch * config.n_embd * dtype_bytes
     gather = {latency_probe_bytes, activation}
     reduce = {latency_probe_bytes, activation}
     p2p: set[int] = set()
-    for name in (strategy,) if isinstance(strategy, str) else tuple(strategy):
-        own = get_strategy(name).message_sizes(config, dtype_bytes, batch)
+    for strategy in strategies:
+        own = strategy.message_sizes(config, dtype_bytes, batch)
         gather.update(own.all_gather)
         reduce.update(own.all_reduce)
         p2p.update(own.p2p)

@@ -86,18 +86,21 @@ class Links:
 # Per-direction GB/s of one NVLink by NVLink version (NVIDIA's specifications).
 NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 26.5625, 5: 50.0}
 NVLINK_UNKNOWN_GBPS = 25.0
-# The share of the NVLink figures NCCL's all-gather reaches (docs/perfmodel.md, NVLink).
+# NCCL's all-gather bus bandwidth over an H200 pair / its 18 links' spec figure: the reference
+# measurement (docs/perfmodel.md, NVLink; docs/benchmarks/h200-2026-11-29.md).
 NVLINK_EFFICIENCY = 0.56
 # Effective GB/s per direction of a x16 link after encoding and protocol overhead, by generation.
 PCIE_X16_GBPS = {1: 3.0, 2: 6.0, 3: 12.0, 4: 24.0, 5: 48.0, 6: 96.0}
 PCIE_DEFAULT = (4, 16)
 # Without peer-to-peer NCCL relays through host memory, which halves the link's share
-# (docs/perfmodel.md, PCIe).
+# (docs/perfmodel.md, PCIe; docs/benchmarks/h200-2026-11-29.md, NCCL_P2P_DISABLE=1).
 HOST_STAGED_FACTOR = 0.5
 PCIE_CLASS_FACTOR = {"PIX": 1.0, "PXB": 1.0, "PHB": HOST_STAGED_FACTOR, "NODE": HOST_STAGED_FACTOR}
-# Across sockets the relay also crosses the SMP interconnect, shared with everything else.
+# Across sockets the relay also crosses the SMP interconnect, shared with everything else: a
+# nominal share below HOST_STAGED_FACTOR, not a measurement (docs/perfmodel.md, PCIe).
 PCIE_CLASS_FACTOR["SYS"] = 0.4
-# Host-timed small all-gather (launch + sync included), seconds, when nothing was measured.
+# Host-timed small all-gather (launch + sync included), seconds, when nothing was measured:
+# nominal figures per link class (docs/perfmodel.md, "Nominal links"), replaced by calibrate().
 NOMINAL_LATENCY_S = {
     "NV": 20e-6,
     "PIX": 30e-6,
@@ -108,11 +111,11 @@ NOMINAL_LATENCY_S = {
     "LOOPBACK": 100e-6,
     "unknown": 50e-6,
 }
-# gloo over loopback between two 1-thread ranks, as calibrate() finds on a small CI host.
+# gloo over loopback between two 1-thread ranks: the low end of calibrate()'s all-gather at the
+# models' sizes on the 2-core CI host (docs/benchmarks/cpu.md).
 LOOPBACK_GBPS = 0.3
 
-# Spec-sheet memory bandwidth (GB/s) of common GPUs, matched against the device name; a device
-# copy reaches most of it, `COPY_EFFICIENCY` (docs/perfmodel.md, memory bandwidth).
+# Spec-sheet memory bandwidth (GB/s) of common GPUs, matched against the device name.
 GPU_MEMORY_BANDWIDTH = {
     "H200": 4800.0,
     "H100 PCIe": 2000.0,
@@ -135,12 +138,15 @@ GPU_MEMORY_BANDWIDTH = {
     "P100": 732.0,
     "T4": 320.0,
 }
+# The share of the spec a large device copy reaches, rounded down from the reference H200's
+# copy (docs/perfmodel.md, memory bandwidth; docs/benchmarks/h200-2026-11-29.md).
 COPY_EFFICIENCY = 0.85
 # With no device name: a box whose GPUs only meet over PCIe is taken for PCIe cards (A10/A10G,
-# L4, A5000, 4090: 300-1000 GB/s), one with NVLink for SXM modules (V100 to H200).
+# L4, A5000, 4090 in the table above), one with NVLink for SXM modules (V100 to H200).
 UNKNOWN_PCIE_GPU_GBPS = 600.0
 UNKNOWN_NVLINK_GPU_GBPS = 2000.0
-# One core's share of host memory streaming, for CPU ranks with nothing measured.
+# CPU ranks with nothing measured: one core's share of host memory streaming, and a copy into
+# new memory (page faults); nominal, calibrate() measures both (docs/perfmodel.md).
 CPU_RANK_MEMORY_GBPS = 20.0
 CPU_RANK_FRESH_COPY_GBPS = 5.0
 

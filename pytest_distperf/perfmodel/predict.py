@@ -1,8 +1,8 @@
 """Predicted tokens/sec of one strategy as a sum of named per-token terms, and the verdict text
 built from a prediction. Pure; each term and its reasoning: docs/perfmodel.md.
 
-The strategy's own terms come from its record in the registry (`pytest_distperf.strategies`),
-never from a branch on its name here.
+The strategy's own terms come from its record (a `perfmodel.cost.StrategyModel`, passed in by
+the caller), never from a branch on its name here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_distperf.perfmodel.cost import StrategyInput
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
@@ -20,10 +21,10 @@ from pytest_distperf.perfmodel.terms import (
     MB,
     TERM_DESCRIPTIONS,
     Overheads,
-    StrategyInput,
 )
 
 if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.cost import StrategyCost, StrategyModel
     from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.shape import ModelShape
 
@@ -115,9 +116,70 @@ def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
     return overlap * min(host, transfer)
 
 
+def _check_arguments(
+    devices: int,
+    batch_size: int,
+    prompt_length: int,
+    max_new_tokens: int,
+    dtype_bytes: int,
+    compute_time_s: float | None,
+) -> None:
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if prompt_length < 0 or dtype_bytes < 1:
+        raise ValueError(f"bad prompt_length={prompt_length} or dtype_bytes={dtype_bytes}")
+    if compute_time_s is not None and not compute_time_s > 0:
+        raise ValueError(f"compute_time_s must be > 0, got {compute_time_s}")
+
+
+@dataclass
+class _Sum:
+    """The terms of one prediction as they are added up, with the bytes and the notes."""
+
+    terms: dict[str, float]
+    moved: dict[str, float]
+    notes: tuple[str, ...]
+
+    def add_cost(self, cost: StrategyCost, overheads: Overheads) -> None:
+        """The strategy's own terms; a rank that does only a share of the compute scales it."""
+        if overheads.note and "fsdp_overhead" in cost.terms:  # what the note's figures scale
+            self.notes += (overheads.note,)
+        if cost.compute_share != 1.0:
+            own = "compute" if "compute" in self.terms else "weights"
+            self.terms[own] *= cost.compute_share
+            self.moved["weights_read"] *= cost.compute_share  # a tp rank or a stage its share
+            self.notes += (
+                f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",
+            )
+        self.terms.update(cost.terms)
+        self.moved.update(cost.bytes_per_token)
+
+    def add_prefill(self, prefill_s: float, step_s: float, share: float, tokens: int) -> None:
+        """The rate counts the prefill's token: its excess over a step is spread over all."""
+        extra = (prefill_s - step_s) * share / tokens
+        if extra > 0:
+            self.terms["prefill"] = extra
+            self.notes += (
+                f"prefill: measured {_ms(prefill_s)}, its excess over one step "
+                f"spread over {tokens} tokens",
+            )
+
+    def add_overlap(self, overlap: float) -> None:
+        hidden = _hidden_by_overlap(self.terms, overlap)
+        if hidden:
+            self.terms["overlap"] = -hidden
+            self.notes += (
+                f"overlap: {overlap:.0%} of the shorter of host path and transfer path "
+                f"hidden (measured), {_ms(hidden)} per token",
+            )
+
+
 def predict(
     config: ModelShape,
-    strategy: str,
+    strategy: StrategyModel,
     devices: int,
     links: Links,
     *,
@@ -130,7 +192,7 @@ def predict(
     overheads: Overheads = DEFAULT_OVERHEADS,
     prefill_time_s: float | None = None,
 ) -> Prediction:
-    """Predicted tokens/sec of one rank's stream under `strategy` on `devices` devices.
+    """Predicted tokens/sec of one rank's stream under `strategy` (its record) on `devices`.
 
     `compute_time_s`: the measured single-rank time per token (docs/perfmodel.md, compute);
     without it the compute comes from the memory bandwidth in `links` (a roofline). On one
@@ -138,19 +200,9 @@ def predict(
     traffic. `prefill_time_s`: the measured single-rank prefill; the rate counts the prefill's
     token, so what the prefill costs beyond one step is spread over the generation's tokens.
     """
-    # At call time: the strategy modules import this package's terms.
-    from pytest_distperf.strategies import get_strategy
-
-    if devices < 1:
-        raise ValueError(f"devices must be >= 1, got {devices}")
-    for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if prompt_length < 0 or dtype_bytes < 1:
-        raise ValueError(f"bad prompt_length={prompt_length} or dtype_bytes={dtype_bytes}")
-    if compute_time_s is not None and not compute_time_s > 0:
-        raise ValueError(f"compute_time_s must be > 0, got {compute_time_s}")
-    record = get_strategy(strategy)
+    _check_arguments(
+        devices, batch_size, prompt_length, max_new_tokens, dtype_bytes, compute_time_s
+    )
     x = StrategyInput(
         config,
         devices,
@@ -161,46 +213,27 @@ def predict(
         links,
         overheads,
     )
-    terms, moved, notes = _compute_terms(x, compute_time_s)
-    cost = record.cost(x)
-    if overheads.note and "fsdp_overhead" in cost.terms:  # what the note's figures scale
-        notes += (overheads.note,)
-    if cost.compute_share != 1.0:
-        own = "compute" if "compute" in terms else "weights"
-        terms[own] *= cost.compute_share
-        moved["weights_read"] *= cost.compute_share  # a tp rank or a stage reads its share
-        notes += (f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",)
-    terms.update(cost.terms)
-    moved.update(cost.bytes_per_token)
+    total = _Sum(*_compute_terms(x, compute_time_s))
+    cost = strategy.cost(x)
+    total.add_cost(cost, overheads)
     if prefill_time_s is not None and compute_time_s is not None:
-        extra = (prefill_time_s - compute_time_s) * cost.compute_share / max_new_tokens
-        if extra > 0:
-            terms["prefill"] = extra
-            notes += (
-                f"prefill: measured {_ms(prefill_time_s)}, its excess over one step "
-                f"spread over {max_new_tokens} tokens",
-            )
-    hidden = _hidden_by_overlap(terms, links.overlap) if cost.overlappable else 0.0
-    if hidden:
-        terms["overlap"] = -hidden
-        notes += (
-            f"overlap: {links.overlap:.0%} of the shorter of host path and transfer path "
-            f"hidden (measured), {_ms(hidden)} per token",
-        )
-    total = sum(terms.values())
-    bound = max(terms, key=lambda k: terms[k])
+        total.add_prefill(prefill_time_s, compute_time_s, cost.compute_share, max_new_tokens)
+    if cost.overlappable:
+        total.add_overlap(links.overlap)
+    terms = total.terms
+    seconds = sum(terms.values())
     return Prediction(
-        strategy=strategy,
+        strategy=strategy.name,
         devices=devices,
         # counted as the measured rate is: every batch row's token of a step
-        tokens_per_sec=batch_size / total if total > 0 else math.inf,
-        time_per_token_s=total,
+        tokens_per_sec=batch_size / seconds if seconds > 0 else math.inf,
+        time_per_token_s=seconds,
         terms=terms,
-        bound=bound,
-        bytes_per_token=moved,
+        bound=max(terms, key=lambda k: terms[k]),
+        bytes_per_token=total.moved,
         link_class=links.link_class,
         bandwidth_used=links.busbw_at(cost.message_op, cost.message_bytes),
-        assumptions=notes + cost.assumptions + links.assumptions,
+        assumptions=total.notes + cost.assumptions + links.assumptions,
         implementation=cost.implementation,
         measured_links=links.measured,
         collectives_per_token=cost.collectives,
@@ -212,14 +245,11 @@ def predict_all(
     config: ModelShape,
     devices: int,
     links: Links,
-    strategies: Iterable[str] | None = None,
+    strategies: Iterable[StrategyModel],
     **kwargs: Any,
 ) -> list[Prediction]:
-    """`predict` for every registered strategy (or the ones named), in registry order."""
-    from pytest_distperf.strategies import strategy_names
-
-    names = list(strategy_names()) if strategies is None else list(strategies)
-    return [predict(config, name, devices, links, **kwargs) for name in names]
+    """`predict` for each of `strategies` (records), in their order."""
+    return [predict(config, strategy, devices, links, **kwargs) for strategy in strategies]
 
 
 # --------------------------------------------------------------------------- verdict text

@@ -2,8 +2,8 @@
 
 Every cost function and message size takes one of these (or anything with the same attributes:
 `distperf_model.config.Config` has them all). A shape comes from a config where one is known in
-the pytest process (presets, LitGPT names, built on the meta device) or from the built model in
-a rank (a user's builder); `ranks/models.py` measures it. Pure: no torch.
+the pytest process (presets; LitGPT names, counted from their config in `models.py`) or from the
+built model in a rank, which `ranks/models.py` measures and every `RankResult` reports. Pure.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""The vocabulary of a prediction: term names, fixed overheads, and what a strategy's cost
-function receives (`StrategyInput`) and returns (`StrategyCost`). Pure values; docs/perfmodel.md
-explains each term."""
+"""The vocabulary of a prediction: units, term names and the fixed overheads no bandwidth
+explains. Pure values; docs/perfmodel.md explains each term. What a strategy's cost function
+receives and returns is in `perfmodel.cost`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.links import Links
-    from pytest_distperf.perfmodel.shape import ModelShape
 
 GB = 1e9
 MB = 1e6
@@ -36,26 +31,35 @@ HOST_PATH_TERMS = frozenset({"compute", "prefill", "weights", "launch", "fsdp_ov
 LINK_TERMS = frozenset({"all_gather", "all_reduce", "p2p", "latency"})
 
 
+# Fitted once on the 2 x H200 eager rows; each fit and its rows: docs/perfmodel.md ("Fixed
+# overheads"), refitted with the overlap out in docs/benchmarks/h200-2026-11-29-overlap.md.
+LAUNCH_PER_LAYER_S = 0.28e-3  # the eager pythia-2.8b and llama-2-7b reference rows
+FSDP1_UNIT_S = 0.95e-3  # (measured - compute - gathers) / units, FSDP1 FULL_SHARD rows
+FSDP2_UNIT_S = 0.3e-3  # FSDP2 rows with reshard_after_forward=False
+FSDP2_GATHER_S = 0.6e-3  # FSDP2 resharding rows, beyond FSDP2_UNIT_S and the gather copies
+# The 8 compiled FSDP rows of docs/benchmarks/h200-2026-12-01-gate3.md, checked in gate4.md.
+GRAPH_BREAK_UNIT_FACTOR = 1.35
+
+
 @dataclass(frozen=True)
 class Overheads:
     """Fixed per-forward costs that no bandwidth explains, in seconds.
 
-    Fitted once on 2 x H200 rows (eager) and used for every model and link; the fits and their
-    sources are in docs/perfmodel.md ("Fixed overheads"). They are host-CPU costs, so a slow
-    host pays more, which its measured compute and calibrated collectives dominate anyway.
+    Used for every model and link. They are host-CPU costs, so a slow host pays more, which its
+    measured compute and calibrated collectives dominate anyway.
     """
 
     # Eager decode launches tens of kernels per layer, on top of the weights streaming.
-    launch_per_layer_s: float = 0.28e-3
+    launch_per_layer_s: float = LAUNCH_PER_LAYER_S
     # FSDP1 FULL_SHARD, per unit: hooks and parameter views, paid even when nothing is gathered.
-    fsdp1_unit_s: float = 0.95e-3
+    fsdp1_unit_s: float = FSDP1_UNIT_S
     # FSDP2, per unit that does not gather (reshard_after_forward=False).
-    fsdp2_unit_s: float = 0.3e-3
+    fsdp2_unit_s: float = FSDP2_UNIT_S
     # FSDP2, per unit that gathers, on top of `fsdp2_unit_s` and of `gather_copies`.
-    fsdp2_gather_s: float = 0.6e-3
+    fsdp2_gather_s: float = FSDP2_GATHER_S
     # Compiled with graph breaks at the wrapper's hooks: each unit also leaves and re-enters
     # the compiled code (guards, resume), so its host work costs this many times the eager one.
-    graph_break_unit_factor: float = 1.35
+    graph_break_unit_factor: float = GRAPH_BREAK_UNIT_FACTOR
     note: str = ""  # said in the prediction's assumptions when these are not the eager figures
 
     def around_graph_breaks(self) -> Overheads:
@@ -73,36 +77,3 @@ class Overheads:
 
 
 DEFAULT_OVERHEADS = Overheads()
-
-
-@dataclass(frozen=True)
-class StrategyInput:
-    """Everything a strategy's cost function may look at."""
-
-    config: ModelShape
-    devices: int
-    device_type: str  # "cuda" or "cpu": a strategy may be built differently on each
-    batch_size: int
-    seq_length: int  # prompt + new tokens: the static KV cache's length
-    dtype_bytes: int
-    links: Links
-    overheads: Overheads
-
-
-@dataclass(frozen=True)
-class StrategyCost:
-    """A strategy's own per-token terms, on top of the compute terms every strategy pays."""
-
-    implementation: str
-    terms: dict[str, float]
-    bytes_per_token: dict[str, float]
-    collectives: int  # per token
-    message_bytes: float  # the dominant message size, for the bandwidth that is reported
-    assumptions: tuple[str, ...] = ()
-    # Share of the single-rank compute each rank still does per token (tensor parallel: its
-    # shard of the weights); scales the measured `compute` or the roofline's `weights`.
-    compute_share: float = 1.0
-    # False when every transfer's result is the next operation's input (tensor-parallel
-    # all-reduces, pipeline hops): nothing hides behind it, whatever the calibrated overlap.
-    overlappable: bool = True
-    message_op: str = "all_gather"  # the collective of `message_bytes` ("all_reduce", "p2p")

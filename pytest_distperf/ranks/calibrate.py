@@ -26,20 +26,17 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from pytest_distperf.perfmodel.calibration import (
-    Calibration,
-    CollectiveFigure,
-    MessageSizes,
-    message_sizes,
-)
+from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure
 from pytest_distperf.ranks.timing import device_sync
 
-__all__ = ["Calibration", "CollectiveFigure", "MessageSizes", "calibrate", "message_sizes"]
+__all__ = ["Calibration", "CollectiveFigure", "calibrate"]
 
 
 def calibrate(
@@ -66,123 +63,116 @@ def calibrate(
     device = torch.device(device)
     n = dist.get_world_size()
     sync = device_sync(device)
-    element = torch.tensor([], dtype=dtype).element_size()
-
-    def barrier() -> None:
-        # A tiny all-reduce rather than dist.barrier(): it works the same on gloo and NCCL and
-        # needs no device_ids for NCCL.
-        token = torch.zeros(1, device=device)
-        dist.all_reduce(token)
-        sync()
-
-    agree = partial(_slowest, device)
-
-    gather_times = []
-    gathered_bytes = []
-    for size in sorted(set(sizes_all_gather)):
-        per_rank = max(1, -(-size // (element * n)))  # ceil: at least the asked-for bytes
-        shard = torch.ones(per_rank, dtype=dtype, device=device)
-        gathered_bytes.append(per_rank * n * element)
-        gather_times.append(
-            _median_time(
-                partial(_fresh_all_gather, shard, n),
-                sync,
-                barrier,
-                *_repeats(gathered_bytes[-1], warmup, iters),
-                agree,
-            )
-        )
-        del shard
-
-    reduce_times = []
-    reduced_bytes = []
-    for size in sorted(set(sizes_all_reduce)):
-        tensor = torch.ones(max(1, -(-size // element)), dtype=dtype, device=device)
-        reduced_bytes.append(tensor.numel() * element)
-        reduce_times.append(
-            _median_time(
-                partial(dist.all_reduce, tensor),
-                sync,
-                barrier,
-                *_repeats(reduced_bytes[-1], warmup, iters),
-                agree,
-            )
-        )
-        del tensor
-
-    p2p_times = []
-    p2p_bytes = []
-    for size in sorted(set(sizes_p2p)) if n > 1 else ():
-        message = torch.ones(max(1, -(-size // element)), dtype=dtype, device=device)
-        p2p_bytes.append(message.numel() * element)
-        p2p_times.append(
-            _median_time(
-                partial(_ring_hop, message),
-                sync,
-                barrier,
-                *_repeats(p2p_bytes[-1], warmup, iters),
-                agree,
-            )
-        )
-        del message
-
+    timer = _Timer(sync, partial(_barrier, device, sync), partial(_slowest, device))
+    asked = {"all_gather": sizes_all_gather, "all_reduce": sizes_all_reduce}
+    asked["p2p"] = sizes_p2p if n > 1 else ()
+    measured = {
+        kind: _time_collective(kind, sizes, device, dtype, timer, warmup, iters)
+        for kind, sizes in asked.items()
+    }
     if copy_bytes is None:
         copy_bytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
     copy_bytes = max(1, int(copy_bytes))
-    copy_time, fresh_copy_time = _copy_times(
-        copy_bytes, device, sync, barrier, warmup, iters, agree
-    )
+    copies = _copy_times(copy_bytes, device, timer, warmup, iters)
     overlap_times = (0.0, 0.0, 0.0)
+    gathered_bytes, gather_times = measured["all_gather"]
     if gathered_bytes and n > 1:
-        probe = _probe_index([agree(t) for t in gather_times])  # the same size in every rank
+        probe = _probe_index([timer.agree(t) for t in gather_times])  # the same size everywhere
         overlap_times = _overlap_times(
-            gathered_bytes[probe],
-            gather_times[probe],
-            device,
-            dtype,
-            sync,
-            barrier,
-            warmup,
-            iters,
-            agree,
+            gathered_bytes[probe], gather_times[probe], device, dtype, timer, warmup, iters
         )
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
-    local = torch.tensor(
-        [*gather_times, *reduce_times, *p2p_times, copy_time, fresh_copy_time, *overlap_times],
-        dtype=torch.float64,
-        device=device,
-    )
-    dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    times = local.tolist()
-    gather_times = times[: len(gather_times)]
-    reduce_times = times[len(gather_times) : len(gather_times) + len(reduce_times)]
-    p2p_times = times[len(gather_times) + len(reduce_times) : -5]
-    copy_time, fresh_copy_time = times[-5:-3]
-    overlap = overlap_fraction(*times[-3:])
-
-    all_gather = tuple(
-        CollectiveFigure.from_time("all_gather", b, t, n)
-        for b, t in zip(gathered_bytes, gather_times, strict=True)
-    )
-    all_reduce = tuple(
-        CollectiveFigure.from_time("all_reduce", b, t, n)
-        for b, t in zip(reduced_bytes, reduce_times, strict=True)
-    )
+    slowest = _slowest_of_all(device, [*(t for _, t in measured.values()), copies, overlap_times])
+    *collective_times, (copy_time, fresh_copy_time), overlap = slowest
+    figures: dict[str, tuple[CollectiveFigure, ...]] = {}
+    for (kind, (moved, _)), times in zip(measured.items(), collective_times, strict=True):
+        pairs = zip(moved, times, strict=True)
+        figures[kind] = tuple(CollectiveFigure.from_time(kind, b, t, n) for b, t in pairs)
+    all_gather = figures["all_gather"]
     return Calibration(
         world_size=n,
         backend=str(dist.get_backend()),
         device_type=device.type,
         all_gather=all_gather,
-        all_reduce=all_reduce,
+        all_reduce=figures["all_reduce"],
         memory_bandwidth=_copy_bandwidth(copy_bytes, copy_time),
         latency_s=min(f.time_s for f in all_gather) if all_gather else 0.0,
         fresh_copy_bandwidth=_copy_bandwidth(copy_bytes, fresh_copy_time),
-        overlap=overlap,
-        p2p=tuple(
-            CollectiveFigure.from_time("p2p", b, t, n)
-            for b, t in zip(p2p_bytes, p2p_times, strict=True)
-        ),
+        overlap=overlap_fraction(*overlap),
+        p2p=figures["p2p"],
     )
+
+
+class _Timer(NamedTuple):
+    """How every timed call is fenced, and how the ranks agree on a figure."""
+
+    sync: Callable[[], None]
+    barrier: Callable[[], None]
+    agree: Callable[[float], float]
+
+
+def _barrier(device: torch.device, sync: Callable[[], None]) -> None:
+    # A tiny all-reduce rather than dist.barrier(): it works the same on gloo and NCCL and needs
+    # no device_ids for NCCL.
+    token = torch.zeros(1, device=device)
+    dist.all_reduce(token)
+    sync()
+
+
+@dataclass(frozen=True)
+class _Collective:
+    """One kind of collective: the bytes it moves for the tensor each rank holds, and its call."""
+
+    gathers: bool  # an all-gather: its bytes are the gathered output's, every rank's share
+    call: Callable[[torch.Tensor, int], Callable[[], object]]  # (tensor, world size) -> op
+
+
+_COLLECTIVES = {
+    "all_gather": _Collective(True, lambda shard, n: partial(_fresh_all_gather, shard, n)),
+    "all_reduce": _Collective(False, lambda tensor, n: partial(dist.all_reduce, tensor)),
+    "p2p": _Collective(False, lambda message, n: partial(_ring_hop, message)),
+}
+
+
+def _time_collective(
+    kind: str,
+    sizes: Sequence[int],
+    device: torch.device,
+    dtype: torch.dtype,
+    timer: _Timer,
+    warmup: int,
+    iters: int,
+) -> tuple[list[int], list[float]]:
+    """(bytes moved, median seconds this rank) of `kind` at each size, in ascending order."""
+    collective = _COLLECTIVES[kind]
+    n = dist.get_world_size()
+    element = torch.tensor([], dtype=dtype).element_size()
+    share = n if collective.gathers else 1
+    moved, times = [], []
+    for size in sorted(set(sizes)):
+        elements = max(1, -(-size // (element * share)))  # ceil: at least the asked-for bytes
+        tensor = torch.ones(elements, dtype=dtype, device=device)
+        moved.append(elements * share * element)
+        times.append(
+            _median_time(
+                collective.call(tensor, n),
+                timer.sync,
+                timer.barrier,
+                *_repeats(moved[-1], warmup, iters),
+                timer.agree,
+            )
+        )
+        del tensor
+    return moved, times
+
+
+def _slowest_of_all(device: torch.device, groups: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Every rank's largest of each figure, in one all-reduce, grouped as given."""
+    flat = [seconds for group in groups for seconds in group]
+    local = torch.tensor(flat, dtype=torch.float64, device=device)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    values = iter(local.tolist())
+    return [[next(values) for _ in group] for group in groups]
 
 
 # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments); older
@@ -282,13 +272,7 @@ def _copy_bandwidth(nbytes: int, seconds: float) -> float:
 
 
 def _copy_times(
-    copy_bytes: int,
-    device: torch.device,
-    sync: Callable[[], None],
-    barrier: Callable[[], None],
-    warmup: int,
-    iters: int,
-    agree: Callable[[float], float],
+    copy_bytes: int, device: torch.device, timer: _Timer, warmup: int, iters: int
 ) -> tuple[float, float]:
     """(copy into an existing tensor, copy into a new one) of `copy_bytes`, median seconds.
 
@@ -298,6 +282,7 @@ def _copy_times(
     """
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
+    sync, barrier, agree = timer
     try:
         warm = _median_time(partial(dst.copy_, src), sync, barrier, max(warmup, 1), iters, agree)
         fresh = _median_time(partial(_fresh_copy, src), sync, barrier, max(warmup, 1), iters, agree)
@@ -349,11 +334,9 @@ def _overlap_times(
     gather_s: float,
     device: torch.device,
     dtype: torch.dtype,
-    sync: Callable[[], None],
-    barrier: Callable[[], None],
+    timer: _Timer,
     warmup: int,
     iters: int,
-    agree: Callable[[float], float],
 ) -> tuple[float, float, float]:
     """(all-gather alone, host work alone, both at once), median seconds, this rank.
 
@@ -363,6 +346,7 @@ def _overlap_times(
     see). Whether the two overlap depends on the machine: the collective's stream and copy
     engines on a GPU, on a CPU whether the backend's thread finds a free core.
     """
+    sync, barrier, agree = timer
     n = dist.get_world_size()
     element = torch.tensor([], dtype=dtype).element_size()
     shard = torch.ones(max(1, gathered_bytes // (element * n)), dtype=dtype, device=device)

@@ -113,6 +113,30 @@ def _graph_safe(step: Step) -> Step:
     return call
 
 
+def compile_run(
+    wrapped: Any,
+    inner: torch.nn.Module,
+    bare: torch.nn.Module | None,
+    prompt: torch.Tensor,
+    sync: Callable[[], None],
+    *,
+    replicated: bool,
+    own_step: bool,
+) -> tuple[CompiledStep, CompiledStep | None, float]:
+    """(the wrapped model's steps, the bare model's, seconds compiling and settling both).
+
+    A replicated wrapper's steps call `inner` whole, so the bare model that is `inner` shares
+    them; any other bare model gets its own."""
+    device = prompt.device
+    compiled = compile_decode_step(wrapped, inner, device, replicated=replicated, own_step=own_step)
+    seconds = settle(compiled, wrapped, prompt, sync)
+    bare_steps = compiled if replicated and bare is inner else None
+    if bare is not None and bare_steps is None:
+        bare_steps = compile_bare_step(bare, device, with_prefill=compiled.prefill is not None)
+        seconds += settle(bare_steps, bare, prompt, sync)
+    return compiled, bare_steps, seconds
+
+
 def settle(
     compiled: CompiledStep, model: Any, prompt: torch.Tensor, sync: Callable[[], None]
 ) -> float:

@@ -1,17 +1,18 @@
 """The host CPU's own speed, timed with a fixed piece of interpreter work.
 
 Eager decoding is bound by the host's launch rate, so a host whose vCPU changes speed moves
-tokens/sec with it: on a lent 2 x H200 VM this loop took 13 or 23 ms, switching within seconds,
-and the bare model's decode followed it (docs/benchmarks/h200-2026-11-30.md). Timed beside each
-repeat it says whether the machine, rather than the code under test, got slower; it runs no
-model code, so a slower model does not move it.
+tokens/sec with it: on a lent GPU VM this loop's time switched between two levels within
+seconds, and the bare model's decode followed it (docs/benchmarks/h200-2026-11-30.md). Timed
+beside each repeat it says whether the machine, rather than the code under test, got slower; it
+runs no model code, so a slower model does not move it.
 """
 
 from __future__ import annotations
 
 import time
 
-LOOP_ITERATIONS = 200_000  # ~8-25 ms on the hosts measured: short, yet far above timer noise
+# Short, yet far above timer noise on the hosts measured (docs/benchmarks/h200-2026-11-30.md).
+LOOP_ITERATIONS = 200_000
 
 
 def interpreter_loop_seconds(iterations: int = LOOP_ITERATIONS) -> float:

@@ -318,14 +318,6 @@ def _litgpt(config_name: str) -> tuple[type[nn.Module], Any]:
         ) from None
 
 
-def litgpt_shape(config_name: str) -> ModelShape:
-    """The shape of LitGPT's model for `config_name`, counted on the meta device (no memory)."""
-    gpt, config = _litgpt(config_name)
-    with torch.device("meta"):
-        module = gpt(config)
-    return measure_shape(module, _units_of(module, config_name, None))
-
-
 def build_litgpt(
     config_name: str, seed: int, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:

@@ -116,7 +116,7 @@ def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
     import torch
 
     from pytest_distperf.ranks.calibrate import calibrate
-    from pytest_distperf.ranks.worker import DTYPES
+    from pytest_distperf.ranks.context import DTYPES
 
     cuda = place.accelerator == "cuda"
     device = torch.device("cuda", place.rank) if cuda else torch.device("cpu")

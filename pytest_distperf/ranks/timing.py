@@ -17,7 +17,21 @@ from typing import Any, TypeVar
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
+from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.spec import Sample
+
+__all__ = [
+    "Fences",
+    "GenerateFn",
+    "NextTokenFn",
+    "StepOverride",
+    "device_sync",
+    "reference_token_time",
+    "run_workload",
+    "steady_median",
+    "step_seconds",
+    "timed_generation",
+]
 
 T = TypeVar("T")
 # A user's generation loop: (model, prompt [B, T], max_new_tokens) -> tokens
@@ -131,14 +145,6 @@ def _new_tokens(out: Any, prompt: torch.Tensor, max_new_tokens: int) -> torch.Te
     return tokens[:, -max_new_tokens:]
 
 
-def step_seconds(sample: Sample, steps: int) -> float:
-    """Seconds per decode step of one generation of `steps` new tokens: its decode time over
-    the decode steps, or for a user's loop (no split known) its whole time over its tokens."""
-    if sample.decode_s is None:
-        return sample.total_s / steps
-    return sample.decode_s / max(steps - 1, 1)
-
-
 def run_workload(
     model: Callable[..., torch.Tensor],
     prompt: torch.Tensor,
@@ -191,11 +197,11 @@ def run_workload(
 
 
 # The reference is timed right after start-up (and, in a session's first test, right after the
-# calibration), when the device and the host may still be speeding up: on 2 x H200 the first
-# test's reference came out 1.3-1.7x slower than the same model timed in the next test. So it is
-# repeated until it stops improving, and the median of that steady stretch is kept: a median,
-# like the run's own figure, because on a noisy host the best repeat is a lucky one (a minimum
-# made replicated runs look 20-50% slower than their reference on a 2 x H200 VM).
+# calibration), when the device and the host may still be speeding up: a session's first
+# reference came out slower than the same model's in the next test (docs/benchmarks/
+# h200-2026-11-29-overlap.md). So it is repeated until it stops improving, and the median of that
+# steady stretch is kept: a median, like the run's own figure, because on a noisy host the best
+# repeat is a lucky one, which made healthy replicated runs look slow against it.
 REFERENCE_MAX_REPEATS = 10
 REFERENCE_PATIENCE = 3  # repeats in a row without a new best
 REFERENCE_IMPROVEMENT = 0.02  # what counts as a new best
@@ -234,7 +240,8 @@ def reference_token_time(
     model: no collectives at all. The prefill is None for a user's own loop (no split).
 
     The compute term of the performance model: it carries the eager-mode launch overhead and
-    the real kernels of this device, which a bandwidth roofline would miss by ~4x.
+    the real kernels of this device, which a bandwidth roofline misses (docs/benchmarks/
+    h200-2026-11-29.md: eager decode far below the copy bandwidth).
     """
     local = Fences(sync=sync, barrier=lambda: None)
     prefills: list[float] = []

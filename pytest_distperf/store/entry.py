@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any
 
 from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object
-from pytest_distperf.judge.tolerance import relative_spread
+from pytest_distperf.store.spread import relative_spread
 
 # 2 added run_medians, 3 the relative speed, 4 the host's own speed; older files are read
 # (without them), written as 4

@@ -1,17 +1,37 @@
-"""The strategy registry: name -> `StrategyRecord`, built from one module per family.
+"""The strategy registry: name -> pure `StrategyRecord`, built from one module per family, and
+the performance model's functions by strategy name.
 
-Torch-free, so that the plugin can validate markers at collection and the performance model can
-predict; torch and Lightning are imported only when a rank builds a strategy. Adding a strategy:
-a record in its family's module (or a new module) and, for a new module, one line below
-(docs/extending.md).
+Torch-free, not even lazily: the plugin validates markers at collection and the performance
+model predicts from these records. The rank halves (build, wrap, next token) are registered
+under the same names in `pytest_distperf.ranks.strategies`. Adding a strategy: a record in its
+family's module (or a new module, one line below) and its rank half (docs/extending.md).
 """
 
 from __future__ import annotations
 
-from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
-from pytest_distperf.strategies.record import BuildContext, StrategyRecord
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["STRATEGIES", "BuildContext", "StrategyRecord", "get_strategy", "strategy_names"]
+from pytest_distperf.perfmodel.calibration import message_sizes
+from pytest_distperf.perfmodel.predict import predict, predict_all
+from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
+from pytest_distperf.strategies.record import StrategyRecord
+
+if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.calibration import MessageSizes
+    from pytest_distperf.perfmodel.links import Links
+    from pytest_distperf.perfmodel.predict import Prediction
+    from pytest_distperf.perfmodel.shape import ModelShape
+
+__all__ = [
+    "STRATEGIES",
+    "StrategyRecord",
+    "get_strategy",
+    "message_sizes_for",
+    "predict_all_for",
+    "predict_for",
+    "strategy_names",
+]
 
 STRATEGIES: dict[str, StrategyRecord] = {
     record.name: record
@@ -33,3 +53,39 @@ def get_strategy(name: str) -> StrategyRecord:
         return STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}") from None
+
+
+def _names(names: str | Iterable[str]) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else tuple(names)
+
+
+def message_sizes_for(
+    shape: ModelShape,
+    names: str | Iterable[str],
+    devices: int,
+    dtype_bytes: int,
+    batch: int = 1,
+) -> MessageSizes:
+    """`perfmodel.message_sizes` for the strategies named (one name or several)."""
+    return message_sizes(
+        shape, [get_strategy(n) for n in _names(names)], devices, dtype_bytes, batch
+    )
+
+
+def predict_for(
+    shape: ModelShape, name: str, devices: int, links: Links, **kwargs: Any
+) -> Prediction:
+    """`perfmodel.predict` for the strategy named `name`; the keywords are predict's."""
+    return predict(shape, get_strategy(name), devices, links, **kwargs)
+
+
+def predict_all_for(
+    shape: ModelShape,
+    devices: int,
+    links: Links,
+    names: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[Prediction]:
+    """`perfmodel.predict_all` for every registered strategy (or the ones named), in order."""
+    chosen = strategy_names() if names is None else _names(names)
+    return predict_all(shape, devices, links, [get_strategy(n) for n in chosen], **kwargs)

@@ -2,94 +2,29 @@
 
 On CUDA `fsdp` is FSDP1 FULL_SHARD per block (the seed's setup); Fabric's FSDP refuses CPU, so
 there it is FSDP2's `fully_shard` per block on gloo, which `fsdp2` is everywhere. What each
-gathers per forward, and why: docs/perfmodel.md ("Strategies"). Builds import torch lazily.
+gathers per forward, and why: docs/perfmodel.md ("Strategies"). The rank half (builds):
+`pytest_distperf.ranks.strategies.fsdp`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes, bus_factor
-from pytest_distperf.perfmodel.terms import MB, StrategyCost
-from pytest_distperf.strategies.record import (
-    CPU_AND_CUDA,
-    BuildContext,
-    StrategyRecord,
-    data_parallel,
-)
+from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.terms import MB
+from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
-
-    from pytest_distperf.perfmodel.terms import StrategyInput
-
-# --------------------------------------------------------------------------- builds
-
-
-def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
-    from distperf_model.parallelize import fully_shard_blocks
-
-    from pytest_distperf.ranks.fabric import fabric_module
-
-    # The blocks are the built model's shard units (its `block_class`, or found in it).
-    shard = partial(
-        fully_shard_blocks,
-        reshard_after_forward=reshard_after_forward,
-        unit_classes=context.wrap_units,
-    )
-    return fabric_module("strategies").ModelParallelStrategy(
-        parallelize_fn=shard,
-        data_parallel_size=context.devices,
-        tensor_parallel_size=1,
-    )
-
-
-def _build_fsdp(context: BuildContext) -> Any:
-    if context.accelerator != "cuda":
-        return _build_fsdp2(True, context)
-    from pytest_distperf.ranks.fabric import fabric_module
-
-    policy = partial(_wrap_blocks, context.wrap_units)
-    return fabric_module("strategies").FSDPStrategy(
-        auto_wrap_policy=policy, sharding_strategy="FULL_SHARD"
-    )
-
-
-def _wrap_blocks(
-    units: tuple[type, ...], module: Any, recurse: bool, nonwrapped_numel: int
-) -> bool:
-    # FSDP1's policy protocol: descend everywhere, wrap each transformer block as one unit.
-    return True if recurse else isinstance(module, units)
-
-
-def _describe_sharding(fabric: Any, module: Any) -> str:
-    # Read from the wrapped module, not from the record, so the result says what ran.
-    if type(fabric.strategy).__name__ == "FSDPStrategy":
-        return f"FSDP1 {fabric.strategy.sharding_strategy.name}"
-    from torch.distributed.fsdp import FSDPModule
-
-    original = getattr(module, "module", module)
-    blocks = [m for m in original.modules() if isinstance(m, FSDPModule)]
-    if not blocks:
-        return "replicated"
-    return f"FSDP2 reshard_after_forward={_fsdp2_reshards(blocks[-1])}"
-
-
-def _fsdp2_reshards(module: Any) -> bool | str:
-    # FSDP2 keeps this flag on the module's parameter group.
-    state = module._get_fsdp_state()
-    group = state._fsdp_param_group
-    if group is None:
-        return "unknown"
-    return bool(group.post_forward_mesh_info is not None)
-
+    from pytest_distperf.perfmodel.cost import StrategyInput
+    from pytest_distperf.perfmodel.shape import ModelShape
 
 # --------------------------------------------------------------------------- cost terms
 
 
-def _gathered_weights(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+def _gathered_weights(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     """One block's and the root's (embedding, final norm, head) gathered weights."""
     block = config.block_param_count() * dtype_bytes
     root = config.non_block_param_count() * dtype_bytes
@@ -173,7 +108,7 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
 
 
 def _fsdp_cost(x: StrategyInput) -> StrategyCost:
-    # As `_build_fsdp` builds it: FSDP1 on CUDA, FSDP2 elsewhere.
+    # As the rank half builds it: FSDP1 on CUDA, FSDP2 elsewhere.
     return _fsdp1_full_shard(x) if x.device_type == "cuda" else _fsdp2(True, x)
 
 
@@ -187,7 +122,6 @@ _fsdp = partial(
     message_sizes=_gathered_weights,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
-    describe_sharding=_describe_sharding,
 )
 
 RECORDS = (
@@ -195,20 +129,17 @@ RECORDS = (
         name="fsdp",
         description="full sharding, weights all-gathered every forward "
         "(CUDA: FSDP1 per block; CPU: FSDP2)",
-        build=_build_fsdp,
         cost=_fsdp_cost,
     ),
     _fsdp(
         name="fsdp2",
         description="FSDP2 fully_shard per block, resharded after every forward",
-        build=partial(_build_fsdp2, True),
         cost=partial(_fsdp2, True),
     ),
     _fsdp(
         name="fsdp-noreshard",
         description="FSDP2 sharded storage; gathered weights kept across steps "
         "(no per-token gather)",
-        build=partial(_build_fsdp2, False),
         cost=partial(_fsdp2, False),
     ),
 )

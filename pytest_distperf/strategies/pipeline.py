@@ -4,51 +4,28 @@ across processes.
 Each rank holds a contiguous group of blocks; every forward passes the activation rank to rank
 with torch.distributed send/recv, and the last rank samples and sends the token back. One
 stream, so at batch 1 no stage overlaps another. Not a Fabric strategy: Fabric only launches
-and fences the ranks, the record's `wrap` splits the model
-(`distperf_model.parallelize.PipelineStage`) and its `next_token` decodes across the stages.
+and fences the ranks; the rank half (`pytest_distperf.ranks.strategies.pipeline`) splits the
+model (`distperf_model.parallelize.PipelineStage`) and decodes across the stages.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.terms import GB, StrategyCost
-from pytest_distperf.strategies.record import (
-    CPU_AND_CUDA,
-    BuildContext,
-    StrategyRecord,
-    model_parallel,
-)
+from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.terms import GB
+from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 from pytest_distperf.strategies.tp import activation_bytes
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
-
-    from pytest_distperf.perfmodel.terms import StrategyInput
+    from pytest_distperf.perfmodel.cost import StrategyInput
+    from pytest_distperf.perfmodel.shape import ModelShape
 
 TOKEN_BYTES = 8  # one int64 token id per batch row
 
 
-def _build(context: BuildContext) -> Any:
-    return "auto"  # only launches the ranks and gives the barrier; the model is not set up
-
-
-def _wrap(model: Any, context: BuildContext) -> Any:
-    from distperf_model.parallelize import PipelineStage
-
-    return PipelineStage(model, context.rank, context.devices, context.comm_delay_s)
-
-
-def _next_token(module: Any, idx: Any, input_pos: Any) -> Any:
-    return module.next_token(idx, input_pos)
-
-
-def _describe_sharding(fabric: Any, module: Any) -> str:
-    return module.describe()
-
-
-def check(config: Config, devices: int) -> str | None:
+def check(config: ModelShape, devices: int) -> str | None:
     """Every stage needs at least one block."""
     if config.n_layer < devices:
         return (
@@ -94,7 +71,7 @@ def cost(x: StrategyInput) -> StrategyCost:
     )
 
 
-def _message_sizes(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+def _message_sizes(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     hops = (batch * TOKEN_BYTES, activation_bytes(config, dtype_bytes, batch))
     return MessageSizes((), (), tuple(sorted(set(hops))))
 
@@ -106,15 +83,12 @@ RECORDS = (
         "sent rank to rank",
         family="pipeline",
         sharded=True,
-        build=_build,
         cost=cost,
         replicas=model_parallel,
         message_sizes=_message_sizes,
         runs_on=CPU_AND_CUDA,
         min_ranks=1,  # one rank is the whole model, as every strategy on one device
-        describe_sharding=_describe_sharding,
-        wrap=_wrap,
-        next_token=_next_token,
         check=check,
+        decodes_across_ranks=True,
     ),
 )

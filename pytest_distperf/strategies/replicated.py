@@ -1,28 +1,23 @@
 """Replicated strategies: every rank holds the whole model (`auto`, `ddp`).
 
 DDP communicates in backward only, so an inference forward has no collective; the worker makes
-the KV caches after wrapping, so there is no buffer broadcast either (docs/perfmodel.md).
+the KV caches after wrapping, so there is no buffer broadcast either (docs/perfmodel.md). The
+rank half: `pytest_distperf.ranks.strategies.replicated`.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import NO_MESSAGES
-from pytest_distperf.perfmodel.terms import StrategyCost
-from pytest_distperf.strategies.record import (
-    CPU_AND_CUDA,
-    BuildContext,
-    StrategyRecord,
-    data_parallel,
-)
+from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
-
     from pytest_distperf.perfmodel.calibration import MessageSizes
-    from pytest_distperf.perfmodel.terms import StrategyInput
+    from pytest_distperf.perfmodel.cost import StrategyInput
+    from pytest_distperf.perfmodel.shape import ModelShape
 
 
 def replicated_cost(x: StrategyInput) -> StrategyCost:
@@ -37,22 +32,8 @@ def replicated_cost(x: StrategyInput) -> StrategyCost:
     )
 
 
-def _build_auto(context: BuildContext) -> Any:
-    return "auto"  # Fabric's own choice: DDP for several devices, single device for one
-
-
-def _build_ddp(context: BuildContext) -> Any:
-    from pytest_distperf.ranks.fabric import fabric_module
-
-    return fabric_module("strategies").DDPStrategy()
-
-
-def _no_messages(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+def _no_messages(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     return NO_MESSAGES
-
-
-def _sharding(fabric: Any, module: Any) -> str:
-    return "replicated"
 
 
 _replicated = partial(
@@ -64,18 +45,15 @@ _replicated = partial(
     message_sizes=_no_messages,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
-    describe_sharding=_sharding,
 )
 
 RECORDS = (
     _replicated(
         name="auto",
         description="Fabric's default: DDP for N > 1, every rank holds the model",
-        build=_build_auto,
     ),
     _replicated(
         name="ddp",
         description="explicit DDP: every rank holds the whole model",
-        build=_build_ddp,
     ),
 )

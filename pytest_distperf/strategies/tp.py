@@ -5,71 +5,23 @@ row-wise out), so every block all-reduces its activation twice: after attention 
 MLP; the embedding and the head stay whole on every rank. Fabric's `ModelParallelStrategy`
 (data_parallel_size=1) launches the ranks and makes the mesh; the split is done by hand, plain
 weight slices and an all-reduce in a forward hook (`distperf_model.parallelize.tensor_parallel`),
-or it is the marker's `tp_plan`. Builds import torch lazily.
+or it is the marker's `tp_plan`: the rank half, `pytest_distperf.ranks.strategies.tp`.
 """
 
 from __future__ import annotations
 
-import importlib
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.terms import StrategyCost
-from pytest_distperf.strategies.record import (
-    CPU_AND_CUDA,
-    BuildContext,
-    StrategyRecord,
-    model_parallel,
-)
+from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 
 if TYPE_CHECKING:
-    from distperf_model.config import Config
-
-    from pytest_distperf.perfmodel.terms import StrategyInput
-
-
-def _build(context: BuildContext) -> Any:
-    from pytest_distperf.ranks.fabric import fabric_module
-
-    return fabric_module("strategies").ModelParallelStrategy(
-        parallelize_fn=partial(_parallelize, context.tp_plan, context.comm_delay_s),
-        data_parallel_size=1,
-        tensor_parallel_size=context.devices,
-    )
+    from pytest_distperf.perfmodel.cost import StrategyInput
+    from pytest_distperf.perfmodel.shape import ModelShape
 
 
-def _parallelize(plan: str | None, comm_delay_s: float, model: Any, device_mesh: Any) -> Any:
-    from distperf_model.parallelize import delay_row_parallel_outputs, tensor_parallel, tp_mesh
-
-    if plan is None:
-        model = tensor_parallel(model, device_mesh)
-    else:
-        model = load_plan(plan)(model, tp_mesh(device_mesh))
-    if comm_delay_s and not delay_row_parallel_outputs(model, comm_delay_s):
-        raise ValueError("comm_delay: the tensor-parallel plan left no row-wise linear")
-    return model
-
-
-def load_plan(plan: str) -> Any:
-    """The function `plan` ("package.module:function") names, or an error that names it."""
-    module_name, _, function = plan.partition(":")
-    try:
-        found = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"tp_plan={plan!r}: {type(error).__name__}: {error}") from None
-    if not callable(found):
-        raise ValueError(f"tp_plan={plan!r} is not a function (model, tp_mesh) -> model")
-    return found
-
-
-def _describe_sharding(fabric: Any, module: Any) -> str:
-    from distperf_model.parallelize import describe_tensor_parallel
-
-    return describe_tensor_parallel(getattr(module, "module", module))
-
-
-def check(config: Config, devices: int) -> str | None:
+def check(config: ModelShape, devices: int) -> str | None:
     """Heads, query groups and the MLP's width must split evenly over the ranks."""
     for what in ("n_head", "n_query_groups", "intermediate_size"):
         size = getattr(config, what)
@@ -92,7 +44,7 @@ def compute_share(x: StrategyInput) -> float:
     return ((blocks + kv) / x.devices + head) / (blocks + kv + head)
 
 
-def activation_bytes(config: Config, dtype_bytes: int, batch: int) -> int:
+def activation_bytes(config: ModelShape, dtype_bytes: int, batch: int) -> int:
     """One decode step's activation, batch x 1 x n_embd: what each all-reduce (or hop) moves."""
     return batch * config.n_embd * dtype_bytes
 
@@ -120,7 +72,7 @@ def cost(x: StrategyInput) -> StrategyCost:
     )
 
 
-def _message_sizes(config: Config, dtype_bytes: int, batch: int) -> MessageSizes:
+def _message_sizes(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     return MessageSizes((), (activation_bytes(config, dtype_bytes, batch),))
 
 
@@ -131,13 +83,11 @@ RECORDS = (
         "per block (by hand, as LitGPT)",
         family="tp",
         sharded=True,
-        build=_build,
         cost=cost,
         replicas=model_parallel,
         message_sizes=_message_sizes,
         runs_on=CPU_AND_CUDA,
         min_ranks=1,  # one rank is the whole model, as every strategy on one device
-        describe_sharding=_describe_sharding,
         check=check,
     ),
 )

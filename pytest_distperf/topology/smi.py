@@ -11,7 +11,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_distperf.topology.cuda import (
@@ -48,37 +48,67 @@ def parse_nvidia_smi_topo(text: str) -> Topology:
     GPU names and memory are not in that output: devices are named "unknown".
     """
     lines = _ANSI_RE.sub("", text).replace("\r", "").split("\n")
+    rocm = " (this looks like rocm-smi output)" if "ROCm" in text else ""
     header_at = _find_header(lines)
     if header_at is None:
-        hint = " (this looks like rocm-smi output)" if "ROCm" in text else ""
         raise TopologyParseError(
             "no GPU header line found: expected a line of column names 'GPU0 GPU1 ...' as "
-            f"printed by `nvidia-smi topo -m`{hint}"
+            f"printed by `nvidia-smi topo -m`{rocm}"
         )
+    block = _matrix_rows(lines[header_at + 1 :])
+    columns = _columns(lines[header_at], {tokens[0] for tokens in block})
+    matrix = _Matrix(_gpu_rows(block, columns), {label: i for i, label in enumerate(columns)}, rocm)
+    indices = sorted(matrix.rows)
+    links = []
+    for n, i in enumerate(indices):
+        matrix.cell(i, i)
+        for j in indices[n + 1 :]:
+            forward, backward = matrix.cell(i, j), matrix.cell(j, i)
+            chosen = forward
+            if forward != backward:
+                # nvidia-smi prints a symmetric matrix; if a copy is not, trust the slower word.
+                chosen = min(forward, backward, key=link_rank)
+                matrix.notes.append(
+                    f"GPU{i}-GPU{j} printed as {forward} and {backward}; using {chosen}"
+                )
+            links.append(Link(i, j, chosen))
+    devices = tuple(Device(index=i, name=UNKNOWN, memory_bytes=0) for i in indices)
+    return Topology("cuda", devices, tuple(links), "nvidia-smi", notes=tuple(matrix.notes))
+
+
+def _matrix_rows(lines: Sequence[str]) -> list[list[str]]:
+    """The matrix's rows (tokens), from the line after the header to a blank line or the legend."""
     block: list[list[str]] = []
-    for line in lines[header_at + 1 :]:
+    for line in lines:
         tokens = line.split()
         if not tokens or tokens[0].startswith("Legend"):
             break
         block.append(tokens)
-    row_labels = {tokens[0] for tokens in block}
-    # Columns run from the header's start up to the first non-device column ("CPU Affinity"):
-    # those trailing columns are text with spaces and may be empty, so they are never counted.
+    return block
+
+
+def _columns(header: str, row_labels: set[str]) -> list[str]:
+    """Columns run from the header's start up to the first non-device column ("CPU Affinity"):
+    those trailing columns are text with spaces and may be empty, so they are never counted."""
     columns: list[str] = []
-    for token in lines[header_at].split():
+    for token in header.split():
         if token not in row_labels and not _DEVICE_LABEL_RE.fullmatch(token):
             break
         columns.append(token)
-    position = {label: i for i, label in enumerate(columns)}
+    return columns
+
+
+def _gpu_rows(block: Sequence[Sequence[str]], columns: Sequence[str]) -> dict[int, list[str]]:
+    """GPU index -> its row's link cells, one per column; NIC rows are left out."""
     gpu_rows: dict[int, list[str]] = {}
     for tokens in block:
         m = _GPU_LABEL_RE.fullmatch(tokens[0])
         if not m:
             continue  # NIC rows: the run's collectives do not go GPU -> NIC -> GPU on one host
         label = tokens[0]
-        if label not in position:
+        if label not in columns:
             raise TopologyParseError(f"row {label} has no column of its own in the header")
-        cells = tokens[1 : 1 + len(columns)]
+        cells = list(tokens[1 : 1 + len(columns)])
         if len(cells) < len(columns):
             raise TopologyParseError(
                 f"row {label} has {len(cells)} link cells but the header names {len(columns)} "
@@ -89,26 +119,35 @@ def parse_nvidia_smi_topo(text: str) -> Topology:
         gpu_rows[int(m.group(1))] = cells
     if not gpu_rows:
         raise TopologyParseError("no GPU rows found under the header")
-    if 0 < len(gpu_rows) < sum(1 for c in columns if _GPU_LABEL_RE.fullmatch(c)):
-        missing = [c for c in columns if _GPU_LABEL_RE.fullmatch(c) and int(c[3:]) not in gpu_rows]
+    gpu_columns = [c for c in columns if _GPU_LABEL_RE.fullmatch(c)]
+    if len(gpu_rows) < len(gpu_columns):
+        missing = [c for c in gpu_columns if int(c[3:]) not in gpu_rows]
         raise TopologyParseError(f"GPU columns without rows: {' '.join(missing)}")
+    return gpu_rows
 
-    notes: list[str] = []
 
-    def cell(i: int, j: int) -> str:
-        token = gpu_rows[i][position[f"GPU{j}"]]
+@dataclass
+class _Matrix:
+    """The GPU rows of a parsed matrix, read cell by cell; what reading changed goes to notes."""
+
+    rows: dict[int, list[str]]
+    position: dict[str, int]  # column label -> its cell's index in a row
+    rocm: str  # said in a diagonal's error when the text looks like rocm-smi's
+    notes: list[str] = field(default_factory=list)
+
+    def cell(self, i: int, j: int) -> str:
+        token = self.rows[i][self.position[f"GPU{j}"]]
         if i == j:
             if token != "X":
                 raise TopologyParseError(
-                    f"row GPU{i}: expected X on the diagonal, found {token!r}"
-                    + (" (this looks like rocm-smi output)" if "ROCm" in text else "")
+                    f"row GPU{i}: expected X on the diagonal, found {token!r}{self.rocm}"
                 )
             return token
         if token in _OLD_TOKENS:
             new = _OLD_TOKENS[token]
             note = f"old link name {token} read as {new}"
-            if note not in notes:
-                notes.append(note)
+            if note not in self.notes:
+                self.notes.append(note)
             token = new
         try:
             link_rank(token)
@@ -119,21 +158,6 @@ def parse_nvidia_smi_topo(text: str) -> Topology:
         if token in (LOOPBACK, UNKNOWN):
             raise TopologyParseError(f"row GPU{i} column GPU{j}: unknown link token {token!r}")
         return token
-
-    indices = sorted(gpu_rows)
-    links = []
-    for n, i in enumerate(indices):
-        cell(i, i)
-        for j in indices[n + 1 :]:
-            forward, backward = cell(i, j), cell(j, i)
-            chosen = forward
-            if forward != backward:
-                # nvidia-smi prints a symmetric matrix; if a copy is not, trust the slower word.
-                chosen = min(forward, backward, key=link_rank)
-                notes.append(f"GPU{i}-GPU{j} printed as {forward} and {backward}; using {chosen}")
-            links.append(Link(i, j, chosen))
-    devices = tuple(Device(index=i, name=UNKNOWN, memory_bytes=0) for i in indices)
-    return Topology("cuda", devices, tuple(links), "nvidia-smi", notes=tuple(notes))
 
 
 def _find_header(lines: Sequence[str]) -> int | None:

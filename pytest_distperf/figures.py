@@ -1,0 +1,460 @@
+"""Every figure of a run, declared once: name, unit, how it is reduced from the ranks' results,
+and which reports show it.
+
+A figure's `name` is its key in the JSON report (--distperf-json) and in `RunResult.summary()`,
+its pytest-benchmark `extra_info` key, and its JUnit property after "distperf_" (unless
+`junit_as` renames it); the terminal table and the Markdown summary show a column where the
+figure declares one. The outputs (judge/record.py, output/*.py) go through `declared(...)` in
+the order of `RUN_FIGURES` and name no figure themselves: adding a figure is one `Figure` here
+plus its computation (docs/extending.md, "Adding a figure").
+
+A figure's value is None where the run has no such figure (a user's own generation loop has no
+ttft): the JSON row says null, the table "-", and JUnit and `extra_info` leave it out. `ABSENT`
+means the run has nothing to report under that name (a check that did not run): the JSON row
+leaves the key out as well.
+
+Pure: no torch, no pytest. A reduction reads the RunResult or the judged record by attribute,
+so this module imports neither (spec.py and judge/record.py import it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from pytest_distperf.jsonfields import NUMBER
+
+
+class Absent(enum.Enum):
+    ABSENT = "absent"
+
+
+#: What a reduction returns when the run has nothing under that name: the key is left out.
+ABSENT = Absent.ABSENT
+
+
+class Report(enum.Flag):
+    """Where a figure is reported."""
+
+    JSON = enum.auto()  # the --distperf-json row; RunResult.summary() for a run's own figures
+    JUNIT = enum.auto()  # the test report's user_properties, `distperf_<name>` (JUnit XML)
+    BENCHMARK_EXTRA = enum.auto()  # pytest-benchmark's extra_info
+    MARKDOWN = enum.auto()  # the Markdown summary: a column, or the line of facts above it
+    TABLE = enum.auto()  # a column of the terminal table
+
+
+REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = (
+    Report.JSON,
+    Report.JUNIT,
+    Report.BENCHMARK_EXTRA,
+    Report.MARKDOWN,
+    Report.TABLE,
+)
+_SCALAR = REPORT_JSON | JUNIT | BENCHMARK_EXTRA  # what CI scripts and saved benchmarks read
+
+
+class Source(enum.Enum):
+    """What a reduction reads."""
+
+    RUN = "run"  # the RunResult (every rank's results), when the run is recorded
+    JUDGE = "judge"  # the judged record (judge/record.py): prediction, checks, baseline
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a figure's value comes about: in words, and as a function of its source."""
+
+    how: str  # "median of repeats", "slowest rank", "rank 0's", "as asked", ...
+    source: Source
+    compute: Callable[[Any], Any]  # RunResult (RUN) or JudgedRun (JUDGE) -> value or ABSENT
+
+
+def from_result(attribute: str, how: str) -> Reduction:
+    """A RunResult property, which holds the arithmetic (spec.py)."""
+    return Reduction(how, Source.RUN, lambda result: getattr(result, attribute))
+
+
+def from_spec(attribute: str) -> Reduction:
+    """What the test asked for (`RunSpec`)."""
+    return Reduction("as asked", Source.RUN, lambda result: getattr(result.spec, attribute))
+
+
+def first_rank(field: str) -> Reduction:
+    """Rank 0's value: the same on every rank (the device's name, the implementation)."""
+    return Reduction("rank 0's", Source.RUN, lambda result: getattr(result.ranks[0], field))
+
+
+def per_rank(field: str) -> Reduction:
+    """Every rank's value, in rank order."""
+    return Reduction(
+        "each rank's", Source.RUN, lambda result: tuple(getattr(r, field) for r in result.ranks)
+    )
+
+
+def slowest_rank(field: str) -> Reduction:
+    """The largest value of the ranks that report one (a time: the slowest rank's); None when
+    no rank does."""
+
+    def compute(result: Any) -> Any:
+        values = [getattr(r, field) for r in result.ranks if getattr(r, field) is not None]
+        return max(values) if values else None
+
+    return Reduction("slowest rank", Source.RUN, compute)
+
+
+def judged(path: str, how: str = "the gate's") -> Reduction:
+    """A dotted path on the judged record (`threshold.bound`); ABSENT where a step on the way
+    is None or missing (no threshold figures: the check had no prediction)."""
+
+    def compute(record: Any) -> Any:
+        value = record
+        for step in path.split("."):
+            if value is None:
+                return ABSENT
+            value = value.get(step) if isinstance(value, Mapping) else getattr(value, step)
+        return value
+
+    return Reduction(how, Source.JUDGE, compute)
+
+
+def _width(spec: str) -> int:
+    return int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """The figure's column in the terminal table."""
+
+    header: str
+    at: int  # position among the table's columns, left to right
+    spec: str = ""  # format spec of the value: width, "<" for left-aligned, precision
+    scale: float = 1.0  # shown as value x scale (seconds as milliseconds)
+    sep: str = " "  # text before the column
+    # (record, outcome) -> the value shown, when it is not the figure's own value alone
+    cell: Callable[[Any, str], Any] | None = None
+
+    def heading(self) -> str:
+        return format(self.header, ("<" if self.spec.startswith("<") else ">") + str(self.width))
+
+    @property
+    def width(self) -> int:
+        return _width(self.spec)
+
+    def text(self, value: Any) -> str:
+        """The value as the table shows it; "-" where the run has none."""
+        if value is None or value is ABSENT:
+            return "-".ljust(self.width) if self.spec.startswith("<") else "-".rjust(self.width)
+        return format(value * self.scale if self.scale != 1 else value, self.spec)
+
+
+#: How the Markdown summary can write a value (output/markdown.py renders each).
+MARKDOWN_STYLES = ("code", "text", "count", "rate", "change", "ratio", "verdict")
+
+
+@dataclass(frozen=True)
+class MarkdownColumn:
+    """The figure's column in the Markdown summary."""
+
+    header: str
+    at: int  # position among the summary's columns, left to right
+    style: str  # one of MARKDOWN_STYLES
+
+
+@dataclass(frozen=True)
+class JUnitName:
+    """A JUnit property named and scaled apart from the figure (ttft_s as `distperf_ttft_ms`)."""
+
+    name: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a run, and everywhere it is reported."""
+
+    name: str  # the JSON key: never renamed (users' scripts and CI templates read it)
+    unit: str  # "tok/s", "s", "bytes", ... ; "" for a ratio, a word or a record
+    reduce: Reduction
+    description: str
+    reports: Report = REPORT_JSON
+    table: TableColumn | None = None  # with TABLE
+    markdown: MarkdownColumn | None = None  # with MARKDOWN; None: the facts line reads it
+    junit_as: JUnitName | None = None  # with JUNIT, when the property is not `distperf_<name>`
+    # What a saved report's value must be, where one is read back (the Markdown summary, charts).
+    json_type: type | tuple[type, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.table is not None) != bool(self.reports & TABLE):
+            raise ValueError(f"figure {self.name!r}: a table column goes with Report.TABLE")
+        if self.markdown is not None and not self.reports & MARKDOWN:
+            raise ValueError(f"figure {self.name!r}: a Markdown column needs Report.MARKDOWN")
+        if self.junit_as is not None and not self.reports & JUNIT:
+            raise ValueError(f"figure {self.name!r}: junit_as needs Report.JUNIT")
+
+    @property
+    def source(self) -> Source:
+        return self.reduce.source
+
+    @property
+    def junit_name(self) -> str:
+        return "distperf_" + (self.junit_as.name if self.junit_as else self.name)
+
+    def junit_value(self, value: Any) -> Any:
+        plain = json_value(value)
+        scale = self.junit_as.scale if self.junit_as else 1.0
+        return plain if scale == 1 else plain * scale
+
+
+def _check_outcomes(check: str) -> tuple[Figure, Figure]:
+    # A check that did not run leaves no trace: readers take a missing status for "not judged".
+    status, message = judged(f"ran.{check}.status"), judged(f"ran.{check}.message")
+    return (
+        Figure(f"{check}_status", "", status, f"how the {check} check came out"),
+        Figure(f"{check}_message", "", message, f"what the {check} check says"),
+    )
+
+
+def _verdict_cell(record: Any, outcome: str) -> Any:
+    # The table says how the test came out: a run whose test failed otherwise may read "ok".
+    return record.value("verdict") if outcome == "passed" else "FAILED"
+
+
+def _ranks_cell(record: Any, outcome: str) -> str:
+    return f"{record.value('devices')} x {record.value('accelerator')}"
+
+
+# The gate's checks, as judge/checks.py names them (CHECK_NAMES; a test holds the two equal).
+_CHECKS = ("threshold", "baseline", "relative_speed", "memory")
+_S = "slowest rank per repeat"
+
+# In order: the JUnit properties and pytest-benchmark's extra_info keep this order.
+# fmt: off
+RUN_FIGURES: tuple[Figure, ...] = (
+    Figure("test_id", "", from_spec("test_id"), "the test's node id",
+           REPORT_JSON | MARKDOWN | TABLE, TableColumn("test", 140),
+           MarkdownColumn("Test", 0, "code"), json_type=str),
+    Figure("tokens_per_sec", "tok/s", from_result("tokens_per_sec", f"median of repeats, {_S}"),
+           "new tokens of one rank's generation over its wall time, prefill included",
+           _SCALAR | MARKDOWN | TABLE, TableColumn("tok/s", 10, "10.2f"),
+           MarkdownColumn("tok/s", 30, "rate"), json_type=NUMBER),
+    Figure("decode_tokens_per_sec", "tok/s",
+           from_result("decode_tokens_per_sec", f"median of repeats, {_S}"),
+           "decode steps' tokens over decode time, prefill left out", _SCALAR | TABLE,
+           TableColumn("decode", 20, "9.2f")),
+    Figure("strategy", "", from_spec("strategy"), "the parallel strategy",
+           _SCALAR | MARKDOWN | TABLE, TableColumn("strategy", 40, "<15"),
+           MarkdownColumn("Strategy", 10, "text"), json_type=str),
+    Figure("devices", "ranks", from_spec("devices"), "ranks (devices) the run used",
+           _SCALAR | MARKDOWN | TABLE,
+           TableColumn("ranks", 50, "<9", cell=_ranks_cell),
+           MarkdownColumn("Devices", 20, "count"), json_type=int),
+    Figure("accelerator", "", from_spec("accelerator"), '"cpu" or "cuda"', _SCALAR | MARKDOWN,
+           json_type=str),
+    Figure("topology_key", "", judged("topology_key"), "the machine's topology: baselines' key",
+           _SCALAR | MARKDOWN, json_type=str),
+    Figure("predicted_tokens_per_sec", "tok/s", judged("threshold.predicted_tokens_per_sec"),
+           "the performance model's rate for this topology", _SCALAR | TABLE,
+           TableColumn("predicted", 60, "9.2f"), json_type=NUMBER),
+    Figure("threshold_tokens_per_sec", "tok/s", judged("threshold.threshold_tokens_per_sec"),
+           "the rate the run must reach: efficiency x predicted", _SCALAR, json_type=NUMBER),
+    Figure("bound", "", judged("threshold.bound"), "the term that bounds the predicted rate",
+           _SCALAR | TABLE, TableColumn("bound", 70, "<13"), json_type=str),
+    Figure("baseline_tokens_per_sec", "tok/s", judged("baseline.baseline_tokens_per_sec"),
+           "the recorded baseline's level", _SCALAR | MARKDOWN | TABLE,
+           TableColumn("baseline", 80, "9.2f"), MarkdownColumn("Baseline tok/s", 40, "rate"),
+           json_type=NUMBER),
+    Figure("change", "", judged("baseline.change"), "tok/s / baseline - 1",
+           _SCALAR | MARKDOWN | TABLE, TableColumn("change", 90, "+7.1%"),
+           MarkdownColumn("Change", 50, "change"), json_type=NUMBER),
+    Figure("tolerance", "", judged("baseline.tolerance"), "the drop the baseline check allows",
+           _SCALAR),
+    Figure("detectable_drop", "", judged("detectable.detectable_drop"),
+           "the smallest drop the baseline check catches", _SCALAR | TABLE,
+           TableColumn("detect", 100, "6.0%")),
+    Figure("relative_speed", "", from_result("relative_speed", f"median of repeats, {_S}"),
+           "the bare model's generation time over the wrapped one's", _SCALAR | MARKDOWN,
+           markdown=MarkdownColumn("Relative speed", 60, "ratio"), json_type=NUMBER),
+    Figure("relative_speed_change", "", judged("relative_speed.change"),
+           "relative speed / its baseline - 1", _SCALAR | MARKDOWN | TABLE,
+           TableColumn("rel.chg", 110, "+7.1%"), MarkdownColumn("Rel. change", 70, "change"),
+           json_type=NUMBER),
+    Figure("relative_speed_detectable_drop", "", judged("relative_speed.detectable_drop"),
+           "the smallest relative-speed drop caught", _SCALAR | TABLE,
+           TableColumn("detect", 120, "6.0%")),
+    Figure("bare_change", "", judged("baseline.machine.bare_change"),
+           "the bare model's change against the baseline's", _SCALAR),
+    Figure("host_change", "", judged("baseline.machine.host_change"),
+           "the host-speed loop's change against the baseline's", _SCALAR),
+    Figure("change_beyond_host", "", judged("baseline.machine.change_beyond_host"),
+           "the change with the host's taken out", _SCALAR),
+    Figure("verdict", "", judged("decision.verdict"), "the worst outcome of any check",
+           _SCALAR | MARKDOWN | TABLE,
+           TableColumn("verdict", 130, "<18", sep="  ", cell=_verdict_cell),
+           MarkdownColumn("Verdict", 80, "verdict"), json_type=str),
+    Figure("peak_memory_bytes", "bytes", from_result("peak_memory_bytes", "max over ranks"),
+           "peak memory of the busiest rank", _SCALAR),
+    Figure("tokens_per_sec_samples", "tok/s", from_result("tokens_per_sec_samples", _S),
+           "tokens_per_sec of each repeat", REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("aggregate_tokens_per_sec", "tok/s",
+           from_result("aggregate_tokens_per_sec", "replicas x tokens_per_sec"),
+           "every independent stream's tokens", REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("ttft_s", "s", from_result("ttft_s", f"median of repeats, {_S}"),
+           "time to the first new token (prefill)", _SCALAR | TABLE,
+           TableColumn("ttft ms", 30, "8.1f", scale=1000), junit_as=JUnitName("ttft_ms", 1000)),
+    Figure("workload", "", from_spec("workload"), "the distperf marker's workload",
+           REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("implementation", "", from_result("implementation", "rank 0's"),
+           "what actually ran: Fabric strategy, sharding, backend, wrapper",
+           REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("device_name", "", first_rank("device_name"), "the device's name",
+           REPORT_JSON | BENCHMARK_EXTRA | MARKDOWN, json_type=str),
+    Figure("bound_description", "", judged("threshold.bound_description"),
+           "the bound in words", REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("link_class", "", judged("threshold.link_class"), "the links the prediction used",
+           REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("new_tokens_per_generation", "tokens", from_result("new_tokens", "as asked"),
+           "max_new_tokens x batch_size", BENCHMARK_EXTRA),
+    # the JSON report's alone
+    Figure("repeats", "", from_spec("repeats"), "timed generations"),
+    Figure("warmup", "", from_spec("warmup"), "untimed generations before them"),
+    Figure("peak_memory_per_rank", "bytes", per_rank("peak_memory_bytes"), "each rank's peak"),
+    Figure("memory_kind", "", first_rank("memory_kind"), "what the peak measures"),
+    Figure("versions", "", from_result("versions", "rank 0's"), "package versions in the ranks"),
+    Figure("launch_s", "s", from_result("launch_s", "the launcher's"), "process start to exit"),
+    Figure("startup_s", "s", from_result("startup_s", "slowest rank"),
+           "launch to the first timed token"),
+    Figure("reference_token_s", "s", from_result("reference_token_s", "slowest rank"),
+           "per-token time of the whole model alone"),
+    Figure("relative_speed_samples", "", from_result("relative_speed_samples", _S),
+           "relative_speed of each repeat"),
+    Figure("host_loop_samples", "s", from_result("host_loop_samples", _S),
+           "the host-speed loop beside each repeat"),
+    Figure("work_s", "s", from_result("work_s", "slowest rank"), "a rank's time on the test"),
+    Figure("harness_s", "s", from_result("harness_s", "launch_s - work_s"),
+           "what the launch cost beyond the test"),
+    Figure("compile_s", "s", from_result("compile_s", "slowest rank"), "compiling the step"),
+    Figure("compiled", "", first_rank("compiled"), 'how the step was compiled; "" eager'),
+    Figure("cuda_graphs", "", from_result("cuda_graphs", "every rank"),
+           "the timed steps replayed as CUDA graphs"),
+    Figure("graph_breaks", "", from_result("graph_breaks", "any rank"),
+           "steps compiled around the wrapper's hooks"),
+    Figure("bandwidth_utilization", "", judged("bandwidth_utilization"),
+           "weights read per second over the measured copy bandwidth"),
+    Figure("efficiency", "", judged("threshold.efficiency"), "threshold / predicted"),
+    Figure("ratio_to_predicted", "", judged("threshold.ratio_to_predicted"), "tok/s / predicted"),
+    Figure("tolerance_runs", "runs", judged("baseline.tolerance_runs"),
+           "recorded runs whose spread set the tolerance"),
+    Figure("p_value", "", judged("baseline.p_value"), "the baseline comparison's p-value"),
+    Figure("baseline_verdict", "", judged("baseline.verdict"), "the comparison's verdict"),
+    Figure("baseline_recorded_at", "", judged("baseline.recorded_at"), "when it was recorded"),
+    Figure("baseline_commit", "", judged("baseline.commit"), "the commit it was recorded at"),
+    Figure("relative_speed_baseline", "", judged("relative_speed.baseline"),
+           "the recorded relative speed"),
+    Figure("relative_speed_tolerance", "", judged("relative_speed.tolerance"), "its tolerance"),
+    Figure("relative_speed_p_value", "", judged("relative_speed.p_value"), "its p-value"),
+    Figure("relative_speed_verdict", "", judged("relative_speed.verdict"), "its verdict"),
+    *(outcome for check in _CHECKS for outcome in _check_outcomes(check)),
+    Figure("baseline_recorded", "", judged("baseline_recorded"), "this run became the baseline"),
+    Figure("prediction", "", judged("prediction"), "the performance model's prediction"),
+    Figure("calibration", "", judged("calibration"), "the session's link calibration"),
+    Figure("session_to_first_timed_s", "s", judged("session_to_first_timed_s"),
+           "pytest start to this run's first timed token"),
+)
+# fmt: on
+
+
+def declared(report: Report | None = None, source: Source | None = None) -> tuple[Figure, ...]:
+    """The declared figures, in order, that `report` shows and `source` computes (None: any).
+    Read at call time, so a figure added to RUN_FIGURES (a test's monkeypatch) counts."""
+    return tuple(
+        f
+        for f in RUN_FIGURES
+        if (report is None or f.reports & report) and (source is None or f.source is source)
+    )
+
+
+def figure(name: str) -> Figure:
+    """The declared figure of that name; KeyError when there is none."""
+    for declared_figure in RUN_FIGURES:
+        if declared_figure.name == name:
+            return declared_figure
+    raise KeyError(f"no declared figure {name!r}")
+
+
+def json_value(value: Any) -> Any:
+    """A figure's value as plain JSON: records as objects, tuples as lists, enums as words."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if callable(getattr(value, "to_dict", None)):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {key: json_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    return value
+
+
+def run_row(result: Any) -> dict[str, Any]:
+    """The JSON row of a RunResult's own figures (`RunResult.summary()`)."""
+    row = {}
+    for declared_figure in declared(REPORT_JSON, Source.RUN):
+        value = declared_figure.reduce.compute(result)
+        if value is not ABSENT:
+            row[declared_figure.name] = json_value(value)
+    return row
+
+
+class FigureValues(Mapping[str, Any]):
+    """Figures by name, read-only; each is an attribute too (`values.tokens_per_sec`), and one
+    that is not there raises AttributeError naming it rather than reading as missing."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", {k: _frozen(v) for k, v in values.items()})
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no figure {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self._values),))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._values!r})"
+
+    def with_values(self, **changes: Any) -> Any:
+        """A copy with these figures replaced or added."""
+        return type(self)({**self._values, **changes})
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return MappingProxyType(dict(value))
+    return value

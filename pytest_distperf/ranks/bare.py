@@ -1,0 +1,138 @@
+"""The bare model a rank runs beside every wrapped generation: no wrapper, no collectives.
+
+A replicated model is the same object after wrapping; a sharded one is rebuilt whole from the
+seed after wrapping (its own KV cache too), kept only where it fits, and dropped when it runs out
+of memory, after which the run goes on without it. The copy's memory is kept out of the peak the
+rank reports: on CUDA its bytes come off the allocator peak of each wrapped generation; on CPU
+ranks the RSS peak is the one read before the copy was built.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from pytest_distperf.ranks import memory
+from pytest_distperf.ranks.models import build
+from pytest_distperf.ranks.timing import Fences, GenerateFn, device_sync, timed_generation
+from pytest_distperf.spec import Sample, Workload
+
+if TYPE_CHECKING:
+    from pytest_distperf.ranks.compiled import CompiledStep
+
+
+class BareCopy:
+    """The bare model and its bookkeeping; `module` None: no bare generation (none asked for,
+    none fitted, or dropped after running out of memory)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module | None,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        generate: GenerateFn | None = None,
+        copy_bytes: int = 0,
+        rss_before_copy: int | None = None,
+    ) -> None:
+        self.module = module
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.generate = generate
+        self.copy_bytes = copy_bytes  # a CUDA copy's own bytes, taken out of the peak
+        self.rss_before_copy = rss_before_copy  # a CPU rank's RSS peak before the copy existed
+        self.steps: CompiledStep | None = None  # its compiled steps (compile phase), if any
+        self.wrapped_peaks: list[int] = []  # allocator peak of each wrapped run, copy excluded
+        self._device = prompt.device
+        self._fences = Fences(sync=device_sync(self._device), barrier=lambda: None)
+
+    @classmethod
+    def whole(
+        cls,
+        workload: Workload,
+        prompt: torch.Tensor,
+        dtype: torch.dtype,
+        generate: GenerateFn | None = None,
+    ) -> BareCopy:
+        """A sharded rank's whole copy, built once wrapping has freed the unsharded weights."""
+        device = prompt.device
+        rss = memory.peak(device)[0] if device.type == "cpu" else None
+        module, copy_bytes = _whole_copy(workload, device, dtype)
+        return cls(module, prompt, workload.max_new_tokens, generate, copy_bytes, rss)
+
+    def generation(self) -> Sample | None:
+        """One bare generation, timed; None without a model or when it ran out of memory.
+
+        With a copy on CUDA, the allocator peak is read before and reset after the bare run:
+        the peak reported is the wrapped run's own."""
+        if self.module is None:
+            return None
+        if self.copy_bytes:
+            peak = torch.cuda.max_memory_allocated(self._device)
+            self.wrapped_peaks.append(peak - self.copy_bytes)
+        steps = self.steps.override() if self.steps is not None else None
+        try:
+            sample: Sample | None = timed_generation(
+                self.module,
+                self.prompt,
+                self.max_new_tokens,
+                self._fences,
+                generate=self.generate,
+                steps=steps,
+            )[0]
+        except torch.cuda.OutOfMemoryError:
+            sample = None
+        if sample is None:  # out of memory: drop the copy (and its compiled steps' hold on it)
+            self.module, self.steps, self.copy_bytes = None, None, 0
+            torch.cuda.empty_cache()
+        elif self.copy_bytes:
+            torch.cuda.reset_peak_memory_stats(self._device)
+        return sample
+
+    def reported_peak(self, peak: int, kind: str) -> tuple[int, str]:
+        """The rank's (peak bytes, what they are) with the copy's memory left out."""
+        if self.wrapped_peaks:
+            # With the copy dropped mid-run, the plain peak since then may still hold part of
+            # the bare run that failed: a slight overestimate in a rare case.
+            peak = (
+                max(self.wrapped_peaks)
+                if self.module is not None
+                else max(peak, *self.wrapped_peaks)
+            )
+        if self.rss_before_copy is not None:
+            return self.rss_before_copy, f"{kind} (before the bare copy was built)"
+        return peak, kind
+
+
+def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
+    """A whole, unwrapped model with its own KV cache, built from the seed; (None, 0) when it
+    does not fit.
+
+    On CUDA, its bytes are returned so that they can be taken out of the allocator peak, and
+    it is kept only if as much memory again stays free (room for what the wrapped run gathers,
+    which for fsdp-noreshard is the whole model). On CPU ranks its bytes cannot be taken out of
+    the process RSS peak, which is read before it is built instead (the whole-model build before
+    wrapping already set that peak).
+    """
+    cuda = device.type == "cuda"
+    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+    try:
+        built = build(workload, device, dtype)
+        built.setup_caches(
+            workload.batch_size,
+            workload.prompt_length + workload.max_new_tokens,
+            device=device,
+            dtype=dtype,
+        )
+        copy = built.module
+    except torch.cuda.OutOfMemoryError:
+        copy = None
+    if not cuda:
+        return copy, 0
+    copy_bytes = torch.cuda.memory_allocated(device) - allocated
+    if copy is not None and torch.cuda.mem_get_info(device)[0] < copy_bytes:
+        copy = None
+    if copy is None:
+        torch.cuda.empty_cache()
+        return None, 0
+    return copy, copy_bytes

@@ -1,0 +1,71 @@
+"""What one test knows inside one rank, filled in phase by phase (ranks/phases.py).
+
+A context lives for one test: the pool drops it with everything the test built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.calibration import Calibration
+    from pytest_distperf.ranks.bare import BareCopy
+    from pytest_distperf.ranks.compiled import CompiledStep
+    from pytest_distperf.ranks.models import RankModel
+    from pytest_distperf.ranks.reference import ReferenceChoice
+    from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
+    from pytest_distperf.ranks.timing import Fences, GenerateFn
+    from pytest_distperf.spec import RankResult, RunSpec, Sample, Workload
+    from pytest_distperf.strategies import StrategyRecord
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class RankContext:
+    """One test in one rank. The fields below `half` start empty; each is set by the phase
+    named beside it, and read only by the phases after that one."""
+
+    spec: RunSpec
+    progress: Callable[[str], None] | None  # the live line (rank 0 of a pool only)
+    device: torch.device
+    dtype: torch.dtype
+    record: StrategyRecord  # the strategy's pure half: checks, sharded, replicas
+    half: RankStrategy  # its rank half (ranks/strategies): build, wrap, next_token
+    calibration: Calibration | None = None  # calibrate
+    model: RankModel | None = None  # build
+    generate: GenerateFn | None = None  # build: the test's own generation loop
+    prompt: torch.Tensor | None = None  # build: [B, T]
+    build_context: BuildContext | None = None  # launch
+    fabric: Any = None  # launch
+    before_wrap: tuple[float, float | None] | None = None  # reference: (step s, prefill s)
+    wrapped: Any = None  # wrap
+    fences: Fences | None = None  # wrap
+    bare: BareCopy | None = None  # bare_copy
+    wrapped_steps: CompiledStep | None = None  # compile
+    compile_s: float | None = None  # compile
+    samples: list[Sample] = field(default_factory=list)  # time
+    tokens: torch.Tensor | None = None  # time: the last generation's [B, max_new_tokens]
+    timed_from: float = 0.0  # time: epoch seconds when the timed generations began
+    bare_samples: list[Sample] = field(default_factory=list)  # time: one beside each sample
+    host_loop_s: tuple[float, ...] = ()  # time: the host's loop beside each sample
+    reference: ReferenceChoice | None = None  # pick_reference
+    peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
+    result: RankResult | None = None  # result
+
+    @property
+    def workload(self) -> Workload:
+        return self.spec.workload
+
+    @property
+    def compiled_loop(self) -> bool:
+        """The timed loop runs compiled steps (not an eager run, nor one left eager)."""
+        steps = self.wrapped_steps
+        return steps is not None and steps.override() is not None
+
+
+Phase = Callable[[RankContext], None]

@@ -1,0 +1,79 @@
+"""What a rank process is, apart from any one test: its device, its process group, the compiled
+code a pooled rank keeps between tests, and the versions it reports."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import platform
+import sys
+
+import torch
+
+from pytest_distperf.ranks.fabric import fabric_version
+
+
+def rank_device(accelerator: str) -> torch.device:
+    """The device Fabric gives this rank (its local rank's GPU), known before Fabric exists."""
+    if accelerator == "cuda":
+        local = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+        return torch.device("cuda", int(local))
+    return torch.device("cpu")
+
+
+def join_group(device: torch.device) -> None:
+    """Join the run's process group as Fabric would, unless the launcher already has (the rank
+    pool does): calibration comes before the model, and the strategy is built for the model."""
+    from torch.distributed.constants import default_pg_timeout
+
+    dist = torch.distributed
+    if dist.is_initialized():
+        return
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, timeout=default_pg_timeout)
+    if backend == "nccl":  # torch warns at exit about a process group never destroyed
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+
+
+def global_rank() -> int:
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def backend() -> str:
+    """The process group's backend, "" for one process without a group."""
+    dist = torch.distributed
+    return str(dist.get_backend()) if dist.is_initialized() else ""
+
+
+def forget_compiled_code() -> None:
+    """A pooled rank compiles the same step functions for test after test: drop the earlier
+    tests' code and CUDA graphs, whose guards would pile up to dynamo's recompile limit and whose
+    graph pools would hold memory (inductor's on-disk cache still serves a repeated test)."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is not None and torch.cuda.is_available():
+        trees.reset_cudagraph_trees()  # not all torch versions' dynamo.reset() does this
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+def software_versions() -> dict[str, str]:
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": fabric_version(),
+    }
+    if torch.cuda.is_available():
+        versions["cuda"] = str(torch.version.cuda)
+        nccl = torch.cuda.nccl.version()
+        versions["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    return versions

@@ -1,0 +1,285 @@
+"""One test inside one rank, phase by phase: each phase is a function of the test's RankContext
+(ranks/context.py) that reads what earlier phases set and sets its own fields. worker.PHASES
+lists them in order; a new phase is one function here and one line there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from distperf_model.generate import make_prompt
+
+from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes
+from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.ranks import environment, memory
+from pytest_distperf.ranks.bare import BareCopy
+from pytest_distperf.ranks.context import DTYPES, RankContext
+from pytest_distperf.ranks.fabric import fabric_module
+from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
+from pytest_distperf.ranks.models import build as build_model
+from pytest_distperf.ranks.models import load_object, use_import_paths
+from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
+from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
+from pytest_distperf.ranks.timing import Fences, device_sync, reference_token_time, run_workload
+from pytest_distperf.spec import PRECISION_BYTES, Implementation, RankResult, RunSpec, Sample
+from pytest_distperf.strategies import get_strategy, message_sizes_for, strategy_names
+
+FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
+
+
+def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
+    """This rank's settings for the test and the strategy's two halves; nothing built yet."""
+    fabric_module()  # imported before the test's import paths go in front of the rank's own
+    if spec.accelerator == "cpu":
+        torch.set_num_threads(spec.threads_per_rank)
+    use_import_paths(spec.sys_path)  # before any of the user's modules is imported
+    device = environment.rank_device(spec.accelerator)
+    environment.forget_compiled_code()
+    memory.reset_peak(device)  # a pooled rank has run other tests before this one
+    record = get_strategy(spec.strategy)
+    reason = record.unsupported(spec.accelerator, spec.devices)
+    if reason:
+        raise ValueError(reason)
+    dtype = DTYPES[spec.workload.precision]
+    return RankContext(spec, progress, device, dtype, record, rank_strategy(spec.strategy))
+
+
+def join(ctx: RankContext) -> None:
+    """The run's process group, unless the launcher joined it already (the rank pool does)."""
+    if ctx.spec.devices > 1 or "MASTER_ADDR" in os.environ:  # a launched job of one rank too
+        environment.join_group(ctx.device)
+
+
+def calibrate(ctx: RankContext) -> None:
+    """Collectives at the session's sizes, before the model takes any memory."""
+    if ctx.spec.calibration_sizes is not None and not ctx.spec.calibrate_model:
+        ctx.calibration = _calibrate(ctx, None)
+
+
+def build(ctx: RankContext) -> None:
+    """The model: every rank builds the same weights from the seed (sharded strategies then
+    keep their shard)."""
+    workload = ctx.workload
+    ctx.model = build_model(workload, ctx.device, ctx.dtype)
+    ctx.model.check_fits(
+        workload.prompt_length + max(workload.max_new_tokens, ctx.spec.reference_steps),
+        f"distperf(prompt_length={workload.prompt_length}, "
+        f"max_new_tokens={workload.max_new_tokens})",
+    )
+
+
+def calibrate_model(ctx: RankContext) -> None:
+    """Collectives at every size any strategy would use for this model: a builder's message
+    sizes are known only once it is built."""
+    if ctx.spec.calibrate_model:
+        ctx.calibration = _calibrate(ctx, ctx.model.shape)
+
+
+def check(ctx: RankContext) -> None:
+    """The test's own generation loop, and what only a built model can refuse."""
+    spec, workload = ctx.spec, ctx.workload
+    if workload.generate:
+        ctx.generate = load_object(workload.generate, f"distperf(generate={workload.generate!r})")
+    unfit = ctx.record.check(ctx.model.shape, spec.devices)
+    if unfit:  # a preset's or LitGPT name's model was refused at collection already
+        raise ValueError(f"distperf(model={workload.model!r}): {unfit}")
+    if ctx.generate is not None and ctx.record.decodes_across_ranks:
+        raise ValueError(f"strategy {spec.strategy!r} decodes across ranks: no generate=")
+
+
+def launch(ctx: RankContext) -> None:
+    """Fabric with the strategy built for this model (FSDP wraps or shards each of its shard
+    units); it finds the process group already joined. Then the prompt."""
+    spec, workload, model = ctx.spec, ctx.workload, ctx.model
+    ctx.build_context = BuildContext(
+        spec.accelerator,
+        spec.devices,
+        wrap_units=model.units,
+        rank=environment.global_rank(),
+        tp_plan=workload.tp_plan,
+        comm_delay_s=workload.comm_delay,
+    )
+    fabric = fabric_module().Fabric(
+        accelerator=spec.accelerator,
+        devices=spec.devices // spec.nodes,
+        num_nodes=spec.nodes,
+        strategy=ctx.half.build(ctx.build_context),
+        precision=FABRIC_PRECISION[workload.precision],
+    )
+    fabric.launch()
+    if fabric.device != ctx.device:
+        raise RuntimeError(f"Fabric placed this rank on {fabric.device}, not on {ctx.device}")
+    if spec.marker_file and fabric.global_rank == 0:
+        Path(spec.marker_file).write_text(str(os.getpid()))
+    ctx.fabric = fabric
+    batch, length = workload.batch_size, workload.prompt_length
+    ctx.prompt = make_prompt(model.shape, batch, length, workload.seed, ctx.device)
+
+
+def reference(ctx: RankContext) -> None:
+    """The unwrapped model timed until steady, where the reference is not the bare generations
+    beside the samples (ranks/reference.py); then its caches go."""
+    spec, workload, model = ctx.spec, ctx.workload, ctx.model
+    steps = spec.reference_steps
+    if not times_before_wrapping(ctx.record.sharded, workload.max_new_tokens, steps):
+        model.clear_caches()  # a builder's model may come with caches or rope buffers made
+        return
+    # The run's cache length at least: attention reads the whole static cache every step.
+    length = workload.prompt_length + max(workload.max_new_tokens, steps)
+    model.setup_caches(workload.batch_size, length, device=ctx.device, dtype=ctx.dtype)
+    sync = device_sync(ctx.device)
+    ctx.before_wrap = reference_token_time(model.module, ctx.prompt, steps, sync, ctx.generate)
+    model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
+
+
+def wrap(ctx: RankContext) -> None:
+    """The strategy's wrapper (or its own `wrap`, where Fabric only launched), then the caches:
+    DDP snapshots buffers when it wraps and would otherwise broadcast them on every forward;
+    each rank's KV cache is its own."""
+    workload, model = ctx.workload, ctx.model
+    own_wrap = ctx.half.wrap
+    module = model.module
+    wrapped = own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
+    model.setup_caches(
+        max_batch_size=workload.batch_size,
+        max_seq_length=workload.prompt_length + workload.max_new_tokens,
+        device=ctx.device,
+        dtype=ctx.dtype,
+        module=wrapped.module,
+    )
+    ctx.wrapped = wrapped
+    ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
+
+
+def bare_copy(ctx: RankContext) -> None:
+    """The bare model run beside every wrapped generation (ranks/bare.py)."""
+    workload = ctx.workload
+    if ctx.spec.reference_steps and ctx.record.sharded:
+        ctx.bare = BareCopy.whole(workload, ctx.prompt, ctx.dtype, ctx.generate)
+        return
+    module = ctx.model.module if ctx.spec.reference_steps else None
+    ctx.bare = BareCopy(module, ctx.prompt, workload.max_new_tokens, ctx.generate)
+
+
+def compile_steps(ctx: RankContext) -> None:
+    """The compiled steps of `distperf(compile=True)`, compiled and settled before the warm-up
+    (ranks/compiled.py)."""
+    if not ctx.spec.compile:
+        return
+    from pytest_distperf.ranks.compiled import CompiledStep, compile_run
+
+    if ctx.generate is not None:
+        ctx.wrapped_steps = CompiledStep(
+            None, "eager: the test's own generate= loop is timed as it is"
+        )
+        return
+    own_step = ctx.record.decodes_across_ranks
+    ctx.wrapped_steps, ctx.bare.steps, ctx.compile_s = compile_run(
+        ctx.wrapped,
+        ctx.model.module,
+        ctx.bare.module,
+        ctx.prompt,
+        device_sync(ctx.device),
+        replicated=not ctx.record.sharded and not own_step,
+        own_step=own_step,
+    )
+
+
+def time_generations(ctx: RankContext) -> None:
+    """Warm-up, then the timed repeats; after each, the bare model's generation and the host's
+    own speed (hostspeed.py), outside the timing."""
+    spec, workload, bare = ctx.spec, ctx.workload, ctx.bare
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+
+    def beside() -> tuple[Sample | None, float]:
+        return bare.generation(), interpreter_loop_seconds()
+
+    samples, tokens, timed_from, besides = run_workload(
+        ctx.wrapped,
+        ctx.prompt,
+        workload.max_new_tokens,
+        spec.warmup,
+        spec.repeats,
+        ctx.fences,
+        workload.slowdown,
+        paired=beside,
+        generate=ctx.generate,
+        progress=ctx.progress,
+        next_token=ctx.half.next_token,
+        steps=ctx.wrapped_steps.override() if ctx.wrapped_steps else None,
+    )
+    bare_samples = [s for s, _ in besides if s is not None]
+    if len(bare_samples) < len(samples):
+        bare_samples = []  # the copy was dropped during the run: no pairs to speak of
+    ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
+    ctx.bare_samples, ctx.host_loop_s = bare_samples, tuple(s for _, s in besides)
+
+
+def pick_reference(ctx: RankContext) -> None:
+    """The reference the run reports (ranks/reference.py)."""
+    ctx.reference = choose_reference(
+        ctx.record.sharded,
+        ctx.workload.max_new_tokens,
+        ctx.spec.reference_steps,
+        ctx.compiled_loop,
+        ctx.bare_samples,
+        ctx.before_wrap,
+    )
+
+
+def memory_peak(ctx: RankContext) -> None:
+    """The test's peak memory, the bare copy's own left out."""
+    ctx.peak_memory = ctx.bare.reported_peak(*memory.peak(ctx.device))
+
+
+def result(ctx: RankContext) -> None:
+    """The rank's result, from what the phases before measured."""
+    fabric, steps, chosen = ctx.fabric, ctx.wrapped_steps, ctx.reference
+    fabric_strategy, sharding, wrapper = ctx.half.describe_implementation(fabric, ctx.wrapped)
+    peak, memory_kind = ctx.peak_memory
+    ctx.result = RankResult(
+        rank=fabric.global_rank,
+        samples=tuple(ctx.samples),
+        peak_memory_bytes=peak,
+        memory_kind=memory_kind,
+        implementation=Implementation(fabric_strategy, sharding, environment.backend(), wrapper),
+        versions=environment.software_versions(),
+        device_name=environment.device_name(ctx.device),
+        tokens=tuple(tuple(int(t) for t in row) for row in ctx.tokens.tolist()),
+        replicas=ctx.record.replicas(fabric.world_size),
+        timed_from=ctx.timed_from,
+        reference_token_s=chosen.token_s,
+        bare_samples=tuple(ctx.bare_samples),
+        host_loop_s=ctx.host_loop_s,
+        calibration=ctx.calibration,
+        model_shape=ctx.model.shape,
+        compile_s=ctx.compile_s,
+        compiled=steps.how if steps else "",
+        cuda_graphs=bool(steps and steps.cuda_graphs),
+        graph_breaks=bool(steps and steps.graph_breaks),
+        reference_prefill_s=chosen.prefill_s,
+        eager_reference=chosen.eager,
+    )
+
+
+def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:
+    """Collectives at the session's sizes and, given the built model's shape, at every size
+    any strategy would use for it."""
+    from pytest_distperf.ranks.calibrate import calibrate as measure
+
+    spec, workload = ctx.spec, ctx.workload
+    sizes = spec.calibration_sizes or MessageSizes((), ())
+    if shape is not None:
+        dtype_bytes = PRECISION_BYTES[workload.precision]
+        names = strategy_names()
+        own = message_sizes_for(shape, names, spec.devices, dtype_bytes, workload.batch_size)
+        sizes = MessageSizes(
+            tuple(sorted({*sizes.all_gather, *own.all_gather})),
+            tuple(sorted({*sizes.all_reduce, *own.all_reduce})),
+            tuple(sorted({*sizes.p2p, *own.p2p})),
+        )
+    return measure(sizes.all_gather, sizes.all_reduce, ctx.device, ctx.dtype, sizes_p2p=sizes.p2p)

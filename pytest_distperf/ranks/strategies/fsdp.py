@@ -1,0 +1,74 @@
+"""Rank halves of the fully sharded strategies (`fsdp`, `fsdp2`, `fsdp-noreshard`), one unit
+per transformer block: on CUDA `fsdp` is FSDP1 FULL_SHARD (Fabric's FSDPStrategy); elsewhere,
+and for `fsdp2` everywhere, FSDP2's `fully_shard` per block through `ModelParallelStrategy`."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from distperf_model.parallelize import fully_shard_blocks
+
+from pytest_distperf.ranks.fabric import fabric_module
+from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
+
+
+def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
+    # The blocks are the built model's shard units (its `block_class`, or found in it).
+    shard = partial(
+        fully_shard_blocks,
+        reshard_after_forward=reshard_after_forward,
+        unit_classes=context.wrap_units,
+    )
+    return fabric_module("strategies").ModelParallelStrategy(
+        parallelize_fn=shard,
+        data_parallel_size=context.devices,
+        tensor_parallel_size=1,
+    )
+
+
+def _build_fsdp(context: BuildContext) -> Any:
+    if context.accelerator != "cuda":  # Fabric's FSDP refuses CPU
+        return _build_fsdp2(True, context)
+    policy = partial(_wrap_blocks, context.wrap_units)
+    return fabric_module("strategies").FSDPStrategy(
+        auto_wrap_policy=policy, sharding_strategy="FULL_SHARD"
+    )
+
+
+def _wrap_blocks(
+    units: tuple[type, ...], module: Any, recurse: bool, nonwrapped_numel: int
+) -> bool:
+    # FSDP1's policy protocol: descend everywhere, wrap each transformer block as one unit.
+    return True if recurse else isinstance(module, units)
+
+
+def _describe_sharding(fabric: Any, module: Any) -> str:
+    # Read from the wrapped module, not from the record, so the result says what ran.
+    if type(fabric.strategy).__name__ == "FSDPStrategy":
+        return f"FSDP1 {fabric.strategy.sharding_strategy.name}"
+    from torch.distributed.fsdp import FSDPModule
+
+    original = getattr(module, "module", module)
+    blocks = [m for m in original.modules() if isinstance(m, FSDPModule)]
+    if not blocks:
+        return "replicated"
+    return f"FSDP2 reshard_after_forward={_fsdp2_reshards(blocks[-1])}"
+
+
+def _fsdp2_reshards(module: Any) -> bool | str:
+    # FSDP2 keeps this flag on the module's parameter group.
+    state = module._get_fsdp_state()
+    group = state._fsdp_param_group
+    if group is None:
+        return "unknown"
+    return bool(group.post_forward_mesh_info is not None)
+
+
+HALVES = (
+    RankStrategy("fsdp", build=_build_fsdp, describe_sharding=_describe_sharding),
+    RankStrategy("fsdp2", build=partial(_build_fsdp2, True), describe_sharding=_describe_sharding),
+    RankStrategy(
+        "fsdp-noreshard", build=partial(_build_fsdp2, False), describe_sharding=_describe_sharding
+    ),
+)

@@ -1,0 +1,53 @@
+"""A strategy's rank half: how a rank builds, wraps and steps it, registered by name beside its
+pure record (`pytest_distperf.strategies`). Runs in the ranks only (torch, Lightning Fabric
+through `ranks.fabric`); never imported by the pytest process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a rank knows when it builds a strategy: the model is built, not yet wrapped."""
+
+    accelerator: str  # "cpu" or "cuda"
+    devices: int  # ranks in the run (all nodes)
+    wrap_units: tuple[type, ...] = ()  # module classes to wrap or shard as one unit (blocks)
+    rank: int = 0  # this rank's global rank
+    tp_plan: str | None = None  # "package.module:function" from the marker, (model, tp_mesh)
+    # Seconds added to every all-reduce or send the strategy itself issues: the self-check that
+    # a communication-only slow-down fails the threshold (Workload.comm_delay).
+    comm_delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RankStrategy:
+    """The rank half of the strategy `name`.
+
+    `build(context)` returns a Fabric strategy (or its name, e.g. "auto");
+    `describe_sharding(fabric, module)` how the wrapped module is really sharded, read from the
+    module rather than assumed. Optional, for strategies that are no Fabric strategy or decode
+    differently: `wrap(model, context)` returns the module to run, in place of Fabric's
+    `setup_module` (`build` then only gives Fabric what launches the ranks); `next_token(module,
+    idx, input_pos)` returns the next token [B, 1] on every rank, in place of sampling the
+    module's logits (the pure record says `decodes_across_ranks`).
+    """
+
+    name: str
+    build: Callable[[BuildContext], Any]
+    describe_sharding: Callable[[Any, Any], str]
+    wrap: Callable[[Any, BuildContext], Any] | None = None
+    next_token: Callable[[Any, Any, Any], Any] | None = None
+
+    def describe_implementation(self, fabric: Any, module: Any) -> tuple[str, str, str]:
+        """(Fabric strategy class, sharding, wrapper class) of what actually ran in this rank."""
+        inner = getattr(module, "_forward_module", module)
+        sharding = self.describe_sharding(fabric, module)
+        launcher = type(fabric.strategy).__name__
+        if self.wrap is not None:  # Fabric launched the ranks; the rank half set the module up
+            launcher += " (launch only)"
+        return launcher, sharding, type(inner).__name__

@@ -1,0 +1,101 @@
+"""Which single-process reference a rank reports (ranks/reference.py): pure, no ranks."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pytest_distperf.ranks import reference
+from pytest_distperf.ranks.reference import (
+    ReferenceChoice,
+    choose_reference,
+    pairs_beside,
+    step_seconds,
+    times_before_wrapping,
+)
+from pytest_distperf.spec import Sample
+
+STEPS = 8  # RunSpec.reference_steps' default
+BEFORE = (0.5, 0.25)  # (seconds per step, prefill seconds) timed before wrapping
+
+
+def _bare(decode_s: float, ttft_s: float | None = 0.1, total_s: float = 9.0) -> Sample:
+    return Sample(total_s=total_s, ttft_s=ttft_s, decode_s=decode_s if ttft_s else None)
+
+
+@pytest.mark.parametrize(
+    ("sharded", "max_new_tokens", "reference_steps", "beside", "before"),
+    [
+        (False, 50, STEPS, True, False),  # replicated: the bare model beside each sample
+        (True, 50, STEPS, False, True),  # sharded: the whole model, timed before wrapping
+        (False, STEPS, STEPS, False, True),  # too short to time beside the samples
+        (False, 2, STEPS, False, True),
+        (False, 50, 0, True, False),  # no reference asked for: nothing before wrapping
+        (True, 50, 0, False, False),
+    ],
+)
+def test_where_the_reference_is_timed(
+    sharded: bool, max_new_tokens: int, reference_steps: int, beside: bool, before: bool
+) -> None:
+    assert pairs_beside(sharded, max_new_tokens, reference_steps) is beside
+    assert times_before_wrapping(sharded, max_new_tokens, reference_steps) is before
+
+
+def test_replicated_takes_the_median_of_the_bare_runs_beside_the_samples() -> None:
+    bare = [_bare(4.9, 0.3), _bare(9.8, 0.1), _bare(2.45, 0.2)]  # 50 tokens: 49 decode steps
+    chosen = choose_reference(False, 50, STEPS, False, bare, None)
+    assert chosen == ReferenceChoice(token_s=pytest.approx(0.1), prefill_s=0.2, eager=False)
+
+
+def test_sharded_keeps_the_reference_timed_before_wrapping() -> None:
+    bare = [_bare(4.9), _bare(4.9)]  # the whole copy beside the samples: its prefill only
+    chosen = choose_reference(True, 50, STEPS, False, bare, BEFORE)
+    assert chosen == ReferenceChoice(token_s=0.5, prefill_s=0.1, eager=False)
+
+
+def test_sharded_without_a_copy_beside_keeps_both_figures_from_before_wrapping() -> None:
+    assert choose_reference(True, 50, STEPS, False, [], BEFORE) == ReferenceChoice(0.5, 0.25, False)
+
+
+def test_a_short_generation_keeps_the_reference_timed_before_wrapping() -> None:
+    chosen = choose_reference(False, 4, STEPS, False, [_bare(0.3)], BEFORE)
+    assert chosen.token_s == 0.5 and chosen.prefill_s == 0.1 and not chosen.eager
+
+
+def test_compiled_takes_the_compiled_bare_runs_even_when_sharded() -> None:
+    chosen = choose_reference(True, 50, STEPS, True, [_bare(0.98), _bare(0.98)], BEFORE)
+    assert chosen.token_s == pytest.approx(0.02) and not chosen.eager
+
+
+def test_compiled_without_a_copy_beside_says_its_reference_is_eager() -> None:
+    assert choose_reference(True, 50, STEPS, True, [], BEFORE) == ReferenceChoice(0.5, 0.25, True)
+
+
+def test_no_reference_at_all() -> None:
+    assert choose_reference(False, 50, 0, False, [], None) == ReferenceChoice(None, None, False)
+    # Compiled with nothing to compare against: nothing is eager either.
+    assert choose_reference(True, 50, 0, True, [], None) == ReferenceChoice(None, None, False)
+
+
+def test_a_users_own_loop_is_timed_per_token_and_has_no_prefill() -> None:
+    own = [_bare(0.0, ttft_s=None, total_s=5.0), _bare(0.0, ttft_s=None, total_s=6.0)]
+    chosen = choose_reference(False, 50, STEPS, False, own, None)
+    assert chosen.token_s == pytest.approx(5.5 / 50) and chosen.prefill_s is None
+    assert step_seconds(own[0], 50) == pytest.approx(0.1)
+
+
+def test_one_step_generation_divides_by_one() -> None:
+    assert step_seconds(Sample(total_s=1.0, ttft_s=0.5, decode_s=0.5), 1) == 0.5
+
+
+def test_the_choice_imports_no_torch() -> None:
+    tree = ast.parse(Path(reference.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
+    }
+    assert "torch" not in imported
