@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER
+from pytest_distperf.work import work_cell
 
 
 class Absent(enum.Enum):
@@ -205,6 +207,8 @@ class Figure:
 
     def junit_value(self, value: Any) -> Any:
         plain = json_value(value)
+        if isinstance(plain, dict | list):  # a JUnit property holds text: a record as JSON
+            return json.dumps(plain, sort_keys=True, separators=(",", ":"))
         scale = self.junit_as.scale if self.junit_as else 1.0
         return plain if scale == 1 else plain * scale
 
@@ -227,8 +231,13 @@ def _ranks_cell(record: Any, outcome: str) -> str:
     return f"{record.value('devices')} x {record.value('accelerator')}"
 
 
+def _work_cell(record: Any, outcome: str) -> str | None:
+    work = record.value("work")
+    return None if work is None else work_cell(work)
+
+
 # The gate's checks, as judge/checks.py names them (CHECK_NAMES; a test holds the two equal).
-_CHECKS = ("threshold", "baseline", "relative_speed", "memory")
+_CHECKS = ("threshold", "baseline", "relative_speed", "memory", "work", "device_time")
 _S = "slowest rank per repeat"
 
 # In order: the JUnit properties and pytest-benchmark's extra_info keep this order.
@@ -305,6 +314,15 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("ttft_s", "s", from_result("ttft_s", f"median of repeats, {_S}"),
            "time to the first new token (prefill)", _SCALAR | TABLE,
            TableColumn("ttft ms", 30, "8.1f", scale=1000), junit_as=JUnitName("ttft_ms", 1000)),
+    Figure("work", "", from_result("work", "max over ranks, counter by counter"),
+           "the counted generation's collectives, ops, FLOPs and kernels per decode token and "
+           "per prefill", REPORT_JSON | JUNIT | BENCHMARK_EXTRA | TABLE,
+           TableColumn("work", 75, "<13", cell=_work_cell)),
+    Figure("host_cpu_per_token_s", "s", from_result("host_cpu_per_token_s", "slowest rank"),
+           "process CPU time over the timed repeats per new token", _SCALAR),
+    Figure("device_time_per_token_s", "s",
+           from_result("device_time_per_token_s", "slowest rank"),
+           "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),
     Figure("workload", "", from_spec("workload"), "the distperf marker's workload",
            REPORT_JSON | BENCHMARK_EXTRA),
     Figure("implementation", "", from_result("implementation", "rank 0's"),
@@ -357,6 +375,10 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("relative_speed_tolerance", "", judged("relative_speed.tolerance"), "its tolerance"),
     Figure("relative_speed_p_value", "", judged("relative_speed.p_value"), "its p-value"),
     Figure("relative_speed_verdict", "", judged("relative_speed.verdict"), "its verdict"),
+    Figure("host_cpu_change", "", judged("baseline.busy.host_cpu_change"),
+           "CPU time per token / its recorded runs' - 1, where tok/s regressed"),
+    Figure("device_time_change", "", judged("ran.device_time.figures.change"),
+           "device time per token / its recorded runs' - 1"),
     *(outcome for check in _CHECKS for outcome in _check_outcomes(check)),
     Figure("baseline_recorded", "", judged("baseline_recorded"), "this run became the baseline"),
     Figure("prediction", "", judged("prediction"), "the performance model's prediction"),

@@ -36,8 +36,8 @@ def register(config: pytest.Config) -> None:
         f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
         "precision='fp32', seed=1234, slowdown=0.0, generate=None, shard_unit=None, "
         "tp_plan=None, comm_delay=0.0, compile=None, efficiency=None, tolerance=None, "
-        "gates=None): the workload a distperf test generates, and its per-test gate settings "
-        "(gates=False: measured and reported, never failed by a check)",
+        "gates=None, work_tolerance=None): the workload a distperf test generates, and its "
+        "per-test gate settings (gates=False: measured and reported, never failed by a check)",
     )
 
 

@@ -66,11 +66,24 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "gates",
         "on",
-        "on or off; off: every run is measured and reported but no threshold, baseline, "
-        "relative-speed or memory check fails it (a test's distperf(gates=...) wins)",
+        "on or off; off: every run is measured and reported but no check (threshold, baseline, "
+        "relative speed, memory, work, device time) fails it (a test's distperf(gates=...) wins)",
     ),
     OptionSpec(
         "alpha", "0.01", "false-alarm rate of the baseline test: a regression needs p <= alpha"
+    ),
+    OptionSpec(
+        "count",
+        "on",
+        "on or off; off: no counted generation after the timed repeats (collectives, ops, "
+        "FLOPs, kernels per token), so no work gate",
+    ),
+    OptionSpec(
+        "work_tolerance",
+        "0.01",
+        "relative growth of the counted bytes, ops, FLOPs and kernels per token the work gate "
+        "tolerates, in [0, 1); collective kinds and calls are exact (a test's "
+        "distperf(work_tolerance=...) wins)",
     ),
     OptionSpec(
         "baseline_dir", "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
@@ -123,6 +136,8 @@ class Settings:
     fresh_ranks: bool = False
     compile: bool = False
     gates: bool = True  # False: runs are measured and reported, no check fails them
+    count: bool = True  # the counted generation (RunSpec.count_work)
+    work_tolerance: float = 0.01
 
     def gate_value(self, name: str, marker: Mapping[str, Any]) -> Any:
         """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
@@ -187,11 +202,22 @@ def _parse_numa_binding(raw: str, source: str) -> str | None:
 GATES_WORDS = {"on": True, "off": False}
 
 
-def _parse_gates(raw: Any, source: str) -> bool:
+def _parse_on_off(raw: Any, source: str) -> bool:
     value = str(raw).strip().lower()
     if value not in GATES_WORDS:
         raise SettingError(f"{source}: expected on or off, got {raw!r}")
     return GATES_WORDS[value]
+
+
+def parse_work_tolerance(raw: Any, source: str) -> float:
+    """A number in [0, 1): 0 asks for the very same counts."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise SettingError(f"{source}: work_tolerance must be a number, got {raw!r}") from None
+    if isinstance(raw, bool) or not 0 <= value < 1:
+        raise SettingError(f"{source}: work_tolerance must be in [0, 1), got {raw!r}")
+    return value
 
 
 def _parse_flag(raw: Any, source: str) -> bool:
@@ -217,7 +243,9 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
         parse_fraction(raw, source, "tolerance", allow_one=False) if raw else None
     ),
     "alpha": lambda raw, source: parse_fraction(raw, source, "alpha", allow_one=False),
-    "gates": _parse_gates,
+    "gates": _parse_on_off,
+    "count": _parse_on_off,
+    "work_tolerance": parse_work_tolerance,
     "baseline_dir": lambda raw, source: raw or None,
     "update_baselines": lambda raw, source: _parse_flag(raw, source),
     "strict": lambda raw, source: _parse_flag(raw, source),
@@ -305,12 +333,12 @@ def workload_from_marker(
     return Workload(**{**values, "slowdown": float(slowdown), "comm_delay": float(delay)})
 
 
-GATE_ARGUMENTS = ("efficiency", "tolerance", "gates")
+GATE_ARGUMENTS = ("efficiency", "tolerance", "gates", "work_tolerance")
 
 
 def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The marker's per-test overrides of --distperf-efficiency, --distperf-tolerance and
-    --distperf-gates (`gates`: True or False)."""
+    """The marker's per-test overrides of --distperf-efficiency, --distperf-tolerance,
+    --distperf-gates (`gates`: True or False) and --distperf-work-tolerance."""
     gate: dict[str, Any] = {}
     for name in GATE_ARGUMENTS:
         if name not in kwargs:
@@ -320,6 +348,8 @@ def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
             if not isinstance(kwargs[name], bool):
                 raise SettingError(f"{source}: gates must be True or False")
             gate[name] = kwargs[name]
+        elif name == "work_tolerance":
+            gate[name] = parse_work_tolerance(kwargs[name], source)
         else:
             gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
     return gate

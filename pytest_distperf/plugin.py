@@ -349,6 +349,7 @@ class DistperfRun:
             numa_binding=settings.numa_binding,
             sys_path=tuple(sys.path),  # what the test can import, its ranks can
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
+            count_work=settings.count,
         )
 
     def run(self) -> RunResult:
@@ -422,6 +423,7 @@ class DistperfRun:
             strict=settings.strict,
             fail_on_improvement=settings.fail_on_improvement,
             gates=settings.gate_value("gates", overrides),
+            work_tolerance=settings.gate_value("work_tolerance", overrides),
         )
         try:
             record = gate.judge(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_distperf.figures import run_row
+from pytest_distperf.work import Work, busiest
 
 # Bytes per parameter or activation element of each precision a workload may ask for.
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -108,6 +109,8 @@ class RunSpec:
     sys_path: tuple[str, ...] = ()
     # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
     calibrate_model: bool = False
+    # One more generation after the timed ones, its work counted per token (ranks/counting.py).
+    count_work: bool = True
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,13 @@ class RankResult:
     cuda_graphs: bool = False  # the timed steps replayed as CUDA graphs (compiled.py)
     graph_breaks: bool = False  # the timed steps compiled around the wrapper's hooks
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
+    # The counted generation's work per token (ranks/counting.py); None when off or failed.
+    work: Work | None = None
+    # This process's CPU seconds in the timed repeats per new token: a busy neighbour takes
+    # wall time from a rank, not CPU time.
+    host_cpu_per_token_s: float | None = None
+    # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
+    device_time_per_token_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -252,6 +262,25 @@ class RunResult:
         return any(r.graph_breaks for r in self.ranks)
 
     @property
+    def work(self) -> Work | None:
+        """Per counter the busiest rank's work (what the slowest rank had to do); None when
+        some rank has no count."""
+        works = [r.work for r in self.ranks]
+        if not works or any(w is None for w in works):
+            return None
+        return busiest([w for w in works if w is not None])
+
+    @property
+    def host_cpu_per_token_s(self) -> float | None:
+        """The slowest rank's CPU time per new token in the timed repeats."""
+        return _slowest(r.host_cpu_per_token_s for r in self.ranks)
+
+    @property
+    def device_time_per_token_s(self) -> float | None:
+        """The slowest rank's kernel time per decode token (CUDA); None on CPU."""
+        return _slowest(r.device_time_per_token_s for r in self.ranks)
+
+    @property
     def compile_s(self) -> float | None:
         times = [r.compile_s for r in self.ranks if r.compile_s is not None]
         return max(times) if times else None
@@ -312,6 +341,14 @@ class RunResult:
         report and computes from the run, under the same keys as --distperf-json, then
         `extras`."""
         return {**run_row(self), **self.extras}
+
+
+def _slowest(values: Iterable[float | None]) -> float | None:
+    """The largest of the ranks' figures; None when some rank has none."""
+    known = list(values)
+    if not known or None in known:
+        return None
+    return max(v for v in known if v is not None)
 
 
 def _slowest_per_repeat(per_rank: Iterable[tuple[Sample, ...]]) -> tuple[Sample, ...]:

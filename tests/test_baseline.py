@@ -86,7 +86,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert store.get(KEY, "other") is None
     assert store.topology(KEY) == {"gpus": 4, "link": "NV18"}
     document = json.loads(path.read_text())
-    assert document["schema"] == SCHEMA == 4
+    assert document["schema"] == SCHEMA == 5
     assert document["topology_key"] == KEY
 
 
@@ -152,6 +152,8 @@ def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
         "relative_samples",
         "relative_run_medians",
         "host_loop_run_medians",
+        "host_cpu_run_medians",
+        "device_time_run_medians",
     ):
         del document["entries"]["t"][name]
     store.path(KEY).write_text(json.dumps(document))
@@ -431,14 +433,6 @@ def test_lock_timeout_raises(tmp_path: Path) -> None:
 # Worker functions live at module level so that spawned children can import them.
 
 
-def _processes() -> multiprocessing.context.BaseContext:
-    """Children forked from one server that has imported this module: each starts in
-    milliseconds, not in a fresh interpreter's second."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    return ctx
-
-
 def _concurrent_writer(directory: str, writer: int, rounds: int) -> None:
     store = BaselineStore(directory, lock_timeout=30)
     test_id = f"tests/test_perf.py::test_gen[writer{writer}]"
@@ -455,7 +449,7 @@ def _concurrent_writer(directory: str, writer: int, rounds: int) -> None:
 
 def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
     writers, rounds = 4, 25
-    ctx = _processes()
+    ctx = multiprocessing.get_context("spawn")
     procs = [
         ctx.Process(target=_concurrent_writer, args=(str(tmp_path), w, rounds))
         for w in range(writers)
@@ -494,7 +488,7 @@ def test_writer_killed_mid_write_leaves_old_file_and_no_stale_lock(tmp_path: Pat
     before = path.read_bytes()
     marker = tmp_path / "marker"
 
-    ctx = _processes()
+    ctx = multiprocessing.get_context("spawn")
     child = ctx.Process(target=_writer_stuck_before_replace, args=(str(tmp_path), str(marker)))
     child.start()
     try:
@@ -522,3 +516,68 @@ def test_writer_killed_mid_write_leaves_old_file_and_no_stale_lock(tmp_path: Pat
     assert time.monotonic() - started < 5
     assert store.load(KEY) == {"t": newer.following(old)}
     assert not temp.exists()  # the dead writer's temp file is cleaned up under the lock
+
+
+# --- the counted work and the per-token times (schema 5) ---------------------------------------
+
+
+def _work():
+    from pytest_distperf.work import CollectiveCount, PhaseWork, Work
+
+    decode = PhaseWork({"all_gather": CollectiveCount(16, 5.3e9)}, ops=1200, flops=1.4e10)
+    return Work(decode, decode)
+
+
+def test_an_entry_keeps_the_counted_work_and_the_per_token_times() -> None:
+    entry = BaselineEntry.from_samples(
+        "t", [5.0, 6.0], None, {}, now=WHEN, work=_work(), host_cpu_per_token_s=0.0123456789
+    )
+    assert entry.work == _work()
+    assert entry.host_cpu_run_medians == (0.0123457,)
+    assert entry.device_time_run_medians == ()
+    data = json.loads(json.dumps(entry.to_dict()))
+    collectives = data["work"]["decode"]["collectives"]
+    assert collectives["all_gather"] == {"calls": 16, "bytes": 5300000000}
+    assert BaselineEntry.from_dict(data) == entry
+    assert hash(entry) == hash(BaselineEntry.from_dict(data))
+    later = BaselineEntry.from_samples(
+        "t", [5.5, 6.0], None, {}, now=WHEN, host_cpu_per_token_s=0.02, device_time_per_token_s=1e-3
+    ).following(entry)
+    assert later.host_cpu_run_medians == (0.0123457, 0.02)
+    assert later.device_time_run_medians == (0.001,)
+    assert later.work is None  # the latest run's counts, never an older run's
+    assert later.following(later) == later  # the same run saved twice: one run
+
+
+def test_schema_4_files_are_read_without_the_counts(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    old = make_entry("t")
+    data = old.to_dict()
+    assert "work" not in data  # an entry without counts writes none
+    del data["host_cpu_run_medians"], data["device_time_run_medians"]
+    document = {"schema": 4, "topology_key": KEY, "topology": {}, "entries": {"t": data}}
+    store.path(KEY).write_text(json.dumps(document))
+    assert store.get(KEY, "t") == old
+    newer = BaselineEntry.from_samples(
+        "t", [5.0], None, {}, work=_work(), host_cpu_per_token_s=0.01
+    )
+    store.save(KEY, {"t": newer})
+    stored = store.get(KEY, "t")
+    assert stored.work == _work() and stored.host_cpu_run_medians == (0.01,)
+    assert json.loads(store.path(KEY).read_text())["schema"] == SCHEMA == 5
+
+
+def test_bad_work_in_an_entry_names_the_entry_and_the_field() -> None:
+    data = make_entry().to_dict()
+    data["work"] = _work().to_json()
+    data["work"]["decode"]["ops"] = "many"
+    with pytest.raises(ValueError) as info:
+        BaselineEntry.from_dict(data)
+    assert str(info.value) == (
+        "baseline entry 'tests/test_perf.py::test_fsdp[fsdp-4]': work.decode: field 'ops' must "
+        "be a number, got 'many'"
+    )
+    data = make_entry().to_dict()
+    data["host_cpu_run_medians"] = [0.0]
+    with pytest.raises(ValueError, match="host_cpu_run_medians must be positive numbers"):
+        BaselineEntry.from_dict(data)

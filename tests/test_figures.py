@@ -28,12 +28,15 @@ from pytest_distperf.jsonfields import NUMBER
 from pytest_distperf.judge.checks import (
     CHECK_NAMES,
     BaselineFigures,
+    BusyFigures,
     Check,
     CheckStatus,
     Decision,
+    DeviceTimeFigures,
     MachineFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
+    WorkFigures,
 )
 from pytest_distperf.judge.record import JudgedRun, RunFigures
 from pytest_distperf.output import markdown
@@ -46,6 +49,7 @@ from pytest_distperf.output.report import (
     write_json_report,
 )
 from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 from pytest_distperf.xdist import Payload, attach, detach
 
 # --- what users' scripts read: the names as they were before the declaration ------------------
@@ -60,6 +64,9 @@ JSON_KEYS = frozenset(
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
         *("work_s", "harness_s", "compile_s", "compiled", "cuda_graphs", "graph_breaks"),
         *("bandwidth_utilization", "verdict"),
+        *("work", "host_cpu_per_token_s", "device_time_per_token_s"),
+        *("work_status", "work_message", "device_time_status", "device_time_message"),
+        *("host_cpu_change", "device_time_change"),
         *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),
         *("bound_description", "link_class", "ratio_to_predicted"),
         *("threshold_status", "threshold_message"),
@@ -82,7 +89,7 @@ SUMMARY_KEYS = frozenset(
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("work_s", "harness_s", "reference_token_s", "relative_speed", "relative_speed_samples"),
-        "host_loop_samples",
+        *("host_loop_samples", "work", "host_cpu_per_token_s", "device_time_per_token_s"),
     }
 )
 # JUnit XML properties, in this order.
@@ -95,17 +102,23 @@ JUNIT_NAMES = (
     *("distperf_relative_speed_change", "distperf_relative_speed_detectable_drop"),
     *("distperf_bare_change", "distperf_host_change", "distperf_change_beyond_host"),
     *("distperf_verdict", "distperf_peak_memory_bytes", "distperf_ttft_ms"),
+    *("distperf_work", "distperf_host_cpu_per_token_s", "distperf_device_time_per_token_s"),
 )
 # pytest-benchmark's extra_info, in this order.
 BENCHMARK_EXTRA_KEYS = (
-    *(name.removeprefix("distperf_") for name in JUNIT_NAMES[:-1]),
-    *("tokens_per_sec_samples", "aggregate_tokens_per_sec", "ttft_s", "workload"),
+    *(name.removeprefix("distperf_") for name in JUNIT_NAMES[:-4]),
+    *("tokens_per_sec_samples", "aggregate_tokens_per_sec", "ttft_s"),
+    *("work", "host_cpu_per_token_s", "device_time_per_token_s", "workload"),
     *("implementation", "device_name", "bound_description", "link_class"),
     "new_tokens_per_generation",
 )
 RESULT_HEADER_TEXT = (
     "     tok/s    decode  ttft ms strategy        ranks     predicted bound         "
-    " baseline  change detect rel.chg detect  verdict            test"
+    "work           baseline  change detect rel.chg detect  verdict            test"
+)
+WORK = Work(
+    decode=PhaseWork({"all_gather": CollectiveCount(16, 5.3e9)}, ops=1200, flops=1.4e10),
+    prefill=PhaseWork({"all_gather": CollectiveCount(16, 5.3e9)}, ops=9000, flops=1.1e11),
 )
 
 
@@ -125,6 +138,9 @@ def _rank(rank: int, totals: tuple[float, ...]) -> RankResult:
         host_loop_s=(0.013, 0.025),
         work_s=1.5,
         compile_s=None,
+        work=WORK,
+        host_cpu_per_token_s=0.01 + rank / 1000,
+        device_time_per_token_s=0.005,
     )
 
 
@@ -145,6 +161,7 @@ BASELINE = BaselineFigures(
     recorded_at="2026-01-02T03:04:05+00:00",
     commit=None,
     machine=MachineFigures(bare_change=-0.3, host_change=-0.05, change_beyond_host=-0.3),
+    busy=BusyFigures(wall_change=0.5, host_cpu_change=0.3, host_cpu_tolerance=0.1),
 )
 THRESHOLD = ThresholdFigures(40.0, 12.0, 0.3, "compute", "single-rank compute", "NV18", 0.42)
 RELATIVE = RelativeSpeedFigures(0.3, 0.038, 0.05, 0.2, 0.135, "ok")
@@ -156,6 +173,10 @@ def _record(result: RunResult | None = None) -> JudgedRun:
         baseline=Check("baseline", CheckStatus.FAIL, "regression", BASELINE),
         relative_speed=Check("relative_speed", CheckStatus.OK, "within tolerance", RELATIVE),
         memory=Check("memory", CheckStatus.OK, "peak memory within tolerance"),
+        work=Check("work", CheckStatus.OK, "the same work", WorkFigures(0.01, (), ())),
+        device_time=Check(
+            "device_time", CheckStatus.OK, "within", DeviceTimeFigures(0.005, 0.01, 0.02, 0.3, "ok")
+        ),
     )
     return JudgedRun.of(
         result or _result(),
@@ -298,7 +319,7 @@ def _attached(record: JudgedRun) -> pytest.TestReport:
 # --- adding a figure ----------------------------------------------------------------------------
 
 
-def _work(result: RunResult) -> object:
+def _counts(result: RunResult) -> object:
     # nested per-token counts, which only some runs have (None otherwise)
     return None if result.spec.strategy == "ddp" else {"flops": {"matmul": 2.5e6}, "bytes": 4096}
 
@@ -306,7 +327,7 @@ def _work(result: RunResult) -> object:
 ADDED = (
     Figure("answer", "", Reduction("always", Source.RUN, lambda _: 42), "a test's figure",
            REPORT_JSON | JUNIT | BENCHMARK_EXTRA),
-    Figure("work", "", Reduction("rank 0's", Source.RUN, _work), "counts per token",
+    Figure("counts", "", Reduction("rank 0's", Source.RUN, _counts), "counts per token",
            REPORT_JSON | BENCHMARK_EXTRA),
     Figure("mfu", "", Reduction("of the run", Source.RUN, lambda _: 0.25), "model flops use",
            REPORT_JSON | MARKDOWN | TABLE, TableColumn("mfu", 125, "5.2f"),
@@ -322,18 +343,18 @@ def test_an_added_figure_reaches_every_output_it_is_declared_for(
     monkeypatch.setattr(figures, "RUN_FIGURES", (*figures.RUN_FIGURES, *ADDED))
     record = _record()
     row = record.to_json()
-    assert (row["answer"], row["work"], row["mfu"]) == (
+    assert (row["answer"], row["counts"], row["mfu"]) == (
         42,
         ADDED[1].reduce.compute(_result()),
         0.25,
     )
     assert "predicted_ms" not in row
-    assert _result().summary()["work"] == {"flops": {"matmul": 2.5e6}, "bytes": 4096}
+    assert _result().summary()["counts"] == {"flops": {"matmul": 2.5e6}, "bytes": 4096}
     junit = record.junit_properties()
     assert junit[-2:] == [("distperf_answer", 42), ("distperf_predicted_x2", 80.0)]
     assert [n for n, _ in junit[:-2]] == list(JUNIT_NAMES)
     extra = extra_info(record)
-    assert (extra["answer"], extra["work"]["bytes"]) == (42, 4096) and "mfu" not in extra
+    assert (extra["answer"], extra["counts"]["bytes"]) == (42, 4096) and "mfu" not in extra
     assert "rel.chg detect   mfu  verdict" in result_header()
     assert " 0.25  FAIL (baseline)" in format_result_line(record, "passed")
     text = render_markdown([record])
@@ -342,4 +363,29 @@ def test_an_added_figure_reaches_every_output_it_is_declared_for(
     assert render_markdown(saved) == text
 
     ddp = _record(replace(_result(), spec=replace(_result().spec, strategy="ddp")))
-    assert ddp.to_json()["work"] is None and "work" not in extra_info(ddp)
+    assert ddp.to_json()["counts"] is None and "counts" not in extra_info(ddp)
+
+
+def test_the_counted_work_and_its_check_reach_every_output() -> None:
+    record = _record()
+    row = record.to_json()
+    assert row["work"] == WORK.to_json()
+    assert row["work"]["decode"]["collectives"]["all_gather"] == {"calls": 16, "bytes": 5300000000}
+    assert (row["host_cpu_per_token_s"], row["device_time_per_token_s"]) == (0.011, 0.005)
+    assert (row["work_status"], row["work_message"]) == ("ok", "the same work")
+    assert (row["device_time_status"], row["device_time_change"]) == ("ok", 0.01)
+    assert row["host_cpu_change"] == 0.3
+    junit = dict(record.junit_properties())
+    assert json.loads(junit["distperf_work"]) == WORK.to_json()  # a JUnit property is text
+    assert junit["distperf_host_cpu_per_token_s"] == 0.011
+    assert extra_info(record)["work"] == WORK.to_json()
+    assert " AG 16x 5.3GB " in format_result_line(record, "passed")
+    uncounted = _result()
+    uncounted = replace(
+        uncounted, ranks=(replace(uncounted.ranks[0], work=None), uncounted.ranks[1])
+    )
+    record = _record(uncounted)
+    assert record.to_json()["work"] is None and "distperf_work" not in dict(
+        record.junit_properties()
+    )
+    assert " compute       -                 25.50" in format_result_line(record, "passed")

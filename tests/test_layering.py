@@ -51,6 +51,7 @@ FORBIDDEN_AT_IMPORT = {
     "progress": ("torch",),
     "xdist": ("torch", "xdist"),
     "cli": ("torch",),
+    "work": ("torch", "pytest", "_pytest"),
 }
 PYTEST_SIDE = (
     "plugin",
@@ -78,6 +79,8 @@ NEVER_IMPORTS = {
     "ranks": (*PYTEST_SIDE, "pytest", "_pytest"),
     # the pure halves: not even a lazy import of torch, Lightning or the rank side
     "strategies": ("ranks", "torch", "lightning", "lightning_fabric", "distperf_model"),
+    # the counted work: values both sides share (the rank side fills them in)
+    "work": ("ranks", "torch", "pytest", "_pytest"),
 }
 
 

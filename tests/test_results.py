@@ -130,6 +130,7 @@ JSON_FIELDS = {
     *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
     *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
     *("work_s", "harness_s", "compile_s", "compiled", "cuda_graphs", "graph_breaks"),
+    *("work", "host_cpu_per_token_s", "device_time_per_token_s"),
     "bandwidth_utilization",
     "verdict",
     *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),

@@ -6,6 +6,7 @@ from pytest_distperf.options import (
     SettingError,
     Workload,
     env_slowdown,
+    gate_from_marker,
     resolve_settings,
     workload_from_marker,
 )
@@ -160,3 +161,63 @@ def test_a_launched_jobs_numbers_must_agree(changes: dict[str, str], message: st
     assert launched_job(torchrun) is not None
     with pytest.raises(ValueError, match=message + ".*from the environment"):
         launched_job({**torchrun, **changes})
+
+
+def test_count_and_work_tolerance() -> None:
+    settings = resolve_settings({}, {})
+    assert (settings.count, settings.work_tolerance) == (True, 0.01)
+    assert resolve_settings({"count": "OFF"}, {}).count is False
+    assert resolve_settings({}, {"count": "off"}).count is False
+    assert resolve_settings({}, {"work_tolerance": "0"}).work_tolerance == 0.0
+    marker = {"work_tolerance": 0.2}
+    assert resolve_settings({"work_tolerance": "0.05"}, {}).gate_value("work_tolerance", {}) == 0.05
+    assert resolve_settings({}, {}).gate_value("work_tolerance", marker) == 0.2
+    assert gate_from_marker(marker, "t") == marker
+
+
+@pytest.mark.parametrize(
+    ("cli", "ini", "message"),
+    [
+        (
+            {"count": "maybe"},
+            {},
+            "command-line option --distperf-count = 'maybe': expected on or off, got 'maybe'",
+        ),
+        ({}, {"count": "1"}, "ini option distperf_count in t.ini = '1': expected on or off"),
+        (
+            {"work_tolerance": "1"},
+            {},
+            "--distperf-work-tolerance = '1': work_tolerance must be in [0, 1), got '1'",
+        ),
+        ({"work_tolerance": "-0.1"}, {}, "work_tolerance must be in [0, 1), got '-0.1'"),
+        ({"work_tolerance": "nan"}, {}, "work_tolerance must be in [0, 1), got 'nan'"),
+        (
+            {},
+            {"work_tolerance": "1%"},
+            "ini option distperf_work_tolerance in t.ini = '1%': work_tolerance must be a "
+            "number, got '1%'",
+        ),
+    ],
+)
+def test_bad_count_and_work_tolerance_name_the_value_and_its_source(
+    cli: dict, ini: dict, message: str
+) -> None:
+    with pytest.raises(SettingError) as info:
+        resolve_settings(cli, ini, ini_file="t.ini")
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (1.0, "must be in [0, 1), got 1.0"),
+        (True, "must be in [0, 1), got True"),
+        ("x", "must be a number, got 'x'"),
+    ],
+)
+def test_bad_work_tolerance_in_the_marker_names_the_test(value: object, problem: str) -> None:
+    with pytest.raises(SettingError) as info:
+        workload_from_marker({"work_tolerance": value}, "tests/test_x.py::test_y", MODELS)
+    assert str(info.value) == (
+        f"tests/test_x.py::test_y: distperf(work_tolerance={value!r}): work_tolerance {problem}"
+    )

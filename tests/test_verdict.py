@@ -10,10 +10,12 @@ from pytest_distperf.judge.checks import (
     Check,
     CheckStatus,
     Decision,
+    DeviceTimeFigures,
     GateSettings,
     MachineFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
+    WorkFigures,
     baseline_check,
     machine_check,
     memory_check,
@@ -21,10 +23,20 @@ from pytest_distperf.judge.checks import (
     skipped_check,
     threshold_check,
 )
+from pytest_distperf.judge.counted import (
+    busy_check,
+    cpu_change,
+    device_time_check,
+    with_work_reason,
+    work_check,
+)
 from pytest_distperf.perfmodel import Prediction
+from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 from pytest_distperf.store.entry import BaselineEntry
+from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 
 OK, NOTE, WARN, FAIL = CheckStatus.OK, CheckStatus.NOTE, CheckStatus.WARN, CheckStatus.FAIL
+SKIP = CheckStatus.SKIP
 
 SETTINGS = GateSettings(efficiency=0.6, tolerance=None)
 BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
@@ -342,3 +354,222 @@ def test_missing_prediction_says_why() -> None:
     assert check.message == (
         "no prediction for this run: model 'm:f': the ranks did not report its shape"
     )
+
+
+# --- the counted work, the device time and the busy machine (judge/counted.py) ---------------
+
+
+def _work(all_gather_bytes: float = 5.3e9, extra: dict | None = None, ops: float = 1200) -> Work:
+    collectives = {"all_gather": CollectiveCount(16, all_gather_bytes), **(extra or {})}
+    decode = PhaseWork(collectives, ops=ops, flops=1.4e10, kernels=None)
+    return Work(decode, PhaseWork(collectives, ops=ops * 8, flops=1.1e11, kernels=None))
+
+
+def _work_entry(work: Work | None = None, cpu: tuple[float, ...] = (0.01,)) -> BaselineEntry:
+    return replace(_relative_entry(), work=work or _work(), host_cpu_run_medians=cpu)
+
+
+def test_the_same_work_passes() -> None:
+    check = work_check(_work_entry(), _work(), SETTINGS)
+    assert check.status == OK
+    assert check.message.startswith("the same work as the baseline: collectives per token AG 16x")
+
+
+def test_a_new_collective_fails_naming_it_per_token() -> None:
+    current = _work(extra={"all_reduce": CollectiveCount(12, 768)})
+    check = work_check(_work_entry(), current, SETTINGS)
+    assert check.status == FAIL
+    assert check.message.startswith(
+        "the counted work changed: all_reduce per token: 0 -> 12 calls (+768 B)"
+    )
+    assert "calls exact; bytes, ops, FLOPs and kernels within 1.0%" in check.message
+    assert isinstance(check.figures, WorkFigures) and check.figures.more
+
+
+def test_more_bytes_fail_beyond_the_work_tolerance_only() -> None:
+    current = _work(5.9e9)
+    check = work_check(_work_entry(), current, SETTINGS)
+    assert check.status == FAIL
+    assert "all_gather bytes per token: 5.3 GB -> 5.9 GB (+11%)" in check.message
+    loose = replace(SETTINGS, work_tolerance=0.2)
+    assert work_check(_work_entry(), current, loose).status == OK
+
+
+def test_less_work_warns_as_a_stale_baseline_or_fails_when_asked() -> None:
+    check = work_check(_work_entry(), _work(ops=900), SETTINGS)
+    assert check.status == WARN
+    assert check.message.startswith("less work than the baseline counted; the baseline looks stale")
+    strict = replace(SETTINGS, fail_on_improvement=True)
+    assert work_check(_work_entry(), _work(ops=900), strict).status == FAIL
+
+
+def test_work_without_a_baseline_or_counts_is_a_note_or_skipped() -> None:
+    assert work_check(_relative_entry(), _work(), SETTINGS).status == NOTE
+    assert "no baseline of the counted work" in work_check(None, _work(), SETTINGS).message
+    assert work_check(_work_entry(), None, SETTINGS).status == NOTE
+    assert work_check(_work_entry(), _work(), SETTINGS, counted=False).status == SKIP
+
+
+def test_device_time_is_gated_on_its_recorded_runs() -> None:
+    entry = replace(_entry(), device_time_run_medians=(0.010, 0.0101, 0.0099, 0.0100, 0.0100))
+    assert device_time_check(entry, 0.0100, SETTINGS).status == OK
+    slower = device_time_check(entry, 0.0110, SETTINGS)
+    assert slower.status == FAIL
+    assert slower.message.startswith("device time per token grew: 11 ms vs baseline 10 ms")
+    assert isinstance(slower.figures, DeviceTimeFigures)
+    assert slower.figures.change == pytest.approx(0.1)
+    faster = device_time_check(entry, 0.0090, SETTINGS)
+    assert faster.status == WARN and "stale" in faster.message
+    assert device_time_check(entry, None, SETTINGS).status == SKIP
+    assert device_time_check(_entry(), 0.01, SETTINGS).status == NOTE
+
+
+def _slowed(slower_by: float, cpu_now: float, work: Work | None = None, device: Check = None):
+    """The throughput, relative, work checks and the busy check of a run `slower_by` slower
+    than its baseline whose CPU time per token is `cpu_now` (recorded: 0.01 s)."""
+    entry = _work_entry()
+    throughput = baseline_check(entry, [v * (1 - slower_by) for v in BASE], SETTINGS, "k", [])
+    relative = relative_speed_check(entry, [v * (1 - slower_by) for v in RELATIVE], SETTINGS)
+    work = work_check(entry, work or _work(), SETTINGS)
+    device = device or skipped_check("device_time", "cpu")
+    cpu = cpu_change(entry, cpu_now, SETTINGS)
+    return throughput, relative, work, busy_check(throughput, relative, work, device, cpu)
+
+
+def test_a_busy_machine_warns_instead_of_failing() -> None:
+    # Half the tok/s, the same work and CPU time per token: a neighbour took the cores.
+    throughput, relative, work, (busy, busy_relative) = _slowed(0.5, 0.0101)
+    assert throughput.status == FAIL and relative.status == FAIL and work.status == OK
+    assert busy.status == WARN and busy_relative.status == WARN
+    assert busy.message.startswith(
+        "machine busy: wall time per token +100.0% while CPU time per token +1.0%"
+    )
+    assert _baseline(busy).verdict == "machine busy" == _relative(busy_relative).verdict
+    figures = _baseline(busy).busy
+    assert figures is not None and figures.host_cpu_change == pytest.approx(0.01)
+
+
+def test_a_strategy_slowed_by_a_busy_machine_warns_too() -> None:
+    # The throughput held within its tolerance, but the wrapped model fell behind the bare one
+    # beside it (its collectives wait on a descheduled peer) while the CPU time stayed put.
+    entry = _work_entry()
+    throughput = baseline_check(entry, [v * 0.95 for v in BASE], SETTINGS, "k", [])
+    relative = relative_speed_check(entry, [v * 0.5 for v in RELATIVE], SETTINGS)
+    work = work_check(entry, _work(), SETTINGS)
+    device = skipped_check("device_time", "cpu")
+    assert throughput.status == OK and relative.status == FAIL
+    cpu = cpu_change(entry, 0.0101, SETTINGS)
+    same, excused = busy_check(throughput, relative, work, device, cpu)
+    assert same == throughput and excused.status == WARN
+    assert excused.message.startswith(
+        "machine busy: wall time per token against the bare model's +100.0% while CPU time per "
+        "token +1.0%"
+    )
+    more_cpu = cpu_change(entry, 0.013, SETTINGS)
+    assert busy_check(throughput, relative, work, device, more_cpu)[1] == relative
+
+
+def test_extra_computation_on_a_busy_machine_still_fails() -> None:
+    # 30% slower, and the CPU time per token rose with it: the code does more.
+    _, _, _, (busy, relative) = _slowed(0.3, 0.0143)
+    assert busy.status == FAIL and relative.status == FAIL
+    assert _baseline(busy).busy.host_cpu_change == pytest.approx(0.43)
+
+
+def test_changed_work_or_device_time_is_never_excused_as_a_busy_machine() -> None:
+    more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
+    _, _, work, (busy, _) = _slowed(0.5, 0.01, work=more)
+    assert work.status == FAIL and busy.status == FAIL
+    grew = Check("device_time", FAIL, "device time per token grew")
+    assert _slowed(0.5, 0.01, device=grew)[3][0].status == FAIL
+    unknown = Check("device_time", NOTE, "no baseline of the device time per token")
+    assert _slowed(0.5, 0.01, device=unknown)[3][0].status == FAIL
+
+
+def test_without_cpu_time_a_regression_stays_a_failure() -> None:
+    entry = _work_entry(cpu=())
+    assert cpu_change(entry, 0.01, SETTINGS) is None
+    assert cpu_change(_work_entry(), None, SETTINGS) is None
+    throughput, relative, work, _ = _slowed(0.5, 0.01)
+    device = skipped_check("device_time", "cpu")
+    assert busy_check(throughput, relative, work, device, None) == (throughput, relative)
+
+
+def test_a_failed_throughput_check_says_whether_the_work_changed() -> None:
+    throughput, _, same, _ = _slowed(0.3, 0.0143)
+    reason = with_work_reason(throughput, same, cpu_change(_work_entry(), 0.0143, SETTINGS))
+    assert reason.message.endswith(
+        "\nthe counted work is the baseline's: the same work got slower (CPU time per token +43.0%)"
+    )
+    changed = work_check(_work_entry(), _work(extra={"send": CollectiveCount(1, 8)}), SETTINGS)
+    assert with_work_reason(throughput, changed, None).message.endswith(
+        "\nthe counted work changed: send per token: 0 -> 1 calls (+8 B); "
+        "send per prefill: 0 -> 1 calls (+8 B)"
+    )
+    unknown = work_check(None, _work(), SETTINGS)
+    assert with_work_reason(throughput, unknown, None) == throughput
+    passing = baseline_check(_work_entry(), BASE, SETTINGS, "k", [])
+    assert with_work_reason(passing, changed, None) == passing
+
+
+def test_the_decision_holds_the_work_and_device_time_checks() -> None:
+    passing = threshold_check(_prediction(10.0), 9.0, 0.6)
+    changed = work_check(_work_entry(), _work(extra={"send": CollectiveCount(1, 8)}), SETTINGS)
+    decision = replace(
+        _decision(passing, baseline_check(None, BASE, SETTINGS, "k", [])), work=changed
+    )
+    assert decision.verdict == "FAIL (work)"
+    assert "distperf work check failed:\nthe counted work changed" in decision.failure_text()
+    assert not replace(decision, gates=False).failed
+    assert [c.name for c in decision.checks][-2:] == ["work", "device_time"]
+
+
+def _run(slower: float = 1.0, work: Work | None = None, cpu: float = 0.01) -> RunResult:
+    spec = RunSpec("t.py::t", "auto", 1, "cpu", Workload(), repeats=5, warmup=0, timeout=9.0)
+    rank = RankResult(
+        rank=0,
+        samples=tuple(Sample(t * slower, None, None) for t in (1.0, 1.01, 0.99, 1.0, 1.005)),
+        peak_memory_bytes=1,
+        memory_kind="process RSS peak",
+        implementation=Implementation("SingleDeviceStrategy", "replicated", "", "none"),
+        versions={},
+        device_name="cpu",
+        tokens=((1,),),
+        replicas=1,
+        timed_from=1.0,
+        work=work or _work(),
+        host_cpu_per_token_s=cpu,
+    )
+    return RunResult(spec, (rank,), launch_s=1.0, launched_at=0.0)
+
+
+def test_the_gate_records_the_work_and_judges_the_next_run_by_it(tmp_path) -> None:
+    from pytest_distperf.judge.gate import Gate
+    from pytest_distperf.store.store import BaselineStore
+    from pytest_distperf.topology import probe
+
+    store = BaselineStore(tmp_path)
+    recording = Gate(probe("cpu", 1), store, update=True)
+    decision = recording.decide(_run(), SETTINGS, None)
+    assert decision.work.status == SKIP
+    assert recording.record(_run(), decision, None)
+    [entry] = store.load(recording.topology_key).values()
+    assert entry.work == _work() and entry.host_cpu_run_medians == (0.01,)
+
+    gate = Gate(probe("cpu", 1), store)
+    assert gate.decide(_run(), SETTINGS, None).work.status == OK
+    more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
+    changed = gate.decide(_run(work=more), SETTINGS, None)
+    assert changed.failed and changed.verdict == "FAIL (work)"
+    busy = gate.decide(_run(slower=2.0), SETTINGS, None)
+    assert busy.baseline.message.startswith("machine busy: wall time per token +100.0% while")
+    assert busy.verdict == "WARN (baseline)" and not busy.failed
+    slower = gate.decide(_run(slower=2.0, cpu=0.02), SETTINGS, None)
+    assert slower.verdict == "FAIL (baseline)"
+    assert slower.baseline.message.endswith("the same work got slower (CPU time per token +100.0%)")
+    both = gate.decide(_run(slower=2.0, work=more), SETTINGS, None)
+    assert both.verdict == "FAIL (baseline, work)"
+    assert "\nthe counted work changed: all_reduce per token: 0 -> 12" in both.baseline.message
+    uncounted = _run()
+    uncounted = replace(uncounted, spec=replace(uncounted.spec, count_work=False))
+    assert gate.decide(uncounted, SETTINGS, None).work.status == SKIP

@@ -52,11 +52,19 @@ class CheckStatus(str, enum.Enum):
             raise ValueError(f"{where}: unknown check status {word!r} ({words})") from None
 
 
-CheckName = Literal["threshold", "baseline", "relative_speed", "memory"]
-CHECK_NAMES: tuple[CheckName, ...] = ("threshold", "baseline", "relative_speed", "memory")
-#: A comparison's verdict, or the machine check's excuse for a regression.
-BaselineVerdict = Literal[Verdict, "machine slower"]
+CheckName = Literal["threshold", "baseline", "relative_speed", "memory", "work", "device_time"]
+CHECK_NAMES: tuple[CheckName, ...] = (
+    "threshold",
+    "baseline",
+    "relative_speed",
+    "memory",
+    "work",
+    "device_time",
+)
+#: A comparison's verdict, or the machine or busy check's excuse for a regression.
+BaselineVerdict = Literal[Verdict, "machine slower", "machine busy"]
 MACHINE_SLOWER: BaselineVerdict = "machine slower"
+MACHINE_BUSY: BaselineVerdict = "machine busy"
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,15 @@ class MachineFigures:
 
 
 @dataclass(frozen=True)
+class BusyFigures:
+    """The busy check's figures (judge/counted.py): relative changes against the baseline's."""
+
+    wall_change: float  # wall time per token: positive when slower
+    host_cpu_change: float  # process CPU time per token
+    host_cpu_tolerance: float  # what the CPU time may move by itself
+
+
+@dataclass(frozen=True)
 class BaselineFigures:
     baseline_tokens_per_sec: float
     change: float
@@ -91,6 +108,7 @@ class BaselineFigures:
     recorded_at: str
     commit: str | None
     machine: MachineFigures | None = None  # when the host loop could be weighed
+    busy: BusyFigures | None = None  # when the CPU time per token could be weighed
 
 
 @dataclass(frozen=True)
@@ -107,10 +125,37 @@ class RelativeSpeedFigures:
     tolerance: float
     p_value: float
     detectable_drop: float
-    verdict: Verdict
+    verdict: BaselineVerdict  # "machine busy" when the busy check excused it
 
 
-Figures = ThresholdFigures | BaselineFigures | DetectableFigures | RelativeSpeedFigures
+@dataclass(frozen=True)
+class WorkFigures:
+    """What the work check found changed against the baseline's counts (work.compare_work)."""
+
+    tolerance: float  # of bytes, ops, FLOPs and kernels; kinds and calls are exact
+    more: tuple[str, ...]  # more work, a new collective kind or more calls: each fails
+    less: tuple[str, ...]  # less work: a stale baseline
+
+
+@dataclass(frozen=True)
+class DeviceTimeFigures:
+    """Kernel time per decode token against the recorded runs' (lower is better)."""
+
+    baseline_s: float
+    change: float  # of time: positive when slower
+    tolerance: float
+    p_value: float
+    verdict: Verdict  # of the rate, 1 / time: "regression" when the time grew
+
+
+Figures = (
+    ThresholdFigures
+    | BaselineFigures
+    | DetectableFigures
+    | RelativeSpeedFigures
+    | WorkFigures
+    | DeviceTimeFigures
+)
 
 
 @dataclass(frozen=True)
@@ -140,6 +185,13 @@ class GateSettings:
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
     gates: bool = True  # False: every check is reported, none fails the test (--distperf-gates)
+    # The work gate's relative tolerance of bytes, ops, FLOPs and kernels (--distperf-work-
+    # tolerance); collective kinds and calls are exact.
+    work_tolerance: float = 0.01
+    # Floors of the noise of the device time and of the CPU time per token: both barely move
+    # with the host, so their floors sit below the throughput's (docs/gates.md).
+    device_time_tolerance_floor: float = 0.02
+    cpu_tolerance_floor: float = 0.10
 
 
 def threshold_check(
@@ -206,9 +258,7 @@ def baseline_check(
         recorded_at=entry.recorded_at,
         commit=entry.commit,
     )
-    return Check(
-        "baseline", _comparison_status(comparison, settings), comparison.message(), figures
-    )
+    return Check("baseline", comparison_status(comparison, settings), comparison.message(), figures)
 
 
 def relative_speed_check(
@@ -246,7 +296,7 @@ def relative_speed_check(
         "wrapper and no collectives, run right after each repeat, over this run's; the host's "
         "own speed cancels out)"
     )
-    return Check(name, _comparison_status(comparison, settings), message, figures)
+    return Check(name, comparison_status(comparison, settings), message, figures)
 
 
 def machine_check(
@@ -351,7 +401,7 @@ def skipped_check(name: CheckName, why: str) -> Check:
     return Check(name, CheckStatus.SKIP, why)
 
 
-def _comparison_status(comparison: Comparison, settings: GateSettings) -> CheckStatus:
+def comparison_status(comparison: Comparison, settings: GateSettings) -> CheckStatus:
     """A stale (much faster) baseline warns unless --distperf-fail-on-improvement; a change
     beyond the tolerance without statistical support only warns."""
     return {
@@ -360,6 +410,10 @@ def _comparison_status(comparison: Comparison, settings: GateSettings) -> CheckS
         "improvement": CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN,
         "noisy": CheckStatus.WARN,
     }[comparison.verdict]
+
+
+_NOT_COUNTED = Check("work", CheckStatus.SKIP, "not run")
+_NO_DEVICE_TIME = Check("device_time", CheckStatus.SKIP, "not run")
 
 
 @dataclass(frozen=True)
@@ -371,10 +425,19 @@ class Decision:
     relative_speed: Check
     memory: Check
     gates: bool = True  # False: reported only; the verdict says "off" and nothing fails the test
+    work: Check = _NOT_COUNTED  # the counted work against the baseline's (judge/counted.py)
+    device_time: Check = _NO_DEVICE_TIME
 
     @property
-    def checks(self) -> tuple[Check, Check, Check, Check]:
-        return (self.threshold, self.baseline, self.relative_speed, self.memory)
+    def checks(self) -> tuple[Check, ...]:
+        return (
+            self.threshold,
+            self.baseline,
+            self.relative_speed,
+            self.memory,
+            self.work,
+            self.device_time,
+        )
 
     @property
     def failed(self) -> bool:

@@ -21,6 +21,13 @@ from pytest_distperf.judge.checks import (
     skipped_check,
     threshold_check,
 )
+from pytest_distperf.judge.counted import (
+    busy_check,
+    cpu_change,
+    device_time_check,
+    with_work_reason,
+    work_check,
+)
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
@@ -145,19 +152,28 @@ class Gate:
                 baseline=detectable_check(result.tokens_per_sec_samples, settings),
                 relative_speed=skipped_check("relative_speed", why),
                 memory=skipped_check("memory", why),
+                work=skipped_check("work", why),
+                device_time=skipped_check("device_time", why),
             )
         entry = self.store.get(self.topology_key, test_identity(result))
         samples = result.tokens_per_sec_samples
         baseline = baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
         relative = relative_speed_check(entry, result.relative_speed_samples, settings)
+        baseline = machine_check(
+            baseline, relative, entry, result.host_loop_samples, not result.cuda_graphs
+        )
+        work = work_check(entry, result.work, settings, counted=result.spec.count_work)
+        device_time = device_time_check(entry, result.device_time_per_token_s, settings)
+        cpu = cpu_change(entry, result.host_cpu_per_token_s, settings)
+        baseline, relative = busy_check(baseline, relative, work, device_time, cpu)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
-            threshold=threshold,
-            baseline=machine_check(
-                baseline, relative, entry, result.host_loop_samples, not result.cuda_graphs
-            ),
+            threshold=with_work_reason(threshold, work, cpu),
+            baseline=with_work_reason(baseline, work, cpu),
             relative_speed=relative,
             memory=memory_check(entry, result.peak_memory_bytes, settings, exact),
+            work=work,
+            device_time=device_time,
         )
 
     def known_keys(self) -> list[str]:
@@ -180,6 +196,9 @@ class Gate:
             extra=extra,
             relative_samples=result.relative_speed_samples,
             host_loop_samples=result.host_loop_samples,
+            work=result.work,
+            host_cpu_per_token_s=result.host_cpu_per_token_s,
+            device_time_per_token_s=result.device_time_per_token_s,
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import Calibration
     from pytest_distperf.ranks.bare import BareCopy
     from pytest_distperf.ranks.compiled import CompiledStep
+    from pytest_distperf.ranks.counting import Counted, DynamoMark
     from pytest_distperf.ranks.models import RankModel
     from pytest_distperf.ranks.reference import ReferenceChoice
     from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
@@ -48,13 +49,16 @@ class RankContext:
     bare: BareCopy | None = None  # bare_copy
     wrapped_steps: CompiledStep | None = None  # compile
     compile_s: float | None = None  # compile
+    dynamo_before: DynamoMark | None = None  # compile: dynamo's totals before compiling
     samples: list[Sample] = field(default_factory=list)  # time
     tokens: torch.Tensor | None = None  # time: the last generation's [B, max_new_tokens]
     timed_from: float = 0.0  # time: epoch seconds when the timed generations began
     bare_samples: list[Sample] = field(default_factory=list)  # time: one beside each sample
     host_loop_s: tuple[float, ...] = ()  # time: the host's loop beside each sample
+    host_cpu_per_token_s: float | None = None  # time: CPU seconds per new token, timed repeats
     reference: ReferenceChoice | None = None  # pick_reference
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
+    counted: Counted | None = None  # count_work: None when off or failed
     result: RankResult | None = None  # result
 
     @property

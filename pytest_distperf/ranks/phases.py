@@ -14,9 +14,10 @@ from distperf_model.generate import make_prompt
 
 from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes
 from pytest_distperf.perfmodel.shape import ModelShape
-from pytest_distperf.ranks import environment, memory
+from pytest_distperf.ranks import counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.context import DTYPES, RankContext
+from pytest_distperf.ranks.counting import dynamo_mark
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
 from pytest_distperf.ranks.models import build as build_model
@@ -177,6 +178,7 @@ def compile_steps(ctx: RankContext) -> None:
         )
         return
     own_step = ctx.record.decodes_across_ranks
+    ctx.dynamo_before = dynamo_mark()  # the graph breaks of this test's compiling come after
     ctx.wrapped_steps, ctx.bare.steps, ctx.compile_s = compile_run(
         ctx.wrapped,
         ctx.model.module,
@@ -198,7 +200,7 @@ def time_generations(ctx: RankContext) -> None:
     def beside() -> tuple[Sample | None, float]:
         return bare.generation(), interpreter_loop_seconds()
 
-    samples, tokens, timed_from, besides = run_workload(
+    samples, tokens, timed_from, besides, cpu_s = run_workload(
         ctx.wrapped,
         ctx.prompt,
         workload.max_new_tokens,
@@ -217,6 +219,8 @@ def time_generations(ctx: RankContext) -> None:
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
     ctx.bare_samples, ctx.host_loop_s = bare_samples, tuple(s for _, s in besides)
+    new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
+    ctx.host_cpu_per_token_s = cpu_s / new_tokens if new_tokens else None
 
 
 def pick_reference(ctx: RankContext) -> None:
@@ -236,9 +240,29 @@ def memory_peak(ctx: RankContext) -> None:
     ctx.peak_memory = ctx.bare.reported_peak(*memory.peak(ctx.device))
 
 
+def count_work(ctx: RankContext) -> None:
+    """One more generation, untimed, with this rank's work counted (ranks/counting.py). A count
+    that fails leaves the work unknown and says so on stderr: it never fails a healthy run."""
+    if not ctx.spec.count_work:
+        return
+    steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
+    try:
+        ctx.counted = counting.count_work(
+            ctx.wrapped,
+            ctx.prompt,
+            ctx.workload.max_new_tokens,
+            generate=ctx.generate,
+            next_token=ctx.half.next_token,
+            steps=steps,
+            compiled_since=ctx.dynamo_before if steps is not None else None,
+        )
+    except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
+        counting.warn(ctx.fabric.global_rank, error)
+
+
 def result(ctx: RankContext) -> None:
     """The rank's result, from what the phases before measured."""
-    fabric, steps, chosen = ctx.fabric, ctx.wrapped_steps, ctx.reference
+    fabric, steps, chosen, counted = ctx.fabric, ctx.wrapped_steps, ctx.reference, ctx.counted
     fabric_strategy, sharding, wrapper = ctx.half.describe_implementation(fabric, ctx.wrapped)
     peak, memory_kind = ctx.peak_memory
     ctx.result = RankResult(
@@ -263,6 +287,9 @@ def result(ctx: RankContext) -> None:
         graph_breaks=bool(steps and steps.graph_breaks),
         reference_prefill_s=chosen.prefill_s,
         eager_reference=chosen.eager,
+        work=counted.work if counted else None,
+        host_cpu_per_token_s=ctx.host_cpu_per_token_s,
+        device_time_per_token_s=counted.device_time_per_token_s if counted else None,
     )
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "NextTokenFn",
     "StepOverride",
     "device_sync",
+    "marked_generation",
     "reference_token_time",
     "run_workload",
     "steady_median",
@@ -38,6 +39,8 @@ T = TypeVar("T")
 GenerateFn = Callable[[Callable[..., torch.Tensor], torch.Tensor, int], Any]
 # A strategy's own step (StrategyRecord.next_token): (model, idx, input_pos) -> token [B, 1]
 NextTokenFn = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
+# Told where a phase of the built-in loop begins: "prefill", then "decode" before every step.
+MarkFn = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -88,14 +91,36 @@ def timed_generation(
     fences.sync()
     end = time.perf_counter()
     if slowdown:
-        # The documented self-check knob: stretch the generation so the rate drops by `slowdown`.
-        time.sleep((end - start) * slowdown / (1.0 - slowdown))
+        # The documented self-check knob: stretch the generation so the rate drops by
+        # `slowdown`, spinning as extra computation would (a sleep reads as a busy machine).
+        _spin((end - start) * slowdown / (1.0 - slowdown))
         end = time.perf_counter()
     if first is None:
         sample = Sample(total_s=end - start, ttft_s=None, decode_s=None)
         return sample, _new_tokens(out, prompt, max_new_tokens)
     sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first)
     return sample, torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def marked_generation(
+    model: Callable[..., torch.Tensor],
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    mark: MarkFn,
+    generate: GenerateFn | None = None,
+    next_token: NextTokenFn | None = None,
+    steps: StepOverride | None = None,
+) -> None:
+    """One generation as the timed ones run it, untimed and unfenced, with `mark` told where
+    each phase begins (ranks/counting.py); a user's own loop, whose split is unknown, is all
+    "prefill"."""
+    if generate is not None:
+        mark("prefill")
+        generate(model, prompt, max_new_tokens)
+        return
+    unfenced = Fences(sync=lambda: None, barrier=lambda: None)
+    _prefill_and_decode(model, prompt, max_new_tokens, unfenced, next_token, steps, mark)
 
 
 def _prefill_and_decode(
@@ -105,15 +130,19 @@ def _prefill_and_decode(
     fences: Fences,
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
+    mark: MarkFn | None = None,
 ) -> tuple[list[torch.Tensor], float]:
     """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready.
 
-    `steps` replaces the prefill, the steps after it, or both (the compiled steps)."""
+    `steps` replaces the prefill, the steps after it, or both (the compiled steps); `mark`,
+    when given, is told where each phase begins."""
     batch, prompt_length = prompt.shape
     device = prompt.device
     first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
     if steps is not None:
         first_step, step = steps.prefill or first_step, steps.decode or step
+    if mark is not None:
+        mark("prefill")
     input_pos = torch.arange(prompt_length, device=device)
     token = first_step(model, prompt, input_pos)  # [B, 1]
     fences.sync()
@@ -123,6 +152,8 @@ def _prefill_and_decode(
     # wait for the GPU every token and hide the launch overlap that eager decoding lives on.
     input_pos = torch.tensor([prompt_length], device=device)  # [1]
     for _ in range(max_new_tokens - 1):
+        if mark is not None:
+            mark("decode")
         token = step(model, token, input_pos)
         new_tokens.append(token)
         input_pos = input_pos + 1
@@ -158,7 +189,7 @@ def run_workload(
     progress: Callable[[str], None] | None = None,
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
-) -> tuple[list[Sample], torch.Tensor, float, list[T]]:
+) -> tuple[list[Sample], torch.Tensor, float, list[T], float]:
     """Warm-up generations (untimed), then `repeats` timed ones.
 
     `progress`, when given, gets a short text before each warm-up and after each repeat (with
@@ -169,8 +200,9 @@ def run_workload(
     host whose speed drifts moves both alike.
 
     Returns the samples, the last generation's tokens, the wall-clock time (epoch seconds) at
-    which the timed generations began (from which the fixed cost of a test is derived) and the
-    paired results of the timed phase.
+    which the timed generations began (from which the fixed cost of a test is derived), the
+    paired results of the timed phase and this process's CPU seconds in the timed generations
+    alone (a busy neighbour takes wall time, not this process's CPU time).
     """
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
@@ -184,16 +216,19 @@ def run_workload(
     timed_from = time.time()
     samples: list[Sample] = []
     beside: list[T] = []
+    cpu_s = 0.0
     for done in range(repeats):
+        cpu_start = time.process_time()
         sample, tokens = timed_generation(
             model, prompt, max_new_tokens, fences, slowdown, generate, next_token, steps
         )
+        cpu_s += time.process_time() - cpu_start
         samples.append(sample)
         rate = prompt.shape[0] * max_new_tokens / sample.total_s
         say(f"repeat {done + 1}/{repeats}: {rate:.2f} tok/s (rank 0)")
         if paired is not None:
             beside.append(paired())
-    return samples, tokens, timed_from, beside
+    return samples, tokens, timed_from, beside, cpu_s
 
 
 # The reference is timed right after start-up (and, in a session's first test, right after the
@@ -256,3 +291,10 @@ def reference_token_time(
     prefills.clear()
     step_s = steady_median(once)[0]
     return step_s, statistics.median(prefills) if prefills else None
+
+
+def _spin(seconds: float) -> None:
+    """Keep this process's CPU busy for `seconds` of wall time."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass

@@ -31,6 +31,7 @@ PHASES: tuple[Phase, ...] = (
     phases.time_generations,  # warm-up and timed repeats, the bare model beside each
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
+    phases.count_work,  # one more generation, untimed, its work counted per token
     phases.result,  # the RankResult
 )
 

@@ -20,11 +20,12 @@ from typing import Any
 
 from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object
 from pytest_distperf.store.spread import relative_spread
+from pytest_distperf.work import Work
 
-# 2 added run_medians, 3 the relative speed, 4 the host's own speed; older files are read
-# (without them), written as 4
-SCHEMA = 4
-READABLE_SCHEMAS = (1, 2, 3, 4)
+# 2 added run_medians, 3 the relative speed, 4 the host's own speed, 5 the counted work and
+# the CPU and device time per token; older files are read (without them), written as 5
+SCHEMA = 5
+READABLE_SCHEMAS = (1, 2, 3, 4, 5)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
 # of speed leaves the window (the spread is interquartile, so a change in under a quarter of
 # the window is ignored, and one in more widens the tolerance until it leaves).
@@ -46,9 +47,23 @@ _ENTRY_FIELDS = frozenset(
     }
 )
 # Absent from older files: run_medians before schema 2, the relative speed before schema 3,
-# the host loop before schema 4.
-_LIST_FIELDS = ("run_medians", "relative_samples", "relative_run_medians", "host_loop_run_medians")
-_OPTIONAL_ENTRY_FIELDS = frozenset(_LIST_FIELDS)
+# the host loop before schema 4, the counted work and per-token times before schema 5.
+_LIST_FIELDS = (
+    "run_medians",
+    "relative_samples",
+    "relative_run_medians",
+    "host_loop_run_medians",
+    "host_cpu_run_medians",
+    "device_time_run_medians",
+)
+_OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
+# One value per recorded run, extended by every refresh (`following`).
+_HISTORIES = (
+    "relative_run_medians",
+    "host_loop_run_medians",
+    "host_cpu_run_medians",
+    "device_time_run_medians",
+)
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
 _SIGNIFICANT_DIGITS = 6
@@ -97,6 +112,12 @@ class BaselineEntry:
     #: Median seconds of the host-speed loop (hostspeed.py) timed beside the repeats of each of
     #: the last RUN_HISTORY recorded runs: how fast the machine itself was; empty if unknown.
     host_loop_run_medians: tuple[float, ...] = ()
+    #: The counted work of the latest recorded run (work.py); None when it was not counted.
+    work: Work | None = None
+    #: Process CPU time per new token (the slowest rank's) and, on CUDA, summed kernel time per
+    #: decode token, of each of the last RUN_HISTORY recorded runs; empty if unknown.
+    host_cpu_run_medians: tuple[float, ...] = ()
+    device_time_run_medians: tuple[float, ...] = ()
 
     @property
     def relative_median(self) -> float | None:
@@ -136,6 +157,8 @@ class BaselineEntry:
             raise ValueError(f"{self.test_id}: versions must map package names to version strings")
         if not isinstance(self.extra, Mapping):
             raise ValueError(f"{self.test_id}: extra must be a mapping")
+        if self.work is not None and not isinstance(self.work, Work):
+            raise ValueError(f"{self.test_id}: work must be a Work or None")
         try:
             # A JSON round trip both rejects what save() could not write (fail at creation, not in
             # a later save) and deep-copies, so the caller's dict cannot change the entry.
@@ -166,9 +189,13 @@ class BaselineEntry:
         extra: Mapping[str, Any] | None = None,
         relative_samples: Iterable[float] = (),
         host_loop_samples: Iterable[float] = (),
+        work: Work | None = None,
+        host_cpu_per_token_s: float | None = None,
+        device_time_per_token_s: float | None = None,
     ) -> BaselineEntry:
         """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
-        time of each, when known), computing the summary statistics."""
+        time of each, when known, and the run's counted work and per-token times), computing
+        the summary statistics."""
         rounded = _rounded_samples(samples, test_id, "samples")
         if not rounded:
             raise ValueError(f"{test_id}: no samples")
@@ -193,6 +220,11 @@ class BaselineEntry:
             relative_samples=relative,
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
             host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
+            work=work,
+            host_cpu_run_medians=_one_run(host_cpu_per_token_s, test_id, "host_cpu_per_token_s"),
+            device_time_run_medians=_one_run(
+                device_time_per_token_s, test_id, "device_time_per_token_s"
+            ),
         )
 
     def following(self, previous: BaselineEntry) -> BaselineEntry:
@@ -201,27 +233,14 @@ class BaselineEntry:
         earlier_relative = previous.relative_run_medians
         if not earlier_relative and previous.relative_median is not None:
             earlier_relative = (previous.relative_median,)
-        histories = {
-            "run_medians": previous.run_medians,
-            "relative_run_medians": previous.relative_run_medians,
-            "host_loop_run_medians": previous.host_loop_run_medians,
-        }
+        histories = {name: getattr(previous, name) for name in ("run_medians", *_HISTORIES)}
+        before = {**histories, "run_medians": earlier, "relative_run_medians": earlier_relative}
         if previous == replace(self, **histories):  # the same run saved again: no new run
-            return replace(
-                self,
-                run_medians=earlier,
-                relative_run_medians=earlier_relative,
-                host_loop_run_medians=previous.host_loop_run_medians,
-            )
-        return replace(
-            self,
-            run_medians=(*earlier, self.median)[-RUN_HISTORY:],
-            # A run without a bare model (or host loop) breaks that history: no spread across gaps.
-            relative_run_medians=_extended(earlier_relative, self.relative_run_medians),
-            host_loop_run_medians=_extended(
-                previous.host_loop_run_medians, self.host_loop_run_medians
-            ),
-        )
+            return replace(self, **before)
+        # A run without a bare model (or host loop, ...) breaks that history: no spread across
+        # gaps.
+        extended = {name: _extended(before[name], getattr(self, name)) for name in _HISTORIES}
+        return replace(self, **extended, run_medians=(*earlier, self.median)[-RUN_HISTORY:])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -240,6 +259,10 @@ class BaselineEntry:
             "relative_samples": list(self.relative_samples),
             "relative_run_medians": list(self.relative_run_medians),
             "host_loop_run_medians": list(self.host_loop_run_medians),
+            "host_cpu_run_medians": list(self.host_cpu_run_medians),
+            "device_time_run_medians": list(self.device_time_run_medians),
+            # left out when not counted: an entry without it reads as before schema 5
+            **({} if self.work is None else {"work": self.work.to_json()}),
         }
 
     @classmethod
@@ -251,6 +274,9 @@ class BaselineEntry:
         if missing or unknown:
             raise ValueError(f"entry fields: missing {missing}, unknown {unknown}")
         lists = {name: get_field(data, name, list, default=[]) for name in _LIST_FIELDS}
+        work = data.get("work")
+        if work is not None:
+            work = Work.from_json(work, f"baseline entry {data.get('test_id')!r}: work")
         return cls(
             test_id=data["test_id"],
             samples=tuple(get_field(data, "samples", list)),
@@ -267,7 +293,16 @@ class BaselineEntry:
             relative_samples=tuple(lists["relative_samples"]),
             relative_run_medians=tuple(lists["relative_run_medians"]),
             host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
+            work=work,
+            host_cpu_run_medians=tuple(lists["host_cpu_run_medians"]),
+            device_time_run_medians=tuple(lists["device_time_run_medians"]),
         )
+
+
+def _one_run(value: float | None, test_id: str, name: str) -> tuple[float, ...]:
+    """A run's one value as the start of its history; () when the run has none (a zero, as a
+    profile without kernels gives, is no level to compare with either)."""
+    return () if value is None or value == 0 else _rounded_samples((value,), test_id, name)
 
 
 def _extended(history: tuple[float, ...], own: tuple[float, ...]) -> tuple[float, ...]:

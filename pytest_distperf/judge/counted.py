@@ -1,0 +1,213 @@
+"""Checks on what the counted generation saw: the work gate, the device time per token, and
+the reasons a slower run gets (its work changed, the same work got slower, or the machine was
+busy).
+
+Counts do not move between unchanged runs, so the work gate compares them exactly (calls and
+collective kinds) or within a small tolerance (bytes, ops, FLOPs, kernels). A rank's CPU time
+per token rises when its own code does more and stays put when a neighbour takes its core:
+where tok/s dropped but neither the counted work nor the CPU time per token (nor, on GPU ranks,
+the device time per token) moved beyond its noise, the throughput's failure becomes a "machine
+busy" warning. Pure: no I/O, no pytest. Mechanics: docs/gates.md, "The work gate".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pytest_distperf.judge.checks import (
+    MACHINE_BUSY,
+    BaselineFigures,
+    BusyFigures,
+    Check,
+    CheckStatus,
+    DeviceTimeFigures,
+    GateSettings,
+    RelativeSpeedFigures,
+    WorkFigures,
+    comparison_status,
+    skipped_check,
+)
+from pytest_distperf.judge.stats import compare_to_recorded_runs
+from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, drift_tolerance
+from pytest_distperf.store.entry import BaselineEntry
+from pytest_distperf.work import Work, compare_work, work_cell
+
+
+def work_check(
+    entry: BaselineEntry | None, work: Work | None, settings: GateSettings, counted: bool = True
+) -> Check:
+    """The counted work against the baseline's: more work, a new collective kind or a changed
+    call count fails; less work warns that the baseline is stale."""
+    if not counted:
+        return skipped_check("work", "not counted (--distperf-count off)")
+    if work is None:
+        return Check("work", CheckStatus.NOTE, "the ranks counted no work for this run")
+    if entry is None or entry.work is None:
+        return Check(
+            "work",
+            CheckStatus.NOTE,
+            f"no baseline of the counted work; collectives per token: {work_cell(work)}",
+        )
+    tolerance = settings.work_tolerance
+    comparison = compare_work(entry.work, work, tolerance)
+    figures = WorkFigures(
+        tolerance=tolerance,
+        more=tuple(c.message for c in comparison.more),
+        less=tuple(c.message for c in comparison.less),
+    )
+    rule = (
+        f"(collective kinds and calls exact; bytes, ops, FLOPs and kernels within {tolerance:.1%})"
+    )
+    if comparison.more:
+        message = f"the counted work changed: {comparison.message()} {rule}"
+        return Check("work", CheckStatus.FAIL, message, figures)
+    if comparison.less:
+        status = CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN
+        message = (
+            f"less work than the baseline counted; the baseline looks stale, update it: "
+            f"{comparison.message()} {rule}"
+        )
+        return Check("work", status, message, figures)
+    message = f"the same work as the baseline: collectives per token {work_cell(work)} {rule}"
+    return Check("work", CheckStatus.OK, message, figures)
+
+
+def device_time_check(
+    entry: BaselineEntry | None, device_time_s: float | None, settings: GateSettings
+) -> Check:
+    """Kernel time per decode token against the recorded runs', with the throughput's
+    statistics (judge/stats.py) on its inverse, device tokens per second: lower is better."""
+    if device_time_s is None:
+        return skipped_check("device_time", "no device time per token (CPU ranks, or not counted)")
+    history = () if entry is None else entry.device_time_run_medians
+    if not history:
+        return Check("device_time", CheckStatus.NOTE, "no baseline of the device time per token")
+    rates = [1.0 / t for t in history]
+    comparison = compare_to_recorded_runs(
+        rates,
+        [1.0 / device_time_s],
+        rates,
+        tolerance=settings.tolerance,
+        alpha=settings.alpha,
+        tolerance_floor=settings.device_time_tolerance_floor,
+        unit="tok/device-s",
+        subject="device time per token",
+    )
+    baseline_s = 1.0 / comparison.baseline_median
+    change = device_time_s / baseline_s - 1.0  # of time: positive when slower
+    figures = DeviceTimeFigures(
+        baseline_s=baseline_s,
+        change=change,
+        tolerance=comparison.tolerance,
+        p_value=comparison.p_value,
+        verdict=comparison.verdict,
+    )
+    headline = {
+        "ok": "device time per token within tolerance",
+        "regression": "device time per token grew",
+        "improvement": "device time per token fell beyond tolerance; the baseline looks stale, "
+        "update it",
+        "noisy": "device time per token changed beyond tolerance without statistical support",
+    }[comparison.verdict]
+    runs = f", the median of {len(history)} recorded runs" if len(history) > 1 else ""
+    message = (
+        f"{headline}: {device_time_s * 1e3:.4g} ms vs baseline {baseline_s * 1e3:.4g} ms"
+        f"{runs}; change {change:+.1%} (tolerance {comparison.tolerance:.1%}); summed kernel "
+        "time per decode token of the counted generation"
+    )
+    return Check("device_time", comparison_status(comparison, settings), message, figures)
+
+
+def cpu_change(
+    entry: BaselineEntry | None, host_cpu_s: float | None, settings: GateSettings
+) -> tuple[float, float] | None:
+    """(change, tolerance) of the CPU time per token against the recorded runs', or None
+    where either side has none. The level is set as the throughput's: the runs' median from
+    MIN_RUNS_FOR_DRIFT on, the latest run before that."""
+    history: Sequence[float] = () if entry is None else entry.host_cpu_run_medians
+    if host_cpu_s is None or not history:
+        return None
+    level = statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
+    tolerance = max(settings.cpu_tolerance_floor, drift_tolerance(history, settings.alpha))
+    return host_cpu_s / level - 1.0, tolerance
+
+
+def busy_check(
+    baseline: Check,
+    relative: Check,
+    work: Check,
+    device_time: Check,
+    cpu: tuple[float, float] | None,
+) -> tuple[Check, Check]:
+    """`baseline` and `relative`, each turned into a "machine busy" warning where it regressed
+    but the counted work, the CPU time per token and (where measured) the device time per
+    token did not move: another process took this rank's cores. The wall time per token is the
+    throughput's for the baseline check, the wrapped model's against the bare model's beside
+    it for the relative speed check."""
+    if cpu is None:
+        return baseline, relative
+    steady = work.status is CheckStatus.OK and device_time.status in (
+        CheckStatus.OK,
+        CheckStatus.SKIP,
+    )
+    device = " and device time per token" if device_time.status is CheckStatus.OK else ""
+    figures = baseline.figures
+    if _regressed(baseline) and isinstance(figures, BaselineFigures):
+        wall = 1.0 / (1.0 + figures.change) - 1.0  # wall time per token: positive when slower
+        busy = BusyFigures(wall_change=wall, host_cpu_change=cpu[0], host_cpu_tolerance=cpu[1])
+        excuse = _excuse("wall time per token", wall, cpu, device) if steady else None
+        if excuse is None:
+            baseline = replace(baseline, figures=replace(figures, busy=busy))
+        else:
+            excused = replace(figures, busy=busy, verdict=MACHINE_BUSY)
+            baseline = Check(
+                baseline.name, CheckStatus.WARN, f"{excuse}: {baseline.message}", excused
+            )
+    relative_figures = relative.figures
+    if steady and _regressed(relative) and isinstance(relative_figures, RelativeSpeedFigures):
+        wall = 1.0 / (1.0 + relative_figures.change) - 1.0
+        excuse = _excuse("wall time per token against the bare model's", wall, cpu, device)
+        if excuse is not None:
+            excused_relative = replace(relative_figures, verdict=MACHINE_BUSY)
+            message = f"{excuse}: {relative.message}"
+            relative = Check(relative.name, CheckStatus.WARN, message, excused_relative)
+    return baseline, relative
+
+
+def _regressed(check: Check) -> bool:
+    verdict = getattr(check.figures, "verdict", None)
+    return check.status is CheckStatus.FAIL and verdict == "regression"
+
+
+def _excuse(what: str, wall: float, cpu: tuple[float, float], device: str) -> str | None:
+    """The warning's words, or None where the CPU time per token explains the slow-down."""
+    change, tolerance = cpu
+    # The CPU's own rise must stay within its noise and explain under half the wall time's.
+    if change > tolerance or change > wall / 2:
+        return None
+    return (
+        f"machine busy: {what} {wall:+.1%} while CPU time per token {change:+.1%} (its noise "
+        f"{tolerance:.1%}); the counted work{device} did not change, so another process took "
+        "this rank's cores. Not failed"
+    )
+
+
+def with_work_reason(check: Check, work: Check, cpu: tuple[float, float] | None) -> Check:
+    """A failed throughput check's message, with whether the counted work changed (and what)
+    or the same work got slower; unchanged where the work was not compared."""
+    if check.status is not CheckStatus.FAIL:
+        return check
+    figures = work.figures
+    if not isinstance(figures, WorkFigures) or work.status in (CheckStatus.NOTE, CheckStatus.SKIP):
+        return check
+    if figures.more:
+        reason = f"the counted work changed: {'; '.join(figures.more)}"
+    elif figures.less:
+        reason = f"the counted work shrank ({'; '.join(figures.less)}), yet the run got slower"
+    else:
+        reason = "the counted work is the baseline's: the same work got slower"
+        if cpu is not None:
+            reason += f" (CPU time per token {cpu[0]:+.1%})"
+    return replace(check, message=f"{check.message}\n{reason}")

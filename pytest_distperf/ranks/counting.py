@@ -1,0 +1,370 @@
+"""The counted generation: after the timed repeats, one more generation of the same workload,
+untimed, with this rank's work counted per token (`pytest_distperf.work.Work`).
+
+A TorchDispatchMode sees every op that reaches torch's dispatcher in this process, whoever
+issues it: the model, FSDP1/FSDP2 and DDP hooks, DTensor, the strategy's own step and plain
+`torch.distributed` calls in the user's model or `generate` loop. It counts aten ops, FLOPs
+(torch.utils.flop_counter's formulas) and collectives by kind, with their bytes in nccl-tests'
+terms. Compiled code runs as compiled (the mode asks torch.compile to leave it out of its
+internals), so it sees what a compiled step dispatches: its extern kernels and collectives, not
+the fused kernels, nor anything inside a CUDA graph's replay. On CUDA a second generation runs
+under torch.profiler for the kernels launched per token, each kernel of a CUDA-graph replay
+included, and their summed device time.
+
+It cannot see work below the dispatcher: what a kernel does inside, copies a library makes
+without an op, or a collective sent by another process group library.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+from pytest_distperf.ranks.timing import GenerateFn, NextTokenFn, StepOverride, marked_generation
+from pytest_distperf.work import CollectiveCount, PhaseWork, Work
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5 keeps it private; a build without distributed has none
+    try:
+        from torch.distributed._tensor import DTensor
+    except ImportError:
+        DTensor = None
+
+# The counter costs tens of microseconds per op, several times a small model's own step, and a
+# warm generation's decode steps all do the same work: a few of them give the per-token figures.
+COUNTED_DECODE_STEPS = 4
+
+# Where a counted or profiled generation's phase begins: "prefill", "decode" (before every
+# decode step) or None (the generation is over).
+Mark = Callable[[str | None], None]
+Generation = Callable[[Mark], None]
+
+# Collective ops (namespace::name) by kind: c10d's in-place ops come from torch.distributed,
+# FSDP1/2 and DDP; _c10d_functional's from DTensor, functional collectives and compiled graphs.
+_KINDS: Mapping[str, tuple[str, ...]] = {
+    "all_gather": (
+        "c10d::_allgather_base_",
+        "c10d::allgather_",
+        "c10d::allgather_coalesced_",
+        "c10d::allgather_into_tensor_coalesced_",
+        "_c10d_functional::all_gather_into_tensor",
+        "_c10d_functional::all_gather_into_tensor_out",
+        "_c10d_functional::all_gather_into_tensor_coalesced",
+    ),
+    "reduce_scatter": (
+        "c10d::_reduce_scatter_base_",
+        "c10d::reduce_scatter_",
+        "c10d::reduce_scatter_tensor_coalesced_",
+        "_c10d_functional::reduce_scatter_tensor",
+        "_c10d_functional::reduce_scatter_tensor_out",
+        "_c10d_functional::reduce_scatter_tensor_coalesced",
+    ),
+    "all_reduce": (
+        "c10d::allreduce_",
+        "c10d::allreduce_coalesced_",
+        "_c10d_functional::all_reduce",
+        "_c10d_functional::all_reduce_",
+        "_c10d_functional::all_reduce_coalesced",
+        "_c10d_functional::all_reduce_coalesced_",
+    ),
+    "broadcast": (
+        "c10d::broadcast_",
+        "_c10d_functional::broadcast",
+        "_c10d_functional::broadcast_",
+    ),
+    "all_to_all": (
+        "c10d::alltoall_",
+        "c10d::alltoall_base_",
+        "_c10d_functional::all_to_all_single",
+        "_dtensor::shard_dim_alltoall",
+    ),
+    "send": ("c10d::send", "_c10d_functional::isend"),
+    "recv": ("c10d::recv_", "c10d::recv_any_source_", "_c10d_functional::irecv"),
+    "reduce": ("c10d::reduce_",),
+    "gather": ("c10d::gather_",),
+    "scatter": ("c10d::scatter_",),
+    "barrier": ("c10d::barrier", "c10d::monitored_barrier_"),
+}
+KIND_OF_OP: Mapping[str, str] = {op: kind for kind, ops in _KINDS.items() for op in ops}
+COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
+# Waiting is no work of its own: the collective it waits for is counted.
+_WAITS = frozenset({"_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
+
+_FLOPS: dict[Any, Callable[..., int]] = dict(flop_registry)
+# The registry has no formula for CPU attention, whose shapes are those of the CUDA flash op.
+if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    _FLOPS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = flop_registry[
+        torch.ops.aten._scaled_dot_product_flash_attention
+    ]
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+@dataclass(frozen=True)
+class _Op:
+    """What the counter does with one op overload (looked up once, the hot path is per op)."""
+
+    kind: str | None  # a collective's kind
+    aten: bool  # counted among the ops
+    flops: Callable[..., int] | None
+
+
+_OPS: dict[Any, _Op | None] = {}  # None: neither op nor collective (waits, other namespaces)
+
+
+def _op(func: Any) -> _Op | None:
+    if func in _OPS:
+        return _OPS[func]
+    name = func._schema.name  # "aten::mm": namespace::name, no overload
+    namespace, short = name.split("::", 1)
+    info: _Op | None = None
+    if name in _WAITS:
+        pass
+    elif name in KIND_OF_OP or namespace in COLLECTIVE_NAMESPACES:
+        info = _Op(KIND_OF_OP.get(name, short.rstrip("_")), False, None)
+    elif namespace == "aten":
+        info = _Op(None, True, _FLOPS.get(func._overloadpacket))
+    _OPS[func] = info
+    return info
+
+
+def message_bytes(args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) -> int:
+    """A collective's size as nccl-tests counts it: the whole buffer (all_gather's gathered
+    output, reduce_scatter's full input, the tensor of the others), which is the largest of its
+    argument groups and its result for both the in-place and the functional ops."""
+
+    def size(value: Any) -> int:
+        leaves = tree_leaves(value)
+        return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+    groups = [*args, *kwargs.values(), out]
+    return max(size(group) for group in groups)
+
+
+class _Tally:
+    """One phase's totals over the steps counted in it."""
+
+    __slots__ = ("collectives", "flops", "ops", "steps")
+
+    def __init__(self) -> None:
+        self.ops = 0
+        self.flops = 0
+        self.collectives: dict[str, list[int]] = {}  # kind -> [calls, bytes]
+        self.steps = 0
+
+    def work(self, steps: int, kernels: float | None) -> PhaseWork:
+        """Per step (per decode token, or the one prefill)."""
+        per = 1 / steps if steps else 0.0
+        collectives = {
+            kind: CollectiveCount(calls * per, size * per)
+            for kind, (calls, size) in self.collectives.items()
+        }
+        scaled = None if kernels is None else kernels * per
+        return PhaseWork(collectives, self.ops * per, self.flops * per, scaled)
+
+
+class WorkCounter(TorchDispatchMode):
+    """Counts, per phase, the aten ops, FLOPs and collectives this process dispatches; `mark`
+    starts a phase's next step. Every op runs whatever its counting does: a rank whose count
+    failed still issues every collective the other ranks wait for (`failure` says why)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phases = {"prefill": _Tally(), "decode": _Tally()}
+        self._tally: _Tally | None = None
+        self.failure: str | None = None
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Otherwise torch.compile runs a compiled step eagerly under the mode, and never again
+        # compiled after it.
+        return True
+
+    def mark(self, phase: str | None) -> None:
+        self._tally = None if phase is None else self.phases[phase]
+        if self._tally is not None:
+            self._tally.steps += 1
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        plain = all(kind in _PLAIN for kind in types)
+        if not plain and DTensor is not None and any(issubclass(t, DTensor) for t in types):
+            # DTensor desugars into local ops and functional collectives, counted as they come.
+            return NotImplemented
+        out = func(*args, **kwargs)
+        tally = self._tally
+        if tally is None or self.failure is not None:
+            return out
+        if not plain and any(issubclass(t, FakeTensor) for t in types):
+            return out  # DTensor's sharding propagation on fake tensors: no work
+        try:
+            self._count(tally, func, args, kwargs, out)
+        except Exception as error:  # noqa: BLE001 - the op ran; only its count is lost
+            self.failure = f"{func}: {error!r}"
+        return out
+
+    @staticmethod
+    def _count(
+        tally: _Tally, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any
+    ) -> None:
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return
+        info = _op(func)
+        if info is None:
+            return
+        if info.kind is not None:
+            count = tally.collectives.setdefault(info.kind, [0, 0])
+            count[0] += 1
+            count[1] += 0 if info.kind == "barrier" else message_bytes(args, kwargs, out)
+            return
+        tally.ops += 1
+        if info.flops is not None:
+            tally.flops += info.flops(*args, **kwargs, out_val=out)
+
+
+@dataclass(frozen=True)
+class DynamoMark:
+    """Dynamo's running totals at one moment: graph breaks and frames compiled."""
+
+    graph_breaks: int
+    frames: int
+
+
+def dynamo_mark() -> DynamoMark:
+    """Dynamo's totals now (they run over the process's life: a pooled rank's earlier tests
+    are in them, so a test reads differences)."""
+    from torch._dynamo.utils import counters
+
+    return DynamoMark(sum(counters["graph_break"].values()), counters["frames"]["total"])
+
+
+@dataclass(frozen=True)
+class Counted:
+    """The counted generation of one rank."""
+
+    work: Work
+    device_time_per_token_s: float | None  # CUDA: summed kernel time per decode token
+
+
+def count_work(
+    model: Callable[..., torch.Tensor],
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    generate: GenerateFn | None = None,
+    next_token: NextTokenFn | None = None,
+    steps: StepOverride | None = None,
+    compiled_since: DynamoMark | None = None,
+) -> Counted:
+    """Count one generation of `model` as the timed loop runs it (the test's own `generate`,
+    the strategy's `next_token`, the compiled `steps`); on CUDA profile one more.
+
+    `compiled_since`: dynamo's totals before the test compiled its steps, for a compiled run's
+    graph breaks; None for an eager run. Raises RuntimeError where the count failed."""
+    # A user's loop has no known prefill/decode split: its whole generation counts as the
+    # prefill and, divided by its new tokens, as each decode token.
+    split = generate is None
+    tokens = 1 + min(max_new_tokens - 1, COUNTED_DECODE_STEPS) if split else max_new_tokens
+
+    def generation(mark: Mark) -> None:
+        marked_generation(model, prompt, tokens, mark, generate, next_token, steps)
+        mark(None)
+
+    frames = dynamo_mark().frames if compiled_since is not None else 0
+    counter = WorkCounter()
+    with counter:
+        generation(counter.mark)
+    if counter.failure is not None:
+        raise RuntimeError(f"counting the work failed at {counter.failure}")
+    profiled = profile_kernels(generation) if prompt.device.type == "cuda" else None
+    prefill = counter.phases["prefill"]
+    prefill_kernels, prefill_s = profiled["prefill"] if profiled else (None, None)
+    if split:
+        decode, decode_steps = counter.phases["decode"], counter.phases["decode"].steps
+        decode_kernels, decode_s = profiled["decode"] if profiled else (None, None)
+    else:
+        decode, decode_steps, decode_kernels, decode_s = prefill, tokens, prefill_kernels, prefill_s
+    breaks = recompiles = None
+    if compiled_since is not None:
+        now = dynamo_mark()
+        breaks, recompiles = now.graph_breaks - compiled_since.graph_breaks, now.frames - frames
+    work = Work(
+        decode=decode.work(decode_steps, decode_kernels),
+        prefill=prefill.work(prefill.steps, prefill_kernels),
+        graph_breaks=breaks,
+        recompiles=recompiles,
+    )
+    device_time = None
+    if decode_s is not None and decode_steps:
+        device_time = decode_s / decode_steps
+    return Counted(work, device_time)
+
+
+def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
+    """Kernels launched per phase of one profiled generation and their summed device time in
+    seconds: phase -> (kernels, seconds), over all of the phase's steps. A CUDA-graph replay
+    counts every kernel of its graph.
+
+    One CUDA-only profiler session per phase, each ended once the device is done with it: far
+    cheaper than tracing every host op to tell the phases apart."""
+    from torch.profiler import ProfilerActivity, profile
+
+    found: dict[str, tuple[int, float]] = {"prefill": (0, 0.0), "decode": (0, 0.0)}
+    open_session: list[tuple[str, Any]] = []
+
+    def close() -> None:
+        phase, session = open_session.pop()
+        torch.cuda.synchronize()  # a kernel still running when the session stops is lost
+        session.stop()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "trace.json"
+            session.export_chrome_trace(str(path))
+            kernels, seconds = kernel_totals(json.loads(path.read_text())["traceEvents"])
+        found[phase] = (found[phase][0] + kernels, found[phase][1] + seconds)
+
+    def mark(phase: str | None) -> None:
+        if open_session and open_session[-1][0] == phase:
+            return  # the decode steps share one session
+        if open_session:
+            close()
+        if phase is not None:
+            session = profile(activities=[ProfilerActivity.CUDA])
+            session.start()
+            open_session.append((phase, session))
+
+    try:
+        generation(mark)
+    finally:
+        if open_session:
+            close()
+    return found
+
+
+def kernel_totals(events: list[dict[str, Any]]) -> tuple[int, float]:
+    """(kernels, their summed time in seconds) among a chrome trace's events; copies, memsets
+    and the host's calls left out."""
+    durations = [e["dur"] for e in events if e.get("cat") == "kernel"]
+    return len(durations), sum(durations) * 1e-6  # the trace's times are microseconds
+
+
+def warn(rank: int, error: BaseException) -> None:
+    """The run goes on without its count: say so where the rank's output goes."""
+    print(
+        f"distperf: rank {rank}: counting the work failed, the run is reported without it: "
+        f"{error!r}",
+        file=sys.stderr,
+        flush=True,
+    )

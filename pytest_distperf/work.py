@@ -1,0 +1,419 @@
+"""The counted work of a run: collectives, ops, FLOPs and kernels per decode token and per prefill.
+
+Counts, not timings: an unchanged run gives the same `Work` every time, so the work gate compares
+them exactly (calls and kinds) or within a small relative tolerance (bytes, ops, FLOPs, kernels).
+The ranks fill it in (ranks/), the judge compares it with the baseline's, the outputs print it.
+Pure: no torch, no pytest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from pytest_distperf.jsonfields import NULL, NUMBER, get_field, json_object
+
+#: Short names for the table cell; other kinds print under their own name.
+KIND_ABBREVIATIONS: Mapping[str, str] = MappingProxyType(
+    {
+        "all_gather": "AG",
+        "reduce_scatter": "RS",
+        "all_reduce": "AR",
+        "broadcast": "BC",
+        "send": "S",
+        "recv": "R",
+        "all_to_all": "A2A",
+    }
+)
+_KIND_ORDER = tuple(KIND_ABBREVIATIONS)
+PHASES = ("decode", "prefill")
+# How each phase's figures read in a message: decode is per token, prefill per generation.
+_PER = {"decode": "per token", "prefill": "per prefill"}
+_PHASE_FIELDS = frozenset({"collectives", "ops", "flops", "kernels"})
+_WORK_FIELDS = frozenset({"decode", "prefill", "graph_breaks", "recompiles"})
+_COUNT_FIELDS = frozenset({"calls", "bytes"})
+
+
+@dataclass(frozen=True)
+class CollectiveCount:
+    """Calls of one collective kind and the bytes they move, per decode token or per prefill."""
+
+    calls: float
+    #: nccl-tests "size": all_gather the gathered output, reduce_scatter the full input,
+    #: all_reduce/broadcast/send/recv/all_to_all the tensor.
+    bytes: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"calls": _whole(self.calls), "bytes": _whole(self.bytes)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> CollectiveCount:
+        obj = _object(data, where, _COUNT_FIELDS)
+        return cls(
+            calls=_non_negative(obj, "calls", where), bytes=_non_negative(obj, "bytes", where)
+        )
+
+
+@dataclass(frozen=True)
+class PhaseWork:
+    """One phase's work: collectives by kind (an absent kind made no call), ops, FLOPs, kernels."""
+
+    collectives: Mapping[str, CollectiveCount]
+    #: aten ops dispatched.
+    ops: float
+    #: torch.utils.flop_counter's formulas.
+    flops: float
+    #: CUDA kernels launched (a graph replay counts the graph's kernels); None on CPU.
+    kernels: float | None = None
+
+    def __post_init__(self) -> None:
+        # A read-only, key-sorted copy: equal work compares equal and prints in one order.
+        frozen = MappingProxyType(dict(sorted(self.collectives.items())))
+        object.__setattr__(self, "collectives", frozen)
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.collectives.items()), self.ops, self.flops, self.kernels))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A mappingproxy does not pickle, and a rank's result travels pickled.
+        return (type(self), (dict(self.collectives), self.ops, self.flops, self.kernels))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "collectives": {kind: c.to_json() for kind, c in self.collectives.items()},
+            "ops": _whole(self.ops),
+            "flops": _whole(self.flops),
+            "kernels": None if self.kernels is None else _whole(self.kernels),
+        }
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> PhaseWork:
+        obj = _object(data, where, _PHASE_FIELDS)
+        raw = json_object(get_field(obj, "collectives", Mapping, where), f"{where}.collectives")
+        collectives = {}
+        for kind, count in raw.items():
+            if not isinstance(kind, str) or not kind:
+                raise ValueError(f"{where}.collectives: kind must be a non-empty string")
+            collectives[kind] = CollectiveCount.from_json(count, f"{where}.collectives.{kind}")
+        kernels = get_field(obj, "kernels", (*NUMBER, NULL), where, optional=True)
+        if kernels is not None:
+            kernels = _non_negative(obj, "kernels", where)
+        return cls(
+            collectives=collectives,
+            ops=_non_negative(obj, "ops", where),
+            flops=_non_negative(obj, "flops", where),
+            kernels=kernels,
+        )
+
+
+@dataclass(frozen=True)
+class Work:
+    """The counted generation of one run: per decode token and per prefill."""
+
+    #: Per decode token: the counted generation's decode totals divided by its decode steps.
+    decode: PhaseWork
+    #: Per generation (its one prefill).
+    prefill: PhaseWork
+    #: Compiled runs: dynamo's graph breaks; None when eager.
+    graph_breaks: int | None = None
+    #: Compiled runs: frames compiled during the counted generation; None when eager.
+    recompiles: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decode": self.decode.to_json(),
+            "prefill": self.prefill.to_json(),
+            "graph_breaks": self.graph_breaks,
+            "recompiles": self.recompiles,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The same as `to_json`: figures.json_value writes a record through its to_dict."""
+        return self.to_json()
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> Work:
+        """Read `to_json`'s form back; a ValueError names `where` and the bad field."""
+        obj = _object(data, where, _WORK_FIELDS)
+        return cls(
+            decode=PhaseWork.from_json(get_field(obj, "decode", Mapping, where), f"{where}.decode"),
+            prefill=PhaseWork.from_json(
+                get_field(obj, "prefill", Mapping, where), f"{where}.prefill"
+            ),
+            graph_breaks=_optional_count(obj, "graph_breaks", where),
+            recompiles=_optional_count(obj, "recompiles", where),
+        )
+
+
+def busiest(works: Sequence[Work]) -> Work:
+    """Per counter the largest over the ranks: what the slowest rank had to do."""
+    if not works:
+        raise ValueError("busiest() needs the work of at least one rank")
+    return Work(
+        decode=_busiest_phase([w.decode for w in works]),
+        prefill=_busiest_phase([w.prefill for w in works]),
+        graph_breaks=_max_known([w.graph_breaks for w in works]),
+        recompiles=_max_known([w.recompiles for w in works]),
+    )
+
+
+def _busiest_phase(phases: Sequence[PhaseWork]) -> PhaseWork:
+    kinds = sorted({kind for p in phases for kind in p.collectives})
+    zero = CollectiveCount(0, 0)
+    collectives = {
+        kind: CollectiveCount(
+            calls=max(p.collectives.get(kind, zero).calls for p in phases),
+            bytes=max(p.collectives.get(kind, zero).bytes for p in phases),
+        )
+        for kind in kinds
+    }
+    return PhaseWork(
+        collectives=collectives,
+        ops=max(p.ops for p in phases),
+        flops=max(p.flops for p in phases),
+        kernels=_max_known([p.kernels for p in phases]),
+    )
+
+
+@dataclass(frozen=True)
+class WorkChange:
+    """One counter that differs from the baseline beyond its tolerance."""
+
+    #: "decode", "prefill", or "" for the run-wide counters (graph breaks, recompiles).
+    phase: str
+    #: What changed: "<kind> calls", "<kind> bytes", "ops", "flops", "kernels", "graph_breaks",
+    #: "recompiles".
+    figure: str
+    baseline: float
+    current: float
+    #: More work, a new collective kind or more calls: fails. Otherwise less work: a stale baseline.
+    more: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class WorkComparison:
+    """What differs between a baseline's work and a run's, in the order a reader checks it."""
+
+    changes: tuple[WorkChange, ...]
+
+    @property
+    def more(self) -> tuple[WorkChange, ...]:
+        """Changes that are more work (or new structure): the gate fails on these."""
+        return tuple(c for c in self.changes if c.more)
+
+    @property
+    def less(self) -> tuple[WorkChange, ...]:
+        """Changes that are less work: the baseline is stale."""
+        return tuple(c for c in self.changes if not c.more)
+
+    @property
+    def equal(self) -> bool:
+        return not self.changes
+
+    def message(self) -> str:
+        """The changes, more work first, joined with "; "; "" when equal."""
+        return "; ".join(c.message for c in (*self.more, *self.less))
+
+
+def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkComparison:
+    """What changed from `baseline` to `current`.
+
+    Collective kinds and call counts are exact (an unchanged run repeats them); bytes, ops, FLOPs
+    and kernels change when they differ by more than `tolerance`, relative to the baseline. A
+    counter that one side could not count (kernels on CPU, graph breaks when eager) is skipped.
+    """
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"work tolerance must be in [0, 1), got {tolerance!r}")
+    changes: list[WorkChange] = []
+    for phase in PHASES:
+        before: PhaseWork = getattr(baseline, phase)
+        after: PhaseWork = getattr(current, phase)
+        changes.extend(_collective_changes(phase, before, after, tolerance))
+        for figure in ("ops", "flops", "kernels"):
+            change = _scalar_change(
+                phase, figure, getattr(before, figure), getattr(after, figure), tolerance
+            )
+            if change is not None:
+                changes.append(change)
+    for figure in ("graph_breaks", "recompiles"):
+        change = _scalar_change(
+            "", figure, getattr(baseline, figure), getattr(current, figure), 0.0
+        )
+        if change is not None:
+            changes.append(change)
+    return WorkComparison(tuple(changes))
+
+
+def _collective_changes(
+    phase: str, before: PhaseWork, after: PhaseWork, tolerance: float
+) -> list[WorkChange]:
+    changes = []
+    zero = CollectiveCount(0, 0)
+    for kind in _ordered(set(before.collectives) | set(after.collectives)):
+        old = before.collectives.get(kind, zero)
+        new = after.collectives.get(kind, zero)
+        per = _PER[phase]
+        if old.calls != new.calls:
+            delta = _signed_bytes(new.bytes - old.bytes)
+            message = f"{kind} {per}: {_number(old.calls)} -> {_number(new.calls)} calls ({delta})"
+            # More calls, or a kind the baseline never issued, fails whatever the bytes.
+            more = new.calls > old.calls or _beyond(old.bytes, new.bytes, tolerance) > 0
+            figure, was, now = f"{kind} calls", old.calls, new.calls
+        elif _beyond(old.bytes, new.bytes, tolerance):
+            message = (
+                f"{kind} bytes {per}: {format_bytes(old.bytes)} -> {format_bytes(new.bytes)}"
+                f" ({_signed_percent(old.bytes, new.bytes)})"
+            )
+            more = new.bytes > old.bytes
+            figure, was, now = f"{kind} bytes", old.bytes, new.bytes
+        else:
+            continue
+        changes.append(WorkChange(phase, figure, was, now, more, message))
+    return changes
+
+
+_SCALAR_WORDS = {
+    "ops": "ops",
+    "flops": "FLOPs",
+    "kernels": "kernels",
+    "graph_breaks": "graph breaks",
+    "recompiles": "recompiles",
+}
+
+
+def _scalar_change(
+    phase: str, figure: str, old: float | None, new: float | None, tolerance: float
+) -> WorkChange | None:
+    if old is None or new is None or not _beyond(old, new, tolerance):
+        return None
+    words = _SCALAR_WORDS[figure]
+    if phase:
+        text = _flops if figure == "flops" else _number
+        message = f"{words} {_PER[phase]}: {text(old)} -> {text(new)} ({_signed_percent(old, new)})"
+    else:
+        message = f"{words}: {_number(old)} -> {_number(new)}"
+    return WorkChange(phase, figure, old, new, new > old, message)
+
+
+def _beyond(old: float, new: float, tolerance: float) -> int:
+    """+1 or -1 when `new` is above or below `old` by more than `tolerance` of it, else 0."""
+    if old == new:
+        return 0
+    if old == 0:
+        return 1 if new > 0 else -1
+    relative = (new - old) / old
+    if abs(relative) <= tolerance:
+        return 0
+    return 1 if relative > 0 else -1
+
+
+def work_cell(work: Work | None) -> str:
+    """A short table cell: the decode collectives per token, such as ``AG 16x 5.3GB``; "-"
+    where there are none (one rank) or nothing was counted."""
+    if work is None:
+        return "-"
+    parts = []
+    for kind in _ordered(work.decode.collectives):
+        count = work.decode.collectives[kind]
+        if count.calls == 0 and count.bytes == 0:
+            continue
+        part = f"{KIND_ABBREVIATIONS.get(kind, kind)} {_number(count.calls)}x"
+        if count.bytes:
+            part += " " + format_bytes(count.bytes).replace(" ", "")
+        parts.append(part)
+    return ", ".join(parts) or "-"
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units as link bandwidths are quoted: 768 B, 5.3 GB."""
+    value = float(n)
+    if abs(value) < 1000:
+        return f"{_number(value)} B"
+    for unit in ("kB", "MB", "GB", "TB"):
+        value /= 1000
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.3g} {unit}" if abs(value) < 1000 else f"{value:.0f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _signed_bytes(delta: float) -> str:
+    return ("+" if delta >= 0 else "-") + format_bytes(abs(delta))
+
+
+def _signed_percent(old: float, new: float) -> str:
+    if old == 0:
+        return "from nothing" if new > 0 else "to nothing"
+    return f"{(new - old) / old:+.0%}" if abs(new / old - 1) >= 0.01 else f"{new / old - 1:+.2%}"
+
+
+def _flops(value: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{_number(value)} FLOP"
+
+
+def _number(value: float) -> str:
+    """A whole count without a decimal point; a fractional one (a per-token mean) to three
+    decimals below 1000, to the unit above."""
+    if float(value).is_integer():
+        return str(int(value))
+    if abs(value) >= 1000:
+        return f"{value:.0f}"
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _ordered(kinds: Iterable[str]) -> list[str]:
+    """Known kinds in a fixed order (all_gather first), then the others by name."""
+    kinds = set(kinds)
+    known = [k for k in _KIND_ORDER if k in kinds]
+    return known + sorted(k for k in kinds if k not in KIND_ABBREVIATIONS)
+
+
+def _whole(value: float) -> float:
+    return int(value) if math.isfinite(value) and float(value).is_integer() else value
+
+
+def _max_known(values: Sequence[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def _object(data: object, where: str, fields: frozenset[str]) -> Mapping[str, Any]:
+    obj = json_object(data, where)
+    unknown = sorted(str(k) for k in obj.keys() - fields)
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {unknown}")
+    return obj
+
+
+def _non_negative(obj: Mapping[str, Any], name: str, where: str) -> float:
+    value = get_field(obj, name, NUMBER, where)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{where}: field {name!r} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _optional_count(obj: Mapping[str, Any], name: str, where: str) -> int | None:
+    value = get_field(obj, name, int, where, optional=True)
+    if value is not None and value < 0:
+        raise ValueError(f"{where}: field {name!r} must be an integer >= 0, got {value!r}")
+    return value
+
+
+__all__ = [
+    "KIND_ABBREVIATIONS",
+    "CollectiveCount",
+    "PhaseWork",
+    "Work",
+    "WorkChange",
+    "WorkComparison",
+    "busiest",
+    "compare_work",
+    "format_bytes",
+    "work_cell",
+]
