@@ -447,6 +447,7 @@ def _concurrent_writer(directory: str, writer: int, rounds: int) -> None:
         assert stored.run_medians[-1] == entry.median
 
 
+@pytest.mark.slow
 def test_concurrent_writers_keep_every_entry(tmp_path: Path) -> None:
     writers, rounds = 4, 25
     ctx = multiprocessing.get_context("spawn")

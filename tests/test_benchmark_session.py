@@ -165,6 +165,7 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     return run
 
 
+@pytest.mark.slow
 def test_pytest_benchmark_saves_compares_and_fails_on_distperf_rounds(
     pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
 ) -> None:

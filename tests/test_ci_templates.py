@@ -397,6 +397,7 @@ def _record_baselines(directory: Path, refreshes: int) -> None:
         store.save("cpu_x2_loopbackx1_2cpus", {entry.test_id: entry}, {})
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is not installed (the plot extra)")
 def test_run_draws_the_charts_and_links_them(tmp_path: Path, stub_python: Path) -> None:
     _record_baselines(tmp_path / "perf" / "baselines", refreshes=3)
@@ -423,6 +424,7 @@ def test_run_draws_the_charts_and_links_them(tmp_path: Path, stub_python: Path) 
     )
 
 
+@pytest.mark.slow
 def test_a_chart_that_cannot_be_drawn_does_not_fail_the_job(
     tmp_path: Path, stub_python: Path
 ) -> None:

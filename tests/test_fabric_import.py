@@ -53,6 +53,7 @@ def reports() -> list[dict]:
     return [json.loads(line) for line in out.stdout.splitlines()[-2:]]
 
 
+@pytest.mark.slow
 def test_the_standalone_fabric_comes_without_lightning_pytorch_or_torchmetrics(
     reports: list[dict],
 ) -> None:
@@ -62,6 +63,7 @@ def test_the_standalone_fabric_comes_without_lightning_pytorch_or_torchmetrics(
     assert report["same"]  # the strategies are of the package Fabric comes from
 
 
+@pytest.mark.slow
 def test_without_the_standalone_package_lightnings_own_fabric_is_used(
     reports: list[dict],
 ) -> None:

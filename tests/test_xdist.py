@@ -38,6 +38,7 @@ def _workers(result: pytest.RunResult, pattern: str) -> dict[str, str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["load", "loadgroup", "loadscope", "loadfile"])
 def test_every_distperf_test_runs_on_one_worker(pytester: pytest.Pytester, mode: str) -> None:
     pytester.makepyfile(test_a=MANY, test_b=MANY.replace("test_perf", "test_perf_b"))
@@ -49,6 +50,7 @@ def test_every_distperf_test_runs_on_one_worker(pytester: pytest.Pytester, mode:
     assert len(ran_on) == 16 and len(set(ran_on.values())) == 1, ran_on
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["each", "worksteal"])
 def test_modes_that_cannot_keep_tests_together_fail_the_distperf_tests(
     pytester: pytest.Pytester, mode: str
