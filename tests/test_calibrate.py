@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import queue
-import socket
 import time
-import traceback
 from typing import Any
 
 import pytest
 import torch
 from distperf_model.config import PRESETS
+from helpers import spawn_gloo_ranks
 
 from pytest_distperf.perfmodel import Calibration, bus_factor
 from pytest_distperf.ranks.calibrate import (
@@ -28,70 +24,32 @@ WORLD = 2
 ODD_SIZE = 1001  # not a whole number of fp32 elements per rank: rounded up to 1008 bytes
 
 
-def _rank(rank: int, port: int, results: Any) -> None:
+def _calibrate_in_rank(rank: int, world: int) -> tuple[Any, ...]:
     """One rank: the cpu-110m calibration the plugin would run, then an odd size and bad args."""
-    import torch.distributed as dist
-
+    sizes = message_sizes_for(PRESETS["cpu-110m"], ["auto", "fsdp", "pipeline"], world, 4, 1)
+    full = calibrate(
+        sizes.all_gather,
+        sizes.all_reduce,
+        "cpu",
+        torch.float32,
+        1,
+        3,
+        64 << 20,
+        sizes_p2p=sizes.p2p,
+    )
+    odd = calibrate([ODD_SIZE], [ODD_SIZE], "cpu", torch.float32, 0, 1, 1 << 20)
     try:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-        sizes = message_sizes_for(PRESETS["cpu-110m"], ["auto", "fsdp", "pipeline"], WORLD, 4, 1)
-        full = calibrate(
-            sizes.all_gather,
-            sizes.all_reduce,
-            "cpu",
-            torch.float32,
-            1,
-            3,
-            64 << 20,
-            sizes_p2p=sizes.p2p,
-        )
-        odd = calibrate([ODD_SIZE], [ODD_SIZE], "cpu", torch.float32, 0, 1, 1 << 20)
-        try:
-            calibrate([4096], [], "cpu", torch.float32, warmup=0, iters=0)
-        except ValueError as exc:
-            bad = str(exc)
-        else:
-            bad = ""
-        dist.destroy_process_group()
-        results.put((rank, full.to_dict(), odd.to_dict(), bad, None))
-    except BaseException:  # noqa: BLE001 - report anything to the parent instead of hanging it
-        results.put((rank, None, None, "", traceback.format_exc()))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        calibrate([4096], [], "cpu", torch.float32, warmup=0, iters=0)
+    except ValueError as exc:
+        bad = str(exc)
+    else:
+        bad = ""
+    return full.to_dict(), odd.to_dict(), bad
 
 
 @pytest.fixture(scope="module")
 def ranks() -> dict[int, tuple[Any, ...]]:
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, results)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    got: dict[int, tuple[Any, ...]] = {}
-    try:
-        deadline = time.monotonic() + 60
-        while len(got) < WORLD:
-            try:
-                item = results.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                pytest.fail(f"ranks did not answer in 60 s (got {sorted(got)})")
-            if item[4] is not None:
-                pytest.fail(f"rank {item[0]} failed:\n{item[4]}")
-            got[item[0]] = item[1:]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return got
+    return spawn_gloo_ranks(_calibrate_in_rank, WORLD, timeout=60)
 
 
 @pytest.mark.slow  # two gloo ranks
