@@ -42,10 +42,11 @@ def tag(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     assert wait_until_gone(value) == []
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cpu_pools() -> Iterator[Any]:
-    """One pool of CPU ranks for the modules that run specs in it directly (launch.pool.Pools):
-    started once for all of them, as a session runs its tests."""
+    """One pool of CPU ranks for a module that runs specs in it directly (launch.pool.Pools),
+    as a session runs its tests. Closed with the module: idle ranks left running would take
+    CPU from the timed runs of the modules after it."""
     from pytest_distperf.launch.pool import Pools
 
     pools = Pools()

@@ -124,8 +124,14 @@ def test_builder(distperf):
     keep(distperf, "builder")
 
 
+# Gates off: a user's own loop is predicted from the built-in loop's reference, and on 2 CPU
+# ranks it measured 0.40-1.23 of that prediction between sessions (issue 24 owns the model).
 @pytest.mark.distperf(
-    model="builders:pythia", max_new_tokens=4, batch_size=2, generate="builders:greedy"
+    model="builders:pythia",
+    max_new_tokens=4,
+    batch_size=2,
+    generate="builders:greedy",
+    gates=False,
 )
 def test_own_loop(distperf):
     keep(distperf, "own-loop")
@@ -165,12 +171,15 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
 @pytest.mark.slow
 def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
     recorded = gated["recorded"]
+    assert recorded.result.ret == 0, recorded.output()[-4000:]
     recorded.result.assert_outcomes(passed=7)
     for test_id, row in recorded.rows().items():
         # every run was predicted from its own model's shape (the builder's measured in its
-        # ranks), met its threshold and became a baseline
+        # ranks), met its threshold (the own loop, gates off, is only judged) and became a
+        # baseline
         assert row["prediction"] is not None, test_id
-        assert row["threshold_status"] == "ok", (test_id, row["threshold_message"])
+        if not test_id.startswith("test_own_loop"):
+            assert row["threshold_status"] == "ok", (test_id, row["threshold_message"])
         assert row["baseline_recorded"], test_id
     assert "own model builder" not in recorded.output() + gated["slowed"].output()
 
