@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 TAG_VARIABLE = "DISTPERF_TEST_TAG"  # ranks inherit it: their pids can be found from it
 
@@ -287,3 +289,14 @@ def fake_result(spec: Any, total_s: float = 0.01) -> Any:
         for rank in range(spec.devices)
     )
     return RunResult(spec=spec, ranks=ranks, launch_s=0.1, launched_at=time.time())
+
+
+# Healthy runs on 2 CPU ranks of the 2-core runner sometimes miss the default threshold: in
+# full-suite runs of 2026-12-02, auto read 0.09-0.94 and pipeline 0.63-1.38 of their prediction,
+# LitGPT's runs 0.40-1.23 (they pass alone on an idle machine). Not strict: they pass as often as
+# not, and each outcome shows as XFAIL or XPASS. Issue 24 owns the prediction; drop this then.
+CPU_PREDICTION_UNSTEADY = pytest.mark.xfail(
+    strict=False,
+    reason="a healthy run on 2 CPU ranks read 0.09-0.94 of its prediction in some full-suite "
+    "runs (issue 24)",
+)

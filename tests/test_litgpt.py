@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 from distperf_model.generate import generate, make_prompt
-from helpers import Session, run_session, write_files
+from helpers import CPU_PREDICTION_UNSTEADY, Session, run_session, write_files
 
 from pytest_distperf.launch.pool import Pools
 from pytest_distperf.spec import RunSpec, Workload
@@ -168,6 +168,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     }
 
 
+@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
     recorded = gated["recorded"]
@@ -199,6 +200,7 @@ def test_litgpt_models_give_the_same_tokens_under_every_strategy(
     assert row["ttft_s"] is None and row["decode_tokens_per_sec"] is None  # a loop has no split
 
 
+@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 def test_a_litgpt_model_slower_by_itself_fails_its_baseline(gated: dict[str, Session]) -> None:
     slowed = gated["slowed"]
