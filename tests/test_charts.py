@@ -202,6 +202,7 @@ def test_charts_of_real_runs(pytester: pytest.Pytester) -> None:
         "--distperf-devices=2",
         "--distperf-accelerator=cpu",
         "--distperf-repeats=3",
+        "--distperf-count=off",  # charts of timing figures
         f"--distperf-baseline-dir={baselines}",
         "--distperf-update-baselines",
     )

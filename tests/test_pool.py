@@ -258,7 +258,7 @@ HEAD = "import json\nimport pytest\n"
 def alone_and_after(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     """The target test alone; then after ten others (and the devices marker's test, whose
     file comes first), in one pool."""
-    args = ("-v", "--distperf-devices=2", "--distperf-repeats=2", "--distperf-json=report.json")
+    args = ("-v", "--distperf-devices=2", "--distperf-repeats=1", "--distperf-json=report.json")
     sessions = {}
     for name, files in (
         ("alone", {"test_target": HEAD + TARGET}),
