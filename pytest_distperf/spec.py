@@ -155,6 +155,7 @@ class RankResult:
     # generations); what a launch costs beyond it is the harness's own cost.
     work_s: float | None = None
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
+    count_s: float | None = None  # the counted generation after the timed ones (not timed)
     reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
     eager_reference: bool = False  # a compiled run whose reference is the eager model's
     compiled: str = ""  # how the decode step was compiled; "" for an eager run
@@ -166,6 +167,9 @@ class RankResult:
     # This process's CPU seconds in the timed repeats per new token: a busy neighbour takes
     # wall time from a rank, not CPU time.
     host_cpu_per_token_s: float | None = None
+    # Seconds per new token this rank's threads waited runnable for a core in the timed repeats
+    # (Linux run-queue delay): what a busy neighbour took; None where the kernel keeps none.
+    run_queue_wait_per_token_s: float | None = None
     # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
     device_time_per_token_s: float | None = None
 
@@ -284,6 +288,16 @@ class RunResult:
     def compile_s(self) -> float | None:
         times = [r.compile_s for r in self.ranks if r.compile_s is not None]
         return max(times) if times else None
+
+    @property
+    def run_queue_wait_per_token_s(self) -> float | None:
+        """The most any rank waited for a core per token: the slowest rank sets the pace."""
+        return _slowest(r.run_queue_wait_per_token_s for r in self.ranks)
+
+    @property
+    def count_s(self) -> float | None:
+        """The slowest rank's counted generation: what counting the work added to the test."""
+        return _slowest(r.count_s for r in self.ranks)
 
     @property
     def harness_s(self) -> float | None:

@@ -5,8 +5,12 @@ a group of one skips); then one session of real ranks whose JSON report carries 
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +24,7 @@ from helpers import Session, run_session, write_files
 
 from pytest_distperf.ranks import counting
 from pytest_distperf.ranks.counting import COUNTED_DECODE_STEPS, count_work, kernel_totals
+from pytest_distperf.ranks.hostspeed import host_times
 from pytest_distperf.ranks.timing import Fences, StepOverride, run_workload
 from pytest_distperf.work import CollectiveCount
 
@@ -241,8 +246,46 @@ def test_cpu_time_is_the_timed_repeats_own() -> None:
         while time.process_time() < end:
             pass
 
-    *_, cpu_s = run_workload(model, prompt, 4, 1, 2, fences, paired=busy_beside)
-    assert 0 < cpu_s < 0.2
+    *_, host = run_workload(model, prompt, 4, 1, 2, fences, paired=busy_beside)
+    assert 0 < host.cpu_s < 0.2
+    assert host.waited_s is None or 0 <= host.waited_s < 0.2
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux run-queue figures")
+def test_run_queue_wait_is_what_a_neighbour_on_the_same_core_took() -> None:
+    """A process spinning on this process's only core makes it wait runnable for about half of
+    a stretch of its own busy work; alone on its core, it barely waits."""
+    saved = os.sched_getaffinity(0)
+    core = min(saved)
+    os.sched_setaffinity(0, {core})
+    try:
+        alone = _waited_while_busy(0.3)
+        spinner = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import os; os.sched_setaffinity(0, {{{core}}})\nwhile True: pass",
+            ]
+        )
+        try:
+            time.sleep(0.2)  # the spinner is running before the stretch starts
+            shared = _waited_while_busy(0.3)
+        finally:
+            spinner.kill()
+            spinner.wait()
+    finally:
+        os.sched_setaffinity(0, saved)
+    assert shared > 0.1 > alone, (alone, shared)
+
+
+def _waited_while_busy(cpu_seconds: float) -> float:
+    before = host_times()
+    end = time.process_time() + cpu_seconds
+    while time.process_time() < end:
+        pass
+    after = host_times()
+    assert before[1] is not None and after[1] is not None
+    return after[1] - before[1]
 
 
 # --------------------------------------------------------------------------- real ranks

@@ -62,9 +62,18 @@ JSON_KEYS = frozenset(
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
-        *("work_s", "harness_s", "compile_s", "compiled", "cuda_graphs", "graph_breaks"),
+        *(
+            "work_s",
+            "harness_s",
+            "compile_s",
+            "count_s",
+            "compiled",
+            "cuda_graphs",
+            "graph_breaks",
+        ),
         *("bandwidth_utilization", "verdict"),
-        *("work", "host_cpu_per_token_s", "device_time_per_token_s"),
+        *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s"),
+        "device_time_per_token_s",
         *("work_status", "work_message", "device_time_status", "device_time_message"),
         *("host_cpu_change", "device_time_change"),
         *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),
@@ -90,6 +99,7 @@ SUMMARY_KEYS = frozenset(
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("work_s", "harness_s", "reference_token_s", "relative_speed", "relative_speed_samples"),
         *("host_loop_samples", "work", "host_cpu_per_token_s", "device_time_per_token_s"),
+        "run_queue_wait_per_token_s",
     }
 )
 # JUnit XML properties, in this order.
@@ -102,13 +112,15 @@ JUNIT_NAMES = (
     *("distperf_relative_speed_change", "distperf_relative_speed_detectable_drop"),
     *("distperf_bare_change", "distperf_host_change", "distperf_change_beyond_host"),
     *("distperf_verdict", "distperf_peak_memory_bytes", "distperf_ttft_ms"),
-    *("distperf_work", "distperf_host_cpu_per_token_s", "distperf_device_time_per_token_s"),
+    *("distperf_work", "distperf_host_cpu_per_token_s", "distperf_run_queue_wait_per_token_s"),
+    "distperf_device_time_per_token_s",
 )
 # pytest-benchmark's extra_info, in this order.
 BENCHMARK_EXTRA_KEYS = (
-    *(name.removeprefix("distperf_") for name in JUNIT_NAMES[:-4]),
+    *(name.removeprefix("distperf_") for name in JUNIT_NAMES[:-5]),
     *("tokens_per_sec_samples", "aggregate_tokens_per_sec", "ttft_s"),
-    *("work", "host_cpu_per_token_s", "device_time_per_token_s", "workload"),
+    *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s", "device_time_per_token_s"),
+    "workload",
     *("implementation", "device_name", "bound_description", "link_class"),
     "new_tokens_per_generation",
 )
@@ -140,6 +152,7 @@ def _rank(rank: int, totals: tuple[float, ...]) -> RankResult:
         compile_s=None,
         work=WORK,
         host_cpu_per_token_s=0.01 + rank / 1000,
+        run_queue_wait_per_token_s=0.002 + rank / 1000,
         device_time_per_token_s=0.005,
     )
 

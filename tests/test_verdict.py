@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_distperf.judge.busy import busy_check, busy_threshold, cpu_change
 from pytest_distperf.judge.checks import (
     BaselineFigures,
     Check,
@@ -23,13 +24,7 @@ from pytest_distperf.judge.checks import (
     skipped_check,
     threshold_check,
 )
-from pytest_distperf.judge.counted import (
-    busy_check,
-    cpu_change,
-    device_time_check,
-    with_work_reason,
-    work_check,
-)
+from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.perfmodel import Prediction
 from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 from pytest_distperf.store.entry import BaselineEntry
@@ -484,6 +479,62 @@ def test_changed_work_or_device_time_is_never_excused_as_a_busy_machine() -> Non
     assert _slowed(0.5, 0.01, device=grew)[3][0].status == FAIL
     unknown = Check("device_time", NOTE, "no baseline of the device time per token")
     assert _slowed(0.5, 0.01, device=unknown)[3][0].status == FAIL
+
+
+def _wall_and_baseline_s(throughput: Check) -> tuple[float, float]:
+    figures = _baseline(throughput)
+    return (
+        1.0 / (figures.baseline_tokens_per_sec * (1.0 + figures.change)),
+        1.0 / figures.baseline_tokens_per_sec,
+    )
+
+
+def test_a_wait_for_a_core_that_explains_the_loss_is_a_busy_machine() -> None:
+    # CPU time per token +15% (a shared core's caches), beyond its 10% noise: the CPU time
+    # alone cannot excuse it, but the time the rank waited runnable for a core explains it.
+    throughput, relative, work, (still, _) = _slowed(0.5, 0.0115)
+    assert still.status == FAIL
+    wall_s, baseline_s = _wall_and_baseline_s(throughput)
+    entry, device = _work_entry(), skipped_check("device_time", "cpu")
+    cpu = cpu_change(entry, 0.0115, SETTINGS)
+    busy, same_relative = busy_check(throughput, relative, work, device, cpu, wall_s - baseline_s)
+    assert busy.status == WARN and _baseline(busy).verdict == "machine busy"
+    assert busy.message.startswith("machine busy: wall time per token +100.0%, of which this rank")
+    assert "without that wait +0.0%" in busy.message
+    assert same_relative == relative  # its bare runs waited alike: the CPU time speaks there
+    half = busy_check(throughput, relative, work, device, cpu, (wall_s - baseline_s) / 2)
+    assert half[0].status == FAIL  # what the wait leaves is still 50% slower
+
+
+def test_a_wait_for_a_core_never_excuses_changed_work() -> None:
+    more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
+    throughput, relative, work, _ = _slowed(0.5, 0.01, work=more)
+    wall_s, baseline_s = _wall_and_baseline_s(throughput)
+    device = skipped_check("device_time", "cpu")
+    busy, _ = busy_check(throughput, relative, work, device, None, wall_s - baseline_s)
+    assert busy.status == FAIL
+
+
+def _missed_threshold(measured: float) -> Check:
+    prediction = _prediction(100.0)
+    return threshold_check(prediction, measured, 0.7)
+
+
+def test_a_threshold_missed_while_waiting_for_a_core_is_a_busy_machine() -> None:
+    missed = _missed_threshold(40.0)  # 25 ms per token against a threshold of 70 tok/s
+    assert missed.status == FAIL
+    work = Check("work", OK, "same")
+    busy = busy_threshold(missed, work, 0.012)  # 13 ms per token ran: 77 tok/s
+    assert busy.status == WARN
+    assert busy.message.startswith(
+        "machine busy: this rank waited 12 ms per token for a core (run queue); without that "
+        "wait it ran at 76.92 tok/s, above the threshold 70 tok/s"
+    )
+    assert busy_threshold(missed, work, 0.008).status == FAIL  # 17 ms ran: 59 tok/s
+    assert busy_threshold(missed, work, None) == missed
+    assert busy_threshold(missed, Check("work", FAIL, "more"), 0.012) == missed
+    met = _missed_threshold(90.0)
+    assert busy_threshold(met, work, 0.012) == met
 
 
 def test_without_cpu_time_a_regression_stays_a_failure() -> None:

@@ -12,25 +12,18 @@ busy" warning. Pure: no I/O, no pytest. Mechanics: docs/gates.md, "The work gate
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
 from dataclasses import replace
 
 from pytest_distperf.judge.checks import (
-    MACHINE_BUSY,
-    BaselineFigures,
-    BusyFigures,
     Check,
     CheckStatus,
     DeviceTimeFigures,
     GateSettings,
-    RelativeSpeedFigures,
     WorkFigures,
     comparison_status,
     skipped_check,
 )
 from pytest_distperf.judge.stats import compare_to_recorded_runs
-from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, drift_tolerance
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.work import Work, compare_work, work_cell
 
@@ -118,80 +111,6 @@ def device_time_check(
         "time per decode token of the counted generation"
     )
     return Check("device_time", comparison_status(comparison, settings), message, figures)
-
-
-def cpu_change(
-    entry: BaselineEntry | None, host_cpu_s: float | None, settings: GateSettings
-) -> tuple[float, float] | None:
-    """(change, tolerance) of the CPU time per token against the recorded runs', or None
-    where either side has none. The level is set as the throughput's: the runs' median from
-    MIN_RUNS_FOR_DRIFT on, the latest run before that."""
-    history: Sequence[float] = () if entry is None else entry.host_cpu_run_medians
-    if host_cpu_s is None or not history:
-        return None
-    level = statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
-    tolerance = max(settings.cpu_tolerance_floor, drift_tolerance(history, settings.alpha))
-    return host_cpu_s / level - 1.0, tolerance
-
-
-def busy_check(
-    baseline: Check,
-    relative: Check,
-    work: Check,
-    device_time: Check,
-    cpu: tuple[float, float] | None,
-) -> tuple[Check, Check]:
-    """`baseline` and `relative`, each turned into a "machine busy" warning where it regressed
-    but the counted work, the CPU time per token and (where measured) the device time per
-    token did not move: another process took this rank's cores. The wall time per token is the
-    throughput's for the baseline check, the wrapped model's against the bare model's beside
-    it for the relative speed check."""
-    if cpu is None:
-        return baseline, relative
-    steady = work.status is CheckStatus.OK and device_time.status in (
-        CheckStatus.OK,
-        CheckStatus.SKIP,
-    )
-    device = " and device time per token" if device_time.status is CheckStatus.OK else ""
-    figures = baseline.figures
-    if _regressed(baseline) and isinstance(figures, BaselineFigures):
-        wall = 1.0 / (1.0 + figures.change) - 1.0  # wall time per token: positive when slower
-        busy = BusyFigures(wall_change=wall, host_cpu_change=cpu[0], host_cpu_tolerance=cpu[1])
-        excuse = _excuse("wall time per token", wall, cpu, device) if steady else None
-        if excuse is None:
-            baseline = replace(baseline, figures=replace(figures, busy=busy))
-        else:
-            excused = replace(figures, busy=busy, verdict=MACHINE_BUSY)
-            baseline = Check(
-                baseline.name, CheckStatus.WARN, f"{excuse}: {baseline.message}", excused
-            )
-    relative_figures = relative.figures
-    if steady and _regressed(relative) and isinstance(relative_figures, RelativeSpeedFigures):
-        wall = 1.0 / (1.0 + relative_figures.change) - 1.0
-        excuse = _excuse("wall time per token against the bare model's", wall, cpu, device)
-        if excuse is not None:
-            excused_relative = replace(relative_figures, verdict=MACHINE_BUSY)
-            message = f"{excuse}: {relative.message}"
-            relative = Check(relative.name, CheckStatus.WARN, message, excused_relative)
-    return baseline, relative
-
-
-def _regressed(check: Check) -> bool:
-    verdict = getattr(check.figures, "verdict", None)
-    return check.status is CheckStatus.FAIL and verdict == "regression"
-
-
-def _excuse(what: str, wall: float, cpu: tuple[float, float], device: str) -> str | None:
-    """The warning's words, or None where the CPU time per token explains the slow-down."""
-    change, tolerance = cpu
-    # The CPU's own rise must stay within its noise and explain under half the wall time's.
-    if change > tolerance or change > wall / 2:
-        return None
-    return (
-        f"machine busy: {what} {wall:+.1%} while CPU time per token {change:+.1%} (its noise "
-        f"{tolerance:.1%}); the counted work{device} did not change, so another process took "
-        "this rank's cores. Not failed"
-    )
 
 
 def with_work_reason(check: Check, work: Check, cpu: tuple[float, float] | None) -> Check:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from pytest_distperf.judge.busy import busy_check, busy_threshold, cpu_change
 from pytest_distperf.judge.checks import (
     Decision,
     GateSettings,
@@ -21,13 +22,7 @@ from pytest_distperf.judge.checks import (
     skipped_check,
     threshold_check,
 )
-from pytest_distperf.judge.counted import (
-    busy_check,
-    cpu_change,
-    device_time_check,
-    with_work_reason,
-    work_check,
-)
+from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
@@ -165,7 +160,9 @@ class Gate:
         work = work_check(entry, result.work, settings, counted=result.spec.count_work)
         device_time = device_time_check(entry, result.device_time_per_token_s, settings)
         cpu = cpu_change(entry, result.host_cpu_per_token_s, settings)
-        baseline, relative = busy_check(baseline, relative, work, device_time, cpu)
+        waited = result.run_queue_wait_per_token_s
+        baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited)
+        threshold = busy_threshold(threshold, work, waited)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=with_work_reason(threshold, work, cpu),

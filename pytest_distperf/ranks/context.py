@@ -56,9 +56,11 @@ class RankContext:
     bare_samples: list[Sample] = field(default_factory=list)  # time: one beside each sample
     host_loop_s: tuple[float, ...] = ()  # time: the host's loop beside each sample
     host_cpu_per_token_s: float | None = None  # time: CPU seconds per new token, timed repeats
+    run_queue_wait_per_token_s: float | None = None  # time: seconds waited for a core, per token
     reference: ReferenceChoice | None = None  # pick_reference
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
     counted: Counted | None = None  # count_work: None when off or failed
+    count_s: float | None = None  # count_work: seconds it took
     result: RankResult | None = None  # result
 
     @property

@@ -9,6 +9,7 @@ runs no model code, so a slower model does not move it.
 
 from __future__ import annotations
 
+import os
 import time
 
 # Short, yet far above timer noise on the hosts measured (docs/benchmarks/h200-2026-11-30.md).
@@ -22,3 +23,25 @@ def interpreter_loop_seconds(iterations: int = LOOP_ITERATIONS) -> float:
     for i in range(iterations):
         total += i * i % 7
     return time.perf_counter() - start
+
+
+def host_times() -> tuple[float, float | None]:
+    """(this process's CPU seconds, seconds its threads have waited runnable for a core).
+
+    The wait is the kernel's run-queue delay (Linux `/proc/<pid>/task/*/schedstat`, second
+    field), summed over the threads alive now; None where the kernel does not keep it. A busy
+    neighbour shows there, while a rank waiting for its peer or for the device sleeps, which
+    is not counted."""
+    cpu = time.process_time()
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return cpu, None
+    waited_ns = 0
+    for thread in threads:
+        try:
+            with open(f"/proc/self/task/{thread}/schedstat") as stat:
+                waited_ns += int(stat.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return cpu, waited_ns / 1e9

@@ -6,6 +6,7 @@ lists them in order; a new phase is one function here and one line there.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -200,7 +201,7 @@ def time_generations(ctx: RankContext) -> None:
     def beside() -> tuple[Sample | None, float]:
         return bare.generation(), interpreter_loop_seconds()
 
-    samples, tokens, timed_from, besides, cpu_s = run_workload(
+    samples, tokens, timed_from, besides, host = run_workload(
         ctx.wrapped,
         ctx.prompt,
         workload.max_new_tokens,
@@ -220,7 +221,10 @@ def time_generations(ctx: RankContext) -> None:
     ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
     ctx.bare_samples, ctx.host_loop_s = bare_samples, tuple(s for _, s in besides)
     new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
-    ctx.host_cpu_per_token_s = cpu_s / new_tokens if new_tokens else None
+    if new_tokens:
+        ctx.host_cpu_per_token_s = host.cpu_s / new_tokens
+        if host.waited_s is not None:
+            ctx.run_queue_wait_per_token_s = host.waited_s / new_tokens
 
 
 def pick_reference(ctx: RankContext) -> None:
@@ -246,6 +250,7 @@ def count_work(ctx: RankContext) -> None:
     if not ctx.spec.count_work:
         return
     steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
+    started = time.perf_counter()
     try:
         ctx.counted = counting.count_work(
             ctx.wrapped,
@@ -258,6 +263,7 @@ def count_work(ctx: RankContext) -> None:
         )
     except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
         counting.warn(ctx.fabric.global_rank, error)
+    ctx.count_s = time.perf_counter() - started
 
 
 def result(ctx: RankContext) -> None:
@@ -282,6 +288,7 @@ def result(ctx: RankContext) -> None:
         calibration=ctx.calibration,
         model_shape=ctx.model.shape,
         compile_s=ctx.compile_s,
+        count_s=ctx.count_s,
         compiled=steps.how if steps else "",
         cuda_graphs=bool(steps and steps.cuda_graphs),
         graph_breaks=bool(steps and steps.graph_breaks),
@@ -289,6 +296,7 @@ def result(ctx: RankContext) -> None:
         eager_reference=chosen.eager,
         work=counted.work if counted else None,
         host_cpu_per_token_s=ctx.host_cpu_per_token_s,
+        run_queue_wait_per_token_s=ctx.run_queue_wait_per_token_s,
         device_time_per_token_s=counted.device_time_per_token_s if counted else None,
     )
 

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
+from pytest_distperf.ranks.hostspeed import host_times
 from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.spec import Sample
 
@@ -189,7 +190,7 @@ def run_workload(
     progress: Callable[[str], None] | None = None,
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
-) -> tuple[list[Sample], torch.Tensor, float, list[T], float]:
+) -> tuple[list[Sample], torch.Tensor, float, list[T], HostTime]:
     """Warm-up generations (untimed), then `repeats` timed ones.
 
     `progress`, when given, gets a short text before each warm-up and after each repeat (with
@@ -201,8 +202,8 @@ def run_workload(
 
     Returns the samples, the last generation's tokens, the wall-clock time (epoch seconds) at
     which the timed generations began (from which the fixed cost of a test is derived), the
-    paired results of the timed phase and this process's CPU seconds in the timed generations
-    alone (a busy neighbour takes wall time, not this process's CPU time).
+    paired results of the timed phase and this process's CPU seconds and run-queue wait in the
+    timed generations alone (a busy neighbour takes wall time, not this process's CPU time).
     """
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
@@ -216,19 +217,35 @@ def run_workload(
     timed_from = time.time()
     samples: list[Sample] = []
     beside: list[T] = []
-    cpu_s = 0.0
+    host = HostTime(0.0, 0.0)
     for done in range(repeats):
-        cpu_start = time.process_time()
+        before = host_times()
         sample, tokens = timed_generation(
             model, prompt, max_new_tokens, fences, slowdown, generate, next_token, steps
         )
-        cpu_s += time.process_time() - cpu_start
+        host = host.plus(before, host_times())
         samples.append(sample)
         rate = prompt.shape[0] * max_new_tokens / sample.total_s
         say(f"repeat {done + 1}/{repeats}: {rate:.2f} tok/s (rank 0)")
         if paired is not None:
             beside.append(paired())
-    return samples, tokens, timed_from, beside, cpu_s
+    return samples, tokens, timed_from, beside, host
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """This process's CPU seconds and run-queue wait (None where unknown) over some stretch."""
+
+    cpu_s: float
+    waited_s: float | None
+
+    def plus(
+        self, before: tuple[float, float | None], after: tuple[float, float | None]
+    ) -> HostTime:
+        waited = None
+        if self.waited_s is not None and before[1] is not None and after[1] is not None:
+            waited = self.waited_s + max(after[1] - before[1], 0.0)  # a thread may have ended
+        return HostTime(self.cpu_s + after[0] - before[0], waited)
 
 
 # The reference is timed right after start-up (and, in a session's first test, right after the

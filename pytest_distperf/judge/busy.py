@@ -1,0 +1,154 @@
+"""When a slower run is the machine's fault: another process took the ranks' cores.
+
+Two signs, each read only where the counted work did not change. A rank's CPU time per token
+rises when its own code does more and stays put when a neighbour takes its core. And on Linux
+the kernel counts the time a rank's threads waited runnable for a core (the run-queue delay):
+a rank waiting for its peer or its device sleeps, which is not counted, so that wait is what a
+neighbour took. A throughput regression whose wall time, less that wait, stays within the
+baseline's tolerance, or a threshold miss whose rate without that wait meets the threshold,
+becomes a "machine busy" warning. Pure: no I/O, no pytest. Mechanics: docs/gates.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pytest_distperf.judge.checks import (
+    MACHINE_BUSY,
+    BaselineFigures,
+    BusyFigures,
+    Check,
+    CheckStatus,
+    GateSettings,
+    RelativeSpeedFigures,
+    ThresholdFigures,
+)
+from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, drift_tolerance
+from pytest_distperf.store.entry import BaselineEntry
+
+NOT_FAILED = "so another process took this rank's cores. Not failed"
+
+
+def cpu_change(
+    entry: BaselineEntry | None, host_cpu_s: float | None, settings: GateSettings
+) -> tuple[float, float] | None:
+    """(change, tolerance) of the CPU time per token against the recorded runs', or None
+    where either side has none. The level is set as the throughput's: the runs' median from
+    MIN_RUNS_FOR_DRIFT on, the latest run before that."""
+    history: Sequence[float] = () if entry is None else entry.host_cpu_run_medians
+    if host_cpu_s is None or not history:
+        return None
+    level = statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
+    tolerance = max(settings.cpu_tolerance_floor, drift_tolerance(history, settings.alpha))
+    return host_cpu_s / level - 1.0, tolerance
+
+
+def busy_check(
+    baseline: Check,
+    relative: Check,
+    work: Check,
+    device_time: Check,
+    cpu: tuple[float, float] | None,
+    waited_per_token_s: float | None = None,
+) -> tuple[Check, Check]:
+    """`baseline` and `relative`, each turned into a "machine busy" warning where it regressed
+    but the counted work and (where measured) the device time per token did not move, and
+    either the CPU time per token did not move or the wait for a core explains the loss. The
+    wall time per token is the throughput's for the baseline check, the wrapped model's
+    against the bare model's beside it for the relative speed check (whose bare runs wait
+    alike, so only the CPU time speaks there)."""
+    steady = work.status is CheckStatus.OK and device_time.status in (
+        CheckStatus.OK,
+        CheckStatus.SKIP,
+    )
+    device = " and device time per token" if device_time.status is CheckStatus.OK else ""
+    figures = baseline.figures
+    if _regressed(baseline) and isinstance(figures, BaselineFigures):
+        wall = 1.0 / (1.0 + figures.change) - 1.0  # wall time per token: positive when slower
+        busy = None
+        excuse = None
+        if cpu is not None:
+            busy = BusyFigures(wall, host_cpu_change=cpu[0], host_cpu_tolerance=cpu[1])
+            excuse = _cpu_excuse("wall time per token", wall, cpu, device) if steady else None
+        if excuse is None and steady and waited_per_token_s:
+            excuse = _wait_excuse(figures, waited_per_token_s, device)
+        if excuse is not None:
+            excused = replace(figures, busy=busy, verdict=MACHINE_BUSY)
+            baseline = Check(
+                baseline.name, CheckStatus.WARN, f"{excuse}: {baseline.message}", excused
+            )
+        elif busy is not None:
+            baseline = replace(baseline, figures=replace(figures, busy=busy))
+    relative_figures = relative.figures
+    if (
+        cpu is not None
+        and steady
+        and _regressed(relative)
+        and isinstance(relative_figures, RelativeSpeedFigures)
+    ):
+        wall = 1.0 / (1.0 + relative_figures.change) - 1.0
+        excuse = _cpu_excuse("wall time per token against the bare model's", wall, cpu, device)
+        if excuse is not None:
+            excused_relative = replace(relative_figures, verdict=MACHINE_BUSY)
+            message = f"{excuse}: {relative.message}"
+            relative = Check(relative.name, CheckStatus.WARN, message, excused_relative)
+    return baseline, relative
+
+
+def busy_threshold(threshold: Check, work: Check, waited_per_token_s: float | None) -> Check:
+    """A failed threshold turned into a "machine busy" warning where the rate the run would
+    have had without its wait for a core meets the threshold and the counted work did not
+    grow."""
+    figures = threshold.figures
+    if (
+        threshold.status is not CheckStatus.FAIL
+        or not waited_per_token_s
+        or work.status is CheckStatus.FAIL
+        or not isinstance(figures, ThresholdFigures)
+    ):
+        return threshold
+    measured = figures.ratio_to_predicted * figures.predicted_tokens_per_sec
+    ran_per_token = 1.0 / measured - waited_per_token_s
+    if ran_per_token <= 0 or 1.0 / ran_per_token < figures.threshold_tokens_per_sec:
+        return threshold
+    excuse = (
+        f"machine busy: this rank waited {waited_per_token_s * 1e3:.3g} ms per token for a "
+        f"core (run queue); without that wait it ran at {1.0 / ran_per_token:.4g} tok/s, above "
+        f"the threshold {figures.threshold_tokens_per_sec:.4g} tok/s, {NOT_FAILED}"
+    )
+    return Check(threshold.name, CheckStatus.WARN, f"{excuse}: {threshold.message}", figures)
+
+
+def _regressed(check: Check) -> bool:
+    verdict = getattr(check.figures, "verdict", None)
+    return check.status is CheckStatus.FAIL and verdict == "regression"
+
+
+def _cpu_excuse(what: str, wall: float, cpu: tuple[float, float], device: str) -> str | None:
+    """The warning's words, or None where the CPU time per token explains the slow-down."""
+    change, tolerance = cpu
+    # The CPU's own rise must stay within its noise and explain under half the wall time's.
+    if change > tolerance or change > wall / 2:
+        return None
+    return (
+        f"machine busy: {what} {wall:+.1%} while CPU time per token {change:+.1%} (its noise "
+        f"{tolerance:.1%}); the counted work{device} did not change, {NOT_FAILED}"
+    )
+
+
+def _wait_excuse(figures: BaselineFigures, waited_s: float, device: str) -> str | None:
+    """The warning's words, or None where the wall time less the wait for a core is still
+    slower than the baseline's tolerance allows."""
+    wall_s = 1.0 / (figures.baseline_tokens_per_sec * (1.0 + figures.change))
+    baseline_s = 1.0 / figures.baseline_tokens_per_sec
+    ran_change = (wall_s - waited_s) / baseline_s - 1.0
+    if ran_change > figures.tolerance:
+        return None
+    return (
+        f"machine busy: wall time per token {wall_s / baseline_s - 1.0:+.1%}, of which this "
+        f"rank waited {waited_s * 1e3:.3g} ms per token for a core (run queue); without that "
+        f"wait {ran_change:+.1%} (tolerance {figures.tolerance:.1%}), and the counted "
+        f"work{device} did not change, {NOT_FAILED}"
+    )
