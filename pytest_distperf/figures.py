@@ -355,6 +355,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "relative_speed of each repeat"),
     Figure("host_loop_samples", "s", from_result("host_loop_samples", _S),
            "the host-speed loop beside each repeat"),
+    Figure("host_loop_cpu_samples", "s", from_result("host_loop_cpu_samples", _S),
+           "that loop's CPU time: its core's own speed, without waits for a core"),
     Figure("work_s", "s", from_result("work_s", "slowest rank"), "a rank's time on the test"),
     Figure("harness_s", "s", from_result("harness_s", "launch_s - work_s"),
            "what the launch cost beyond the test"),

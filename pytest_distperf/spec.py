@@ -150,6 +150,8 @@ class RankResult:
     bare_samples: tuple[Sample, ...] = ()
     # Seconds of hostspeed's fixed interpreter loop, timed right after each timed generation.
     host_loop_s: tuple[float, ...] = ()
+    # Its thread CPU seconds: the core's own speed, without the waits for a core.
+    host_loop_cpu_s: tuple[float, ...] = ()
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
     # Seconds this rank spent on the test itself (build, calibration, warm-up, timed and bare
     # generations); what a launch costs beyond it is the harness's own cost.
@@ -330,6 +332,15 @@ class RunResult:
         """Per repeat, the slowest rank's time for the host-speed loop (hostspeed.py): the
         speed of the machine itself beside each sample; empty when some rank has none."""
         per_rank = [r.host_loop_s for r in self.ranks]
+        if not all(len(times) == self.spec.repeats for times in per_rank):
+            return ()
+        return tuple(max(times) for times in zip(*per_rank, strict=True))
+
+    @property
+    def host_loop_cpu_samples(self) -> tuple[float, ...]:
+        """Per repeat, the slowest rank's CPU time for that loop: how fast its core ran when
+        it ran (a neighbour on a shared core slows it too); empty when some rank has none."""
+        per_rank = [r.host_loop_cpu_s for r in self.ranks]
         if not all(len(times) == self.spec.repeats for times in per_rank):
             return ()
         return tuple(max(times) for times in zip(*per_rank, strict=True))

@@ -275,7 +275,8 @@ def test_run_queue_wait_is_what_a_neighbour_on_the_same_core_took() -> None:
             spinner.wait()
     finally:
         os.sched_setaffinity(0, saved)
-    assert shared > 0.1 > alone, (alone, shared)
+    # other processes of this machine may share the core too: the spinner's part is the test
+    assert shared > 0.1 and shared > alone + 0.05, (alone, shared)
 
 
 def _waited_while_busy(cpu_seconds: float) -> float:

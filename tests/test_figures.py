@@ -62,6 +62,7 @@ JSON_KEYS = frozenset(
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
+        "host_loop_cpu_samples",
         *(
             "work_s",
             "harness_s",
@@ -99,6 +100,7 @@ SUMMARY_KEYS = frozenset(
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("work_s", "harness_s", "reference_token_s", "relative_speed", "relative_speed_samples"),
         *("host_loop_samples", "work", "host_cpu_per_token_s", "device_time_per_token_s"),
+        "host_loop_cpu_samples",
         "run_queue_wait_per_token_s",
     }
 )

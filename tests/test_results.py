@@ -129,6 +129,7 @@ JSON_FIELDS = {
     *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
     *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
     *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
+    "host_loop_cpu_samples",
     *(
         "work_s",
         "harness_s",

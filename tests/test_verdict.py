@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_distperf.judge.busy import busy_check, busy_threshold, cpu_change
+from pytest_distperf.judge.busy import busy_check, busy_threshold, core_slowdown, cpu_change
 from pytest_distperf.judge.checks import (
     BaselineFigures,
     Check,
@@ -499,11 +499,28 @@ def test_a_wait_for_a_core_that_explains_the_loss_is_a_busy_machine() -> None:
     cpu = cpu_change(entry, 0.0115, SETTINGS)
     busy, same_relative = busy_check(throughput, relative, work, device, cpu, wall_s - baseline_s)
     assert busy.status == WARN and _baseline(busy).verdict == "machine busy"
-    assert busy.message.startswith("machine busy: wall time per token +100.0%, of which this rank")
-    assert "without that wait +0.0%" in busy.message
+    assert busy.message.startswith("machine busy: wall time per token +100.0%; this rank waited")
+    assert "without that +0.0%" in busy.message
     assert same_relative == relative  # its bare runs waited alike: the CPU time speaks there
     half = busy_check(throughput, relative, work, device, cpu, (wall_s - baseline_s) / 2)
     assert half[0].status == FAIL  # what the wait leaves is still 50% slower
+
+
+def test_a_slower_core_is_taken_out_of_the_cpu_time_and_nothing_else() -> None:
+    entry = replace(_work_entry(), host_loop_run_medians=(0.020,))
+    assert core_slowdown(entry, [0.023, 0.023, 0.024]) == pytest.approx(1.15)
+    assert core_slowdown(entry, [0.018]) == 1.0  # a faster core never makes an excuse easier
+    assert core_slowdown(_work_entry(), [0.023]) == 1.0  # no loop recorded
+    throughput, relative, work, (still, _) = _slowed(0.5, 0.0115)
+    device = skipped_check("device_time", "cpu")
+    cpu = cpu_change(_work_entry(), 0.0115, SETTINGS)
+    # CPU time +15% on a core that ran 15% slower: the rank's own code did not do more
+    busy, _ = busy_check(throughput, relative, work, device, cpu, core=1.15)
+    assert still.status == FAIL and busy.status == WARN
+    # 43% more CPU time on that core (a model that computes 30% more) still fails
+    more = cpu_change(_work_entry(), 0.0143, SETTINGS)
+    slowed, _, work30, _ = _slowed(0.3, 0.0143)
+    assert busy_check(slowed, relative, work30, device, more, core=1.15)[0].status == FAIL
 
 
 def test_a_wait_for_a_core_never_excuses_changed_work() -> None:

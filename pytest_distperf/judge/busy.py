@@ -4,9 +4,12 @@ Two signs, each read only where the counted work did not change. A rank's CPU ti
 rises when its own code does more and stays put when a neighbour takes its core. And on Linux
 the kernel counts the time a rank's threads waited runnable for a core (the run-queue delay):
 a rank waiting for its peer or its device sleeps, which is not counted, so that wait is what a
-neighbour took. A throughput regression whose wall time, less that wait, stays within the
-baseline's tolerance, or a threshold miss whose rate without that wait meets the threshold,
-becomes a "machine busy" warning. Pure: no I/O, no pytest. Mechanics: docs/gates.md.
+neighbour took. A neighbour on a shared core (or its SMT sibling) also makes the
+rank's own CPU time run slower: the fixed interpreter loop beside each repeat, timed in CPU
+time, measures that, and the CPU times are divided by it. A throughput regression whose wall
+time, less that wait, stays within the baseline's tolerance, or a threshold miss whose rate
+without that wait meets the threshold, becomes a "machine busy" warning. Pure: no I/O, no
+pytest. Mechanics: docs/gates.md.
 """
 
 from __future__ import annotations
@@ -45,6 +48,18 @@ def cpu_change(
     return host_cpu_s / level - 1.0, tolerance
 
 
+def core_slowdown(entry: BaselineEntry | None, loop_cpu_samples: Sequence[float]) -> float:
+    """How much slower this run's cores ran than the baseline's, when they ran: the fixed loop's
+    CPU time now over its time when recorded (on the idle machine a baseline is recorded on,
+    its wall time is its CPU time); 1 where unknown, and never below 1, so that it only ever
+    takes a slower core out."""
+    if entry is None or not entry.host_loop_run_medians or not loop_cpu_samples:
+        return 1.0
+    levels = entry.host_loop_run_medians
+    then = statistics.median(levels) if len(levels) >= MIN_RUNS_FOR_DRIFT else levels[-1]
+    return max(statistics.median(loop_cpu_samples) / then, 1.0)
+
+
 def busy_check(
     baseline: Check,
     relative: Check,
@@ -52,13 +67,17 @@ def busy_check(
     device_time: Check,
     cpu: tuple[float, float] | None,
     waited_per_token_s: float | None = None,
+    core: float = 1.0,
 ) -> tuple[Check, Check]:
     """`baseline` and `relative`, each turned into a "machine busy" warning where it regressed
     but the counted work and (where measured) the device time per token did not move, and
     either the CPU time per token did not move or the wait for a core explains the loss. The
     wall time per token is the throughput's for the baseline check, the wrapped model's
     against the bare model's beside it for the relative speed check (whose bare runs wait
-    alike, so only the CPU time speaks there)."""
+    alike, so only the CPU time speaks there). `core`: core_slowdown's factor, taken out of the
+    CPU time and of the time the rank ran."""
+    if cpu is not None and core > 1.0:
+        cpu = ((1.0 + cpu[0]) / core - 1.0, cpu[1])
     steady = work.status is CheckStatus.OK and device_time.status in (
         CheckStatus.OK,
         CheckStatus.SKIP,
@@ -73,7 +92,7 @@ def busy_check(
             busy = BusyFigures(wall, host_cpu_change=cpu[0], host_cpu_tolerance=cpu[1])
             excuse = _cpu_excuse("wall time per token", wall, cpu, device) if steady else None
         if excuse is None and steady and waited_per_token_s:
-            excuse = _wait_excuse(figures, waited_per_token_s, device)
+            excuse = _wait_excuse(figures, waited_per_token_s, core, device)
         if excuse is not None:
             excused = replace(figures, busy=busy, verdict=MACHINE_BUSY)
             baseline = Check(
@@ -138,17 +157,18 @@ def _cpu_excuse(what: str, wall: float, cpu: tuple[float, float], device: str) -
     )
 
 
-def _wait_excuse(figures: BaselineFigures, waited_s: float, device: str) -> str | None:
-    """The warning's words, or None where the wall time less the wait for a core is still
-    slower than the baseline's tolerance allows."""
+def _wait_excuse(figures: BaselineFigures, waited_s: float, core: float, device: str) -> str | None:
+    """The warning's words, or None where the wall time less the wait for a core (at the
+    baseline's core speed) is still slower than the baseline's tolerance allows."""
     wall_s = 1.0 / (figures.baseline_tokens_per_sec * (1.0 + figures.change))
     baseline_s = 1.0 / figures.baseline_tokens_per_sec
-    ran_change = (wall_s - waited_s) / baseline_s - 1.0
+    ran_change = (wall_s - waited_s) / core / baseline_s - 1.0
     if ran_change > figures.tolerance:
         return None
+    slower_core = f" and its core ran {core - 1.0:.1%} slower (the fixed loop)" if core > 1 else ""
     return (
-        f"machine busy: wall time per token {wall_s / baseline_s - 1.0:+.1%}, of which this "
-        f"rank waited {waited_s * 1e3:.3g} ms per token for a core (run queue); without that "
-        f"wait {ran_change:+.1%} (tolerance {figures.tolerance:.1%}), and the counted "
+        f"machine busy: wall time per token {wall_s / baseline_s - 1.0:+.1%}; this rank waited "
+        f"{waited_s * 1e3:.3g} ms per token for a core (run queue){slower_core}; without that "
+        f"{ran_change:+.1%} (tolerance {figures.tolerance:.1%}), and the counted "
         f"work{device} did not change, {NOT_FAILED}"
     )

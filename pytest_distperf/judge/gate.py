@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pytest_distperf.judge.busy import busy_check, busy_threshold, cpu_change
+from pytest_distperf.judge.busy import busy_check, busy_threshold, core_slowdown, cpu_change
 from pytest_distperf.judge.checks import (
     Decision,
     GateSettings,
@@ -97,6 +97,7 @@ class Gate:
             compute_time_s=result.reference_token_s,
             prefill_time_s=result.reference_prefill_s,
             overheads=run_overheads(result),
+            counted_collectives=counted_collectives(result),
         )
         if result.eager_reference:
             note = (
@@ -161,7 +162,8 @@ class Gate:
         device_time = device_time_check(entry, result.device_time_per_token_s, settings)
         cpu = cpu_change(entry, result.host_cpu_per_token_s, settings)
         waited = result.run_queue_wait_per_token_s
-        baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited)
+        core = core_slowdown(entry, result.host_loop_cpu_samples)
+        baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited, core)
         threshold = busy_threshold(threshold, work, waited)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
@@ -202,6 +204,14 @@ class Gate:
 
 
 TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET")
+
+
+def counted_collectives(result: RunResult) -> dict[str, tuple[float, float]] | None:
+    """kind -> (calls, bytes) per decode token from the run's counted generation; None when
+    the work was not counted (the prediction then charges what the strategy expects)."""
+    if result.work is None:
+        return None
+    return {k: (c.calls, c.bytes) for k, c in result.work.decode.collectives.items()}
 
 
 def run_overheads(result: RunResult) -> Overheads:

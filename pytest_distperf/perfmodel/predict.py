@@ -9,10 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.cost import StrategyInput
+from pytest_distperf.perfmodel.counted import (
+    Collectives,
+    describe,
+    expected_collectives,
+    with_counted,
+)
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
@@ -45,6 +51,10 @@ class Prediction:
     measured_links: bool = False
     collectives_per_token: int = 0
     batch_size: int = 1  # rows decoded in each step: a step of time_per_token_s yields this many
+    # kind -> (calls, bytes) per token: what the strategy's model expects, and what the ranks
+    # counted (None: not counted); the terms charge the counted ones (perfmodel/counted.py).
+    expected_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
+    counted_collectives: dict[str, tuple[float, float]] | None = None
 
     @property
     def bound_description(self) -> str:
@@ -66,11 +76,19 @@ class Prediction:
             "bytes_per_token": dict(self.bytes_per_token),
             "collectives_per_token": self.collectives_per_token,
             "batch_size": self.batch_size,
+            "expected_collectives": _collectives_json(self.expected_collectives),
+            "counted_collectives": None
+            if self.counted_collectives is None
+            else _collectives_json(self.counted_collectives),
             "link_class": self.link_class,
             "bandwidth_used": self.bandwidth_used,
             "measured_links": self.measured_links,
             "assumptions": list(self.assumptions),
         }
+
+
+def _collectives_json(collectives: Collectives) -> dict[str, dict[str, float]]:
+    return {kind: {"calls": c, "bytes": b} for kind, (c, b) in sorted(collectives.items())}
 
 
 def _kv_bytes(config: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
@@ -191,6 +209,7 @@ def predict(
     compute_time_s: float | None = None,
     overheads: Overheads = DEFAULT_OVERHEADS,
     prefill_time_s: float | None = None,
+    counted_collectives: Collectives | None = None,
 ) -> Prediction:
     """Predicted tokens/sec of one rank's stream under `strategy` (its record) on `devices`.
 
@@ -199,6 +218,8 @@ def predict(
     device a strategy still pays its wrapper's own costs (FSDP's per-unit hooks), with no
     traffic. `prefill_time_s`: the measured single-rank prefill; the rate counts the prefill's
     token, so what the prefill costs beyond one step is spread over the generation's tokens.
+    `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
+    where they differ from what the strategy's model expects, they are charged instead.
     """
     _check_arguments(
         devices, batch_size, prompt_length, max_new_tokens, dtype_bytes, compute_time_s
@@ -215,6 +236,9 @@ def predict(
     )
     total = _Sum(*_compute_terms(x, compute_time_s))
     cost = strategy.cost(x)
+    expected = expected_collectives(cost)
+    if counted_collectives is not None:
+        cost = with_counted(cost, counted_collectives, x)
     total.add_cost(cost, overheads)
     if prefill_time_s is not None and compute_time_s is not None:
         total.add_prefill(prefill_time_s, compute_time_s, cost.compute_share, max_new_tokens)
@@ -238,6 +262,8 @@ def predict(
         measured_links=links.measured,
         collectives_per_token=cost.collectives,
         batch_size=batch_size,
+        expected_collectives=expected,
+        counted_collectives=None if counted_collectives is None else dict(counted_collectives),
     )
 
 
@@ -288,7 +314,17 @@ def describe_prediction(prediction: Prediction) -> str:
         f"{p.bound} ({p.bound_description}, {_ms(p.terms[p.bound])}); link {p.link_class} at "
         f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
         f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
+        f"{_expected_and_counted(p)}"
     )
+
+
+def _expected_and_counted(p: Prediction) -> str:
+    """The collectives per token the model expects beside those the ranks counted."""
+    if p.counted_collectives is None:
+        return ""
+    expected = describe(p.expected_collectives) or "none"
+    counted = describe(p.counted_collectives) or "none"
+    return f"; collectives per token, predicted: {expected}; counted: {counted}"
 
 
 def failure_message(

@@ -16,7 +16,8 @@ TERM_DESCRIPTIONS = {
     "weights": "weights and KV streaming from memory",
     "launch": "eager per-layer launch overhead",
     "all_gather": "all-gather traffic",
-    "all_reduce": "tensor-parallel activation all-reduces (2 per block)",
+    "all_reduce": "all-reduce traffic (tensor parallel: 2 activation all-reduces per block)",
+    "reduce_scatter": "reduce-scatter traffic (counted in the ranks)",
     "p2p": "pipeline point-to-point hops (activations on, the token back)",
     "latency": "per-collective latency",
     "fsdp_overhead": "FSDP per-unit overhead",
@@ -28,7 +29,7 @@ TERM_DESCRIPTIONS = {
 # latency, FSDP2's copies around them) runs on the collective's own stream.
 HOST_PATH_TERMS = frozenset({"compute", "prefill", "weights", "launch", "fsdp_overhead"})
 # Terms that a link's bandwidth or latency sets: a message names the link beside them.
-LINK_TERMS = frozenset({"all_gather", "all_reduce", "p2p", "latency"})
+LINK_TERMS = frozenset({"all_gather", "all_reduce", "reduce_scatter", "p2p", "latency"})
 
 
 # Fitted once on the 2 x H200 eager rows; each fit and its rows: docs/perfmodel.md ("Fixed

@@ -55,6 +55,7 @@ class RankContext:
     timed_from: float = 0.0  # time: epoch seconds when the timed generations began
     bare_samples: list[Sample] = field(default_factory=list)  # time: one beside each sample
     host_loop_s: tuple[float, ...] = ()  # time: the host's loop beside each sample
+    host_loop_cpu_s: tuple[float, ...] = ()  # time: its CPU time (the core's own speed)
     host_cpu_per_token_s: float | None = None  # time: CPU seconds per new token, timed repeats
     run_queue_wait_per_token_s: float | None = None  # time: seconds waited for a core, per token
     reference: ReferenceChoice | None = None  # pick_reference

@@ -20,7 +20,7 @@ from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.context import DTYPES, RankContext
 from pytest_distperf.ranks.counting import dynamo_mark
 from pytest_distperf.ranks.fabric import fabric_module
-from pytest_distperf.ranks.hostspeed import interpreter_loop_seconds
+from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
 from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
@@ -198,8 +198,8 @@ def time_generations(ctx: RankContext) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
 
-    def beside() -> tuple[Sample | None, float]:
-        return bare.generation(), interpreter_loop_seconds()
+    def beside() -> tuple[Sample | None, tuple[float, float]]:
+        return bare.generation(), interpreter_loop_times()
 
     samples, tokens, timed_from, besides, host = run_workload(
         ctx.wrapped,
@@ -219,7 +219,9 @@ def time_generations(ctx: RankContext) -> None:
     if len(bare_samples) < len(samples):
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
-    ctx.bare_samples, ctx.host_loop_s = bare_samples, tuple(s for _, s in besides)
+    ctx.bare_samples = bare_samples
+    ctx.host_loop_s = tuple(wall for _, (wall, _) in besides)
+    ctx.host_loop_cpu_s = tuple(cpu for _, (_, cpu) in besides)
     new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
     if new_tokens:
         ctx.host_cpu_per_token_s = host.cpu_s / new_tokens
@@ -285,6 +287,7 @@ def result(ctx: RankContext) -> None:
         reference_token_s=chosen.token_s,
         bare_samples=tuple(ctx.bare_samples),
         host_loop_s=ctx.host_loop_s,
+        host_loop_cpu_s=ctx.host_loop_cpu_s,
         calibration=ctx.calibration,
         model_shape=ctx.model.shape,
         compile_s=ctx.compile_s,
