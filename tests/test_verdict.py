@@ -506,6 +506,22 @@ def test_a_wait_for_a_core_that_explains_the_loss_is_a_busy_machine() -> None:
     assert half[0].status == FAIL  # what the wait leaves is still 50% slower
 
 
+def test_a_loss_mostly_waited_for_a_core_is_excused_while_the_strategy_kept_pace() -> None:
+    # A shared core also stretches the rank's own time: what the wait leaves is 20% (beyond
+    # the 10% tolerance), but the wait is most of the loss and the bare model beside each
+    # repeat slowed alike.
+    throughput, _, work, _ = _slowed(0.5, 0.0115)
+    kept_pace = relative_speed_check(_work_entry(), RELATIVE, SETTINGS)
+    assert kept_pace.status == OK
+    wall_s, baseline_s = _wall_and_baseline_s(throughput)
+    device = skipped_check("device_time", "cpu")
+    mostly = wall_s - 1.2 * baseline_s  # 80% of the lost time waited
+    busy, _ = busy_check(throughput, kept_pace, work, device, None, mostly)
+    assert busy.status == WARN and "without that +20.0%" in busy.message
+    partly = 0.4 * (wall_s - baseline_s)
+    assert busy_check(throughput, kept_pace, work, device, None, partly)[0].status == FAIL
+
+
 def test_a_slower_core_is_taken_out_of_the_cpu_time_and_nothing_else() -> None:
     entry = replace(_work_entry(), host_loop_run_medians=(0.020,))
     assert core_slowdown(entry, [0.023, 0.023, 0.024]) == pytest.approx(1.15)
