@@ -312,8 +312,6 @@ def test_benchmark_compare_fail_catches_slower_attention(
     slowed.stderr.fnmatch_lines(
         ["*Performance has regressed*", "*test_generate[[]auto-2cpu[]]*Field 'median' has failed*"]
     )
-    unchanged = run(*RANKS, *compare, SLOW_ATTENTION_S="0")
-    assert unchanged.ret == 0, unchanged.stdout.str() + unchanged.stderr.str()
 
 
 TINY_TEST = """

@@ -21,8 +21,8 @@ from helpers import (
 
 # pythia-14m, whose head sets most of its compute: tiny's rate is set by per-call overheads and
 # by waits for the other rank on two shared cores, which the prediction does not model. A sleep
-# of 50 ms in each all-reduce or send puts both far below their healthy rate (pipeline, with
-# two sends a token, to a third of it until its healthy step passes 50 ms).
+# of 30 ms in each all-reduce or send puts both far below their healthy rate (pipeline, with
+# two sends a token, to a third of it until its healthy step passes 30 ms).
 TEST_COMM = """
 import pytest
 
@@ -51,11 +51,11 @@ def mlp_only(model, tp_mesh):
 
 @pytest.fixture(scope="module")
 def comm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
-    """The healthy runs, then with 50 ms in each message: tp sleeps through 2 x 6 all-reduces
+    """The healthy runs, then with 30 ms in each message: tp sleeps through 2 x 6 all-reduces
     a token. The slowed runs time one generation and count none: only their rate matters."""
     sessions = {}
     slowed = ("--distperf-repeats=1", "--distperf-count=off")
-    for name, delay, args in (("healthy", 0.0, ()), ("slowed", 0.05, (*slowed, "-k", "test_rate"))):
+    for name, delay, args in (("healthy", 0.0, ()), ("slowed", 0.03, (*slowed, "-k", "test_rate"))):
         path = tmp_path_factory.mktemp(name)
         write_files(path, plans=PLANS, test_comm=TEST_COMM.format(delay=delay))
         common = ("-v", "--distperf-devices=2", "--distperf-json=report.json")

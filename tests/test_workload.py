@@ -42,3 +42,19 @@ def test_never_more_than_max_repeats() -> None:
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="patience <= max_repeats, got 0, 5"):
         steady_median(lambda: 1.0, patience=0, max_repeats=5)
+
+
+def test_every_rank_makes_as_many_calls_as_the_last_one_done() -> None:
+    # steady after 6 calls here, but a peer is done only after 8: a model whose forward issues
+    # its own collectives would leave that peer waiting if this rank stopped first
+    measure, rest = _sequence([3.0, 2.5, 1.0, 1.01, 0.995, 1.02, 1.0, 1.0, 99.0])
+    asked: list[bool] = []
+
+    def all_done(done: bool) -> bool:
+        asked.append(done)
+        return done and len(asked) >= 8
+
+    steady, calls = steady_median(measure, patience=3, max_repeats=10, all_done=all_done)
+    assert calls == 8 and next(rest) == 99.0
+    assert asked[:5] == [False] * 5 and all(asked[5:])  # its own verdict went to the vote
+    assert steady == pytest.approx(1.0)

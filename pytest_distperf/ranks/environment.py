@@ -7,6 +7,7 @@ import atexit
 import os
 import platform
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -35,6 +36,22 @@ def join_group(device: torch.device) -> None:
     dist.init_process_group(backend, timeout=default_pg_timeout)
     if backend == "nccl":  # torch warns at exit about a process group never destroyed
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+
+
+def all_ranks_done(device: torch.device) -> Callable[[bool], bool]:
+    """`done -> whether every rank of the run's group is done`, for loops whose length each
+    rank decides by itself; a rank alone (no group, or a group of one) answers for itself."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return bool
+
+    def all_done(done: bool) -> bool:
+        flag = torch.tensor([int(done)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag.item())
+
+    return all_done
 
 
 def global_rank() -> int:

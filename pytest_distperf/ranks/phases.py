@@ -133,7 +133,9 @@ def reference(ctx: RankContext) -> None:
     length = workload.prompt_length + max(workload.max_new_tokens, steps)
     model.setup_caches(workload.batch_size, length, device=ctx.device, dtype=ctx.dtype)
     sync = device_sync(ctx.device)
-    ctx.before_wrap = reference_token_time(model.module, ctx.prompt, steps, sync, ctx.generate)
+    ctx.before_wrap = reference_token_time(
+        model.module, ctx.prompt, steps, sync, ctx.generate, environment.all_ranks_done(ctx.device)
+    )
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
 
 

@@ -264,15 +264,18 @@ def steady_median(
     patience: int = REFERENCE_PATIENCE,
     max_repeats: int = REFERENCE_MAX_REPEATS,
     improvement: float = REFERENCE_IMPROVEMENT,
+    all_done: Callable[[bool], bool] = bool,
 ) -> tuple[float, int]:
     """Repeat `measure()` until `patience` calls in a row have not bettered the best by more
     than `improvement` (or `max_repeats` calls); return the median of the last `patience` + 1
-    calls (the best one and those after it, once steady) and the number of calls made."""
+    calls (the best one and those after it, once steady) and the number of calls made.
+    `all_done(done)`: whether every rank is done, so that all make the same number of calls (a
+    model whose own forward issues collectives would otherwise leave a peer waiting)."""
     if patience < 1 or max_repeats < patience:
         raise ValueError(f"need 1 <= patience <= max_repeats, got {patience}, {max_repeats}")
     values = [measure()]
     best, stale = values[0], 0
-    while stale < patience and len(values) < max_repeats:
+    while not all_done(stale >= patience or len(values) >= max_repeats):
         value = measure()
         values.append(value)
         stale = 0 if value < best * (1 - improvement) else stale + 1
@@ -287,6 +290,7 @@ def reference_token_time(
     steps: int,
     sync: Callable[[], None],
     generate: GenerateFn | None = None,
+    all_done: Callable[[bool], bool] = bool,
 ) -> tuple[float, float | None]:
     """(seconds per decode step, seconds of the prefill) of this rank's whole, unwrapped
     model: no collectives at all. The prefill is None for a user's own loop (no split).
@@ -306,7 +310,7 @@ def reference_token_time(
 
     once()  # warm-up: allocator, kernels, caches
     prefills.clear()
-    step_s = steady_median(once)[0]
+    step_s = steady_median(once, all_done=all_done)[0]
     return step_s, statistics.median(prefills) if prefills else None
 
 
