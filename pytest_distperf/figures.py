@@ -343,6 +343,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
     # the JSON report's alone
     Figure("repeats", "", from_spec("repeats"), "timed generations"),
     Figure("warmup", "", from_spec("warmup"), "untimed generations before them"),
+    Figure("nodes", "", from_result("nodes", "the launched job's; 1 outside a job"),
+           "hosts the ranks ran on"),
     Figure("peak_memory_per_rank", "bytes", per_rank("peak_memory_bytes"), "each rank's peak"),
     Figure("memory_kind", "", first_rank("memory_kind"), "what the peak measures"),
     Figure("versions", "", from_result("versions", "rank 0's"), "package versions in the ranks"),

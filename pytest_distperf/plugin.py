@@ -60,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
                 f"pytest-distperf: --distperf-json {settings.json}: cannot create its "
                 f"directory: {error}"
             ) from None
-    from pytest_distperf.launch.job import launched_job
+    from pytest_distperf.launch.job import launched_job, notice_writer
 
     try:
         job = launched_job()
@@ -69,6 +69,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if job is not None and job.launcher == "srun":
         os.environ.update(job.environment())  # what env:// and Fabric read in every rank
     plugin = DistperfPlugin(settings, slowdown, rootpath=config.rootpath, job=job)
+    if job is not None and job.rank == 0:
+        plugin.job_notice = notice_writer(config)
     plugin.live_output = config.getoption("capture", None) == "no"
     plugin.config = config
     config.pluginmanager.register(plugin, "distperf-session")
@@ -101,6 +103,7 @@ class DistperfPlugin:
     builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)
     _gate: Any = field(default=None, repr=False)
     job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
+    job_notice: Any = None  # rank 0 of a job: says why the job stops if its test never returns
     pools: Any = None  # launch.pool.Pools, made once collection has selected distperf tests
     live_output: bool = False  # pytest -s: the ranks' output streams to the terminal
     config: Any = field(default=None, repr=False)  # pytest.Config
@@ -158,6 +161,8 @@ class DistperfPlugin:
                 if resolved.accelerator == "cuda":
                     largest = min(largest, max(resolved.visible_gpus, 1))
                 topology = probe(resolved.accelerator, largest)
+            if self.job is not None and self.job.nodes > 1:  # never one node's baselines
+                topology = dataclasses.replace(topology, nodes=self.job.nodes)
             directory = self.settings.baseline_dir or default_baseline_dir(self.rootpath)
             self._gate = Gate(
                 topology=topology,
@@ -174,7 +179,7 @@ class DistperfPlugin:
         if self.job is not None:
             from pytest_distperf.launch.job import run_in_job
 
-            return run_in_job(dataclasses.replace(spec, nodes=self.job.nodes))
+            return run_in_job(dataclasses.replace(spec, nodes=self.job.nodes), self.job_notice)
         if self.settings.fresh_ranks or spec.numa_binding is not None:
             # torch's NUMA binding is applied by the elastic launcher as it starts a rank.
             from pytest_distperf.launch.elastic import launch
@@ -195,6 +200,10 @@ class DistperfPlugin:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self.pools is not None:
             self.pools.close()
+        if self.job is not None:  # every rank ends together, rank 0's report written
+            from pytest_distperf.launch.job import leave_job
+
+            leave_job()
 
     @pytest.hookimpl
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
@@ -369,6 +378,8 @@ class DistperfRun:
         except RunFailed as error:
             self._attach_rank_output()
             failure = str(error)
+            if error.stops:  # pytest reports what ran, then this line, and ends the session
+                self._item.session.shouldfail = error.stops
         except SessionStopped as stop:
             # The shell's convention for a process ended by a signal: 128 + its number.
             pytest.exit(

@@ -195,6 +195,11 @@ class RunResult:
         return self.spec.devices
 
     @property
+    def nodes(self) -> int:
+        """Hosts the ranks ran on: more than 1 only in a multi-node torchrun or SLURM job."""
+        return self.spec.nodes
+
+    @property
     def samples(self) -> tuple[Sample, ...]:
         """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
         return _slowest_per_repeat(r.samples for r in self.ranks)

@@ -58,6 +58,7 @@ from pytest_distperf.xdist import Payload, attach, detach
 JSON_KEYS = frozenset(
     {
         *("test_id", "strategy", "devices", "accelerator", "workload", "repeats", "warmup"),
+        "nodes",
         *("tokens_per_sec", "tokens_per_sec_samples", "decode_tokens_per_sec"),
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
@@ -95,6 +96,7 @@ JSON_KEYS = frozenset(
 SUMMARY_KEYS = frozenset(
     {
         *("test_id", "strategy", "devices", "accelerator", "workload", "repeats", "warmup"),
+        "nodes",
         *("tokens_per_sec", "tokens_per_sec_samples", "decode_tokens_per_sec"),
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),

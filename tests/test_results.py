@@ -125,6 +125,7 @@ def _record(decision: Decision | None = None, **changes: object) -> JudgedRun:
 # Field names users' scripts and CI templates read: a rename must be a decision, not an accident.
 JSON_FIELDS = {
     *("test_id", "strategy", "devices", "accelerator", "workload", "repeats", "warmup"),
+    "nodes",
     *("tokens_per_sec", "tokens_per_sec_samples", "decode_tokens_per_sec"),
     *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
     *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),

@@ -294,6 +294,20 @@ def test_cpu_key_counts_usable_cpus() -> None:
     assert replace(t, host_cpus=t.host_cpus + 1).key() != t.key()
 
 
+def test_a_multi_node_key_names_its_nodes_and_a_single_node_key_stays() -> None:
+    single = h200_pair()
+    assert single.nodes == 1 and single.key() == "cuda_nvidia-h200_x2_nv18x1"
+    assert "nodes" not in single.to_dict()  # a single node's saved topology, as before
+    two = replace(single, nodes=2)
+    assert two.key() == "cuda_nvidia-h200_x2_nv18x1_2nodes"
+    assert two.to_dict()["nodes"] == 2 and Topology.from_dict(two.to_dict()) == two
+    cpu = probe_cpu(2)
+    assert replace(cpu, nodes=3).key() == f"{cpu.key()}_3nodes"
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="nodes must be an integer >= 1"):
+            replace(single, nodes=bad)
+
+
 def test_to_dict_round_trip() -> None:
     for t in (
         h200_pair(),

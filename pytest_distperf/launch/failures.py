@@ -11,7 +11,12 @@ OUTPUT_TAIL_LINES = 60
 
 
 class RunFailed(Exception):
-    """One or more ranks failed or hung; the message is meant for the user as is."""
+    """One or more ranks failed or hung; the message is meant for the user as is. `stops`: why
+    the session must end after this test (a launched job past its timeout), or None."""
+
+    def __init__(self, message: str, stops: str | None = None) -> None:
+        super().__init__(message)
+        self.stops = stops
 
 
 def where(spec: RunSpec) -> str:
@@ -23,6 +28,23 @@ def timeout_headline(spec: RunSpec) -> str:
         f"distperf: ranks still running after --distperf-timeout={spec.timeout:g} s were "
         f"stopped {where(spec)}; stack dumps of the hung ranks follow."
     )
+
+
+def job_timeout_headline(spec: RunSpec) -> str:
+    return (
+        f"distperf: still running after --distperf-timeout={spec.timeout:g} s {where(spec)}: "
+        "the job stops here; each rank wrote the stacks of its threads to its stderr (in its "
+        "report of this test: captured stderr)"
+    )
+
+
+def job_stop_line(spec: RunSpec, rank: int | None = None) -> str:
+    """Why a launched job ends at this test: its timeout, or rank `rank`'s session stopped."""
+    if rank is None:
+        why = f"ran past --distperf-timeout={spec.timeout:g} s"
+    else:
+        why = f"was stopped in rank {rank} (Ctrl-C or a signal)"
+    return f"distperf: the job stops: {spec.test_id} {why}"
 
 
 def start_timeout_headline(spec: RunSpec, seconds: float) -> str:

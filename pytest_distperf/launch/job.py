@@ -1,18 +1,28 @@
 """Job mode: pytest itself is one rank of a job that torchrun or SLURM already started.
 
-Every rank runs the same tests in the same order; the job's process group is the test's.
+Every rank runs the same tests in the same order; the job's process group is the test's
+(ranks/jobgroup.py keeps it from test to test, ranks/jobwatch.py fails a run in every rank).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from pytest_distperf.launch.failures import (
+    RunFailed,
+    failed_headline,
+    job_stop_line,
+    job_timeout_headline,
+    rank_section,
+)
 from pytest_distperf.launch.guard import refuse_ranks
-from pytest_distperf.spec import RankResult, RunResult, RunSpec
+from pytest_distperf.spec import RunResult, RunSpec
 
 
 @dataclass(frozen=True)
@@ -112,18 +122,62 @@ def _integers(
     return values
 
 
-def run_in_job(spec: RunSpec) -> RunResult:
+def run_in_job(spec: RunSpec, notice: Callable[[str], None] | None = None) -> RunResult:
     """Run `spec` in this process as its rank of the launched job; every rank gets every
-    rank's result. A rank that raises fails its test; ranks it leaves waiting in a collective
-    are stopped by their watchdog at --distperf-timeout, and the launcher then ends the job."""
+    rank's result. A run that fails in one rank fails in every rank with that rank's error, and
+    the next test gets a new process group; a run past --distperf-timeout ends the job
+    (ranks/jobwatch.py). `notice`: rank 0's `notice_writer`."""
     refuse_ranks()
-    import torch.distributed as dist
-
-    from pytest_distperf.ranks.worker import run_rank
+    from pytest_distperf.ranks.jobgroup import JobRunFailed, run_in_group
 
     launched_at, start = time.time(), time.perf_counter()
-    mine = run_rank(spec)  # joins the job's group, a group of one included
-    everyone: list[RankResult | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    ranks = tuple(sorted((r for r in everyone if r is not None), key=lambda r: r.rank))
+    said = None if notice is None else lambda: notice(job_stop_line(spec))
+    try:
+        ranks = run_in_group(spec, said)  # joins the job's group, a group of one included
+    except JobRunFailed as failed:
+        raise _run_failed(spec, failed) from None
     return RunResult(spec, ranks, time.perf_counter() - start, launched_at)
+
+
+def _run_failed(spec: RunSpec, failed: Any) -> RunFailed:
+    """What every rank's test says when the run failed in any rank (`failed`: JobRunFailed)."""
+    from pytest_distperf.ranks.jobwatch import STOPPED, TIMEOUT
+
+    first = failed.first
+    if first.kind == TIMEOUT:
+        lines = [job_timeout_headline(spec)]
+        lines += [rank_section(f.rank, "where the timeout found it", f.text) for f in failed.hung]
+        return RunFailed("\n".join(lines), stops=job_stop_line(spec))
+    section = rank_section(first.rank, first.kind, first.text)
+    if first.kind == STOPPED:
+        return RunFailed(job_stop_line(spec, first.rank) + section, job_stop_line(spec, first.rank))
+    return RunFailed(failed_headline(spec, [first.rank], first.elapsed_s) + section)
+
+
+def notice_writer(config: Any) -> Callable[[str], None] | None:
+    """Rank 0's way to say why the job stops when its test never comes back to report it (a
+    rank stuck where nothing reaches it): straight to the terminal, past pytest's capture. Call
+    it from pytest_configure, while file descriptor 1 is still the terminal."""
+    try:
+        fd = os.dup(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (an in-process session)
+        return None
+
+    def write(line: str) -> None:
+        stats = getattr(config.pluginmanager.get_plugin("terminalreporter"), "stats", {})
+        counts = [f"{len(stats[k])} {k}" for k in ("passed", "failed", "error") if stats.get(k)]
+        os.write(fd, f"\n{line}; before it: {', '.join(counts) or 'no test'}\n".encode())
+
+    return write
+
+
+LEAVE_S = 30.0  # how long a rank waits for the others at the end of its session
+
+
+def leave_job() -> None:
+    """The end of this rank's session: wait for every rank to reach it (ranks/jobgroup.py)."""
+    jobgroup = sys.modules.get("pytest_distperf.ranks.jobgroup")  # never imported: no test ran
+    if jobgroup is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        jobgroup.leave(LEAVE_S)

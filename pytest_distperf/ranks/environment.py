@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+from torch.distributed import Store
 
 from pytest_distperf.ranks.fabric import fabric_version
 
@@ -22,9 +23,12 @@ def rank_device(accelerator: str) -> torch.device:
     return torch.device("cpu")
 
 
-def join_group(device: torch.device) -> None:
+def join_group(
+    device: torch.device, store: Store | None = None, rank: int = 0, world: int = 1
+) -> None:
     """Join the run's process group as Fabric would, unless the launcher already has (the rank
-    pool does): calibration comes before the model, and the strategy is built for the model."""
+    pool does): calibration comes before the model, and the strategy is built for the model.
+    Without `store`, through env://; with it, as `rank` of `world` (a launched job's group)."""
     from torch.distributed.constants import default_pg_timeout
 
     dist = torch.distributed
@@ -33,7 +37,12 @@ def join_group(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=default_pg_timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=default_pg_timeout)
+    else:
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=default_pg_timeout
+        )
     if backend == "nccl":  # torch warns at exit about a process group never destroyed
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 

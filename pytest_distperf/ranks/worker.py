@@ -36,11 +36,14 @@ PHASES: tuple[Phase, ...] = (
 )
 
 
-def run_rank(spec: RunSpec, progress: Callable[[str], None] | None = None) -> RankResult:
+def run_rank(
+    spec: RunSpec, progress: Callable[[str], None] | None = None, *, deadline: bool = True
+) -> RankResult:
     """Entry point of every rank (must stay a module-level function: it is pickled).
 
-    `progress`: where the timing loop reports warm-up and repeats (rank 0 of a pool only)."""
-    with _watchdog(spec.timeout):
+    `progress`: where the timing loop reports warm-up and repeats (rank 0 of a pool only).
+    `deadline`: False where the caller keeps the test's --distperf-timeout itself (job mode)."""
+    with _watchdog(spec.timeout if deadline else None):
         context = phases.start(spec, progress)
         for phase in PHASES:
             phase(context)
@@ -50,15 +53,17 @@ def run_rank(spec: RunSpec, progress: Callable[[str], None] | None = None) -> Ra
 
 
 @contextmanager
-def _watchdog(timeout: float) -> Iterator[None]:
+def _watchdog(timeout: float | None) -> Iterator[None]:
     # A hung collective never returns to Python, so the watchdog lives in faulthandler's C
     # thread: at the deadline it writes every thread's stack to stderr and exits the rank.
-    faulthandler.dump_traceback_later(timeout, exit=True, file=sys.stderr)
+    if timeout is not None:
+        faulthandler.dump_traceback_later(timeout, exit=True, file=sys.stderr)
     # When another rank fails or times out, the launcher stops this one with SIGTERM: leave its
     # stack behind too, so a hang shows where every rank was.
     faulthandler.register(signal.SIGTERM, file=sys.stderr, all_threads=True, chain=True)
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        if timeout is not None:
+            faulthandler.cancel_dump_traceback_later()
         faulthandler.unregister(signal.SIGTERM)

@@ -124,7 +124,8 @@ class Topology:
 
     `source` says where it came from: "nvml", "nvidia-smi", "cpu", "none" (nothing could be
     probed), "file:<path>" or "nvidia-smi-topo:<path>". `host_cpus` and `sockets` are 0 when
-    unknown (a parsed `nvidia-smi topo -m` does not say them).
+    unknown (a parsed `nvidia-smi topo -m` does not say them). `nodes`: the hosts a launched
+    job's ranks span (the devices and links are this host's).
     """
 
     accelerator: str
@@ -134,8 +135,11 @@ class Topology:
     host_cpus: int = 0
     sockets: int = 0
     notes: tuple[str, ...] = field(default=())
+    nodes: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be an integer >= 1, got {self.nodes!r}")
         if not re.fullmatch(r"[a-z][a-z0-9]*", self.accelerator):
             raise ValueError(
                 f"accelerator must be a lowercase name like 'cuda', got {self.accelerator!r}"
@@ -200,6 +204,8 @@ class Topology:
         names, bus ids or the current PCIe generation (it drops at idle to save power). For CPU
         ranks the usable CPU count is part of it too: the "device" is a share of the host, and a
         2-core and a 16-core runner with the same CPU model are different machines for a baseline.
+        A job over several nodes names their count: its ranks talk across the network, which a
+        single host's baselines never did (a single node's key stays as it always was).
         """
         counts = Counter(link.link_class for link in self.links)
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
@@ -207,9 +213,12 @@ class Topology:
         parts += [f"{_slug(c)}x{counts[c]}" for c in classes]
         if self.accelerator == "cpu":
             parts.append(f"{self.host_cpus}cpus")
+        if self.nodes > 1:
+            parts.append(f"{self.nodes}nodes")
         return "_".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
+        nodes = {"nodes": self.nodes} if self.nodes > 1 else {}  # a single node's file as before
         return {
             "schema": SCHEMA,
             "key": self.key(),  # informational for readers of the file; recomputed on load
@@ -220,6 +229,7 @@ class Topology:
             "devices": [asdict(d) for d in self.devices],
             "links": [asdict(link) for link in self.links],
             "notes": list(self.notes),
+            **nodes,
         }
 
     @classmethod
@@ -281,6 +291,7 @@ class Topology:
             host_cpus=_get(data, "host_cpus", int, "topology", default=0),
             sockets=_get(data, "sockets", int, "topology", default=0),
             notes=tuple(notes_raw),
+            nodes=_get(data, "nodes", int, "topology", default=1),
         )
 
     def matrix(self) -> str:
