@@ -75,7 +75,7 @@ SPLIT_ATTR = "distperf_tp_split"
 ROWWISE_BIAS = "bias_after_all_reduce"
 
 
-def tensor_parallel(model: nn.Module, device_mesh: Any) -> nn.Module:
+def tensor_parallel(model: nn.Module, device_mesh: Any, training: bool = False) -> nn.Module:
     """LitGPT's tensor parallelism (litgpt/generate/tp.py), done by hand as that file does it.
 
     In every block the fused q/k/v and the MLP's input projections are split column-wise (by
@@ -88,6 +88,10 @@ def tensor_parallel(model: nn.Module, device_mesh: Any) -> nn.Module:
     eager dispatch around every sharded linear made tp on one H200 rank much slower
     than the plain model (docs/benchmarks/h200-2026-12-01-pool.md). On one rank nothing is
     split and no hook is added: the model is the plain one.
+
+    `training`: each block's attention and MLP also sum their input's gradient over the group
+    in backward (each rank's column slices saw only their share of it), and the row-wise sums
+    let the gradient through unchanged, as Megatron-LM's f and g operators do.
     """
     root, heads_on = _tp_root(model)
     mesh = tp_mesh(device_mesh)
@@ -114,6 +118,9 @@ def tensor_parallel(model: nn.Module, device_mesh: Any) -> nn.Module:
             _split_linear(linear, "rowwise", rank, n, group)
         if n > 1:
             _set_local_heads(attn, heads_on, heads // n, groups // n, local_configs)
+        if n > 1 and training:
+            for part in (attn, mlp):
+                part.register_forward_pre_hook(partial(_sum_input_gradient, group))
     return model
 
 
@@ -139,9 +146,48 @@ def _split_linear(linear: nn.Linear, style: str, rank: int, n: int, group: Any) 
     linear.register_forward_hook(partial(_all_reduce_output, group))
 
 
+class _SumOverGroup(torch.autograd.Function):
+    """Forward: the partial outputs summed over the group. Backward: every rank's loss already
+    sees the whole sum, so the gradient passes through unchanged."""
+
+    @staticmethod
+    def forward(ctx: Any, output: Tensor, group: Any) -> Tensor:
+        torch.distributed.all_reduce(output, group=group)
+        ctx.mark_dirty(output)
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+class _SumGradientOverGroup(torch.autograd.Function):
+    """Forward: the input as it is. Backward: its gradient summed over the group, since each
+    rank's column slices saw only their share of it."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, group: Any) -> Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _sum_input_gradient(group: Any, module: nn.Module, args: tuple[Any, ...]) -> Any:
+    if not (torch.is_grad_enabled() and args and args[0].requires_grad):
+        return None
+    return (_SumGradientOverGroup.apply(args[0], group), *args[1:])
+
+
 def _all_reduce_output(group: Any, module: nn.Module, args: Any, output: Tensor) -> Tensor:
     """Sum a row-wise linear's partial output over the group, then add its bias once."""
-    if torch.compiler.is_compiling():
+    if torch.is_grad_enabled() and output.requires_grad:
+        output = _SumOverGroup.apply(output, group)
+    elif torch.compiler.is_compiling():
         from torch.distributed._functional_collectives import all_reduce
 
         output = all_reduce(output, "sum", group)  # traceable into the compiled graph

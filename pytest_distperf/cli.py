@@ -7,6 +7,7 @@
                      [--nvidia-smi-topo FILE | --topology FILE] [--calibration FILE]
                      [--compute-ms-per-token X] [--memory-bandwidth-gbps X]
                      [--bus-bandwidth-gbps X] [--json]
+                     [--mode train --seq-length N (--matmul-tflops X | --step-compute-ms X)]
     distperf plot (REPORT.json | --history BASELINE_DIR) -o OUT.png    (output/charts.py)
 
 No command imports torch: they answer at once and run on a laptop without GPUs. Bad input
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf import perfmodel, topology
+from pytest_distperf import cli_predict, perfmodel, topology
 from pytest_distperf.output import charts
 from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
 from pytest_distperf.spec import PRECISION_BYTES
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=strategy_names(),
         help="a strategy to predict (repeatable; default: all)",
     )
-    pred.add_argument("--precision", choices=tuple(PRECISION_BYTES), default="bf16")
+    pred.add_argument("--precision", choices=cli_predict.PRECISIONS, default="bf16")
     pred.add_argument("--batch-size", type=_positive_int, default=1)
     pred.add_argument("--prompt-length", type=_positive_int, default=8)
     pred.add_argument("--max-new-tokens", type=_positive_int, default=50)
@@ -148,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="X",
         help="all-gather bus bandwidth of the slowest link, GB/s (default: nominal per class)",
     )
+    cli_predict.add_train_options(pred)
     _add_source_options(pred)
     charts.add_parser(sub)
     return parser
@@ -368,7 +370,7 @@ def _links(args: argparse.Namespace, topo: Topology, calibration: Calibration | 
         raise UsageError(f"--devices {args.devices}: {exc}") from None
 
 
-def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Prediction]]:
+def _inputs(args: argparse.Namespace) -> tuple[Any, Topology, Links]:
     config = _load_config(args.model)
     topo = _load_topology(args, args.devices)
     if topo.device_count < args.devices:
@@ -377,7 +379,13 @@ def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Predic
             f"{topo.device_count} device(s)"
         )
     calibration = _load_calibration(args.calibration, args.devices)
-    links = _links(args, topo, calibration)
+    return config, topo, _links(args, topo, calibration)
+
+
+def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Prediction]]:
+    if args.precision not in PRECISION_BYTES or args.precision == cli_predict.MIXED:
+        raise UsageError(f"--precision {args.precision}: training only (--mode train)")
+    config, topo, links = _inputs(args)
     if args.prompt_length + args.max_new_tokens > config.block_size:
         raise UsageError(
             f"--prompt-length {args.prompt_length} + --max-new-tokens {args.max_new_tokens} "
@@ -399,16 +407,13 @@ def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Predic
     return topo, links, predictions
 
 
-def _shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
-    seen: list[str] = []
-    for p in predictions:
-        for text in p.assumptions:
-            if text not in seen:
-                seen.append(text)
-    return seen
-
-
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.mode == "train":
+        config, topo, links = _inputs(args)
+        try:
+            return cli_predict.cmd_predict_train(args, config, topo, links)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     topo, links, predictions = _predictions(args)
     workload = {
         "model": args.model,
@@ -464,7 +469,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         print(f"  {p.strategy:<16}{p.implementation}: {terms}")
     print()
     print("assumptions:")
-    for text in _shared_assumptions(predictions):
+    for text in cli_predict.shared_assumptions(predictions):
         print(f"  - {text}")
     return 0
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER
@@ -237,7 +236,7 @@ def _work_cell(record: Any, outcome: str) -> str | None:
 
 
 # The gate's checks, as judge/checks.py names them (CHECK_NAMES; a test holds the two equal).
-_CHECKS = ("threshold", "baseline", "relative_speed", "memory", "work", "device_time")
+_CHECKS = ("threshold", "baseline", "relative_speed", "memory", "work", "device_time", "loss")
 _S = "slowest rank per repeat"
 
 # In order: the JUnit properties and pytest-benchmark's extra_info keep this order.
@@ -247,7 +246,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            REPORT_JSON | MARKDOWN | TABLE, TableColumn("test", 140),
            MarkdownColumn("Test", 0, "code"), json_type=str),
     Figure("tokens_per_sec", "tok/s", from_result("tokens_per_sec", f"median of repeats, {_S}"),
-           "new tokens of one rank's generation over its wall time, prefill included",
+           "new tokens of one rank's generation over its wall time, prefill included; "
+           "training: one step's tokens over every data-parallel replica over its time",
            _SCALAR | MARKDOWN | TABLE, TableColumn("tok/s", 10, "10.2f"),
            MarkdownColumn("tok/s", 30, "rate"), json_type=NUMBER),
     Figure("decode_tokens_per_sec", "tok/s",
@@ -327,6 +327,28 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("device_time_per_token_s", "s",
            from_result("device_time_per_token_s", "slowest rank"),
            "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),
+    Figure("mode", "", Reduction("as asked", Source.RUN, lambda r: r.spec.workload.mode),
+           '"generate" or "train"', _SCALAR, json_type=str),
+    Figure("step_time_s", "s", from_result("step_time_s", f"median of repeats, {_S}"),
+           "training: one optimizer step (forward, backward, AdamW)", _SCALAR),
+    Figure("mfu", "", from_result("mfu", "model FLOPs per second / summed matmul rate"),
+           "training: model FLOPs utilisation against the ranks' measured matmul rate",
+           _SCALAR),
+    Figure("loss", "", from_result("loss", "rank 0's"),
+           "training: the first step's loss on data-parallel rank 0's batch", _SCALAR),
+    Figure("reference_loss", "", from_result("reference_loss", "rank 0's"),
+           "training: the same weights' and batch's loss in one process, before wrapping"),
+    Figure("reference_step_s", "s", from_result("reference_step_s", "slowest rank"),
+           "training: the whole model's step alone, before wrapping"),
+    Figure("model_flops_per_step", "FLOP",
+           from_result("model_flops_per_step", "replicas x one rank's batch"),
+           "training: 6 x parameters x tokens + attention, over every replica",
+           REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("peak_flops", "FLOP/s", from_result("peak_flops", "sum over ranks"),
+           "training: MFU's denominator, the ranks' measured matmul rates",
+           REPORT_JSON | BENCHMARK_EXTRA),
+    Figure("peak_flops_source", "", from_result("peak_flops_source", "rank 0's"),
+           "training: how that rate was measured", REPORT_JSON | BENCHMARK_EXTRA),
     Figure("workload", "", from_spec("workload"), "the distperf marker's workload",
            REPORT_JSON | BENCHMARK_EXTRA),
     Figure("implementation", "", from_result("implementation", "rank 0's"),
@@ -442,51 +464,3 @@ def run_row(result: Any) -> dict[str, Any]:
         if value is not ABSENT:
             row[declared_figure.name] = json_value(value)
     return row
-
-
-class FigureValues(Mapping[str, Any]):
-    """Figures by name, read-only; each is an attribute too (`values.tokens_per_sec`), and one
-    that is not there raises AttributeError naming it rather than reading as missing."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        object.__setattr__(self, "_values", {k: _frozen(v) for k, v in values.items()})
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no figure {name!r}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (dict(self._values),))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._values!r})"
-
-    def with_values(self, **changes: Any) -> Any:
-        """A copy with these figures replaced or added."""
-        return type(self)({**self._values, **changes})
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(value)
-    if isinstance(value, dict):
-        return MappingProxyType(dict(value))
-    return value

@@ -36,8 +36,10 @@ def register(config: pytest.Config) -> None:
         f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
         "precision='fp32', seed=1234, slowdown=0.0, generate=None, shard_unit=None, "
         "tp_plan=None, comm_delay=0.0, compile=None, efficiency=None, tolerance=None, "
-        "gates=None, work_tolerance=None): the workload a distperf test generates, and its "
-        "per-test gate settings (gates=False: measured and reported, never failed by a check)",
+        "gates=None, work_tolerance=None, mode='generate', seq_length=None): the workload a "
+        "distperf test generates (mode='train': optimizer steps on batch_size sequences of "
+        "seq_length tokens), and its per-test gate settings (gates=False: measured and "
+        "reported, never failed by a check)",
     )
 
 
@@ -128,6 +130,14 @@ def check_fits(workload: Workload, where: str) -> None:
         raise SettingError(f"{where}: distperf(model={workload.model!r}): {error}") from None
     if block_size is None:
         return
+    if workload.training:
+        length = workload.seq_length or 0
+        if length > block_size:
+            raise SettingError(
+                f"{where}: distperf(seq_length={length}) exceeds block_size={block_size} of "
+                f"model {workload.model!r}"
+            )
+        return
     steps = max(workload.max_new_tokens, RunSpec.reference_steps)
     if workload.prompt_length + steps > block_size:
         raise SettingError(
@@ -144,9 +154,12 @@ def strategy_unfit(strategy: str, workload: Workload, devices: int) -> str | Non
     from pytest_distperf.models import ModelError, shape_of
     from pytest_distperf.strategies import get_strategy
 
+    record = get_strategy(strategy)
+    if workload.training and record.train_cost is None:
+        return f"strategy {strategy!r} cannot train: {record.train_refusal}"
     try:
         shape = shape_of(workload.model)
     except (ModelError, ValueError, ImportError):
         return None
-    reason = get_strategy(strategy).check(shape, devices) if shape is not None else None
+    reason = record.check(shape, devices) if shape is not None else None
     return f"distperf(model={workload.model!r}): {reason}" if reason else None

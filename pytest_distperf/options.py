@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
-from pytest_distperf.spec import LITGPT_PREFIX, PRECISIONS, Workload
+from pytest_distperf.spec import (
+    DEFAULT_SEQ_LENGTH,
+    LITGPT_PREFIX,
+    MODES,
+    PRECISIONS,
+    TRAIN_ONLY_PRECISIONS,
+    Workload,
+)
 
 ACCELERATORS = ("auto", "cpu", "cuda")
 # torch.numa.binding.AffinityMode values (torch's own NUMA binding, as `torchrun --numa-binding`)
@@ -330,7 +337,44 @@ def workload_from_marker(
         raise SettingError(
             f"{where}: distperf(compile={values['compile']!r}) must be True or False"
         )
+    values["seq_length"] = _mode_arguments(values, set(kwargs), where)
     return Workload(**{**values, "slowdown": float(slowdown), "comm_delay": float(delay)})
+
+
+# Marker arguments that only a generation uses: refused in train mode rather than ignored.
+_GENERATE_ONLY = ("max_new_tokens", "prompt_length", "generate")
+
+
+def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> int | None:
+    """Check `mode` and what goes with it; the train mode's sequence length (None otherwise)."""
+    mode, seq_length = values["mode"], values["seq_length"]
+    if mode not in MODES:
+        raise SettingError(f"{where}: distperf(mode={mode!r}) is not one of {', '.join(MODES)}")
+    if mode != "train":
+        if seq_length is not None:
+            raise SettingError(
+                f"{where}: distperf(seq_length={seq_length!r}) is a train-mode argument; "
+                "add mode='train', or set prompt_length and max_new_tokens for a generation"
+            )
+        if values["precision"] in TRAIN_ONLY_PRECISIONS:
+            raise SettingError(
+                f"{where}: distperf(precision={values['precision']!r}) is for mode='train'; "
+                "a generation runs in fp32, bf16 or fp16"
+            )
+        return None
+    misplaced = sorted(given & set(_GENERATE_ONLY))
+    if misplaced:
+        raise SettingError(
+            f"{where}: distperf({', '.join(misplaced)}) does not apply to mode='train' (a step "
+            "trains on batch_size sequences of seq_length tokens)"
+        )
+    if seq_length is None:
+        return DEFAULT_SEQ_LENGTH
+    if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:
+        raise SettingError(
+            f"{where}: distperf(seq_length={seq_length!r}) must be a positive integer"
+        )
+    return seq_length
 
 
 GATE_ARGUMENTS = ("efficiency", "tolerance", "gates", "work_tolerance")

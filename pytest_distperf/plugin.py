@@ -98,8 +98,7 @@ class DistperfPlugin:
     # message sizes of every selected test of that count: rank count -> MessageSizes.
     calibration_sizes: dict[int, Any] = field(default_factory=dict)
     calibrations: dict[int, Any] = field(default_factory=dict)  # rank count -> Calibration
-    # Builders' models are calibrated by their first run's ranks, once built (sizes unknown
-    # before): (rank count, model, precision, batch size) of those done.
+    # Builders' and training steps' sizes are calibrated by their first run's ranks: _builder_key
     builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)
     _gate: Any = field(default=None, repr=False)
     job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
@@ -371,7 +370,8 @@ class DistperfRun:
         sizes = plugin.calibration_sizes.get(spec.devices)
         if spec.devices not in plugin.calibrations and sizes is not None:
             spec = dataclasses.replace(spec, calibration_sizes=sizes)
-        if spec.workload.is_custom_builder and _builder_key(spec) not in plugin.builders_calibrated:
+        own_sizes = spec.workload.is_custom_builder or spec.workload.training
+        if own_sizes and _builder_key(spec) not in plugin.builders_calibrated:
             spec = dataclasses.replace(spec, calibrate_model=True)
         try:
             result = self._launch(spec)
@@ -456,8 +456,10 @@ class DistperfRun:
 
 
 def _builder_key(spec: RunSpec) -> tuple[Any, ...]:
-    workload = spec.workload
-    return (spec.devices, workload.model, workload.precision, workload.batch_size)
+    """What a calibration at a model's own sizes depends on (training: a step's sizes)."""
+    w = spec.workload
+    train = (w.seq_length, spec.strategy) if w.training else ()
+    return (spec.devices, w.model, w.precision, w.batch_size, *train)
 
 
 @pytest.fixture

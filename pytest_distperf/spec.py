@@ -27,9 +27,17 @@ from typing import Any
 from pytest_distperf.figures import run_row
 from pytest_distperf.work import Work, busiest
 
-# Bytes per parameter or activation element of each precision a workload may ask for.
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+# Bytes per stored parameter of each precision a workload may ask for; "bf16-mixed" (training
+# only) keeps float32 weights and computes in bfloat16 under autocast.
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4}
 PRECISIONS = tuple(PRECISION_BYTES)
+# Bytes per element FSDP moves in a training step: under bf16-mixed it gathers and reduces in
+# bfloat16 (Fabric's FSDP precision plugin); otherwise in the weights' own precision.
+COMM_BYTES = {**PRECISION_BYTES, "bf16-mixed": 2}
+MODES = ("generate", "train")
+TRAIN_ONLY_PRECISIONS = ("bf16-mixed",)
+# Tokens per training sequence when the marker names none.
+DEFAULT_SEQ_LENGTH = 128
 # `distperf(model="litgpt:pythia-14m")`: LitGPT's own GPT for that config name (the litgpt extra).
 LITGPT_PREFIX = "litgpt:"
 LITGPT_EXTRA = "pip install 'pytest-distperf[litgpt]'"
@@ -65,6 +73,14 @@ class Workload:
     # that a communication-only slow-down fails the threshold; 0 unless asked for.
     comm_delay: float = 0.0
     compile: bool | None = None  # compile the decode step; None: --distperf-compile decides
+    # "generate": time generations (prefill + decode); "train": time optimizer steps, each on
+    # batch_size sequences of seq_length tokens per data-parallel rank (docs/training.md).
+    mode: str = "generate"
+    seq_length: int | None = None  # train mode's tokens per sequence; None in generate mode
+
+    @property
+    def training(self) -> bool:
+        return self.mode == "train"
 
     @property
     def model_source(self) -> str:
@@ -174,6 +190,17 @@ class RankResult:
     run_queue_wait_per_token_s: float | None = None
     # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
     device_time_per_token_s: float | None = None
+    # Training (None otherwise): the first optimizer step's loss, and the loss of the same
+    # weights and batch in this process before wrapping (the correctness check).
+    loss: float | None = None
+    reference_loss: float | None = None
+    # Training: one step of the whole model alone, before wrapping (the compute term).
+    reference_step_s: float | None = None
+    # Training: this rank's measured dense matmul rate (FLOP/s) and how it was measured.
+    matmul_flops_per_s: float | None = None
+    matmul_source: str = ""
+    # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
+    model_flops_per_step: float | None = None
 
 
 @dataclass(frozen=True)
@@ -205,8 +232,17 @@ class RunResult:
         return _slowest_per_repeat(r.samples for r in self.ranks)
 
     @property
+    def training(self) -> bool:
+        return self.spec.workload.training
+
+    @property
     def new_tokens(self) -> int:
-        return self.spec.workload.max_new_tokens * self.spec.workload.batch_size
+        """Tokens one timed repeat yields: a generation's new tokens on one rank; a training
+        step's tokens over every data-parallel replica."""
+        workload = self.spec.workload
+        if workload.training:
+            return self.ranks[0].replicas * workload.batch_size * (workload.seq_length or 0)
+        return workload.max_new_tokens * workload.batch_size
 
     @property
     def tokens_per_sec_samples(self) -> tuple[float, ...]:
@@ -231,7 +267,57 @@ class RunResult:
 
     @property
     def aggregate_tokens_per_sec(self) -> float:
+        if self.training:  # a step's tokens count every replica already
+            return self.tokens_per_sec
         return self.ranks[0].replicas * self.tokens_per_sec
+
+    @property
+    def step_time_s(self) -> float | None:
+        """Training: the median over repeats of the slowest rank's optimizer step."""
+        if not self.training:
+            return None
+        return statistics.median(s.total_s for s in self.samples)
+
+    @property
+    def loss(self) -> float | None:
+        """Training: the first step's loss on data-parallel rank 0's batch."""
+        return self.ranks[0].loss
+
+    @property
+    def reference_loss(self) -> float | None:
+        """Training: the same weights' and batch's loss in one process, before wrapping."""
+        return self.ranks[0].reference_loss
+
+    @property
+    def reference_step_s(self) -> float | None:
+        """Training: the slowest rank's step of the whole model alone, before wrapping."""
+        return _slowest(r.reference_step_s for r in self.ranks)
+
+    @property
+    def peak_flops(self) -> float | None:
+        """Training: the summed dense matmul rate the ranks measured (MFU's denominator)."""
+        rates = [r.matmul_flops_per_s for r in self.ranks]
+        if not rates or None in rates:
+            return None
+        return float(sum(r for r in rates if r is not None))
+
+    @property
+    def peak_flops_source(self) -> str | None:
+        return self.ranks[0].matmul_source if self.training else None
+
+    @property
+    def model_flops_per_step(self) -> float | None:
+        """Training: model FLOPs of one step over every data-parallel replica."""
+        flops = self.ranks[0].model_flops_per_step
+        return None if flops is None else flops * self.ranks[0].replicas
+
+    @property
+    def mfu(self) -> float | None:
+        """Training: model FLOPs per second over the ranks' summed measured matmul rate."""
+        flops, peak, step = self.model_flops_per_step, self.peak_flops, self.step_time_s
+        if flops is None or not peak or not step:
+            return None
+        return flops / step / peak
 
     @property
     def peak_memory_bytes(self) -> int:

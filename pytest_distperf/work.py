@@ -1,4 +1,5 @@
-"""The counted work of a run: collectives, ops, FLOPs and kernels per decode token and per prefill.
+"""The counted work of a run: collectives, ops, FLOPs and kernels per decode token and per prefill
+(a generation), or per optimizer step (training).
 
 Counts, not timings: an unchanged run gives the same `Work` every time, so the work gate compares
 them exactly (calls and kinds) or within a small relative tolerance (bytes, ops, FLOPs, kernels).
@@ -29,11 +30,11 @@ KIND_ABBREVIATIONS: Mapping[str, str] = MappingProxyType(
     }
 )
 _KIND_ORDER = tuple(KIND_ABBREVIATIONS)
-PHASES = ("decode", "prefill")
+PHASES = ("decode", "prefill", "step")
 # How each phase's figures read in a message: decode is per token, prefill per generation.
-_PER = {"decode": "per token", "prefill": "per prefill"}
+_PER = {"decode": "per token", "prefill": "per prefill", "step": "per step"}
 _PHASE_FIELDS = frozenset({"collectives", "ops", "flops", "kernels"})
-_WORK_FIELDS = frozenset({"decode", "prefill", "graph_breaks", "recompiles"})
+_WORK_FIELDS = frozenset({*PHASES, "graph_breaks", "recompiles"})
 _COUNT_FIELDS = frozenset({"calls", "bytes"})
 
 
@@ -111,24 +112,37 @@ class PhaseWork:
 
 @dataclass(frozen=True)
 class Work:
-    """The counted generation of one run: per decode token and per prefill."""
+    """The counted work of one run: a generation's per decode token and per prefill, or a
+    training run's per optimizer step. The phases a run has are set; the others are None."""
 
     #: Per decode token: the counted generation's decode totals divided by its decode steps.
-    decode: PhaseWork
+    decode: PhaseWork | None = None
     #: Per generation (its one prefill).
-    prefill: PhaseWork
+    prefill: PhaseWork | None = None
     #: Compiled runs: dynamo's graph breaks; None when eager.
     graph_breaks: int | None = None
     #: Compiled runs: frames compiled during the counted generation; None when eager.
     recompiles: int | None = None
+    #: Training: one optimizer step (forward, backward, optimizer).
+    step: PhaseWork | None = None
+
+    def __post_init__(self) -> None:
+        generation = self.decode is not None and self.prefill is not None
+        if generation == (self.step is not None) or (self.decode is None) != (self.prefill is None):
+            raise ValueError("Work holds decode and prefill (a generation) or a step (training)")
+
+    def phases(self) -> tuple[tuple[str, PhaseWork], ...]:
+        """(name, work) of each phase the run has, in PHASES order."""
+        return tuple((n, w) for n in PHASES if (w := getattr(self, n)) is not None)
+
+    @property
+    def main(self) -> PhaseWork:
+        """What repeats: the decode step of a generation, the optimizer step of training."""
+        return self.step if self.step is not None else self.decode  # type: ignore[return-value]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "decode": self.decode.to_json(),
-            "prefill": self.prefill.to_json(),
-            "graph_breaks": self.graph_breaks,
-            "recompiles": self.recompiles,
-        }
+        phases = {name: work.to_json() for name, work in self.phases()}
+        return {**phases, "graph_breaks": self.graph_breaks, "recompiles": self.recompiles}
 
     def to_dict(self) -> dict[str, Any]:
         """The same as `to_json`: figures.json_value writes a record through its to_dict."""
@@ -138,23 +152,30 @@ class Work:
     def from_json(cls, data: object, where: str) -> Work:
         """Read `to_json`'s form back; a ValueError names `where` and the bad field."""
         obj = _object(data, where, _WORK_FIELDS)
-        return cls(
-            decode=PhaseWork.from_json(get_field(obj, "decode", Mapping, where), f"{where}.decode"),
-            prefill=PhaseWork.from_json(
-                get_field(obj, "prefill", Mapping, where), f"{where}.prefill"
-            ),
-            graph_breaks=_optional_count(obj, "graph_breaks", where),
-            recompiles=_optional_count(obj, "recompiles", where),
-        )
+        names = ("step",) if "step" in obj else ("decode", "prefill")  # training's, or not
+        phases = {
+            name: PhaseWork.from_json(get_field(obj, name, Mapping, where), f"{where}.{name}")
+            for name in names
+        }
+        try:
+            return cls(
+                **phases,
+                graph_breaks=_optional_count(obj, "graph_breaks", where),
+                recompiles=_optional_count(obj, "recompiles", where),
+            )
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
 
 
 def busiest(works: Sequence[Work]) -> Work:
     """Per counter the largest over the ranks: what the slowest rank had to do."""
     if not works:
         raise ValueError("busiest() needs the work of at least one rank")
+    names = {name for name, _ in works[0].phases()}
+    if any({name for name, _ in w.phases()} != names for w in works):
+        raise ValueError("busiest(): the ranks counted different phases")
     return Work(
-        decode=_busiest_phase([w.decode for w in works]),
-        prefill=_busiest_phase([w.prefill for w in works]),
+        **{name: _busiest_phase([getattr(w, name) for w in works]) for name in names},
         graph_breaks=_max_known([w.graph_breaks for w in works]),
         recompiles=_max_known([w.recompiles for w in works]),
     )
@@ -230,8 +251,10 @@ def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkCompari
         raise ValueError(f"work tolerance must be in [0, 1), got {tolerance!r}")
     changes: list[WorkChange] = []
     for phase in PHASES:
-        before: PhaseWork = getattr(baseline, phase)
-        after: PhaseWork = getattr(current, phase)
+        before: PhaseWork | None = getattr(baseline, phase)
+        after: PhaseWork | None = getattr(current, phase)
+        if before is None or after is None:  # another mode: its test identity differs anyway
+            continue
         changes.extend(_collective_changes(phase, before, after, tolerance))
         for figure in ("ops", "flops", "kernels"):
             change = _scalar_change(
@@ -312,13 +335,15 @@ def _beyond(old: float, new: float, tolerance: float) -> int:
 
 
 def work_cell(work: Work | None) -> str:
-    """A short table cell: the decode collectives per token, such as ``AG 16x 5.3GB``; "-"
+    """A short table cell: the collectives per decode token (or per training step), such as
+    ``AG 16x 5.3GB``; "-"
     where there are none (one rank) or nothing was counted."""
     if work is None:
         return "-"
     parts = []
-    for kind in _ordered(work.decode.collectives):
-        count = work.decode.collectives[kind]
+    main = work.main
+    for kind in _ordered(main.collectives):
+        count = main.collectives[kind]
         if count.calls == 0 and count.bytes == 0:
             continue
         part = f"{KIND_ABBREVIATIONS.get(kind, kind)} {_number(count.calls)}x"

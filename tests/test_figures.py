@@ -90,6 +90,8 @@ JSON_KEYS = frozenset(
         *("relative_speed_status", "relative_speed_message", "memory_status", "memory_message"),
         *("topology_key", "baseline_recorded", "prediction", "calibration"),
         "session_to_first_timed_s",
+        *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
+        *("model_flops_per_step", "peak_flops", "peak_flops_source"),
     }
 )
 # The keys of `RunResult.summary()`, the unjudged run's row.
@@ -104,6 +106,8 @@ SUMMARY_KEYS = frozenset(
         *("host_loop_samples", "work", "host_cpu_per_token_s", "device_time_per_token_s"),
         "host_loop_cpu_samples",
         "run_queue_wait_per_token_s",
+        *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
+        *("model_flops_per_step", "peak_flops", "peak_flops_source"),
     }
 )
 # JUnit XML properties, in this order.
@@ -118,12 +122,14 @@ JUNIT_NAMES = (
     *("distperf_verdict", "distperf_peak_memory_bytes", "distperf_ttft_ms"),
     *("distperf_work", "distperf_host_cpu_per_token_s", "distperf_run_queue_wait_per_token_s"),
     "distperf_device_time_per_token_s",
+    "distperf_mode",  # a generation has no step_time_s, mfu or loss: left out
 )
 # pytest-benchmark's extra_info, in this order.
 BENCHMARK_EXTRA_KEYS = (
-    *(name.removeprefix("distperf_") for name in JUNIT_NAMES[:-5]),
+    *(name.removeprefix("distperf_") for name in JUNIT_NAMES[:-6]),
     *("tokens_per_sec_samples", "aggregate_tokens_per_sec", "ttft_s"),
     *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s", "device_time_per_token_s"),
+    "mode",
     "workload",
     *("implementation", "device_name", "bound_description", "link_class"),
     "new_tokens_per_generation",
@@ -262,13 +268,25 @@ def test_a_declaration_that_contradicts_itself_is_refused() -> None:
         Figure("x", "", reduce, "x", junit_as=JUnitName("y"))
 
 
+# A generation's record has no training figures: JUnit and extra_info leave out what is None,
+# and the JSON row a check that did not run.
+TRAIN_ONLY = {"step_time_s", "mfu", "loss", "model_flops_per_step", "peak_flops"}
+NO_LOSS_CHECK = {"loss_status", "loss_message"}
+
+
 def test_each_output_shows_exactly_the_figures_declared_for_it() -> None:
     record = _record()
-    assert set(record.to_json()) == {f.name for f in declared(REPORT_JSON)}
+    assert set(record.to_json()) == {f.name for f in declared(REPORT_JSON)} - NO_LOSS_CHECK
     run_json = {f.name for f in declared(REPORT_JSON, Source.RUN)}
     assert set(_result().summary()) == run_json
-    assert [n for n, _ in record.junit_properties()] == [f.junit_name for f in declared(JUNIT)]
-    assert list(extra_info(record)) == [f.name for f in declared(BENCHMARK_EXTRA)]
+    junit = [f.junit_name for f in declared(JUNIT) if f.name not in TRAIN_ONLY]
+    assert [n for n, _ in record.junit_properties()] == junit
+    extra = [
+        f.name
+        for f in declared(BENCHMARK_EXTRA)
+        if f.name not in {*TRAIN_ONLY, "peak_flops_source"}
+    ]
+    assert list(extra_info(record)) == extra
     header = result_header()
     for f in figures.RUN_FIGURES:
         assert (f.table is not None and f.table.header in header) == bool(f.reports & TABLE)
@@ -319,8 +337,8 @@ def test_run_figures_are_read_only_and_travel_to_the_xdist_controller() -> None:
     record = _record()
     with pytest.raises(AttributeError, match="read-only"):
         record.run.tokens_per_sec = 1.0  # type: ignore[misc]
-    with pytest.raises(AttributeError, match="no figure 'mfu'"):
-        _ = record.run.mfu
+    with pytest.raises(AttributeError, match="no figure 'util'"):
+        _ = record.run.util
     payload = detach(_attached(record))
     assert isinstance(payload, Payload)
     assert payload.records[0].to_json() == record.to_json()
@@ -346,9 +364,9 @@ ADDED = (
            REPORT_JSON | JUNIT | BENCHMARK_EXTRA),
     Figure("counts", "", Reduction("rank 0's", Source.RUN, _counts), "counts per token",
            REPORT_JSON | BENCHMARK_EXTRA),
-    Figure("mfu", "", Reduction("of the run", Source.RUN, lambda _: 0.25), "model flops use",
-           REPORT_JSON | MARKDOWN | TABLE, TableColumn("mfu", 125, "5.2f"),
-           MarkdownColumn("MFU", 75, "ratio"), json_type=NUMBER),
+    Figure("util", "", Reduction("of the run", Source.RUN, lambda _: 0.25), "a utilisation",
+           REPORT_JSON | MARKDOWN | TABLE, TableColumn("util", 125, "5.2f"),
+           MarkdownColumn("Util", 75, "ratio"), json_type=NUMBER),
     Figure("predicted_ms", "ms", figures.judged("threshold.predicted_tokens_per_sec"),
            "the gate's figure", JUNIT, junit_as=JUnitName("predicted_x2", 2.0)),
 )  # fmt: skip
@@ -360,7 +378,7 @@ def test_an_added_figure_reaches_every_output_it_is_declared_for(
     monkeypatch.setattr(figures, "RUN_FIGURES", (*figures.RUN_FIGURES, *ADDED))
     record = _record()
     row = record.to_json()
-    assert (row["answer"], row["counts"], row["mfu"]) == (
+    assert (row["answer"], row["counts"], row["util"]) == (
         42,
         ADDED[1].reduce.compute(_result()),
         0.25,
@@ -371,11 +389,11 @@ def test_an_added_figure_reaches_every_output_it_is_declared_for(
     assert junit[-2:] == [("distperf_answer", 42), ("distperf_predicted_x2", 80.0)]
     assert [n for n, _ in junit[:-2]] == list(JUNIT_NAMES)
     extra = extra_info(record)
-    assert (extra["answer"], extra["counts"]["bytes"]) == (42, 4096) and "mfu" not in extra
-    assert "rel.chg detect   mfu  verdict" in result_header()
+    assert (extra["answer"], extra["counts"]["bytes"]) == (42, 4096) and "util" not in extra
+    assert "rel.chg detect  util  verdict" in result_header()
     assert " 0.25  FAIL (baseline)" in format_result_line(record, "passed")
     text = render_markdown([record])
-    assert "| Rel. change | MFU | Verdict |" in text and "| 0.250 |" in text
+    assert "| Rel. change | Util | Verdict |" in text and "| 0.250 |" in text
     saved = parse_report(json.loads(write_json_report(tmp_path / "r.json", [record]).read_text()))
     assert render_markdown(saved) == text
 

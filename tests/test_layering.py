@@ -51,6 +51,7 @@ FORBIDDEN_AT_IMPORT = {
     "progress": ("torch",),
     "xdist": ("torch", "xdist"),
     "cli": ("torch",),
+    "cli_predict": ("torch",),
     "work": ("torch", "pytest", "_pytest"),
 }
 PYTEST_SIDE = (
@@ -67,6 +68,7 @@ PYTEST_SIDE = (
     "header",
     "progress",
     "cli",
+    "cli_predict",
 )
 # part -> parts (of pytest_distperf) or top-level packages it must not import, even in a function
 NEVER_IMPORTS = {

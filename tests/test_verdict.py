@@ -605,7 +605,7 @@ def test_the_decision_holds_the_work_and_device_time_checks() -> None:
     assert decision.verdict == "FAIL (work)"
     assert "distperf work check failed:\nthe counted work changed" in decision.failure_text()
     assert not replace(decision, gates=False).failed
-    assert [c.name for c in decision.checks][-2:] == ["work", "device_time"]
+    assert [c.name for c in decision.checks][-3:] == ["work", "device_time", "loss"]
 
 
 def _run(slower: float = 1.0, work: Work | None = None, cpu: float = 0.01) -> RunResult:

@@ -52,7 +52,9 @@ class CheckStatus(str, enum.Enum):
             raise ValueError(f"{where}: unknown check status {word!r} ({words})") from None
 
 
-CheckName = Literal["threshold", "baseline", "relative_speed", "memory", "work", "device_time"]
+CheckName = Literal[
+    "threshold", "baseline", "relative_speed", "memory", "work", "device_time", "loss"
+]
 CHECK_NAMES: tuple[CheckName, ...] = (
     "threshold",
     "baseline",
@@ -60,6 +62,7 @@ CHECK_NAMES: tuple[CheckName, ...] = (
     "memory",
     "work",
     "device_time",
+    "loss",
 )
 #: A comparison's verdict, or the machine or busy check's excuse for a regression.
 BaselineVerdict = Literal[Verdict, "machine slower", "machine busy"]
@@ -414,6 +417,7 @@ def comparison_status(comparison: Comparison, settings: GateSettings) -> CheckSt
 
 _NOT_COUNTED = Check("work", CheckStatus.SKIP, "not run")
 _NO_DEVICE_TIME = Check("device_time", CheckStatus.SKIP, "not run")
+_NO_LOSS = Check("loss", CheckStatus.SKIP, "not a training run")
 
 
 @dataclass(frozen=True)
@@ -427,6 +431,7 @@ class Decision:
     gates: bool = True  # False: reported only; the verdict says "off" and nothing fails the test
     work: Check = _NOT_COUNTED  # the counted work against the baseline's (judge/counted.py)
     device_time: Check = _NO_DEVICE_TIME
+    loss: Check = _NO_LOSS  # training: the first step's loss against one process's
 
     @property
     def checks(self) -> tuple[Check, ...]:
@@ -437,6 +442,7 @@ class Decision:
             self.memory,
             self.work,
             self.device_time,
+            self.loss,
         )
 
     @property

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pytest_distperf.judge.busy import busy_check, busy_threshold, core_slowdown, cpu_change
 from pytest_distperf.judge.checks import (
+    Check,
     Decision,
     GateSettings,
     baseline_check,
@@ -24,6 +25,7 @@ from pytest_distperf.judge.checks import (
 )
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
+from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -51,6 +53,8 @@ def test_identity(result: RunResult) -> str:
     params = {
         k: v for k, v in result.spec.workload.params().items() if k not in knobs and v is not None
     }
+    if not result.spec.workload.training:  # generations' identities predate the mode
+        params.pop("mode", None)
     if result.spec.compile:  # from the marker or --distperf-compile: never an eager baseline
         params["compile"] = True
     described = " ".join(f"{k}={params[k]}" for k in sorted(params))
@@ -84,6 +88,9 @@ class Gate:
             return None, f"model {workload.model!r}: the ranks did not report its shape"
         suffix = transport_suffix(self.topology.accelerator)
         links = run_links(self.topology, result.devices, calibration, suffix)
+        if result.training:
+            overheads, counted = run_overheads(result), counted_collectives(result)
+            return train_prediction(result, shape, links, overheads, counted), ""
         prediction = predict_for(
             shape,
             result.strategy,
@@ -150,6 +157,7 @@ class Gate:
                 memory=skipped_check("memory", why),
                 work=skipped_check("work", why),
                 device_time=skipped_check("device_time", why),
+                **_loss(result),  # a baseline must train the right function too
             )
         entry = self.store.get(self.topology_key, test_identity(result))
         samples = result.tokens_per_sec_samples
@@ -164,7 +172,9 @@ class Gate:
         waited = result.run_queue_wait_per_token_s
         core = core_slowdown(entry, result.host_loop_cpu_samples)
         baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited, core)
-        threshold = busy_threshold(threshold, work, waited)
+        # A training step's own gradient collectives run on threads beside its compute: on a
+        # host with fewer cores than those threads their wait is the step's, not a neighbour's.
+        threshold = busy_threshold(threshold, work, None if result.training else waited)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=with_work_reason(threshold, work, cpu),
@@ -173,6 +183,7 @@ class Gate:
             memory=memory_check(entry, result.peak_memory_bytes, settings, exact),
             work=work,
             device_time=device_time,
+            **_loss(result),
         )
 
     def known_keys(self) -> list[str]:
@@ -203,15 +214,19 @@ class Gate:
         return True
 
 
+def _loss(result: RunResult) -> dict[str, Check]:
+    return {"loss": loss_check(result)} if result.training else {}
+
+
 TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET")
 
 
 def counted_collectives(result: RunResult) -> dict[str, tuple[float, float]] | None:
-    """kind -> (calls, bytes) per decode token from the run's counted generation; None when
+    """kind -> (calls, bytes) per decode token (or training step) as the ranks counted; None when
     the work was not counted (the prediction then charges what the strategy expects)."""
     if result.work is None:
         return None
-    return {k: (c.calls, c.bytes) for k, c in result.work.decode.collectives.items()}
+    return {k: (c.calls, c.bytes) for k, c in result.work.main.collectives.items()}
 
 
 def run_overheads(result: RunResult) -> Overheads:
@@ -246,8 +261,8 @@ def session_message_sizes(
     reduce: set[int] = set()
     p2p: set[int] = set()
     for strategy, workload in workloads:
-        shape = shape_of(workload.model)
-        if shape is None:  # its shape is unknown until a rank builds it
+        shape = None if workload.training else shape_of(workload.model)
+        if shape is None:  # unknown until a rank builds it; a training step's calibrated there
             continue
         sizes = message_sizes_for(
             shape,

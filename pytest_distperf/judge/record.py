@@ -10,7 +10,7 @@ scripts and CI templates read and that do not change. Pure: no I/O, no pytest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -20,7 +20,6 @@ from pytest_distperf.figures import (
     JUNIT,
     REPORT_JSON,
     Figure,
-    FigureValues,
     Report,
     Source,
     declared,
@@ -40,6 +39,54 @@ from pytest_distperf.perfmodel import Calibration, Prediction
 from pytest_distperf.spec import RunResult
 
 F = TypeVar("F")
+
+
+class FigureValues(Mapping[str, Any]):
+    """Figures by name, read-only; each is an attribute too (`values.tokens_per_sec`), and one
+    that is not there raises AttributeError naming it rather than reading as missing."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", {k: _frozen(v) for k, v in values.items()})
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no figure {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (dict(self._values),))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._values!r})"
+
+    def with_values(self, **changes: Any) -> Any:
+        """A copy with these figures replaced or added."""
+        return type(self)({**self._values, **changes})
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return MappingProxyType(dict(value))
+    return value
 
 
 class RunFigures(FigureValues):

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.figures import ABSENT, MARKDOWN, FigureValues, declared
+from pytest_distperf.figures import ABSENT, MARKDOWN, declared
 from pytest_distperf.jsonfields import get_field, json_object
 from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
-from pytest_distperf.judge.record import JudgedRun
+from pytest_distperf.judge.record import FigureValues, JudgedRun
 
 REPORT_SCHEMAS = (1,)
 _PASSING = frozenset({"ok", "pass", "passed"})

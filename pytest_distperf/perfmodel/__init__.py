@@ -9,8 +9,8 @@ which implements `StrategyModel`; this package imports no strategy (by name: the
 Modules: `terms` (units, term names, overheads), `cost` (the interface a strategy's record
 implements, its cost's input and output), `calibration` (measured collectives, the message
 sizes to measure), `links` (measured or nominal link figures), `predict` (the prediction and its
-verdict text), `shape` (the model shape every cost reads; `distperf_model.config.Config` has the
-same attributes).
+verdict text), `train` (a training step's prediction), `shape` (the model shape every cost
+reads; `distperf_model.config.Config` has the same attributes).
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ from pytest_distperf.perfmodel.terms import (
     TERM_DESCRIPTIONS,
     Overheads,
 )
+from pytest_distperf.perfmodel.train import (
+    TrainInput,
+    model_flops_per_step,
+    predict_train,
+    train_message_sizes,
+)
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -66,15 +72,19 @@ __all__ = [
     "StrategyCost",
     "StrategyInput",
     "StrategyModel",
+    "TrainInput",
     "bus_factor",
     "describe_prediction",
     "failure_message",
     "link_figures",
     "links_from_calibration",
     "message_sizes",
+    "model_flops_per_step",
     "nominal_links",
     "predict",
     "predict_all",
+    "predict_train",
     "run_links",
     "threshold",
+    "train_message_sizes",
 ]

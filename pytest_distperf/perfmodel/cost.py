@@ -5,7 +5,7 @@ implements (`StrategyModel`), what its cost function receives (`StrategyInput`) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from pytest_distperf.perfmodel.calibration import MessageSource
@@ -47,6 +47,15 @@ class StrategyCost:
     # all-reduces, pipeline hops): nothing hides behind it, whatever the calibrated overlap.
     overlappable: bool = True
     message_op: str = "all_gather"  # the collective of `message_bytes` ("all_reduce", "p2p")
+    # Training (perfmodel/train.py; a decode cost leaves these alone), figures per step: the
+    # share of the compute the transfers may hide behind (DDP: the backward), the transfer
+    # seconds nothing hides (the first gather, the last bucket), the share of the parameters
+    # whose AdamW update this rank runs (sharded: its shard), and kind -> (calls, bytes) of
+    # every collective it charges (empty: `message_op` x `collectives`, as in decode).
+    hidden_behind: float = 1.0
+    exposed_s: float = 0.0
+    optimizer_share: float = 1.0
+    by_kind: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @runtime_checkable

@@ -36,8 +36,10 @@ SAME_BYTES = 0.01  # counts are exact; bytes may differ by rounding to whole ele
 
 
 def expected_collectives(cost: StrategyCost) -> dict[str, tuple[float, float]]:
-    """What the strategy's cost model charges per token, by kind (a pipeline's hops as
-    "send/recv")."""
+    """What the strategy's cost model charges per token (a training cost: per step), by kind (a
+    pipeline's hops as "send/recv")."""
+    if cost.by_kind:
+        return dict(cost.by_kind)
     if not cost.collectives:
         return {}
     kind = "send/recv" if cost.message_op == "p2p" else cost.message_op
@@ -48,7 +50,7 @@ def with_counted(cost: StrategyCost, counted: Collectives, x: StrategyInput) -> 
     """`cost` with its collectives as counted, where the counts differ from what it charges."""
     charged = {k: v for k, v in counted.items() if k in CHARGED_AS and v[0] > 0}
     expected = {k: v for k, v in expected_collectives(cost).items() if k in CHARGED_AS}
-    if _same(expected, charged):
+    if same_collectives(expected, charged):
         return cost
     terms = dict(cost.terms)
     moved = dict(cost.bytes_per_token)
@@ -82,7 +84,8 @@ def describe(collectives: Collectives) -> str:
     )
 
 
-def _same(expected: Collectives, counted: Collectives) -> bool:
+def same_collectives(expected: Collectives, counted: Collectives) -> bool:
+    """The same kinds, calls and (within `SAME_BYTES`) bytes."""
     if expected.keys() != counted.keys():
         return False
     for kind, (calls, nbytes) in expected.items():

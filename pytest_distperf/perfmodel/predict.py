@@ -26,6 +26,7 @@ from pytest_distperf.perfmodel.terms import (
     LINK_TERMS,
     MB,
     TERM_DESCRIPTIONS,
+    TRAIN_TERM_DESCRIPTIONS,
     Overheads,
 )
 
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Prediction:
+    """A predicted rate and its named terms.
+
+    `mode` "generate": terms, bytes and collectives per token (a decode step). `mode` "train"
+    (`perfmodel.train.predict_train`): terms, bytes and collectives per training STEP, whose
+    time is `step_time_s`; `time_per_token_s` is that step over its `tokens_per_step` (every
+    data-parallel replica's tokens), and `tokens_per_sec` those tokens over the step.
+    """
+
     strategy: str
     devices: int
     tokens_per_sec: float
@@ -55,10 +64,14 @@ class Prediction:
     # counted (None: not counted); the terms charge the counted ones (perfmodel/counted.py).
     expected_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
     counted_collectives: dict[str, tuple[float, float]] | None = None
+    mode: str = "generate"  # or "train": see the class docstring for the units
+    step_time_s: float | None = None  # train: seconds per optimizer step
+    tokens_per_step: int = 0  # train: tokens of one step over all data-parallel replicas
 
     @property
     def bound_description(self) -> str:
-        text = TERM_DESCRIPTIONS.get(self.bound, self.bound)
+        words = TRAIN_TERM_DESCRIPTIONS if self.mode == "train" else TERM_DESCRIPTIONS
+        text = words.get(self.bound, self.bound)
         if self.bound in LINK_TERMS:
             text += f" over {self.link_class}"
         return text
@@ -84,6 +97,9 @@ class Prediction:
             "bandwidth_used": self.bandwidth_used,
             "measured_links": self.measured_links,
             "assumptions": list(self.assumptions),
+            "mode": self.mode,
+            "step_time_s": self.step_time_s,
+            "tokens_per_step": self.tokens_per_step,
         }
 
 
@@ -305,6 +321,8 @@ def _gbps(value: float) -> str:
 def describe_prediction(prediction: Prediction) -> str:
     """One line: predicted rate, its bound, the link and the bytes moved."""
     p = prediction
+    if p.mode == "train":
+        return _describe_train(p)
     kind = "measured" if p.measured_links else "nominal"
     received = p.bytes_per_token.get("all_gather_received", 0.0)
     terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
@@ -318,13 +336,26 @@ def describe_prediction(prediction: Prediction) -> str:
     )
 
 
-def _expected_and_counted(p: Prediction) -> str:
-    """The collectives per token the model expects beside those the ranks counted."""
+def _describe_train(p: Prediction) -> str:
+    """A training step: "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
+    kind = "measured" if p.measured_links else "nominal"
+    step = p.step_time_s if p.step_time_s is not None else p.time_per_token_s * p.tokens_per_step
+    terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
+    return (
+        f"predicted {p.tokens_per_sec:.3g} tok/s (step {_ms(step)}: {terms}; bound: {p.bound}, "
+        f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
+        f"replicas; link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth; "
+        f"{p.collectives_per_token} collectives per step{_expected_and_counted(p, 'step')}"
+    )
+
+
+def _expected_and_counted(p: Prediction, per: str = "token") -> str:
+    """The collectives per token (step) the model expects beside those the ranks counted."""
     if p.counted_collectives is None:
         return ""
     expected = describe(p.expected_collectives) or "none"
     counted = describe(p.counted_collectives) or "none"
-    return f"; collectives per token, predicted: {expected}; counted: {counted}"
+    return f"; collectives per {per}, predicted: {expected}; counted: {counted}"
 
 
 def failure_message(

@@ -23,13 +23,28 @@ TERM_DESCRIPTIONS = {
     "fsdp_overhead": "FSDP per-unit overhead",
     "gather_copies": "FSDP2 copy-in/copy-out of gathered weights",
     "overlap": "transfer and host work hidden behind each other (negative)",
+    "grad_all_reduce": "DDP's gradient all-reduce, bucket by bucket",
+    "optimizer": "AdamW's update streaming parameters, gradients and states from memory",
+}
+# A training step's terms (seconds per step, perfmodel/train.py) where they mean more than above.
+TRAIN_TERM_DESCRIPTIONS = {
+    **TERM_DESCRIPTIONS,
+    "compute": "single-process training step (forward, backward, AdamW; measured or model "
+    "FLOPs at the matmul rate)",
+    "all_gather": "FSDP all-gathers (forward, and backward where resharded)",
+    "all_reduce": "tensor parallel activation all-reduces (2 per block forward, 2 backward)",
+    "reduce_scatter": "reduce-scatter of each unit's gradients",
+    "fsdp_overhead": "FSDP per-unit overhead (forward and backward)",
+    "gather_copies": "FSDP2 copies into and out of the gathers' and reductions' buffers",
 }
 
 # Work that the host issues in order on the compute stream; everything else (all-gathers, their
 # latency, FSDP2's copies around them) runs on the collective's own stream.
 HOST_PATH_TERMS = frozenset({"compute", "prefill", "weights", "launch", "fsdp_overhead"})
 # Terms that a link's bandwidth or latency sets: a message names the link beside them.
-LINK_TERMS = frozenset({"all_gather", "all_reduce", "reduce_scatter", "p2p", "latency"})
+LINK_TERMS = frozenset(
+    {"all_gather", "all_reduce", "reduce_scatter", "grad_all_reduce", "p2p", "latency"}
+)
 
 
 # Fitted once on the 2 x H200 eager rows; each fit and its rows: docs/perfmodel.md ("Fixed

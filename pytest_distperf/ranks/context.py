@@ -23,7 +23,13 @@ if TYPE_CHECKING:
     from pytest_distperf.spec import RankResult, RunSpec, Sample, Workload
     from pytest_distperf.strategies import StrategyRecord
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The dtype weights are stored in; bf16-mixed keeps float32 weights under bfloat16 autocast.
+DTYPES = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "bf16-mixed": torch.float32,
+}
 
 
 @dataclass
@@ -62,6 +68,7 @@ class RankContext:
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
     counted: Counted | None = None  # count_work: None when off or failed
     count_s: float | None = None  # count_work: seconds it took
+    train: TrainState | None = None  # training's calibrate: batch, optimizer, loss, matmul rate
     result: RankResult | None = None  # result
 
     @property
@@ -73,6 +80,20 @@ class RankContext:
         """The timed loop runs compiled steps (not an eager run, nor one left eager)."""
         steps = self.wrapped_steps
         return steps is not None and steps.override() is not None
+
+
+@dataclass
+class TrainState:
+    """What the training phases add to a test's RankContext."""
+
+    inputs: torch.Tensor  # [B, T] token ids of this data-parallel rank's batch
+    targets: torch.Tensor  # [B, T] the next token of each
+    optimizer: Any = None  # wrap: the wrapped model's AdamW, set up by Fabric
+    reference_step_s: float | None = None  # reference: the whole model's step, alone
+    reference_loss: float | None = None  # reference: its first step's loss
+    loss: float | None = None  # time: the first step's loss
+    matmul_flops_per_s: float | None = None  # calibrate
+    matmul_source: str = ""  # calibrate
 
 
 Phase = Callable[[RankContext], None]

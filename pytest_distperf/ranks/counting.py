@@ -181,7 +181,7 @@ class WorkCounter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.phases = {"prefill": _Tally(), "decode": _Tally()}
+        self.phases = {"prefill": _Tally(), "decode": _Tally(), "step": _Tally()}
         self._tally: _Tally | None = None
         self.failure: str | None = None
 
@@ -313,6 +313,24 @@ def count_work(
     return Counted(work, device_time)
 
 
+def count_step(step: Callable[[], Any], cuda: bool) -> Counted:
+    """Count one training step (forward, backward, optimizer) as the timed ones run it; on CUDA
+    profile one more for its kernels. Raises RuntimeError where the count failed."""
+
+    def once(mark: Mark) -> None:
+        mark("step")
+        step()
+        mark(None)
+
+    counter = WorkCounter()
+    with counter:
+        once(counter.mark)
+    if counter.failure is not None:
+        raise RuntimeError(f"counting the work failed at {counter.failure}")
+    kernels = profile_kernels(once)["step"][0] if cuda else None
+    return Counted(Work(step=counter.phases["step"].work(1, kernels)), None)
+
+
 def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
     """Kernels launched per phase of one profiled generation and their summed device time in
     seconds: phase -> (kernels, seconds), over all of the phase's steps. A CUDA-graph replay
@@ -322,7 +340,9 @@ def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
     cheaper than tracing every host op to tell the phases apart."""
     from torch.profiler import ProfilerActivity, profile
 
-    found: dict[str, tuple[int, float]] = {"prefill": (0, 0.0), "decode": (0, 0.0)}
+    found: dict[str, tuple[int, float]] = {
+        phase: (0, 0.0) for phase in ("prefill", "decode", "step")
+    }
     open_session: list[tuple[str, Any]] = []
 
     def close() -> None:

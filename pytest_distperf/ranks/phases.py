@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from distperf_model.generate import make_prompt
@@ -29,7 +30,12 @@ from pytest_distperf.ranks.timing import Fences, device_sync, reference_token_ti
 from pytest_distperf.spec import PRECISION_BYTES, Implementation, RankResult, RunSpec, Sample
 from pytest_distperf.strategies import get_strategy, message_sizes_for, strategy_names
 
-FABRIC_PRECISION = {"fp32": "32-true", "bf16": "bf16-true", "fp16": "16-true"}
+FABRIC_PRECISION = {
+    "fp32": "32-true",
+    "bf16": "bf16-true",
+    "fp16": "16-true",
+    "bf16-mixed": "bf16-mixed",
+}
 
 
 def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
@@ -66,6 +72,11 @@ def build(ctx: RankContext) -> None:
     keep their shard)."""
     workload = ctx.workload
     ctx.model = build_model(workload, ctx.device, ctx.dtype)
+    if workload.training:
+        ctx.model.check_fits(
+            workload.seq_length or 0, f"distperf(seq_length={workload.seq_length})"
+        )
+        return
     ctx.model.check_fits(
         workload.prompt_length + max(workload.max_new_tokens, ctx.spec.reference_steps),
         f"distperf(prompt_length={workload.prompt_length}, "
@@ -94,7 +105,7 @@ def check(ctx: RankContext) -> None:
 
 def launch(ctx: RankContext) -> None:
     """Fabric with the strategy built for this model (FSDP wraps or shards each of its shard
-    units); it finds the process group already joined. Then the prompt."""
+    units); it finds the process group already joined."""
     spec, workload, model = ctx.spec, ctx.workload, ctx.model
     ctx.build_context = BuildContext(
         spec.accelerator,
@@ -103,6 +114,7 @@ def launch(ctx: RankContext) -> None:
         rank=environment.global_rank(),
         tp_plan=workload.tp_plan,
         comm_delay_s=workload.comm_delay,
+        training=workload.training,
     )
     fabric = fabric_module().Fabric(
         accelerator=spec.accelerator,
@@ -117,8 +129,13 @@ def launch(ctx: RankContext) -> None:
     if spec.marker_file and fabric.global_rank == 0:
         Path(spec.marker_file).write_text(str(os.getpid()))
     ctx.fabric = fabric
+
+
+def prompt(ctx: RankContext) -> None:
+    """The generation's prompt, the same on every rank."""
+    workload = ctx.workload
     batch, length = workload.batch_size, workload.prompt_length
-    ctx.prompt = make_prompt(model.shape, batch, length, workload.seed, ctx.device)
+    ctx.prompt = make_prompt(ctx.model.shape, batch, length, workload.seed, ctx.device)
 
 
 def reference(ctx: RankContext) -> None:
@@ -272,38 +289,46 @@ def count_work(ctx: RankContext) -> None:
 
 def result(ctx: RankContext) -> None:
     """The rank's result, from what the phases before measured."""
-    fabric, steps, chosen, counted = ctx.fabric, ctx.wrapped_steps, ctx.reference, ctx.counted
-    fabric_strategy, sharding, wrapper = ctx.half.describe_implementation(fabric, ctx.wrapped)
-    peak, memory_kind = ctx.peak_memory
+    steps, chosen = ctx.wrapped_steps, ctx.reference
     ctx.result = RankResult(
-        rank=fabric.global_rank,
-        samples=tuple(ctx.samples),
-        peak_memory_bytes=peak,
-        memory_kind=memory_kind,
-        implementation=Implementation(fabric_strategy, sharding, environment.backend(), wrapper),
-        versions=environment.software_versions(),
-        device_name=environment.device_name(ctx.device),
+        **common_result_fields(ctx),
         tokens=tuple(tuple(int(t) for t in row) for row in ctx.tokens.tolist()),
-        replicas=ctx.record.replicas(fabric.world_size),
-        timed_from=ctx.timed_from,
         reference_token_s=chosen.token_s,
         bare_samples=tuple(ctx.bare_samples),
-        host_loop_s=ctx.host_loop_s,
-        host_loop_cpu_s=ctx.host_loop_cpu_s,
-        calibration=ctx.calibration,
-        model_shape=ctx.model.shape,
         compile_s=ctx.compile_s,
-        count_s=ctx.count_s,
         compiled=steps.how if steps else "",
         cuda_graphs=bool(steps and steps.cuda_graphs),
         graph_breaks=bool(steps and steps.graph_breaks),
         reference_prefill_s=chosen.prefill_s,
         eager_reference=chosen.eager,
-        work=counted.work if counted else None,
-        host_cpu_per_token_s=ctx.host_cpu_per_token_s,
-        run_queue_wait_per_token_s=ctx.run_queue_wait_per_token_s,
-        device_time_per_token_s=counted.device_time_per_token_s if counted else None,
+        device_time_per_token_s=ctx.counted.device_time_per_token_s if ctx.counted else None,
     )
+
+
+def common_result_fields(ctx: RankContext) -> dict[str, Any]:
+    """The RankResult fields every mode reports."""
+    fabric, counted = ctx.fabric, ctx.counted
+    fabric_strategy, sharding, wrapper = ctx.half.describe_implementation(fabric, ctx.wrapped)
+    peak, memory_kind = ctx.peak_memory
+    return {
+        "rank": fabric.global_rank,
+        "samples": tuple(ctx.samples),
+        "peak_memory_bytes": peak,
+        "memory_kind": memory_kind,
+        "implementation": Implementation(fabric_strategy, sharding, environment.backend(), wrapper),
+        "versions": environment.software_versions(),
+        "device_name": environment.device_name(ctx.device),
+        "replicas": ctx.record.replicas(fabric.world_size),
+        "timed_from": ctx.timed_from,
+        "host_loop_s": ctx.host_loop_s,
+        "host_loop_cpu_s": ctx.host_loop_cpu_s,
+        "calibration": ctx.calibration,
+        "model_shape": ctx.model.shape,
+        "count_s": ctx.count_s,
+        "work": counted.work if counted else None,
+        "host_cpu_per_token_s": ctx.host_cpu_per_token_s,
+        "run_queue_wait_per_token_s": ctx.run_queue_wait_per_token_s,
+    }
 
 
 def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:

@@ -94,7 +94,7 @@ def timed_generation(
     if slowdown:
         # The documented self-check knob: stretch the generation so the rate drops by
         # `slowdown`, spinning as extra computation would (a sleep reads as a busy machine).
-        _spin((end - start) * slowdown / (1.0 - slowdown))
+        spin((end - start) * slowdown / (1.0 - slowdown))
         end = time.perf_counter()
     if first is None:
         sample = Sample(total_s=end - start, ttft_s=None, decode_s=None)
@@ -314,7 +314,7 @@ def reference_token_time(
     return step_s, statistics.median(prefills) if prefills else None
 
 
-def _spin(seconds: float) -> None:
+def spin(seconds: float) -> None:
     """Keep this process's CPU busy for `seconds` of wall time."""
     until = time.perf_counter() + seconds
     while time.perf_counter() < until:

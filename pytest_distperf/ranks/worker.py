@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from pytest_distperf.ranks import phases
+from pytest_distperf.ranks import phases, training
 from pytest_distperf.ranks.context import Phase
 from pytest_distperf.spec import RankResult, RunSpec
 
@@ -23,7 +23,8 @@ PHASES: tuple[Phase, ...] = (
     phases.build,  # the model, from the seed
     phases.calibrate_model,  # collectives at a builder's own sizes
     phases.check,  # the test's own loop; what only a built model can refuse
-    phases.launch,  # Fabric with the strategy built for this model; the prompt
+    phases.launch,  # Fabric with the strategy built for this model
+    phases.prompt,  # the prompt, the same on every rank
     phases.reference,  # the unwrapped model timed before wrapping, where that is the reference
     phases.wrap,  # the strategy's wrapper; KV caches
     phases.bare_copy,  # the bare model beside every generation
@@ -33,6 +34,21 @@ PHASES: tuple[Phase, ...] = (
     phases.memory_peak,  # the test's peak memory
     phases.count_work,  # one more generation, untimed, its work counted per token
     phases.result,  # the RankResult
+)
+
+# distperf(mode="train"): optimizer steps in place of generations (ranks/training.py).
+TRAIN_PHASES: tuple[Phase, ...] = (
+    phases.join,  # the process group
+    phases.build,  # the model, from the seed
+    training.calibrate,  # collectives at a step's sizes; the matmul rate; this rank's batch
+    training.check,  # what only a built model can refuse
+    phases.launch,  # Fabric with the strategy built for this model
+    training.reference,  # the whole model's step and loss, before wrapping
+    training.wrap,  # the strategy's wrapper; AdamW
+    training.time_steps,  # warm-up and timed steps; the first step's loss
+    training.memory_peak,  # the steps' peak memory
+    training.count_step,  # one more step, untimed, its work counted
+    training.result,  # the RankResult
 )
 
 
@@ -45,7 +61,7 @@ def run_rank(
     `deadline`: False where the caller keeps the test's --distperf-timeout itself (job mode)."""
     with _watchdog(spec.timeout if deadline else None):
         context = phases.start(spec, progress)
-        for phase in PHASES:
+        for phase in TRAIN_PHASES if spec.workload.training else PHASES:
             phase(context)
     if context.result is None:
         raise RuntimeError("the rank's phases ended without a result")

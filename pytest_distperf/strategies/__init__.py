@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.calibration import message_sizes
 from pytest_distperf.perfmodel.predict import predict, predict_all
+from pytest_distperf.perfmodel.train import predict_train, train_message_sizes
 from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
 from pytest_distperf.strategies.record import StrategyRecord
 
@@ -30,7 +31,9 @@ __all__ = [
     "message_sizes_for",
     "predict_all_for",
     "predict_for",
+    "predict_train_for",
     "strategy_names",
+    "train_message_sizes_for",
 ]
 
 STRATEGIES: dict[str, StrategyRecord] = {
@@ -89,3 +92,28 @@ def predict_all_for(
     """`perfmodel.predict_all` for every registered strategy (or the ones named), in order."""
     chosen = strategy_names() if names is None else _names(names)
     return predict_all(shape, devices, links, [get_strategy(n) for n in chosen], **kwargs)
+
+
+def predict_train_for(
+    shape: ModelShape, name: str, devices: int, links: Links, **kwargs: Any
+) -> Prediction:
+    """`perfmodel.predict_train` for the strategy named `name`; the keywords are its.
+    Raises ValueError when that strategy cannot train (the reason is its record's)."""
+    return predict_train(shape, get_strategy(name), devices, links, **kwargs)
+
+
+def train_message_sizes_for(
+    shape: ModelShape,
+    names: str | Iterable[str],
+    devices: int,
+    param_bytes: int,
+    comm_bytes: int,
+    batch_size: int,
+    seq_length: int,
+) -> MessageSizes:
+    """`perfmodel.train_message_sizes` for the strategies named (those that cannot train add
+    nothing)."""
+    records = [get_strategy(n) for n in _names(names)]
+    return train_message_sizes(
+        shape, records, devices, param_bytes, comm_bytes, batch_size, seq_length
+    )

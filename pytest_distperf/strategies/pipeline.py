@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.shape import ModelShape
 
 TOKEN_BYTES = 8  # one int64 token id per batch row
+TRAIN_REFUSAL = (
+    "the built-in pipeline passes activations forward for decoding only: it has no backward "
+    "schedule (no gradients sent back stage to stage, no micro-batches), so it cannot train; "
+    "use fsdp, ddp or tp"
+)
 
 
 def check(config: ModelShape, devices: int) -> str | None:
@@ -90,5 +95,6 @@ RECORDS = (
         min_ranks=1,  # one rank is the whole model, as every strategy on one device
         check=check,
         decodes_across_ranks=True,
+        train_refusal=TRAIN_REFUSAL,
     ),
 )

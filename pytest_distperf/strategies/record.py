@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import MessageSizes
     from pytest_distperf.perfmodel.cost import StrategyCost, StrategyInput
     from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.train import TrainInput
 
 CPU_AND_CUDA = frozenset({"cpu", "cuda"})
 
@@ -46,6 +47,10 @@ class StrategyRecord:
     or None. `decodes_across_ranks`: no rank holds the logits to sample from, so the rank half
     steps the decode itself (its `next_token`: pipeline) and no user `generate=` loop or compiled
     step can run; tensor parallel is False, every rank samples its whole logits.
+
+    Training (perfmodel/train.py): `train_cost(x)` the strategy's own terms of one step, None
+    when it cannot train (`train_refusal` says why); `train_message_sizes(config, param_bytes,
+    comm_bytes, batch_size, seq_length)` the sizes a step's collectives move.
     """
 
     name: str
@@ -59,6 +64,9 @@ class StrategyRecord:
     min_ranks: int
     check: Callable[[ModelShape, int], str | None] = fits_any
     decodes_across_ranks: bool = False
+    train_cost: Callable[[TrainInput], StrategyCost] | None = None
+    train_refusal: str = ""
+    train_message_sizes: Callable[[ModelShape, int, int, int, int], MessageSizes] | None = None
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:
         """Why this strategy cannot run on `devices` x `accelerator`, or None when it can."""

@@ -1,8 +1,9 @@
 """Replicated strategies: every rank holds the whole model (`auto`, `ddp`).
 
 DDP communicates in backward only, so an inference forward has no collective; the worker makes
-the KV caches after wrapping, so there is no buffer broadcast either (docs/perfmodel.md). The
-rank half: `pytest_distperf.ranks.strategies.replicated`.
+the KV caches after wrapping, so there is no buffer broadcast either (docs/perfmodel.md). A
+training step all-reduces every gradient in DDP's buckets while backward runs. The rank half:
+`pytest_distperf.ranks.strategies.replicated`.
 """
 
 from __future__ import annotations
@@ -10,14 +11,23 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pytest_distperf.perfmodel.calibration import NO_MESSAGES
+from pytest_distperf.perfmodel.calibration import NO_MESSAGES, MessageSizes
 from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.terms import MB
+from pytest_distperf.perfmodel.train import BACKWARD_SHARE
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.calibration import MessageSizes
     from pytest_distperf.perfmodel.cost import StrategyInput
     from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.train import TrainInput
+
+MIB = 1024 * 1024
+# DDP's default bucket_cap_mb=25 (MiB), and the smaller first bucket its reducer rebuilds with
+# after the first step (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), so that the all-reduce
+# of the last layers' gradients starts early.
+DDP_BUCKET_BYTES = 25 * MIB
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
 
 
 def replicated_cost(x: StrategyInput) -> StrategyCost:
@@ -30,6 +40,61 @@ def replicated_cost(x: StrategyInput) -> StrategyCost:
         x.config.block_param_count() * x.dtype_bytes,
         ("replicated: no collective in an inference forward",),
     )
+
+
+def ddp_buckets(total_bytes: int) -> list[int]:
+    """DDP's gradient buckets in the order backward fills them: the first bucket, then full
+    ones, then the rest (the embedding's, ready last). Whole parameters per bucket in DDP; the
+    shape has no parameter list, so bytes are cut at the caps exactly."""
+    first = min(total_bytes, DDP_FIRST_BUCKET_BYTES)
+    sizes = [first] if first else []
+    rest = total_bytes - first
+    while rest > 0:
+        sizes.append(min(rest, DDP_BUCKET_BYTES))
+        rest -= sizes[-1]
+    return sizes
+
+
+def _gradient_bytes(config: ModelShape, param_bytes: int) -> int:
+    # DDP reduces the gradients in the parameters' own dtype (float32 under bf16-mixed).
+    params = config.n_layer * config.block_param_count() + config.non_block_param_count()
+    return params * param_bytes
+
+
+def train_cost(x: TrainInput) -> StrategyCost:
+    """DDP's gradient all-reduce of every parameter, bucket by bucket, during backward; on one
+    device (Fabric's single-device strategy) no collective at all."""
+    if x.devices == 1:
+        return StrategyCost("one device", {}, {}, 0, 0, ("one device: no gradient all-reduce",))
+    total = _gradient_bytes(x.shape, x.param_bytes)
+    buckets = ddp_buckets(total)
+    times = [x.links.collective_time("all_reduce", size, x.devices) for size in buckets]
+    last = sum(times[-1])
+    return StrategyCost(
+        "DDP",
+        {"grad_all_reduce": sum(t for t, _ in times), "latency": sum(lat for _, lat in times)},
+        {"all_reduce_bytes": float(total)},
+        len(buckets),
+        max(buckets),
+        (
+            f"DDP: every gradient all-reduced once per step, {total / MB:.4g} MB in "
+            f"{len(buckets)} buckets ({DDP_FIRST_BUCKET_BYTES // MIB} MiB first, then "
+            f"{DDP_BUCKET_BYTES // MIB} MiB: bucket_cap_mb's default)",
+            "DDP: buckets all-reduce during backward as they fill (backward = 2/3 of the "
+            "compute); the last bucket starts when backward ends, so nothing hides it",
+        ),
+        message_op="all_reduce",
+        hidden_behind=BACKWARD_SHARE,
+        exposed_s=last,
+        by_kind={"all_reduce": (float(len(buckets)), float(total))},
+    )
+
+
+def train_message_sizes(
+    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
+) -> MessageSizes:
+    """DDP's bucket sizes: the first, a full one and the last (the rest)."""
+    return MessageSizes((), tuple(sorted(set(ddp_buckets(_gradient_bytes(config, param_bytes))))))
 
 
 def _no_messages(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
@@ -45,6 +110,8 @@ _replicated = partial(
     message_sizes=_no_messages,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
+    train_cost=train_cost,
+    train_message_sizes=train_message_sizes,
 )
 
 RECORDS = (

@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.train import flops_split
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.cost import StrategyInput
     from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.train import TrainInput
 
 
 def check(config: ModelShape, devices: int) -> str | None:
@@ -72,6 +74,48 @@ def cost(x: StrategyInput) -> StrategyCost:
     )
 
 
+def train_activation_bytes(config: ModelShape, comm_bytes: int, batch: int, seq: int) -> int:
+    """A training step's activation, batch x seq_length x n_embd: what each all-reduce moves."""
+    return batch * seq * config.n_embd * comm_bytes
+
+
+def train_cost(x: TrainInput) -> StrategyCost:
+    """Per block 2 activation all-reduces in forward (after attention, after the MLP) and 2 in
+    backward (the gradient of each split layer's input), none overlappable."""
+    cfg, n = x.shape, x.devices
+    size = train_activation_bytes(cfg, x.comm_bytes, x.batch_size, x.seq_length)
+    count = 4 * cfg.n_layer
+    transfer, latency = x.links.collective_time("all_reduce", size, n)
+    blocks, head = flops_split(cfg, x.batch_size, x.seq_length)
+    params = cfg.n_layer * cfg.block_param_count()
+    return StrategyCost(
+        f"TP {n}-way (by hand)",
+        {"all_reduce": count * transfer, "latency": count * latency},
+        {"all_reduce_bytes": float(count * size)},
+        count,
+        size,
+        (
+            f"TP training: every rank computes 1/{n} of the blocks' model FLOPs (their matmuls "
+            "and attention) and the head whole; norms and embedding whole on every rank",
+            f"TP training: 4 all-reduces per block ({count} per step) of the {size} B "
+            "activation (2 forward, 2 backward), each the next operation's input, so nothing "
+            "hides behind them; replicated parameters need no gradient reduction",
+        ),
+        compute_share=(blocks / n + head) / (blocks + head),
+        overlappable=False,
+        message_op="all_reduce",
+        optimizer_share=(params / n + cfg.non_block_param_count())
+        / (params + cfg.non_block_param_count()),
+        by_kind={"all_reduce": (float(count), float(count * size))},
+    )
+
+
+def _train_message_sizes(
+    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
+) -> MessageSizes:
+    return MessageSizes((), (train_activation_bytes(config, comm_bytes, batch_size, seq_length),))
+
+
 def _message_sizes(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     return MessageSizes((), (activation_bytes(config, dtype_bytes, batch),))
 
@@ -89,5 +133,7 @@ RECORDS = (
         runs_on=CPU_AND_CUDA,
         min_ranks=1,  # one rank is the whole model, as every strategy on one device
         check=check,
+        train_cost=train_cost,
+        train_message_sizes=_train_message_sizes,
     ),
 )

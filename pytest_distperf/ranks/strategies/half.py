@@ -22,6 +22,7 @@ class BuildContext:
     # Seconds added to every all-reduce or send the strategy itself issues: the self-check that
     # a communication-only slow-down fails the threshold (Workload.comm_delay).
     comm_delay_s: float = 0.0
+    training: bool = False  # distperf(mode="train"): gradients flow through the wrapper
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,19 @@ from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
 
 def _build(context: BuildContext) -> Any:
     return fabric_module("strategies").ModelParallelStrategy(
-        parallelize_fn=partial(_parallelize, context.tp_plan, context.comm_delay_s),
+        parallelize_fn=partial(
+            _parallelize, context.tp_plan, context.comm_delay_s, context.training
+        ),
         data_parallel_size=1,
         tensor_parallel_size=context.devices,
     )
 
 
-def _parallelize(plan: str | None, comm_delay_s: float, model: Any, device_mesh: Any) -> Any:
+def _parallelize(
+    plan: str | None, comm_delay_s: float, training: bool, model: Any, device_mesh: Any
+) -> Any:
     if plan is None:
-        model = tensor_parallel(model, device_mesh)
+        model = tensor_parallel(model, device_mesh, training=training)
     else:
         model = load_plan(plan)(model, tp_mesh(device_mesh))
     if comm_delay_s and not delay_row_parallel_outputs(model, comm_delay_s):

@@ -1,0 +1,233 @@
+"""`distperf predict --mode train`: the predicted training step of every strategy that can train.
+
+    distperf predict --model NAME --devices N --mode train [--seq-length N] [--batch-size B]
+                     [--precision fp32|bf16|fp16|bf16-mixed]
+                     (--matmul-tflops X | --step-compute-ms X) [topology/link options] [--json]
+
+The command measures nothing, so the compute term needs a figure: a matmul rate (model FLOPs
+over it, the way MFU counts them) or a measured single-process step. The links are the same as
+for the decode prediction (nominal from the topology, or a calibration file). No torch import.
+`pytest_distperf.cli` parses the options and loads the inputs; this module adds the training
+options and prints. Bad input raises ValueError naming the option (the caller exits 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pytest_distperf.perfmodel import GB, MB, Links, Prediction, model_flops_per_step
+from pytest_distperf.spec import DEFAULT_SEQ_LENGTH, PRECISION_BYTES
+from pytest_distperf.strategies import get_strategy, predict_train_for, strategy_names
+
+if TYPE_CHECKING:
+    from pytest_distperf.topology import Topology
+
+# Bytes per stored parameter in a training step: bf16-mixed keeps fp32 parameters (autocast).
+TRAIN_PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4}
+PRECISIONS = tuple(dict.fromkeys((*PRECISION_BYTES, *TRAIN_PARAM_BYTES)))
+MIXED = "bf16-mixed"
+MIXED_COMM_BYTES = 2  # FSDP's MixedPrecision gathers and reduces bf16; autocast activations
+# The table's MB/step: the nccl-tests sizes of a step's collectives (gathered output, full input).
+MOVED = ("all_gather_output", "reduce_scatter_bytes", "all_reduce_bytes")
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--mode",
+        choices=("generate", "train"),
+        default="generate",
+        help="generate: tokens/sec of decoding (default); train: of an optimizer step",
+    )
+    parser.add_argument(
+        "--seq-length",
+        type=int,
+        metavar="N",
+        help=f"train: tokens per sequence (default: {DEFAULT_SEQ_LENGTH}, as the marker's, or the "
+        "model's block_size when shorter)",
+    )
+    parser.add_argument(
+        "--matmul-tflops",
+        type=float,
+        metavar="X",
+        help="train: one device's dense matmul rate at the precision, TFLOP/s (e.g. measured by "
+        "a large matmul); model FLOPs over it make the compute term",
+    )
+    parser.add_argument(
+        "--step-compute-ms",
+        type=float,
+        metavar="X",
+        help="train: a measured single-process step (forward, backward, AdamW) of one rank's "
+        "batch, ms; replaces the FLOPs estimate",
+    )
+
+
+def comm_bytes(precision: str, sharded: bool) -> int:
+    """Bytes per element a strategy's collectives move: the parameters' dtype, except under
+    bf16-mixed, where sharded strategies move bf16 (FSDP's MixedPrecision, tp's autocast
+    activations) and DDP all-reduces the fp32 gradients."""
+    if precision == MIXED and sharded:
+        return MIXED_COMM_BYTES
+    return TRAIN_PARAM_BYTES[precision]
+
+
+def seq_length(args: argparse.Namespace, config: Any) -> int:
+    """The step's sequence length, once the training options are known to fit together."""
+    if args.precision not in TRAIN_PARAM_BYTES:
+        raise ValueError(f"--precision {args.precision}: not a training precision")
+    if args.compute_ms_per_token:
+        raise ValueError(
+            "--compute-ms-per-token is a decode figure; with --mode train give --step-compute-ms"
+        )
+    rates = (("--matmul-tflops", args.matmul_tflops), ("--step-compute-ms", args.step_compute_ms))
+    for option, value in rates:
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(f"{option}: expected a positive number, got {value}")
+    if args.matmul_tflops is None and args.step_compute_ms is None:
+        raise ValueError(
+            "--mode train needs --matmul-tflops X (a device's dense matmul rate, TFLOP/s) or "
+            "--step-compute-ms X (a measured single-process step): nothing is measured here"
+        )
+    seq = args.seq_length
+    if seq is None:
+        seq = min(DEFAULT_SEQ_LENGTH, config.block_size or DEFAULT_SEQ_LENGTH)
+    if seq < 1:
+        raise ValueError(f"--seq-length: expected a positive integer, got {seq}")
+    if config.block_size and seq > config.block_size:
+        raise ValueError(
+            f"--seq-length {seq} exceeds {args.model}'s block_size {config.block_size}"
+        )
+    return seq
+
+
+def train_predictions(
+    args: argparse.Namespace, config: Any, device_type: str, links: Links
+) -> tuple[list[Prediction], list[tuple[str, str]]]:
+    """Predictions of the chosen strategies that can train, and (name, why) for the others.
+    Raises ValueError when a strategy named with --strategy cannot train."""
+    seq = seq_length(args, config)
+    predictions, refused = [], []
+    for name in args.strategy or strategy_names():
+        record = get_strategy(name)
+        if record.train_cost is None:
+            if args.strategy:
+                raise ValueError(f"--strategy {name}: cannot train: {record.train_refusal}")
+            refused.append((name, record.train_refusal))
+            continue
+        predictions.append(
+            predict_train_for(
+                config,
+                name,
+                args.devices,
+                links,
+                device_type=device_type,
+                batch_size=args.batch_size,
+                seq_length=seq,
+                param_bytes=TRAIN_PARAM_BYTES[args.precision],
+                comm_bytes=comm_bytes(args.precision, record.sharded),
+                step_compute_s=args.step_compute_ms / 1e3 if args.step_compute_ms else None,
+                matmul_flops_per_s=args.matmul_tflops * 1e12 if args.matmul_tflops else None,
+            )
+        )
+    return predictions, refused
+
+
+def mfu(p: Prediction, config: Any, seq_length: int, flops_per_s: float) -> float:
+    """Model FLOPs per second over every device's matmul rate (what MFU means in a run)."""
+    replicas = p.tokens_per_step // (p.batch_size * seq_length)
+    flops = model_flops_per_step(config, p.batch_size, seq_length) * replicas
+    return flops / (p.step_time_s or float("inf")) / (p.devices * flops_per_s)
+
+
+def shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
+    seen: list[str] = []
+    for p in predictions:
+        for text in p.assumptions:
+            if text not in seen:
+                seen.append(text)
+    return seen
+
+
+def _json_out(
+    args: argparse.Namespace,
+    config: Any,
+    topo: Topology,
+    links: Links,
+    predictions: list[Prediction],
+    refused: list[tuple[str, str]],
+) -> dict[str, Any]:
+    seq = seq_length(args, config)
+    rate = args.matmul_tflops * 1e12 if args.matmul_tflops else None
+    rows = []
+    for p in predictions:
+        row = p.to_dict()
+        if rate:
+            row["mfu"] = mfu(p, config, seq, rate)
+        rows.append(row)
+    workload = {
+        "model": args.model,
+        "devices": args.devices,
+        "mode": "train",
+        "precision": args.precision,
+        "batch_size": args.batch_size,
+        "seq_length": seq,
+        "matmul_tflops": args.matmul_tflops,
+        "step_compute_ms": args.step_compute_ms,
+    }
+    return {
+        "workload": workload,
+        "topology": {"key": topo.key(), "source": topo.source},
+        "link_class": links.link_class,
+        "bus_bandwidth_gbps": links.busbw / GB,
+        "measured_links": links.measured,
+        "predictions": rows,
+        "cannot_train": dict(refused),
+    }
+
+
+def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, links: Links) -> int:
+    predictions, refused = train_predictions(args, config, topo.accelerator, links)
+    if args.json:
+        print(json.dumps(_json_out(args, config, topo, links, predictions, refused), indent=2))
+        return 0
+    seq = seq_length(args, config)
+    rate = args.matmul_tflops * 1e12 if args.matmul_tflops else None
+    if rate:
+        compute = f"model FLOPs at {args.matmul_tflops:g} TFLOP/s per device"
+    else:
+        compute = f"measured single-process step {args.step_compute_ms:g} ms"
+    print(
+        f"{args.model} training on {args.devices} {topo.accelerator} device(s), "
+        f"{args.precision}, {args.batch_size} x {seq} tokens per data-parallel rank per step; "
+        f"compute: {compute}"
+    )
+    kind = "measured" if links.measured else "nominal"
+    print(
+        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
+        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
+    )
+    print()
+    header = f"{'strategy':<16}{'tok/s':>9}{'ms/step':>10}{'MFU':>6}{'MB/step':>10}  bound"
+    print(header)
+    print("-" * (len(header) + 40))
+    for p in predictions:
+        share = f"{mfu(p, config, seq, rate):.0%}" if rate else "-"
+        moved = sum(p.bytes_per_token.get(k, 0.0) for k in MOVED) / MB
+        print(
+            f"{p.strategy:<16}{p.tokens_per_sec:>9.3g}{(p.step_time_s or 0.0) * 1e3:>10.4g}"
+            f"{share:>6}{moved:>10.4g}  {p.bound}: {p.bound_description}"
+        )
+    for name, why in refused:
+        print(f"{name:<16}cannot train: {why}")
+    print()
+    print("terms (ms per step):")
+    for p in predictions:
+        terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
+        print(f"  {p.strategy:<16}{p.implementation}: {terms}")
+    print()
+    print("assumptions:")
+    for text in shared_assumptions(predictions):
+        print(f"  - {text}")
+    return 0

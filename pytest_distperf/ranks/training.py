@@ -1,0 +1,300 @@
+"""Train mode inside one rank: the phases of `distperf(mode="train")`, each a function of the
+test's RankContext like the generation's (ranks/phases.py), and the step they time.
+
+A step is one optimizer step: forward, next-token cross-entropy, backward, AdamW. Each
+data-parallel rank trains on its own batch of random tokens from the seed; the whole model's
+step in this process, before wrapping, gives the compute term and the loss the wrapped model
+must reproduce (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pytest_distperf.perfmodel.calibration import MessageSizes
+from pytest_distperf.perfmodel.train import model_flops_per_step
+from pytest_distperf.ranks import counting, environment, memory, phases
+from pytest_distperf.ranks.context import RankContext, TrainState
+from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
+from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, spin, steady_median
+from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES, RankResult, Sample
+from pytest_distperf.strategies import train_message_sizes_for
+
+# A small rate: the steps must run AdamW's real arithmetic without moving far from the seed's
+# weights, so that every repeat does the same work.
+LEARNING_RATE = 1e-4
+_MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}
+_MATMUL_REPEATS = {"cpu": 5, "cuda": 20}
+
+
+Step = Callable[[], torch.Tensor]
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of [B, T, V] logits against [B, T] next tokens, in float32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def train_batch(
+    vocab_size: int, batch: int, length: int, seed: int, dp_rank: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of one data-parallel rank: random tokens from (seed, dp_rank), drawn
+    on the CPU so that every device draws the same ones."""
+    generator = torch.Generator().manual_seed(seed + dp_rank)
+    tokens = torch.randint(0, vocab_size, (batch, length + 1), generator=generator)  # [B, T+1]
+    tokens = tokens.to(device)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def make_step(
+    module: Any,
+    optimizer: Any,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    backward: Callable[[torch.Tensor], None],
+    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+) -> Step:
+    """One optimizer step of `module` on the batch; returns the loss (not synchronised)."""
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            logits = module(inputs)  # [B, T, V]
+        loss = next_token_loss(logits, targets)
+        backward(loss)
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
+def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(FLOP/s, how it was measured) of a square matmul in `dtype` on this rank's device,
+    with every other rank measuring at the same time: the rate the ranks reach together."""
+    n = _MATMUL_SIZE[device.type]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = device_sync(device)
+    for _ in range(2):  # warm-up: kernels chosen, clocks up
+        torch.mm(a, b)
+    sync()
+    times = []
+    for _ in range(_MATMUL_REPEATS[device.type]):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        times.append(time.perf_counter() - start)
+    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
+    how = (
+        f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
+        f"{environment.device_name(device)}{threads}"
+    )
+    return 2 * n**3 / statistics.median(times), how
+
+
+def compute_dtype(ctx: RankContext) -> torch.dtype:
+    """The dtype the matmuls run in: bfloat16 under bf16-mixed's autocast."""
+    return torch.bfloat16 if ctx.workload.precision == "bf16-mixed" else ctx.dtype
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def calibrate(ctx: RankContext) -> None:
+    """Collectives at the sizes a training step of this model moves, and the matmul rate."""
+    from pytest_distperf.ranks.calibrate import calibrate as measure
+
+    workload, shape = ctx.workload, ctx.model.shape
+    sizes = train_message_sizes_for(
+        shape,
+        ctx.spec.strategy,
+        ctx.spec.devices,
+        PRECISION_BYTES[workload.precision],
+        COMM_BYTES[workload.precision],
+        workload.batch_size,
+        workload.seq_length or 0,
+    )
+    session = ctx.spec.calibration_sizes  # the session's sizes, when this pool has none yet
+    if session is not None:
+        sizes = MessageSizes(
+            tuple(sorted({*session.all_gather, *sizes.all_gather})),
+            tuple(sorted({*session.all_reduce, *sizes.all_reduce})),
+            tuple(session.p2p),
+        )
+    if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session is not None):
+        ctx.calibration = measure(
+            sizes.all_gather, sizes.all_reduce, ctx.device, compute_dtype(ctx), sizes_p2p=sizes.p2p
+        )
+    rate, how = matmul_rate(ctx.device, compute_dtype(ctx))
+    ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
+
+
+def check(ctx: RankContext) -> None:
+    """What only a built model can refuse; a strategy that cannot train is refused at
+    collection already."""
+    if ctx.record.train_cost is None:
+        raise ValueError(f"strategy {ctx.spec.strategy!r} cannot train: {ctx.record.train_refusal}")
+    unfit = ctx.record.check(ctx.model.shape, ctx.spec.devices)
+    if unfit:
+        raise ValueError(f"distperf(model={ctx.workload.model!r}): {unfit}")
+
+
+def reference(ctx: RankContext) -> None:
+    """The whole model's step in this process, before wrapping (no collectives): the compute
+    term, and the loss the wrapped model must reproduce. The learning rate is 0, so the weights
+    stay the seed's. Skipped where the whole model and its optimizer do not fit."""
+    module, train = ctx.model.module, ctx.train
+    module.train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
+    step = make_step(
+        module,
+        optimizer,
+        train.inputs,
+        train.targets,
+        lambda loss: loss.backward(),
+        ctx.fabric.autocast,
+    )
+    sync = device_sync(ctx.device)
+
+    def once() -> float:
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        return time.perf_counter() - start
+
+    try:
+        train.reference_loss = float(step())
+        train.reference_step_s = steady_median(
+            once, all_done=environment.all_ranks_done(ctx.device)
+        )[0]
+    except torch.OutOfMemoryError:
+        train.reference_loss = train.reference_step_s = None  # the model's FLOPs stand in
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        del optimizer
+        if ctx.device.type == "cuda":
+            torch.cuda.empty_cache()
+    memory.reset_peak(ctx.device)  # the run's peak is the wrapped model's, not this one's
+
+
+def wrap(ctx: RankContext) -> None:
+    """The strategy's wrapper through Fabric (compiled first with compile=True: Fabric compiles
+    the wrapped module again), then AdamW over what each rank holds."""
+    module = ctx.model.module
+    module.train()
+    if ctx.spec.compile:
+        module = torch.compile(module)
+    own_wrap = ctx.half.wrap
+    wrapped = own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=LEARNING_RATE)
+    ctx.train.optimizer = ctx.fabric.setup_optimizers(optimizer)
+    ctx.wrapped = wrapped
+    ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
+
+
+def time_steps(ctx: RankContext) -> None:
+    """Warm-up steps, then the timed ones, each fenced like a generation; the first step's loss
+    and the host's own speed after each step, outside the timing."""
+    spec, fences, train = ctx.spec, ctx.fences, ctx.train
+    step = _wrapped_step(ctx)
+    say = ctx.progress or (lambda text: None)
+    for done in range(spec.warmup):
+        say(f"warm-up step {done + 1}/{spec.warmup}")
+        loss = _timed(step, fences, 0.0)[1]
+        if train.loss is None:
+            train.loss = float(loss)
+    ctx.timed_from = time.time()
+    host = HostTime(0.0, 0.0)
+    besides = []
+    for done in range(spec.repeats):
+        before = host_times()
+        sample, loss = _timed(step, fences, ctx.workload.slowdown)
+        host = host.plus(before, host_times())
+        if train.loss is None:
+            train.loss = float(loss)
+        ctx.samples.append(sample)
+        say(f"step {done + 1}/{spec.repeats}: {sample.total_s * 1e3:.1f} ms (rank 0)")
+        besides.append(interpreter_loop_times())
+    ctx.host_loop_s = tuple(wall for wall, _ in besides)
+    ctx.host_loop_cpu_s = tuple(cpu for _, cpu in besides)
+    tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)
+    if tokens:
+        ctx.host_cpu_per_token_s = host.cpu_s / tokens
+        if host.waited_s is not None:
+            ctx.run_queue_wait_per_token_s = host.waited_s / tokens
+
+
+def memory_peak(ctx: RankContext) -> None:
+    """The wrapped steps' peak: weights, gradients, optimizer state and activations."""
+    ctx.peak_memory = memory.peak(ctx.device)
+
+
+def count_step(ctx: RankContext) -> None:
+    """One more step, untimed, with its work counted (ranks/counting.py); a count that fails
+    leaves the work unknown and says so on stderr."""
+    if not ctx.spec.count_work:
+        return
+    started = time.perf_counter()
+    try:
+        ctx.counted = counting.count_step(_wrapped_step(ctx), ctx.device.type == "cuda")
+    except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
+        counting.warn(ctx.fabric.global_rank, error)
+    ctx.count_s = time.perf_counter() - started
+
+
+def result(ctx: RankContext) -> None:
+    """The rank's result: the fields every mode has, and a training run's own."""
+    train, workload = ctx.train, ctx.workload
+    flops = model_flops_per_step(ctx.model.shape, workload.batch_size, workload.seq_length or 0)
+    ctx.result = RankResult(
+        **phases.common_result_fields(ctx),
+        tokens=(),
+        compiled="torch.compile of the model" if ctx.spec.compile else "",
+        loss=train.loss,
+        reference_loss=train.reference_loss,
+        reference_step_s=train.reference_step_s,
+        matmul_flops_per_s=train.matmul_flops_per_s,
+        matmul_source=train.matmul_source,
+        model_flops_per_step=flops,
+    )
+
+
+def _batch(ctx: RankContext) -> tuple[torch.Tensor, torch.Tensor]:
+    world = max(ctx.spec.devices, 1)
+    replicas = ctx.record.replicas(world)
+    dp_rank = environment.global_rank() // max(world // replicas, 1)
+    workload = ctx.workload
+    return train_batch(
+        ctx.model.shape.vocab_size,
+        workload.batch_size,
+        workload.seq_length or 0,
+        workload.seed,
+        dp_rank,
+        ctx.device,
+    )
+
+
+def _wrapped_step(ctx: RankContext) -> Step:
+    train = ctx.train
+    return make_step(ctx.wrapped, train.optimizer, train.inputs, train.targets, ctx.fabric.backward)
+
+
+def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
+    fences.sync()
+    fences.barrier()
+    start = time.perf_counter()
+    loss = step()
+    fences.sync()
+    end = time.perf_counter()
+    if slowdown:  # the self-check knob, as for a generation (ranks/timing.py)
+        spin((end - start) * slowdown / (1.0 - slowdown))
+        end = time.perf_counter()
+    return Sample(total_s=end - start, ttft_s=None, decode_s=None), loss

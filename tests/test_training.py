@@ -1,0 +1,258 @@
+"""Training mode (`distperf(mode="train")`): marker validation, the step's figures and checks,
+and every strategy end to end on two CPU ranks at the default thresholds.
+
+One session runs the strategies that train (and `pipeline`, refused at setup); a second
+records `auto`'s baseline and a third slows it by 30%, which the baseline gate must catch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import Session, run_session, write_files
+
+from pytest_distperf.judge.checks import CheckStatus
+from pytest_distperf.judge.gate import test_identity as identity_of
+from pytest_distperf.judge.training import loss_check
+from pytest_distperf.options import SettingError, workload_from_marker
+from pytest_distperf.spec import (
+    DEFAULT_SEQ_LENGTH,
+    Implementation,
+    RankResult,
+    RunResult,
+    RunSpec,
+    Sample,
+    Workload,
+)
+from pytest_distperf.work import CollectiveCount, PhaseWork, Work, busiest, compare_work
+
+MODELS = ("tiny", "pythia-14m")
+WHERE = "test_x.py::test_x"
+
+# --------------------------------------------------------------------------- the marker
+
+
+def _workload(**kwargs: object) -> Workload:
+    return workload_from_marker(kwargs, WHERE, MODELS)
+
+
+def test_train_mode_defaults_its_sequence_length() -> None:
+    workload = _workload(mode="train")
+    assert workload.training and workload.seq_length == DEFAULT_SEQ_LENGTH
+    assert _workload().mode == "generate" and _workload().seq_length is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "fit"}, "distperf(mode='fit') is not one of generate, train"),
+        ({"seq_length": 64}, "distperf(seq_length=64) is a train-mode argument"),
+        ({"mode": "train", "seq_length": 0}, "distperf(seq_length=0) must be a positive integer"),
+        ({"mode": "train", "seq_length": True}, "seq_length=True) must be a positive integer"),
+        ({"mode": "train", "max_new_tokens": 4}, "distperf(max_new_tokens) does not apply"),
+        ({"precision": "bf16-mixed"}, "distperf(precision='bf16-mixed') is for mode='train'"),
+    ],
+)
+def test_bad_train_arguments_name_the_value_and_the_test(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SettingError) as error:
+        _workload(**kwargs)
+    assert str(error.value).startswith(WHERE) and message in str(error.value)
+
+
+def test_a_generations_identity_is_unchanged_and_a_steps_names_its_mode() -> None:
+    generate = _run(Workload(model="tiny"), samples=(0.5,))
+    train = _run(_workload(model="tiny", mode="train", seq_length=32), samples=(0.5,))
+    assert "mode=" not in identity_of(generate) and "seq_length" not in identity_of(generate)
+    assert "mode=train" in identity_of(train) and "seq_length=32" in identity_of(train)
+
+
+# --------------------------------------------------------------------------- figures and checks
+
+
+def _rank(rank: int, samples: tuple[float, ...], **fields: object) -> RankResult:
+    return RankResult(
+        rank=rank,
+        samples=tuple(Sample(s, None, None) for s in samples),
+        peak_memory_bytes=1,
+        memory_kind="process RSS peak",
+        implementation=Implementation("DDPStrategy", "replicated", "gloo", "DDP"),
+        versions={},
+        device_name="cpu",
+        tokens=(),
+        replicas=2,
+        timed_from=0.0,
+        **fields,
+    )
+
+
+def _run(workload: Workload, samples: tuple[float, ...], **fields: object) -> RunResult:
+    spec = RunSpec("t.py::t[ddp-2cpu]", "ddp", 2, "cpu", workload, len(samples), 1, 60.0)
+    ranks = (_rank(0, samples, **fields), _rank(1, tuple(s * 0.9 for s in samples), **fields))
+    return RunResult(spec, ranks, launch_s=1.0, launched_at=0.0)
+
+
+def test_a_steps_rate_counts_every_replicas_tokens() -> None:
+    workload = _workload(model="tiny", mode="train", seq_length=16, batch_size=3)
+    result = _run(
+        workload,
+        samples=(0.2, 0.1, 0.4),
+        model_flops_per_step=1e9,
+        matmul_flops_per_s=5e10,
+        loss=5.5,
+        reference_loss=5.5,
+    )
+    assert result.step_time_s == 0.2  # the median of the slowest rank's steps
+    assert result.tokens_per_sec == pytest.approx(2 * 3 * 16 / 0.2)
+    assert result.aggregate_tokens_per_sec == result.tokens_per_sec
+    # two replicas' model FLOPs per step over the two ranks' summed rate
+    assert result.mfu == pytest.approx(2 * 1e9 / 0.2 / 1e11)
+    row = result.summary()
+    assert row["mode"] == "train" and row["loss"] == 5.5 and row["step_time_s"] == 0.2
+    assert row["model_flops_per_step"] == 2e9 and row["peak_flops"] == 1e11
+
+
+def test_a_generation_has_no_step_figures() -> None:
+    result = _run(Workload(model="tiny"), samples=(0.5,))
+    assert result.step_time_s is None and result.mfu is None and result.loss is None
+
+
+@pytest.mark.parametrize(
+    ("precision", "loss", "status"),
+    [
+        ("fp32", 5.00004, CheckStatus.OK),
+        ("fp32", 5.001, CheckStatus.FAIL),
+        ("bf16-mixed", 5.05, CheckStatus.OK),
+        ("fp32", math.nan, CheckStatus.FAIL),
+    ],
+)
+def test_the_loss_check_holds_the_first_loss_to_one_processes(
+    precision: str, loss: float, status: CheckStatus
+) -> None:
+    workload = _workload(model="tiny", mode="train", precision=precision)
+    check = loss_check(_run(workload, (0.1,), loss=loss, reference_loss=5.0))
+    assert check.status is status, check.message
+    if status is CheckStatus.FAIL and math.isfinite(loss):
+        assert "ddp trains another function" in check.message
+
+
+def test_the_loss_check_says_when_one_process_could_not_hold_the_model() -> None:
+    workload = _workload(model="tiny", mode="train")
+    check = loss_check(_run(workload, (0.1,), loss=5.0, reference_loss=None))
+    assert check.status is CheckStatus.NOTE and "did not fit" in check.message
+
+
+def _step(all_reduce_calls: int) -> Work:
+    collectives = {"all_reduce": CollectiveCount(all_reduce_calls, 4096 * all_reduce_calls)}
+    return Work(step=PhaseWork(collectives, ops=900, flops=2e6))
+
+
+def test_a_steps_work_round_trips_and_compares_per_step() -> None:
+    work = _step(1)
+    assert Work.from_json(work.to_json(), "w") == work
+    assert set(work.to_json()) == {"step", "graph_breaks", "recompiles"}
+    assert busiest([work, _step(2)]) == _step(2)
+    [change] = compare_work(work, _step(2), 0.01).more
+    assert change.phase == "step" and "all_reduce per step: 1 -> 2 calls" in change.message
+
+
+def test_work_is_a_generations_or_a_steps() -> None:
+    phase = PhaseWork({}, ops=1, flops=1)
+    with pytest.raises(ValueError, match="decode and prefill .* or a step"):
+        Work(decode=phase, prefill=phase, step=phase)
+    with pytest.raises(ValueError, match="decode and prefill"):
+        Work(decode=phase)
+
+
+# --------------------------------------------------------------------------- end to end
+
+TEST_TRAIN = """
+import pytest
+
+@pytest.mark.strategy("auto", "ddp", "fsdp", "fsdp2", "fsdp-noreshard", "tp", "pipeline")
+@pytest.mark.distperf(model="pythia-14m", mode="train", seq_length=64, batch_size=2)
+def test_train(distperf):
+    distperf.run()
+"""
+
+TEST_ONE = """
+import pytest
+
+@pytest.mark.strategy("fsdp")
+@pytest.mark.distperf(model="pythia-14m", mode="train", seq_length=64, batch_size=2)
+def test_step(distperf):
+    distperf.run()
+"""
+
+TRAINING = ("auto", "ddp", "fsdp", "fsdp2", "fsdp-noreshard", "tp")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    path = tmp_path_factory.mktemp("trained")
+    write_files(path, test_train=TEST_TRAIN)
+    return run_session(path, "--distperf-devices=2", "--distperf-json=report.json")
+
+
+@pytest.mark.slow
+def test_every_strategy_trains_at_the_default_threshold(trained: Session) -> None:
+    trained.result.assert_outcomes(passed=len(TRAINING), errors=1)
+    trained.result.stdout.fnmatch_lines(["*strategy 'pipeline' cannot train: *"])
+    rows = trained.rows()
+    for strategy in TRAINING:
+        row = rows[f"test_train[{strategy}-2cpu]"]
+        assert row["mode"] == "train" and row["threshold_status"] == "ok", row
+        replicas = 1 if strategy == "tp" else 2
+        assert row["tokens_per_sec"] == pytest.approx(replicas * 2 * 64 / row["step_time_s"])
+        assert 0 < row["mfu"] <= 1 and "matmul" in row["peak_flops_source"]
+
+
+@pytest.mark.slow
+def test_every_strategy_trains_the_same_function(trained: Session) -> None:
+    rows = trained.rows()
+    losses = {s: rows[f"test_train[{s}-2cpu]"]["loss"] for s in TRAINING}
+    reference = rows["test_train[auto-2cpu]"]["reference_loss"]
+    for strategy, loss in losses.items():
+        assert loss == pytest.approx(reference, rel=1e-4), strategy
+        assert rows[f"test_train[{strategy}-2cpu]"]["loss_status"] == "ok"
+
+
+@pytest.mark.slow
+def test_a_steps_collectives_are_the_strategys(trained: Session) -> None:
+    rows = trained.rows()
+
+    def kinds(strategy: str) -> set[str]:
+        collectives = rows[f"test_train[{strategy}-2cpu]"]["work"]["step"]["collectives"]
+        return {kind for kind, count in collectives.items() if count["calls"]}
+
+    assert "all_reduce" in kinds("ddp")
+    assert {"all_gather", "reduce_scatter"} <= kinds("fsdp2")
+    assert {"all_gather", "reduce_scatter"} <= kinds("fsdp-noreshard")
+    assert "all_reduce" in kinds("tp")
+    gathers = {
+        s: rows[f"test_train[{s}-2cpu]"]["work"]["step"]["collectives"]["all_gather"]["calls"]
+        for s in ("fsdp2", "fsdp-noreshard")
+    }
+    assert gathers["fsdp-noreshard"] < gathers["fsdp2"]  # no second gather in backward
+
+
+@pytest.fixture(scope="module")
+def slowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
+    path = tmp_path_factory.mktemp("slowed")
+    write_files(path, test_step=TEST_ONE)
+    # Repeats enough that one recorded run's noise lets a 30% drop through the tolerance.
+    ranks = ("--distperf-devices=2", "--distperf-repeats=15")
+    recorded = run_session(path, *ranks, "--distperf-update-baselines")
+    return {
+        "recorded": recorded,
+        "slowed": run_session(path, *ranks, env={"DISTPERF_SLOWDOWN": "0.3"}),
+    }
+
+
+@pytest.mark.slow
+def test_a_step_slowed_by_30_percent_fails_its_baseline(slowed: dict[str, Session]) -> None:
+    slowed["recorded"].result.assert_outcomes(passed=1)
+    result = slowed["slowed"].result
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*distperf baseline check failed:*", "*throughput regression*"])
