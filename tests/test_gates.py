@@ -1,8 +1,9 @@
 """The gates end to end on CPU ranks: threshold, baselines, reports, and their bad inputs.
 
 The healthy runs are judged at the default thresholds. One fixture records a baseline, compares
-an unchanged run with it (with --distperf-strict, next to a test that has none), then a run
-slowed to a tenth of its rate; the tests read what those three sessions left."""
+an unchanged run with it (with --distperf-strict), then a run slowed to a tenth of its rate;
+the tests read what those three sessions left. A test without a baseline under
+--distperf-strict needs no ranks: the launcher is faked."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def _baseline_files(root: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     path = tmp_path_factory.mktemp("gated")
-    write_files(path, test_rate=TEST_RATE, test_unrecorded=UNRECORDED)
-    sessions = {"recorded": run_session(path, RANKS, "--distperf-update-baselines", "test_rate.py")}
+    write_files(path, test_rate=TEST_RATE)
+    sessions = {"recorded": run_session(path, RANKS, "--distperf-update-baselines")}
     sessions["same"] = run_session(path, RANKS, "--junitxml=junit.xml", "--distperf-strict")
     # A tenth of the rate, against a tolerance fixed at 60%: the default one comes from the
     # recorded run's noise, which on two busy shared cores can reach 90% for the relative speed.
@@ -64,7 +65,8 @@ def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Session]) ->
 @pytest.mark.slow
 def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session]) -> None:
     same = gated["same"]
-    # at the default tolerance, from the recorded run's own noise (passed: see the next test)
+    same.result.assert_outcomes(passed=1)  # with --distperf-strict: it has a baseline
+    # at the default tolerance, from the recorded run's own noise
     same.result.stdout.fnmatch_lines(["*auto*2 x cpu*compute*[+-]*%*test_rate[[]auto-2cpu[]]"])
     [baseline] = _baseline_files(same.path)
     [entry] = json.loads(baseline.read_text())["entries"].values()
@@ -75,20 +77,6 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session])
     assert float(properties["distperf_baseline_tokens_per_sec"]) == entry["median"]
     assert properties["distperf_topology_key"] == baseline.stem
     assert float(properties["distperf_relative_speed"]) > 0
-
-
-@CPU_PREDICTION_UNSTEADY
-@pytest.mark.slow
-def test_strict_fails_without_baseline_and_names_the_key(gated: dict[str, Session]) -> None:
-    same = gated["same"]
-    same.result.assert_outcomes(passed=1, failed=1)
-    same.result.stdout.fnmatch_lines(
-        [
-            "*_ test_unrecorded[[]auto-2cpu[]] _*",
-            "distperf baseline check failed:",
-            "no baseline for this test on this machine (topology key cpu_*)*",
-        ]
-    )
 
 
 @CPU_PREDICTION_UNSTEADY
@@ -143,6 +131,21 @@ def test_corrupt_baseline_file_is_named_and_left_untouched(pytester: pytest.Pyte
         result.assert_outcomes(failed=1)
         result.stdout.fnmatch_lines([f"*baseline file {baseline}*"])
         assert baseline.read_bytes() == truncated
+
+
+def test_strict_fails_without_baseline_and_names_the_key(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(FAKE_LAUNCH_CONFTEST)
+    pytester.makepyfile(UNRECORDED)
+    args = (RANKS, "--distperf-accelerator=cpu", "-p", "no:benchmark", "--distperf-strict")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_unrecorded[[]auto-2cpu[]] _*",
+            "distperf baseline check failed:",
+            "no baseline for this test on this machine (topology key cpu_*)*",
+        ]
+    )
 
 
 def test_bad_topology_file_is_a_usage_error(pytester: pytest.Pytester) -> None:

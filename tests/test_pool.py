@@ -172,16 +172,6 @@ def test_rank_output_is_a_report_section_and_streams_with_s(reused: Session) -> 
 
 
 @pytest.mark.slow
-def test_fresh_ranks_start_new_processes_per_test(tmp_path: Path) -> None:
-    write_files(tmp_path, builders=BUILDERS, test_suite=REUSED)
-    args = ("--distperf-devices=2", "--distperf-repeats=1", "--distperf-fresh-ranks", "-k", "auto")
-    session = run_session(tmp_path, *args)
-    session.result.assert_outcomes(passed=2, deselected=2)
-    assert {rank: len(pids) for rank, pids in _pids(tmp_path).items()} == {"0": 2, "1": 2}
-    assert session.left_behind == ()
-
-
-@pytest.mark.slow
 def test_a_session_that_runs_no_distperf_test_starts_no_ranks(
     pytester: pytest.Pytester, tag: str
 ) -> None:
@@ -256,17 +246,20 @@ HEAD = "import json\nimport pytest\n"
 
 @pytest.fixture(scope="module")
 def alone_and_after(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
-    """The target test alone; then after ten others (and the devices marker's test, whose
+    """The target test alone, in ranks of its own (--distperf-fresh-ranks, after two recording
+    tests that each get theirs); then after ten others (and the devices marker's test, whose
     file comes first), in one pool."""
     args = ("-v", "--distperf-devices=2", "--distperf-repeats=1", "--distperf-json=report.json")
+    fresh = ("--distperf-fresh-ranks", "-k", "auto or test_target")
+    alone = {"builders": BUILDERS, "test_suite": REUSED, "test_target": HEAD + TARGET}
     sessions = {}
-    for name, files in (
-        ("alone", {"test_target": HEAD + TARGET}),
-        ("after", {"test_a_scaling": SCALING, "test_target": HEAD + OTHERS + TARGET}),
+    for name, files, extra in (
+        ("alone", alone, fresh),
+        ("after", {"test_a_scaling": SCALING, "test_target": HEAD + OTHERS + TARGET}, ()),
     ):
         path = tmp_path_factory.mktemp(name)
         write_files(path, **files)
-        sessions[name] = run_session(path, *args)
+        sessions[name] = run_session(path, *args, *extra)
     return sessions
 
 
@@ -275,8 +268,9 @@ def test_same_test_alone_and_after_ten_others_gives_same_tokens_and_memory(
     alone_and_after: dict[str, Session],
 ) -> None:
     seen = {}
+    alone_and_after["alone"].result.assert_outcomes(passed=3, deselected=2)
+    alone_and_after["after"].result.assert_outcomes(passed=15)
     for name, session in alone_and_after.items():
-        session.result.assert_outcomes(passed=1 if name == "alone" else 15)
         last = json.loads((session.path / "report.json").read_text())["results"][-1]
         assert last["test_id"] == "test_target.py::test_target[fsdp-2cpu]"
         seen[name] = json.loads((session.path / "target.json").read_text())
@@ -303,6 +297,15 @@ def test_devices_marker_runs_one_item_per_rank_count(alone_and_after: dict[str, 
     rows = session.rows()
     assert [rows[f"test_scaling[{s}]"]["devices"] for s in ("auto-1cpu", "auto-2cpu")] == [1, 2]
     assert [row["devices"] for row in rows.values()][:2] == [1, 1]
+
+
+@pytest.mark.slow
+def test_fresh_ranks_start_new_processes_per_test(alone_and_after: dict[str, Session]) -> None:
+    session = alone_and_after["alone"]
+    session.result.stdout.fnmatch_lines(
+        [f"*test_suite.py::test_x[[]auto-2cpu-{n}[]] PASSED*" for n in range(2)]
+    )
+    assert {rank: len(pids) for rank, pids in _pids(session.path).items()} == {"0": 2, "1": 2}
 
 
 # --- a pool that does not start -----------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Training mode (`distperf(mode="train")`): marker validation, the step's figures and checks,
 and every strategy end to end on two CPU ranks at the default thresholds.
 
-One session runs the strategies that train (and `pipeline`, refused at setup); a second
-records `auto`'s baseline and a third slows it by 30%, which the baseline gate must catch."""
+One session runs the strategies that train (and `pipeline`, refused at setup); on CPU `fsdp`
+is FSDP2 resharding, as `fsdp2` is, and `ddp` is `auto`'s DDP, so those two are left to the
+benchmark (docs/benchmarks/cpu_train_targets.sh), which also slows each step by 30%."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from helpers import Session, run_session, write_files
@@ -170,22 +172,13 @@ def test_work_is_a_generations_or_a_steps() -> None:
 TEST_TRAIN = """
 import pytest
 
-@pytest.mark.strategy("auto", "ddp", "fsdp", "fsdp2", "fsdp-noreshard", "tp", "pipeline")
-@pytest.mark.distperf(model="pythia-14m", mode="train", seq_length=64, batch_size=2)
+@pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard", "tp", "pipeline")
+@pytest.mark.distperf(model="pythia-14m", mode="train", seq_length=32, batch_size=2)
 def test_train(distperf):
     distperf.run()
 """
 
-TEST_ONE = """
-import pytest
-
-@pytest.mark.strategy("fsdp")
-@pytest.mark.distperf(model="pythia-14m", mode="train", seq_length=64, batch_size=2)
-def test_step(distperf):
-    distperf.run()
-"""
-
-TRAINING = ("auto", "ddp", "fsdp", "fsdp2", "fsdp-noreshard", "tp")
+TRAINING = ("auto", "fsdp", "fsdp-noreshard", "tp")
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +197,7 @@ def test_every_strategy_trains_at_the_default_threshold(trained: Session) -> Non
         row = rows[f"test_train[{strategy}-2cpu]"]
         assert row["mode"] == "train" and row["threshold_status"] == "ok", row
         replicas = 1 if strategy == "tp" else 2
-        assert row["tokens_per_sec"] == pytest.approx(replicas * 2 * 64 / row["step_time_s"])
+        assert row["tokens_per_sec"] == pytest.approx(replicas * 2 * 32 / row["step_time_s"])
         assert 0 < row["mfu"] <= 1 and "matmul" in row["peak_flops_source"]
 
 
@@ -226,33 +219,43 @@ def test_a_steps_collectives_are_the_strategys(trained: Session) -> None:
         collectives = rows[f"test_train[{strategy}-2cpu]"]["work"]["step"]["collectives"]
         return {kind for kind, count in collectives.items() if count["calls"]}
 
-    assert "all_reduce" in kinds("ddp")
-    assert {"all_gather", "reduce_scatter"} <= kinds("fsdp2")
+    assert "all_reduce" in kinds("auto")  # DDP's gradient buckets
+    assert {"all_gather", "reduce_scatter"} <= kinds("fsdp")
     assert {"all_gather", "reduce_scatter"} <= kinds("fsdp-noreshard")
     assert "all_reduce" in kinds("tp")
     gathers = {
         s: rows[f"test_train[{s}-2cpu]"]["work"]["step"]["collectives"]["all_gather"]["calls"]
-        for s in ("fsdp2", "fsdp-noreshard")
+        for s in ("fsdp", "fsdp-noreshard")
     }
-    assert gathers["fsdp-noreshard"] < gathers["fsdp2"]  # no second gather in backward
+    assert gathers["fsdp-noreshard"] < gathers["fsdp"]  # no second gather in backward
 
 
-@pytest.fixture(scope="module")
-def slowed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
-    path = tmp_path_factory.mktemp("slowed")
-    write_files(path, test_step=TEST_ONE)
-    # Repeats enough that one recorded run's noise lets a 30% drop through the tolerance.
-    ranks = ("--distperf-devices=2", "--distperf-repeats=15")
-    recorded = run_session(path, *ranks, "--distperf-update-baselines")
-    return {
-        "recorded": recorded,
-        "slowed": run_session(path, *ranks, env={"DISTPERF_SLOWDOWN": "0.3"}),
-    }
+def _step_run(slower: float, cpu: float, waited: float) -> RunResult:
+    workload = _workload(model="tiny", mode="train", seq_length=16)
+    steps = tuple(t * slower for t in (0.30, 0.31, 0.29, 0.30, 0.305))
+    fields = {"loss": 5.0, "reference_loss": 5.0, "work": _step(2)}
+    result = _run(workload, steps, host_cpu_per_token_s=cpu, **fields)
+    ranks = tuple(replace(r, run_queue_wait_per_token_s=waited) for r in result.ranks)
+    return replace(result, ranks=ranks)
 
 
-@pytest.mark.slow
-def test_a_step_slowed_by_30_percent_fails_its_baseline(slowed: dict[str, Session]) -> None:
-    slowed["recorded"].result.assert_outcomes(passed=1)
-    result = slowed["slowed"].result
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*distperf baseline check failed:*", "*throughput regression*"])
+def test_a_slower_step_fails_its_baseline_whatever_its_threads_waited(tmp_path) -> None:
+    # Gradient collectives run on threads beside the compute: their wait for a core is the
+    # step's own, never the excuse of a busy neighbour (the CPU time per token decides).
+    from pytest_distperf.judge.checks import GateSettings
+    from pytest_distperf.judge.gate import Gate
+    from pytest_distperf.store.store import BaselineStore
+    from pytest_distperf.topology import probe
+
+    settings = GateSettings(efficiency=0.7, tolerance=None)
+    store = BaselineStore(tmp_path)
+    recording = Gate(probe("cpu", 2), store, update=True)
+    healthy = _step_run(1.0, cpu=0.001, waited=0.0008)
+    assert recording.record(healthy, recording.decide(healthy, settings, None), None)
+    gate = Gate(probe("cpu", 2), store)
+    assert gate.decide(_step_run(1.0, 0.001, 0.0008), settings, None).baseline.status.value == "ok"
+    slowed = gate.decide(_step_run(1 / 0.7, cpu=0.0015, waited=0.0012), settings, None)
+    assert slowed.verdict == "FAIL (baseline)", slowed.baseline.message
+    assert slowed.loss.status is CheckStatus.OK
+    busy = gate.decide(_step_run(1 / 0.7, cpu=0.001, waited=0.0012), settings, None)
+    assert busy.verdict == "WARN (baseline)" and "machine busy" in busy.baseline.message
