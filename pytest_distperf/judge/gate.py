@@ -169,12 +169,12 @@ class Gate:
         work = work_check(entry, result.work, settings, counted=result.spec.count_work)
         device_time = device_time_check(entry, result.device_time_per_token_s, settings)
         cpu = cpu_change(entry, result.host_cpu_per_token_s, settings)
-        waited = result.run_queue_wait_per_token_s
+        # A training step's gradient collectives run on threads beside its compute: on a host
+        # with fewer cores than those threads, their wait for a core is the step's own.
+        waited = None if result.training else result.run_queue_wait_per_token_s
         core = core_slowdown(entry, result.host_loop_cpu_samples)
         baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited, core)
-        # A training step's own gradient collectives run on threads beside its compute: on a
-        # host with fewer cores than those threads their wait is the step's, not a neighbour's.
-        threshold = busy_threshold(threshold, work, None if result.training else waited)
+        threshold = busy_threshold(threshold, work, waited)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=with_work_reason(threshold, work, cpu),
