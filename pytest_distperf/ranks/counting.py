@@ -44,7 +44,7 @@ except ImportError:  # torch < 2.5 keeps it private; a build without distributed
 
 # The counter costs tens of microseconds per op, several times a small model's own step, and a
 # warm generation's decode steps all do the same work: a few of them give the per-token figures.
-COUNTED_DECODE_STEPS = 4
+COUNTED_DECODE_STEPS = 3
 
 # Where a counted or profiled generation's phase begins: "prefill", "decode" (before every
 # decode step) or None (the generation is over).
