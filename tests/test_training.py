@@ -7,6 +7,7 @@ benchmark (docs/benchmarks/cpu_train_targets.sh), which also slows each step by 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import replace
 
@@ -170,15 +171,25 @@ def test_work_is_a_generations_or_a_steps() -> None:
 # --------------------------------------------------------------------------- end to end
 
 TEST_TRAIN = """
+import importlib.util
+
 import pytest
 
 @pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard", "tp", "pipeline")
 @pytest.mark.distperf(model="pythia-14m", mode="train", seq_length=32, batch_size=2)
 def test_train(distperf):
     distperf.run()
+
+# LitGPT's own GPT by name trains too (gates off: this one is about the loss, not the speed).
+@pytest.mark.skipif(importlib.util.find_spec("litgpt") is None, reason="the litgpt extra")
+@pytest.mark.strategy("tp")
+@pytest.mark.distperf(model="litgpt:pythia-14m", mode="train", seq_length=32, gates=False)
+def test_litgpt(distperf):
+    distperf.run()
 """
 
 TRAINING = ("auto", "fsdp", "fsdp-noreshard", "tp")
+LITGPT = int(importlib.util.find_spec("litgpt") is not None)
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +201,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Session:
 
 @pytest.mark.slow
 def test_every_strategy_trains_at_the_default_threshold(trained: Session) -> None:
-    trained.result.assert_outcomes(passed=len(TRAINING), errors=1)
+    trained.result.assert_outcomes(passed=len(TRAINING) + LITGPT, errors=1, skipped=1 - LITGPT)
     trained.result.stdout.fnmatch_lines(["*strategy 'pipeline' cannot train: *"])
     rows = trained.rows()
     for strategy in TRAINING:
@@ -209,6 +220,14 @@ def test_every_strategy_trains_the_same_function(trained: Session) -> None:
     for strategy, loss in losses.items():
         assert loss == pytest.approx(reference, rel=1e-4), strategy
         assert rows[f"test_train[{strategy}-2cpu]"]["loss_status"] == "ok"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LITGPT, reason="LitGPT is an optional extra: the litgpt extra")
+def test_litgpt_by_name_trains_the_same_function_under_tp(trained: Session) -> None:
+    row = trained.rows()["test_litgpt[tp-2cpu]"]
+    assert row["loss_status"] == "ok" and row["loss"] == pytest.approx(row["reference_loss"])
+    assert row["implementation"]["sharding"].startswith("TP 2-way")
 
 
 @pytest.mark.slow
