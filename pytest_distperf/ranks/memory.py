@@ -48,20 +48,3 @@ def _high_water_mark() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-# Heap a CPU rank touches once, before it measures anything: the ranks' allocator settings
-# (launch/cpus.py) keep it mapped, so no calibration or timed step pays for growing the heap.
-HEAP_BYTES = 1 << 30
-_heap_grown = False
-
-
-def grow_heap_once(device: torch.device) -> None:
-    """Touch, then free, HEAP_BYTES of heap in this CPU process, the first time only."""
-    global _heap_grown
-    if device.type != "cpu" or _heap_grown:
-        return
-    block = torch.empty(HEAP_BYTES, dtype=torch.uint8)
-    block.fill_(0)
-    del block
-    _heap_grown = True

@@ -46,7 +46,6 @@ def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
     use_import_paths(spec.sys_path)  # before any of the user's modules is imported
     device = environment.rank_device(spec.accelerator)
     environment.forget_compiled_code()
-    memory.grow_heap_once(device)  # before calibrating (a fresh rank of the elastic launcher)
     memory.reset_peak(device)  # a pooled rank has run other tests before this one
     record = get_strategy(spec.strategy)
     reason = record.unsupported(spec.accelerator, spec.devices)

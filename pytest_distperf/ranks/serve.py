@@ -117,11 +117,9 @@ def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
 
     from pytest_distperf.ranks.calibrate import calibrate
     from pytest_distperf.ranks.context import DTYPES
-    from pytest_distperf.ranks.memory import grow_heap_once
 
     cuda = place.accelerator == "cuda"
     device = torch.device("cuda", place.rank) if cuda else torch.device("cpu")
-    grow_heap_once(device)  # the calibration measures the heap the tests will run on
     # The test's own watchdog (worker.run_rank) starts after this: a hung collective here must
     # leave its stack behind too.
     faulthandler.dump_traceback_later(spec.timeout, exit=True, file=sys.stderr)
