@@ -7,16 +7,19 @@ and per-rank stdout/stderr files, so a hung rank's stack dump can be shown to th
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.launch.cpus import environment, rank_environment, threads_per_rank
+from pytest_distperf.launch.cpus import threads_per_rank
 from pytest_distperf.launch.failures import (
     RunFailed,
     failed_headline,
@@ -28,6 +31,21 @@ from pytest_distperf.launch.failures import (
 from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import STOPPING_SIGNALS, SessionStopped, own_signals
 from pytest_distperf.spec import RankResult, RunResult, RunSpec
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    # Spawned ranks inherit the parent's environment at start; restore it afterwards.
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
 
 
 def launch(spec: RunSpec) -> RunResult:
@@ -56,12 +74,12 @@ def launch(spec: RunSpec) -> RunResult:
         logs_specs=DefaultLogsSpecs(log_dir=str(log_dir), redirects=Std.ALL),
         numa_options=binding,
     )
+    threads = str(spec.threads_per_rank)
     launched_at = time.time()
     start = time.perf_counter()
     signals: set[int] = set()
     try:
-        started = environment(**rank_environment(spec.accelerator, spec.threads_per_rank))
-        with started, own_signals(signals):
+        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads), own_signals(signals):
             returned: dict[int, RankResult] = elastic_launch(config, run_rank)(spec)
     except ChildFailedError as error:
         # A terminal's Ctrl-C reaches the ranks too; when they stop before the agent's own

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_distperf.launch.cpus import environment, rank_environment, threads_per_rank
+from pytest_distperf.launch.cpus import threads_per_rank
 from pytest_distperf.launch.failures import (
     RunFailed,
     failed_headline,
@@ -101,37 +101,34 @@ class RankPool:
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
+        from pytest_distperf.ranks.serve import serve
+
         try:
-            with environment(**rank_environment(key.accelerator)):
-                self._start(context, key, threads)
+            for rank in range(key.ranks):
+                ours, theirs = context.Pipe()
+                place = RankPlace(
+                    rank=rank,
+                    world_size=key.ranks,
+                    accelerator=key.accelerator,
+                    log_path=str(self.log_paths[rank]),
+                    threads=threads,
+                    parent_pid=os.getpid(),
+                    environ=key.comm_environment,
+                )
+                process = context.Process(
+                    target=serve, args=(place, theirs), name=f"distperf-{rank}"
+                )
+                self._connections.append(ours)
+                try:
+                    process.start()
+                finally:
+                    theirs.close()  # the rank holds its own end now (or never will)
+                self._processes.append(process)
         except BaseException:  # a Ctrl-C halfway: the ranks already started go too
             self.close(kill=True)
             raise
         self.ready_s = 0.0
         self.last_output: dict[int, str] = {}  # each rank's output during the last test
-
-    def _start(self, context: Any, key: PoolKey, threads: int) -> None:
-        """One spawned process per rank, each serving tests (ranks/serve.py)."""
-        from pytest_distperf.ranks.serve import serve
-
-        for rank in range(key.ranks):
-            ours, theirs = context.Pipe()
-            place = RankPlace(
-                rank=rank,
-                world_size=key.ranks,
-                accelerator=key.accelerator,
-                log_path=str(self.log_paths[rank]),
-                threads=threads,
-                parent_pid=os.getpid(),
-                environ=key.comm_environment,
-            )
-            process = context.Process(target=serve, args=(place, theirs), name=f"distperf-{rank}")
-            self._connections.append(ours)
-            try:
-                process.start()
-            finally:
-                theirs.close()  # the rank holds its own end now (or never will)
-            self._processes.append(process)
 
     @property
     def alive(self) -> bool:

@@ -92,18 +92,12 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
-
-
 def software_versions() -> dict[str, str]:
     versions = {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "lightning": fabric_version(),
     }
-    malloc = " ".join(f"{k}={os.environ[k]}" for k in MALLOC_VARIABLES if k in os.environ)
-    if malloc:  # what CPU ranks' allocator ran with (launch/cpus.py)
-        versions["malloc"] = malloc
     if torch.cuda.is_available():
         versions["cuda"] = str(torch.version.cuda)
         nccl = torch.cuda.nccl.version()

@@ -31,8 +31,6 @@ from pytest_distperf.strategies import train_message_sizes_for
 # weights, so that every repeat does the same work.
 LEARNING_RATE = 1e-4
 _MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}
-# Heap a CPU rank touches once before its timed steps (the allocator then keeps it).
-PREFAULT_BYTES = 1 << 30
 _MATMUL_REPEATS = {"cpu": 5, "cuda": 20}
 
 
@@ -206,8 +204,6 @@ def time_steps(ctx: RankContext) -> None:
     """Warm-up steps, then the timed ones, each fenced like a generation; the first step's loss
     and the host's own speed after each step, outside the timing."""
     spec, fences, train = ctx.spec, ctx.fences, ctx.train
-    if ctx.device.type == "cpu":
-        _grow_heap()
     step = _wrapped_step(ctx)
     say = ctx.progress or (lambda text: None)
     for done in range(spec.warmup):
@@ -289,14 +285,6 @@ def _batch(ctx: RankContext) -> tuple[torch.Tensor, torch.Tensor]:
 def _wrapped_step(ctx: RankContext) -> Step:
     train = ctx.train
     return make_step(ctx.wrapped, train.optimizer, train.inputs, train.targets, ctx.fabric.backward)
-
-
-def _grow_heap(nbytes: int = PREFAULT_BYTES) -> None:
-    """Touch, then free, `nbytes` of heap: with the ranks' allocator settings (launch/cpus.py)
-    the pages stay mapped, so no timed step pays for growing the heap."""
-    block = torch.empty(nbytes, dtype=torch.uint8)
-    block.fill_(0)
-    del block
 
 
 def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
