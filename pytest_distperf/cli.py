@@ -29,7 +29,7 @@ from typing import Any
 from pytest_distperf import cli_predict, perfmodel, topology
 from pytest_distperf.output import charts
 from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
-from pytest_distperf.spec import PRECISION_BYTES
+from pytest_distperf.spec import PRECISION_BYTES, PRECISIONS, TRAIN_ONLY_PRECISIONS
 from pytest_distperf.strategies import predict_all_for, strategy_names
 from pytest_distperf.topology import Topology, TopologyError
 
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=strategy_names(),
         help="a strategy to predict (repeatable; default: all)",
     )
-    pred.add_argument("--precision", choices=cli_predict.PRECISIONS, default="bf16")
+    pred.add_argument("--precision", choices=PRECISIONS, default="bf16")
     pred.add_argument("--batch-size", type=_positive_int, default=1)
     pred.add_argument("--prompt-length", type=_positive_int, default=8)
     pred.add_argument("--max-new-tokens", type=_positive_int, default=50)
@@ -383,7 +383,7 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Topology, Links]:
 
 
 def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Prediction]]:
-    if args.precision not in PRECISION_BYTES or args.precision == cli_predict.MIXED:
+    if args.precision in TRAIN_ONLY_PRECISIONS:
         raise UsageError(f"--precision {args.precision}: training only (--mode train)")
     config, topo, links = _inputs(args)
     if args.prompt_length + args.max_new_tokens > config.block_size:

@@ -19,17 +19,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel import GB, MB, Links, Prediction, model_flops_per_step
-from pytest_distperf.spec import DEFAULT_SEQ_LENGTH, PRECISION_BYTES
+from pytest_distperf.spec import COMM_BYTES, DEFAULT_SEQ_LENGTH, PRECISION_BYTES
 from pytest_distperf.strategies import get_strategy, predict_train_for, strategy_names
 
 if TYPE_CHECKING:
     from pytest_distperf.topology import Topology
 
 # Bytes per stored parameter in a training step: bf16-mixed keeps fp32 parameters (autocast).
-TRAIN_PARAM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4}
-PRECISIONS = tuple(dict.fromkeys((*PRECISION_BYTES, *TRAIN_PARAM_BYTES)))
-MIXED = "bf16-mixed"
-MIXED_COMM_BYTES = 2  # FSDP's MixedPrecision gathers and reduces bf16; autocast activations
 # The table's MB/step: the nccl-tests sizes of a step's collectives (gathered output, full input).
 MOVED = ("all_gather_output", "reduce_scatter_bytes", "all_reduce_bytes")
 
@@ -64,19 +60,8 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def comm_bytes(precision: str, sharded: bool) -> int:
-    """Bytes per element a strategy's collectives move: the parameters' dtype, except under
-    bf16-mixed, where sharded strategies move bf16 (FSDP's MixedPrecision, tp's autocast
-    activations) and DDP all-reduces the fp32 gradients."""
-    if precision == MIXED and sharded:
-        return MIXED_COMM_BYTES
-    return TRAIN_PARAM_BYTES[precision]
-
-
 def seq_length(args: argparse.Namespace, config: Any) -> int:
     """The step's sequence length, once the training options are known to fit together."""
-    if args.precision not in TRAIN_PARAM_BYTES:
-        raise ValueError(f"--precision {args.precision}: not a training precision")
     if args.compute_ms_per_token:
         raise ValueError(
             "--compute-ms-per-token is a decode figure; with --mode train give --step-compute-ms"
@@ -125,8 +110,9 @@ def train_predictions(
                 device_type=device_type,
                 batch_size=args.batch_size,
                 seq_length=seq,
-                param_bytes=TRAIN_PARAM_BYTES[args.precision],
-                comm_bytes=comm_bytes(args.precision, record.sharded),
+                # as the ranks' prediction has them (DDP's records reduce in param_bytes)
+                param_bytes=PRECISION_BYTES[args.precision],
+                comm_bytes=COMM_BYTES[args.precision],
                 step_compute_s=args.step_compute_ms / 1e3 if args.step_compute_ms else None,
                 matmul_flops_per_s=args.matmul_tflops * 1e12 if args.matmul_tflops else None,
             )

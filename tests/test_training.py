@@ -292,3 +292,17 @@ def test_a_slower_step_fails_its_baseline_whatever_its_threads_waited(tmp_path) 
     assert slowed.loss.status is CheckStatus.OK
     busy = gate.decide(_step_run(1 / 0.7, cpu=0.001, waited=0.0012), settings, None)
     assert busy.verdict == "WARN (baseline)" and "machine busy" in busy.baseline.message
+
+
+def test_a_sequence_longer_than_the_model_and_pipeline_are_refused_at_collection() -> None:
+    from pytest_distperf.markers import check_fits, strategy_unfit
+
+    too_long = _workload(model="tiny", mode="train", seq_length=1000)
+    with pytest.raises(SettingError) as error:
+        check_fits(too_long, WHERE)
+    assert str(error.value) == (
+        f"{WHERE}: distperf(seq_length=1000) exceeds block_size=256 of model 'tiny'"
+    )
+    reason = strategy_unfit("pipeline", _workload(model="tiny", mode="train"), 2)
+    assert reason is not None and reason.startswith("strategy 'pipeline' cannot train: ")
+    assert strategy_unfit("tp", _workload(model="tiny", mode="train"), 2) is None
