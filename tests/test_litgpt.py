@@ -118,8 +118,9 @@ def test_by_name(distperf):
     keep(distperf, "name")
 
 
-# 4 tokens: on gloo, fsdp gathers the whole model over loopback for every one of them
-@pytest.mark.strategy("auto", "fsdp", "fsdp-noreshard")
+# 4 tokens: on gloo, fsdp gathers the whole model over loopback for every one of them. The
+# other sharded strategies' tokens: test_litgpt_strategy_generates_the_single_process_tokens.
+@pytest.mark.strategy("auto", "fsdp")
 @pytest.mark.distperf(model="builders:pythia", max_new_tokens=4, batch_size=2)
 def test_builder(distperf):
     keep(distperf, "builder")
@@ -174,7 +175,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
 def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
     recorded = gated["recorded"]
     assert recorded.result.ret == 0, recorded.output()[-4000:]
-    recorded.result.assert_outcomes(passed=5)
+    recorded.result.assert_outcomes(passed=4)
     for test_id, row in recorded.rows().items():
         # every run was predicted from its own model's shape (the builder's measured in its
         # ranks), met its threshold (the own loop, gates off, is only judged) and became a
@@ -192,7 +193,7 @@ def test_litgpt_models_give_the_same_tokens_under_every_strategy(
 ) -> None:
     tokens_dir = gated["recorded"].path / "tokens"
     tokens = {p.name: json.loads(p.read_text()) for p in tokens_dir.glob("builder-*.json")}
-    assert len(tokens) == 3 and len(set(map(str, tokens.values()))) == 1, tokens
+    assert len(tokens) == 2 and len(set(map(str, tokens.values()))) == 1, tokens
     own = json.loads((tokens_dir / "own-loop-auto.json").read_text())
     assert own == tokens["builder-auto.json"]  # the user's loop makes the built-in loop's tokens
     row = gated["recorded"].rows()["test_own_loop[auto-2cpu]"]

@@ -6,7 +6,6 @@ test gets a new one; many tests below read what it left."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -225,19 +224,19 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
     # The timeout covers a test's work in its ranks (not their start): a few seconds more than
     # test_b_runs needs on a busy machine, and than rank 1 needs to reach its sleep.
     result = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-timeout=6", "--distperf-repeats=1"
+        "--distperf-devices=2", "--distperf-timeout=4", "--distperf-repeats=1"
     )
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
         [
-            "*ranks still running after --distperf-timeout=6 s were stopped*",
+            "*ranks still running after --distperf-timeout=4 s were stopped*",
             "*--- rank 1*",
             "*builders.py*in hanging*",
         ]
     )
     # Each rank's own watchdog fires at the timeout; whichever fires first dumps under this
     # header and exits, and the launcher's SIGTERM makes the other dump its stack as it is.
-    result.stdout.fnmatch_lines(["*Timeout (0:00:06)!*"])
+    result.stdout.fnmatch_lines(["*Timeout (0:00:04)!*"])
 
 
 LONG_TEST = """
@@ -316,41 +315,6 @@ def test_sigterm_stops_the_session_not_just_the_test(pytester: pytest.Pytester, 
 
 
 TORCHRUN = ("-m", "torch.distributed.run", "--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0")
-
-
-@pytest.mark.slow
-def test_inside_a_torchrun_job_uses_its_ranks_and_rank_0_writes(
-    pytester: pytest.Pytester, tag: str
-) -> None:
-    pytester.makepyfile(
-        """
-        import os
-
-        import pytest
-
-        @pytest.mark.strategy("auto", "fsdp")
-        @pytest.mark.distperf(model="tiny", max_new_tokens=4, gates=False)
-        def test_in_job(distperf):
-            result = distperf.run()
-            assert len(result.ranks) == 2
-            assert {r.rank for r in result.ranks} == {0, 1}
-            assert result.implementation.backend == "gloo"
-        """
-    )
-    report = pytester.path / "report.json"
-    command = [
-        *(sys.executable, *TORCHRUN, "--nproc-per-node=2", "--max-restarts=0"),
-        *("-m", "pytest", "-p", "no:cacheprovider", "--distperf-update-baselines"),
-        f"--distperf-json={report}",
-    ]
-    done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("2 passed") == 2  # each rank's pytest ran both items
-    rows = json.loads(report.read_text())["results"]
-    assert [row["strategy"] for row in rows] == ["auto", "fsdp"]
-    assert all(row["devices"] == 2 for row in rows)
-    [baseline] = (pytester.path / "distperf-baselines").glob("*.json")
-    assert len(json.loads(baseline.read_text())["entries"]) == 2
 
 
 @pytest.mark.slow
