@@ -47,9 +47,12 @@ def report_header(plugin: Any, config: pytest.Config) -> list[str]:
 
 
 def topology_line(topology: Any) -> str:
-    """Key, link classes and source of a Topology, with its notes."""
+    """Key, link classes and source of a Topology, with its notes; in a job over several
+    nodes, a node's links and the network between the nodes."""
     classes = sorted({link.link_class for link in topology.links})
     links = f"links {', '.join(classes)}" if classes else "no links (one device)"
+    if topology.nodes > 1:  # a node's own links, then the network between the nodes
+        links = f"per node {links}; {topology.network.describe(topology.nodes)}"
     notes = "".join(f"; {note}" for note in topology.notes)
     return f"topology {topology.key()}: {links} (from {topology.source}){notes}"
 

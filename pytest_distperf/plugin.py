@@ -141,9 +141,10 @@ class DistperfPlugin:
             from pytest_distperf.topology import TopologyError, load_topology, probe
 
             resolved = self.resolve()
+            per_node = resolved.devices if self.job is None else self.job.local_world_size
             if self.settings.topology:
                 try:
-                    topology = load_topology(self.settings.topology, resolved.devices)
+                    topology = load_topology(self.settings.topology, per_node)
                 except TopologyError as error:
                     raise pytest.UsageError(
                         f"pytest-distperf: --distperf-topology: {error}"
@@ -155,13 +156,12 @@ class DistperfPlugin:
                         f"{resolved.accelerator}"
                     )
             else:
-                # Enough devices for the largest rank count of any selected test.
-                largest = max([resolved.devices, *self.calibration_sizes])
+                # Enough devices for the largest rank count of any selected test (a job: a node's).
+                largest = max([per_node, *self.calibration_sizes]) if self.job is None else per_node
                 if resolved.accelerator == "cuda":
                     largest = min(largest, max(resolved.visible_gpus, 1))
                 topology = probe(resolved.accelerator, largest)
-            if self.job is not None and self.job.nodes > 1:  # never one node's baselines
-                topology = dataclasses.replace(topology, nodes=self.job.nodes)
+            topology = topology if self.job is None else self.job.topology(topology)
             directory = self.settings.baseline_dir or default_baseline_dir(self.rootpath)
             self._gate = Gate(
                 topology=topology,

@@ -113,6 +113,34 @@ def test_two_torchrun_agents_as_two_nodes(pytester: pytest.Pytester) -> None:
     outputs = _run_all(_two_agents(_pytest_args(report)), pytester.path, [dict(os.environ)] * 2)
     _check_written_once(pytester.path, report, outputs, nodes=2)
     assert all("test_in_job[auto-2cpu]" in output for output in outputs)
+    _check_network(pytester.path, report, outputs)
+
+
+def _check_network(path: Path, report: Path, outputs: list[str]) -> None:
+    """One rank per node: every collective crossed the network, which the calibration measured,
+    the topology names (each node's own links: none) and the prediction charges."""
+    rows = json.loads(report.read_text())["results"]
+    calibration = rows[0]["calibration"]
+    assert (calibration["nodes"], calibration["scope"], calibration["within_node"]) == (
+        2,
+        "network",
+        None,
+    )
+    assert calibration["world_size"] == 2 and calibration["all_gather"]
+    fsdp = rows[1]["prediction"]
+    assert fsdp["link_class"] == "network between 2 nodes"
+    network = fsdp["network"]
+    assert network["nodes"] == 2 and network["measured"] and network["busbw"] > 0
+    assert {"all_gather", "latency"} <= network["terms"].keys()
+    assert rows[0]["prediction"]["network"]["terms"] == {}  # auto: no collective per token
+    [baseline] = (path / "distperf-baselines").glob("*.json")
+    topology = json.loads(baseline.read_text())["topology"]
+    assert len(topology["devices"]) == 1 and topology["network"]["busbw"] > 0
+    for output in outputs:
+        # before the first run, then in the summary once the calibration measured it
+        assert "per node no links (one device); network between 2 nodes: unknown" in output
+        assert "network between 2 nodes: measured " in output, output
+        assert "(gloo all-gather over 2 ranks, 1 per node)" in output
 
 
 FAILING = """

@@ -32,6 +32,7 @@ from pytest_distperf.perfmodel import (
     MessageSizes,
     Overheads,
     Prediction,
+    measured_network,
     run_links,
 )
 from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
@@ -125,6 +126,8 @@ class Gate:
     ) -> JudgedRun:
         """Apply every check to `result`, store it as the baseline when asked, and say so in
         the record the reports are made from."""
+        if calibration is not None:  # a job over several nodes: its network, once measured
+            self.topology = measured_network(self.topology, calibration)
         prediction, why_none = self.prediction(result, calibration)
         decision = self.decide(result, settings, prediction, why_none)
         decision = replace(decision, gates=settings.gates)

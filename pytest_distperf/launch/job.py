@@ -11,8 +11,8 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.launch.failures import (
     RunFailed,
@@ -23,6 +23,9 @@ from pytest_distperf.launch.failures import (
 )
 from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.spec import RunResult, RunSpec
+
+if TYPE_CHECKING:
+    from pytest_distperf.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,12 @@ class LaunchedJob:
     @property
     def nodes(self) -> int:
         return max(1, self.world_size // self.local_world_size)
+
+    def topology(self, node: Topology) -> Topology:
+        """One node's probed topology (`local_world_size` devices) as this job's: over several
+        nodes, it names their count, so a job's baselines are never one node's, and the
+        network between them."""
+        return replace(node, nodes=self.nodes) if self.nodes > 1 else node
 
     def environment(self) -> dict[str, str]:
         """torchrun's variables, which torch.distributed's env:// rendezvous reads; under srun

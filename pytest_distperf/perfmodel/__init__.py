@@ -10,7 +10,8 @@ Modules: `terms` (units, term names, overheads), `cost` (the interface a strateg
 implements, its cost's input and output), `calibration` (measured collectives, the message
 sizes to measure), `links` (measured or nominal link figures), `predict` (the prediction and its
 verdict text), `train` (a training step's prediction), `shape` (the model shape every cost
-reads; `distperf_model.config.Config` has the same attributes).
+reads; `distperf_model.config.Config` has the same attributes), `network` (the network between
+a job's nodes: its share of a prediction, its measured figures).
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from pytest_distperf.perfmodel.cost import StrategyCost, StrategyInput, Strategy
 from pytest_distperf.perfmodel.links import (
     GPU_MEMORY_BANDWIDTH,
     Links,
+    job_links,
     link_figures,
     links_from_calibration,
     nominal_links,
     run_links,
 )
+from pytest_distperf.perfmodel.network import NetworkCharge, measured_network, network_charge
 from pytest_distperf.perfmodel.predict import (
     DEFAULT_EFFICIENCY,
     Prediction,
@@ -67,6 +70,7 @@ __all__ = [
     "Links",
     "MessageSizes",
     "ModelShape",
+    "NetworkCharge",
     "Overheads",
     "Prediction",
     "StrategyCost",
@@ -76,10 +80,13 @@ __all__ = [
     "bus_factor",
     "describe_prediction",
     "failure_message",
+    "job_links",
     "link_figures",
     "links_from_calibration",
+    "measured_network",
     "message_sizes",
     "model_flops_per_step",
+    "network_charge",
     "nominal_links",
     "predict",
     "predict_all",

@@ -5,6 +5,10 @@ Conventions (nccl-tests, doc/PERFORMANCE.md): an all-gather's `bytes` is its gat
 size; algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x
 2(n-1)/n; a point-to-point hop ("p2p", nccl-tests' sendrecv: every rank sends to the next and
 receives from the one before) busbw = algbw.
+
+In a job over several nodes the figures are the whole job's, so every one of them crossed the
+network between the nodes ("network" scope); `within_node` holds the same collectives among one
+node's ranks ("node" scope), measured when a node has two ranks or more.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ if TYPE_CHECKING:
 OPS = ("all_gather", "all_reduce", "p2p")
 # Added after calibrations were first written: absent from older reports, read as none measured.
 OPTIONAL_OPS = frozenset({"p2p"})
+# Which links a calibration's figures crossed, as its JSON names them.
+NODE_SCOPE = "node"
+NETWORK_SCOPE = "network"
 
 
 def bus_factor(op: str, world_size: int) -> float:
@@ -86,7 +93,9 @@ class Calibration:
     new buffers cost (0: not measured, use `memory_bandwidth`); `overlap` the share of the
     shorter of (a large all-gather, host-issued small kernels) that is hidden when both run at
     once, in [0, 1] (0: not measured, nothing hidden); `p2p` one send/recv hop at each size
-    (empty: not measured).
+    (empty: not measured). `nodes`: the nodes the ranks span (> 1: every figure above crossed
+    the network); `within_node`: the same collectives among one node's ranks (None: not
+    measured, or one rank per node), with this calibration's device figures.
     """
 
     world_size: int
@@ -99,16 +108,28 @@ class Calibration:
     fresh_copy_bandwidth: float = 0.0
     overlap: float = 0.0
     p2p: tuple[CollectiveFigure, ...] = ()
+    nodes: int = 1
+    within_node: Calibration | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
             raise ValueError(f"calibration: overlap must be in [0, 1], got {self.overlap!r}")
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"calibration: nodes must be an integer >= 1, got {self.nodes!r}")
+        inner = self.within_node
+        if inner is not None and (self.nodes == 1 or inner.nodes != 1):
+            raise ValueError("calibration: within_node belongs to a job over several nodes")
         # Sorted by size so that interpolation can bisect; tuples whatever the caller passed.
         for op in OPS:
             figures = tuple(sorted(getattr(self, op), key=lambda f: f.bytes))
             if any(f.op != op for f in figures):
                 raise ValueError(f"calibration: a figure in {op} is not an {op}")
             object.__setattr__(self, op, figures)
+
+    @property
+    def scope(self) -> str:
+        """The links its figures crossed: one node's ("node") or the network's ("network")."""
+        return NETWORK_SCOPE if self.nodes > 1 else NODE_SCOPE
 
     def figures(self, op: str) -> tuple[CollectiveFigure, ...]:
         if op not in OPS:
@@ -150,9 +171,23 @@ class Calibration:
             sizes = {f.bytes for f in self.figures(op)}
             added = tuple(f for f in newer.figures(op) if f.bytes not in sizes)
             figures[op] = self.figures(op) + added
-        return dataclasses.replace(self, **figures)
+        inner = self.within_node
+        if inner is None or newer.within_node is None:
+            inner = inner or newer.within_node
+        else:
+            inner = inner.merged(newer.within_node)
+        return dataclasses.replace(self, **figures, within_node=inner)
 
     def to_dict(self) -> dict[str, Any]:
+        data = self._figures_dict()
+        if self.nodes > 1:  # a single node's calibration is written as it always was
+            inner = self.within_node
+            data |= {"nodes": self.nodes, "scope": self.scope, "within_node": None}
+            if inner is not None:
+                data["within_node"] = {**inner.to_dict(), "scope": NODE_SCOPE}
+        return data
+
+    def _figures_dict(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size,
             "backend": self.backend,
@@ -171,6 +206,9 @@ class Calibration:
         """Inverse of `to_dict`; raises ValueError naming the bad field."""
         if not isinstance(data, Mapping):
             raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
+        if data.get("scope", NODE_SCOPE) not in (NODE_SCOPE, NETWORK_SCOPE):
+            raise ValueError(f"calibration: unknown scope {data['scope']!r}")
+        inner = data.get("within_node")
         figures = {}
         for op in OPS:
             if op in OPTIONAL_OPS and op not in data:
@@ -201,7 +239,16 @@ class Calibration:
                 _field(data, "overlap", (int, float), "calibration") if "overlap" in data else 0.0
             ),
             p2p=figures["p2p"],
+            nodes=int(_field(data, "nodes", (int,), "calibration")) if "nodes" in data else 1,
+            within_node=None if inner is None else cls.from_dict(_within_node(inner)),
         )
+
+
+def _within_node(value: Any) -> Mapping[str, Any]:
+    data = _mapping(value, "calibration within_node")
+    if data.get("scope", NODE_SCOPE) != NODE_SCOPE:
+        raise ValueError(f"calibration within_node: scope must be {NODE_SCOPE!r}")
+    return data
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:

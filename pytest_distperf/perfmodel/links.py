@@ -1,6 +1,8 @@
 """What a collective and a memory read cost on the run's devices: measured in the ranks
 (`links_from_calibration`) or nominal from a topology (`nominal_links`), and the one choice
-between the two that the gate and `distperf predict` share (`run_links`).
+between the two that the gate and `distperf predict` share (`run_links`). A job over several
+nodes (`job_links`): the whole job's figures, which cross the network, and one node's own links
+for what stays within a node.
 
 How the nominal figures are derived, with their sources: docs/perfmodel.md ("Nominal links").
 """
@@ -8,7 +10,7 @@ How the nominal figures are derived, with their sources: docs/perfmodel.md ("Nom
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.calibration import Calibration, bus_factor
@@ -32,14 +34,39 @@ class Links:
     assumptions: tuple[str, ...] = field(default=())
     copy_bandwidth: float | None = None  # copies into new buffers; None: memory_bandwidth
     overlap: float = 0.0  # share of transfer and host work hidden behind each other (measured)
+    # A job over several nodes (ranks placed node by node): the figures above are the whole
+    # job's, hence the network's; `node` is one node's own links (None: one rank per node).
+    nodes: int = 1
+    node: Links | None = None
+    # The network's calls cost nothing: predict compares with it to name the network's share.
+    network_free: bool = False
 
     @property
     def fresh_copy_bandwidth(self) -> float | None:
         return self.copy_bandwidth or self.memory_bandwidth
 
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.world_size // self.nodes)
+
+    def crosses_nodes(self, ranks: int) -> bool:
+        """Whether a group of the run's first `ranks` ranks spans several nodes."""
+        return self.nodes > 1 and ranks > self.ranks_per_node
+
+    def hops_across_nodes(self, ranks: int) -> int:
+        """How many hops of the chain rank 0 -> 1 -> ... -> `ranks` - 1 go from a node to the
+        next (0 on one node)."""
+        return (ranks - 1) // self.ranks_per_node if self.nodes > 1 and ranks > 1 else 0
+
     def collective_time(self, op: str, nbytes: float, world_size: int) -> tuple[float, float]:
-        """(transfer, latency) seconds of one `op` of `nbytes` among `world_size` ranks."""
+        """(transfer, latency) seconds of one `op` of `nbytes` among `world_size` ranks; in a
+        job over several nodes, within one node at its own links, across nodes at the whole
+        job's figures (a ring over ranks of several nodes is as slow as its network hops)."""
         if world_size <= 1:
+            return 0.0, 0.0
+        if self.node is not None and not self.crosses_nodes(world_size):
+            return self.node.collective_time(op, nbytes, world_size)
+        if self.network_free and self.nodes > 1:
             return 0.0, 0.0
         cal = self.calibration
         if cal is not None and cal.figures(op):
@@ -62,8 +89,11 @@ class Links:
 
         Measured send/recv figures when the calibration has them (latency: the smallest size's
         time); else the all-gather figures: the link's bus bandwidth is what one hop of the
-        all-gather's ring carries, and a small all-gather's latency is at least one hop's.
+        all-gather's ring carries, and a small all-gather's latency is at least one hop's. In a
+        job over several nodes these are the whole job's figures: a hop between nodes.
         """
+        if self.network_free and self.nodes > 1:
+            return 0.0, 0.0
         cal = self.calibration
         if cal is not None and cal.p2p:
             total = cal.time_at("p2p", nbytes)
@@ -72,6 +102,13 @@ class Links:
         if self.busbw <= 0:
             return math.inf, self.latency_s
         return nbytes / self.busbw, self.latency_s
+
+    def hop_time(self, nbytes: float, across_nodes: bool) -> tuple[float, float]:
+        """(transfer, latency) of one hop between two ranks: `p2p_time` on one node; in a job
+        over several, between nodes at the network's figures, within one at its own links."""
+        if not across_nodes and self.node is not None:
+            return self.node.p2p_time(nbytes)
+        return self.p2p_time(nbytes)
 
     def busbw_at(self, op: str, nbytes: float) -> float:
         if self.calibration is not None and self.calibration.figures(op):
@@ -322,15 +359,91 @@ def run_links(
     bus_bandwidth: float | None = None,
 ) -> Links:
     """The links a run of `devices` devices is predicted on: measured in the ranks when there is
-    a calibration, else nominal from `topology` (with the byte/s overrides, if given).
+    a calibration, else nominal from `topology` (with the byte/s overrides, if given); a job
+    over several nodes gets `job_links`.
 
     `transport_suffix` (a topology key's suffix such as "_nccl-p2p-disable-1") is added to the
     measured link's class, so that a message names the transport the figures came from. Raises
     ValueError when the topology has fewer devices than the run.
     """
+    nodes = topology.nodes if calibration is None else calibration.nodes
+    if nodes > 1:
+        overrides = {"memory_bandwidth": memory_bandwidth, "bus_bandwidth": bus_bandwidth}
+        return job_links(topology, devices, nodes, calibration, transport_suffix, **overrides)
     if calibration is None:
         return nominal_links(topology, devices, memory_bandwidth, bus_bandwidth)
-    link_class = "none"
+    return links_from_calibration(calibration, _node_class(topology, devices, transport_suffix))
+
+
+def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
+    """The slowest link between a node's `devices` devices, as a measured link's class."""
     if devices > 1 and topology.links:
-        link_class = topology.slowest_link().link_class + transport_suffix.replace("_", " ")
-    return links_from_calibration(calibration, link_class)
+        return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
+    return "none"
+
+
+def network_class(nodes: int) -> str:
+    return f"network between {nodes} nodes"
+
+
+# Nothing known of a network nobody measured: 1 Gb/s Ethernet, slow enough not to fail a healthy
+# run (a nominal figure, not a measurement; the calibration replaces it).
+NOMINAL_NETWORK_GBPS = 0.1
+NOMINAL_NETWORK_LATENCY_S = 200e-6
+
+
+def _nominal_network(node: Links, devices: int, network: str) -> Links:
+    """`node`'s device figures, with the nominal network for every collective across nodes."""
+    guess = (
+        f"{network}: not measured; assumed {NOMINAL_NETWORK_GBPS:g} GB/s bus bandwidth and "
+        f"{NOMINAL_NETWORK_LATENCY_S * 1e6:g} us latency (1 Gb/s Ethernet), slow enough not to "
+        "fail a healthy run"
+    )
+    return replace(
+        node,
+        link_class=network,
+        world_size=devices,
+        busbw=NOMINAL_NETWORK_GBPS * GB,
+        latency_s=NOMINAL_NETWORK_LATENCY_S,
+        assumptions=(*node.assumptions, guess),
+    )
+
+
+def job_links(
+    topology: Topology,
+    devices: int,
+    nodes: int,
+    calibration: Calibration | None = None,
+    transport_suffix: str = "",
+    *,
+    memory_bandwidth: float | None = None,
+    bus_bandwidth: float | None = None,
+) -> Links:
+    """The links of a run of `devices` ranks over `nodes` nodes, placed node by node: the whole
+    job's figures, which every collective over ranks of several nodes crosses (measured, or a
+    nominal network), with one node's own links (`topology`: one node's devices) for what
+    stays within a node. Raises ValueError when the ranks do not split evenly."""
+    if devices % nodes:
+        raise ValueError(f"{devices} ranks do not split evenly over {nodes} nodes")
+    per_node = devices // nodes
+    network = network_class(nodes)
+    if calibration is None:
+        node = nominal_links(topology, per_node, memory_bandwidth, bus_bandwidth)
+        whole = _nominal_network(node, devices, network)
+    else:
+        inner = calibration.within_node
+        node_class = _node_class(topology, per_node, transport_suffix)
+        node = None if inner is None else links_from_calibration(inner, node_class)
+        whole = links_from_calibration(calibration, network)
+        if per_node == 1:
+            within = "nothing stays within a node (one rank per node)"
+        elif node is None:
+            within = "those within a node too (none measured among one node's ranks): errs slow"
+        else:
+            within = "those within a node at the figures measured among one node's ranks"
+        note = (
+            f"{network}: every collective over ranks of several nodes is charged at the "
+            f"figures measured over all {devices} ranks; {within}"
+        )
+        whole = replace(whole, assumptions=(*whole.assumptions, note))
+    return replace(whole, nodes=nodes, node=node if per_node > 1 else None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.cost import StrategyInput
@@ -19,6 +19,7 @@ from pytest_distperf.perfmodel.counted import (
     expected_collectives,
     with_counted,
 )
+from pytest_distperf.perfmodel.network import NetworkCharge, network_charge
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
@@ -67,6 +68,8 @@ class Prediction:
     mode: str = "generate"  # or "train": see the class docstring for the units
     step_time_s: float | None = None  # train: seconds per optimizer step
     tokens_per_step: int = 0  # train: tokens of one step over all data-parallel replicas
+    # A job over several nodes: the share of the link terms the network between them sets.
+    network: NetworkCharge | None = None
 
     @property
     def bound_description(self) -> str:
@@ -77,6 +80,12 @@ class Prediction:
         return text
 
     def to_dict(self) -> dict[str, Any]:
+        data = self._fields_dict()
+        if self.network is not None:  # a single node's prediction is written as it always was
+            data["network"] = self.network.to_dict()
+        return data
+
+    def _fields_dict(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
             "devices": self.devices,
@@ -255,6 +264,9 @@ def predict(
     expected = expected_collectives(cost)
     if counted_collectives is not None:
         cost = with_counted(cost, counted_collectives, x)
+    network = network_charge(
+        links, cost, lambda other: _charged(strategy, replace(x, links=other), counted_collectives)
+    )
     total.add_cost(cost, overheads)
     if prefill_time_s is not None and compute_time_s is not None:
         total.add_prefill(prefill_time_s, compute_time_s, cost.compute_share, max_new_tokens)
@@ -280,7 +292,16 @@ def predict(
         batch_size=batch_size,
         expected_collectives=expected,
         counted_collectives=None if counted_collectives is None else dict(counted_collectives),
+        network=network,
     )
+
+
+def _charged(
+    strategy: StrategyModel, x: StrategyInput, counted: Collectives | None
+) -> StrategyCost:
+    """The strategy's cost, with the collectives the ranks counted where they were counted."""
+    cost = strategy.cost(x)
+    return cost if counted is None else with_counted(cost, counted, x)
 
 
 def predict_all(
@@ -332,7 +353,7 @@ def describe_prediction(prediction: Prediction) -> str:
         f"{p.bound} ({p.bound_description}, {_ms(p.terms[p.bound])}); link {p.link_class} at "
         f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
         f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
-        f"{_expected_and_counted(p)}"
+        f"{_expected_and_counted(p)}{_network(p)}"
     )
 
 
@@ -346,7 +367,13 @@ def _describe_train(p: Prediction) -> str:
         f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
         f"replicas; link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth; "
         f"{p.collectives_per_token} collectives per step{_expected_and_counted(p, 'step')}"
+        f"{_network(p, 'step')}"
     )
+
+
+def _network(p: Prediction, per: str = "token") -> str:
+    """The network term of a job over several nodes (nothing on one node)."""
+    return "" if p.network is None else f"; {p.network.describe(per)}"
 
 
 def _expected_and_counted(p: Prediction, per: str = "token") -> str:

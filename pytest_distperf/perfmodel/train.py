@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes, bus_factor
@@ -24,6 +25,7 @@ from pytest_distperf.perfmodel.counted import (
     expected_collectives,
     same_collectives,
 )
+from pytest_distperf.perfmodel.network import network_charge
 from pytest_distperf.perfmodel.predict import Prediction
 from pytest_distperf.perfmodel.terms import DEFAULT_OVERHEADS, GB, LINK_TERMS, Overheads
 
@@ -272,10 +274,9 @@ def predict_train(
                    links, overheads, step_compute_s, matmul_flops_per_s)  # fmt: skip
     _check_arguments(record.name, x)
     terms, notes = _compute_terms(x)
-    cost = cost_of(x)
-    expected = expected_collectives(cost)
-    if counted_collectives is not None:
-        cost = with_counted_step(cost, counted_collectives, x)
+    cost = _step_cost(cost_of, x, counted_collectives)
+    expected = expected_collectives(cost_of(x))
+    network = network_charge(links, cost, partial(_step_cost, cost_of, x, counted_collectives))
     if cost.compute_share != 1.0:
         terms["compute"] *= cost.compute_share
         notes += (f"compute x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",)
@@ -323,7 +324,20 @@ def predict_train(
         mode="train",
         step_time_s=step,
         tokens_per_step=tokens,
+        network=network,
     )
+
+
+def _step_cost(
+    cost_of: Callable[[TrainInput], StrategyCost],
+    x: TrainInput,
+    counted: Collectives | None,
+    links: Links | None = None,
+) -> StrategyCost:
+    """The record's step cost (on `links`, given), with the counted collectives where counted."""
+    x = x if links is None else replace(x, links=links)
+    cost = cost_of(x)
+    return cost if counted is None else with_counted_step(cost, counted, x)
 
 
 def train_message_sizes(

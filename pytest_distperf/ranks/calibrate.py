@@ -19,16 +19,22 @@ a late peer), ends with a device sync (so no kernel is still queued), and is mea
 clock. Host timing includes the launch cost of one collective, which is what eager code pays too.
 A call that takes longer than SLOW_CALL_S (a huge all-gather over loopback on CPU ranks) is timed
 once after its warm-up instead of `iters` times.
+
+In a job over several nodes the whole group's figures cross the network; the collectives are
+timed again among each node's ranks, on a subgroup per node (`Calibration.within_node`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -36,7 +42,7 @@ import torch.distributed as dist
 from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure
 from pytest_distperf.ranks.timing import device_sync
 
-__all__ = ["Calibration", "CollectiveFigure", "calibrate"]
+__all__ = ["Calibration", "CollectiveFigure", "calibrate", "job_nodes"]
 
 
 def calibrate(
@@ -48,13 +54,16 @@ def calibrate(
     iters: int = 3,
     copy_bytes: int | None = None,
     sizes_p2p: Sequence[int] = (),
+    nodes: int | None = None,
 ) -> Calibration:
     """Measure collectives and memory bandwidth in every rank; every rank returns the same value.
 
     Must be called by every rank of the default process group with the same arguments (the
     collectives pair up by call order). Sizes are rounded to whole elements of `dtype` (and, for
     all-gather, to a whole number of elements per rank); the figures carry the bytes that really
-    moved.
+    moved. `nodes`: the nodes the ranks span, placed node by node (None: from torchrun's
+    LOCAL_WORLD_SIZE); over several, the whole group's collectives cross the network, and the
+    same collectives are measured again among each node's own ranks (`within_node`).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("calibrate() needs an initialised torch.distributed process group")
@@ -62,45 +71,119 @@ def calibrate(
         raise ValueError(f"need warmup >= 0 and iters >= 1, got warmup={warmup}, iters={iters}")
     device = torch.device(device)
     n = dist.get_world_size()
+    nodes = job_nodes(n) if nodes is None else nodes
+    if nodes < 1 or n % nodes:
+        raise ValueError(f"{n} ranks cannot be placed evenly on {nodes} node(s)")
     sync = device_sync(device)
     timer = _Timer(sync, partial(_barrier, device, sync), partial(_slowest, device))
     asked = {"all_gather": sizes_all_gather, "all_reduce": sizes_all_reduce}
     asked["p2p"] = sizes_p2p if n > 1 else ()
-    measured = {
-        kind: _time_collective(kind, sizes, device, dtype, timer, warmup, iters)
-        for kind, sizes in asked.items()
-    }
+    measure = partial(_measure, asked, device, dtype, timer, warmup, iters)
+    world = _world_group()
+    measured = measure(world)
+    within: dict[str, tuple[list[int], list[float]]] = {}
+    if nodes > 1 and n // nodes > 1:
+        with _node_group(n // nodes) as node:
+            within = measure(node)
     if copy_bytes is None:
         copy_bytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
     copy_bytes = max(1, int(copy_bytes))
     copies = _copy_times(copy_bytes, device, timer, warmup, iters)
-    overlap_times = (0.0, 0.0, 0.0)
-    gathered_bytes, gather_times = measured["all_gather"]
-    if gathered_bytes and n > 1:
-        probe = _probe_index([timer.agree(t) for t in gather_times])  # the same size everywhere
-        overlap_times = _overlap_times(
-            gathered_bytes[probe], gather_times[probe], device, dtype, timer, warmup, iters
-        )
+    overlap_times = _overlap_probe(measured["all_gather"], device, dtype, timer, warmup, iters)
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
-    slowest = _slowest_of_all(device, [*(t for _, t in measured.values()), copies, overlap_times])
-    *collective_times, (copy_time, fresh_copy_time), overlap = slowest
-    figures: dict[str, tuple[CollectiveFigure, ...]] = {}
-    for (kind, (moved, _)), times in zip(measured.items(), collective_times, strict=True):
-        pairs = zip(moved, times, strict=True)
-        figures[kind] = tuple(CollectiveFigure.from_time(kind, b, t, n) for b, t in pairs)
-    all_gather = figures["all_gather"]
-    return Calibration(
+    times = [t for _, t in (*measured.values(), *within.values())]
+    *collective_times, (copy_time, fresh_copy_time), overlap = _slowest_of_all(
+        device, [*times, copies, overlap_times]
+    )
+    base = Calibration(
         world_size=n,
         backend=str(dist.get_backend()),
         device_type=device.type,
-        all_gather=all_gather,
-        all_reduce=figures["all_reduce"],
+        all_gather=(),
+        all_reduce=(),
         memory_bandwidth=_copy_bandwidth(copy_bytes, copy_time),
-        latency_s=min(f.time_s for f in all_gather) if all_gather else 0.0,
+        latency_s=0.0,
         fresh_copy_bandwidth=_copy_bandwidth(copy_bytes, fresh_copy_time),
         overlap=overlap_fraction(*overlap),
-        p2p=figures["p2p"],
     )
+    whole = _with_figures(base, measured, collective_times[: len(measured)])
+    inner = None
+    if within:
+        inner = dataclasses.replace(base, world_size=n // nodes)
+        inner = _with_figures(inner, within, collective_times[len(measured) :])
+    return dataclasses.replace(whole, nodes=nodes, within_node=inner)
+
+
+def job_nodes(world_size: int, environ: Mapping[str, str] = os.environ) -> int:
+    """The nodes a job's ranks span, as torchrun's LOCAL_WORLD_SIZE says (srun's jobs are given
+    it too: launch/job.py); 1 where it is unset or does not divide the world evenly."""
+    try:
+        local = int(environ.get("LOCAL_WORLD_SIZE", world_size))
+    except ValueError:
+        return 1
+    return world_size // local if 0 < local <= world_size and world_size % local == 0 else 1
+
+
+def _with_figures(
+    base: Calibration,
+    measured: Mapping[str, tuple[list[int], list[float]]],
+    times: Sequence[Sequence[float]],
+) -> Calibration:
+    """`base` with the collectives of `measured` at the (slowest rank's) `times`, in its order."""
+    n = base.world_size
+    figures: dict[str, tuple[CollectiveFigure, ...]] = {}
+    for (kind, (moved, _)), seconds in zip(measured.items(), times, strict=True):
+        pairs = zip(moved, seconds, strict=True)
+        figures[kind] = tuple(CollectiveFigure.from_time(kind, b, t, n) for b, t in pairs)
+    gathers = figures["all_gather"]
+    latency = min(f.time_s for f in gathers) if gathers else 0.0
+    return dataclasses.replace(base, **figures, latency_s=latency)
+
+
+def _measure(
+    asked: Mapping[str, Sequence[int]],
+    device: torch.device,
+    dtype: torch.dtype,
+    timer: _Timer,
+    warmup: int,
+    iters: int,
+    group: _Group,
+) -> dict[str, tuple[list[int], list[float]]]:
+    """kind -> (bytes moved, median seconds this rank) of every asked collective in `group`."""
+    return {
+        kind: _time_collective(kind, sizes, device, dtype, timer, warmup, iters, group)
+        for kind, sizes in asked.items()
+    }
+
+
+class _Group(NamedTuple):
+    """The ranks one collective runs over: a process group and this rank's place in it."""
+
+    handle: Any  # a ProcessGroup; None: the default group
+    rank: int  # this rank's index in the group
+    peers: tuple[int, ...]  # the group's global ranks, in group order
+
+    @property
+    def size(self) -> int:
+        return len(self.peers)
+
+
+def _world_group() -> _Group:
+    return _Group(None, dist.get_rank(), tuple(range(dist.get_world_size())))
+
+
+@contextmanager
+def _node_group(per_node: int) -> Iterator[_Group]:
+    """This rank's node: its `per_node` consecutive ranks, as torchrun and srun place them.
+    Every rank makes every node's group (torch's rule for new_group), then destroys them."""
+    mine, groups = dist.new_subgroups(group_size=per_node)
+    rank = dist.get_rank()
+    first = rank - rank % per_node
+    try:
+        yield _Group(mine, rank % per_node, tuple(range(first, first + per_node)))
+    finally:
+        for group in groups:
+            dist.destroy_process_group(group)
 
 
 class _Timer(NamedTuple):
@@ -124,13 +207,13 @@ class _Collective:
     """One kind of collective: the bytes it moves for the tensor each rank holds, and its call."""
 
     gathers: bool  # an all-gather: its bytes are the gathered output's, every rank's share
-    call: Callable[[torch.Tensor, int], Callable[[], object]]  # (tensor, world size) -> op
+    call: Callable[[torch.Tensor, _Group], Callable[[], object]]  # (tensor, group) -> op
 
 
 _COLLECTIVES = {
-    "all_gather": _Collective(True, lambda shard, n: partial(_fresh_all_gather, shard, n)),
-    "all_reduce": _Collective(False, lambda tensor, n: partial(dist.all_reduce, tensor)),
-    "p2p": _Collective(False, lambda message, n: partial(_ring_hop, message)),
+    "all_gather": _Collective(True, lambda shard, g: partial(_fresh_all_gather, shard, g)),
+    "all_reduce": _Collective(False, lambda tensor, g: partial(_all_reduce, tensor, g)),
+    "p2p": _Collective(False, lambda message, g: partial(_ring_hop, message, g)),
 }
 
 
@@ -142,10 +225,11 @@ def _time_collective(
     timer: _Timer,
     warmup: int,
     iters: int,
+    group: _Group,
 ) -> tuple[list[int], list[float]]:
-    """(bytes moved, median seconds this rank) of `kind` at each size, in ascending order."""
+    """(bytes moved, median seconds this rank) of `kind` in `group` at each size, ascending."""
     collective = _COLLECTIVES[kind]
-    n = dist.get_world_size()
+    n = group.size
     element = torch.tensor([], dtype=dtype).element_size()
     share = n if collective.gathers else 1
     moved, times = [], []
@@ -155,7 +239,7 @@ def _time_collective(
         moved.append(elements * share * element)
         times.append(
             _median_time(
-                collective.call(tensor, n),
+                collective.call(tensor, group),
                 timer.sync,
                 timer.barrier,
                 *_repeats(moved[-1], warmup, iters),
@@ -235,23 +319,27 @@ def _median_time(
     return statistics.median(samples)
 
 
-def _fresh_all_gather(shard: torch.Tensor, world_size: int) -> torch.Tensor:
+def _fresh_all_gather(shard: torch.Tensor, group: _Group) -> torch.Tensor:
     # A new output every call, as FSDP does (FSDP1 re-allocates the unsharded flat parameter,
     # FSDP2 its all-gather buffer): free through CUDA's caching allocator, but on CPU every
     # call faults in fresh pages, which costs as much as the transfer itself over loopback.
-    out = torch.empty(shard.numel() * world_size, dtype=shard.dtype, device=shard.device)
-    _all_gather(out, shard)
+    out = torch.empty(shard.numel() * group.size, dtype=shard.dtype, device=shard.device)
+    _all_gather(out, shard, group=group.handle)
     return out
 
 
-def _ring_hop(message: torch.Tensor) -> None:
+def _all_reduce(tensor: torch.Tensor, group: _Group) -> None:
+    dist.all_reduce(tensor, group=group.handle)
+
+
+def _ring_hop(message: torch.Tensor, group: _Group) -> None:
     # Send to the next rank while receiving from the one before, as one batch: every link
     # carries one hop, and no rank's send waits for a receive queued behind it (NCCL).
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, n, peers = group.rank, group.size, group.peers
     arrived = torch.empty_like(message)
     ops = [
-        dist.P2POp(dist.isend, message, (rank + 1) % n),
-        dist.P2POp(dist.irecv, arrived, (rank - 1) % n),
+        dist.P2POp(dist.isend, message, peers[(rank + 1) % n], group.handle),
+        dist.P2POp(dist.irecv, arrived, peers[(rank - 1) % n], group.handle),
     ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
@@ -311,6 +399,25 @@ def _probe_index(times: Sequence[float]) -> int:
     return fitting[-1] if fitting else min(range(len(times)), key=times.__getitem__)
 
 
+def _overlap_probe(
+    gathers: tuple[list[int], list[float]],
+    device: torch.device,
+    dtype: torch.dtype,
+    timer: _Timer,
+    warmup: int,
+    iters: int,
+) -> tuple[float, float, float]:
+    """`_overlap_times` at the all-gather size `_probe_index` picks of the (bytes, seconds)
+    measured; zeros where nothing was gathered or one rank has no peer."""
+    gathered_bytes, gather_times = gathers
+    if not gathered_bytes or dist.get_world_size() < 2:
+        return 0.0, 0.0, 0.0
+    probe = _probe_index([timer.agree(t) for t in gather_times])  # the same size everywhere
+    return _overlap_times(
+        gathered_bytes[probe], gather_times[probe], device, dtype, timer, warmup, iters
+    )
+
+
 def overlap_fraction(transfer_s: float, host_s: float, both_s: float) -> float:
     """Share of the shorter of two activities hidden when they run at once, in [0, 1].
 
@@ -347,7 +454,8 @@ def _overlap_times(
     engines on a GPU, on a CPU whether the backend's thread finds a free core.
     """
     sync, barrier, agree = timer
-    n = dist.get_world_size()
+    world = _world_group()
+    n = world.size
     element = torch.tensor([], dtype=dtype).element_size()
     shard = torch.ones(max(1, gathered_bytes // (element * n)), dtype=dtype, device=device)
     scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
@@ -365,10 +473,12 @@ def _overlap_times(
     dist.all_reduce(ops_local, op=dist.ReduceOp.MIN)
     ops = int(min(max(ops_local.item(), HOST_WORK_PROBE_OPS), HOST_WORK_MAX_OPS))
 
-    gather = _median_time(partial(_fresh_all_gather, shard, n), sync, barrier, warmup, iters, agree)
+    gather = _median_time(
+        partial(_fresh_all_gather, shard, world), sync, barrier, warmup, iters, agree
+    )
     host = _median_time(partial(_host_work, scratch, ops), sync, barrier, warmup, iters, agree)
     together = _median_time(
-        partial(_gather_during_host_work, shard, n, scratch, ops),
+        partial(_gather_during_host_work, shard, world, scratch, ops),
         sync,
         barrier,
         warmup,
@@ -379,9 +489,9 @@ def _overlap_times(
 
 
 def _gather_during_host_work(
-    shard: torch.Tensor, world_size: int, scratch: torch.Tensor, ops: int
+    shard: torch.Tensor, world: _Group, scratch: torch.Tensor, ops: int
 ) -> None:
-    out = torch.empty(shard.numel() * world_size, dtype=shard.dtype, device=shard.device)
+    out = torch.empty(shard.numel() * world.size, dtype=shard.dtype, device=shard.device)
     handle = _all_gather(out, shard, async_op=True)
     _host_work(scratch, ops)
     handle.wait()

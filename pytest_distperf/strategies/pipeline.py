@@ -20,6 +20,7 @@ from pytest_distperf.strategies.tp import activation_bytes
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.cost import StrategyInput
+    from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.shape import ModelShape
 
 TOKEN_BYTES = 8  # one int64 token id per batch row
@@ -40,14 +41,30 @@ def check(config: ModelShape, devices: int) -> str | None:
     return None
 
 
+def _chain(links: Links, nbytes: float, hops: int, across: int) -> tuple[float, float]:
+    """(transfer, latency) of `hops` hops of `nbytes` stage to stage, `across` of them between
+    two nodes (a job over several nodes), the others within one."""
+    within = hops - across
+    transfer, latency = links.hop_time(nbytes, False) if within else (0.0, 0.0)
+    transfer, latency = within * transfer, within * latency
+    if across:
+        network_transfer, network_latency = links.hop_time(nbytes, True)
+        transfer += across * network_transfer
+        latency += across * network_latency
+    return transfer, latency
+
+
 def cost(x: StrategyInput) -> StrategyCost:
     n = x.devices
     activation = activation_bytes(x.config, x.dtype_bytes, x.batch_size)
     token = x.batch_size * TOKEN_BYTES
     hops = n - 1
-    on_transfer, on_latency = x.links.p2p_time(activation) if hops else (0.0, 0.0)
-    # One stage keeps its token: there is no hop back either.
-    back_transfer, back_latency = x.links.p2p_time(token) if hops else (0.0, 0.0)
+    across = x.links.hops_across_nodes(n)  # stages on different nodes: the network between
+    on_transfer, on_latency = _chain(x.links, activation, hops, across)
+    # One stage keeps its token: there is no hop back either. The last stage's node is the
+    # first's only when all stages share one node.
+    back = x.links.crosses_nodes(n)
+    back_transfer, back_latency = x.links.hop_time(token, back) if hops else (0.0, 0.0)
     if x.links.p2p_measured:
         basis = "pipeline hops: send/recv measured in the ranks"
     else:
@@ -56,11 +73,12 @@ def cost(x: StrategyInput) -> StrategyCost:
             f"({x.links.busbw / GB:.3g} GB/s) and small-collective latency "
             f"({x.links.latency_s * 1e6:.3g} us), which errs slow"
         )
+    crossing = f"pipeline: {across} of the {hops} hop(s) and the token back cross the network"
     return StrategyCost(
         f"pipeline {n} stages (send/recv)",
         {
-            "p2p": hops * on_transfer + back_transfer,
-            "latency": hops * on_latency + back_latency,
+            "p2p": on_transfer + back_transfer,
+            "latency": on_latency + back_latency,
         },
         {"p2p_bytes": float(hops * activation + token)},
         hops + 1,
@@ -70,6 +88,7 @@ def cost(x: StrategyInput) -> StrategyCost:
             f"activation and the {token} B token back per token; one stream, so no stage "
             "overlaps another",
             basis,
+            *((crossing,) if across else ()),
         ),
         overlappable=False,
         message_op="p2p",

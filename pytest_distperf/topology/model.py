@@ -119,13 +119,43 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Network:
+    """The network between a job's nodes, which every collective over ranks of several nodes
+    crosses. Its figures come from the ranks' calibration (None: unknown, not measured yet);
+    never part of the key, since they are measurements, not the kind of machine."""
+
+    busbw: float | None = None  # bytes/s: bus bandwidth of the largest calibrated all-gather
+    latency_s: float | None = None  # a small all-gather across the nodes
+    measured_by: str = ""  # e.g. "gloo all-gather over 2 ranks"
+
+    def __post_init__(self) -> None:
+        for name in ("busbw", "latency_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise ValueError(f"network: {name} must be >= 0, got {value!r}")
+
+    @property
+    def measured(self) -> bool:
+        return self.busbw is not None
+
+    def describe(self, nodes: int) -> str:
+        where = f"network between {nodes} nodes"
+        if self.busbw is None:
+            return f"{where}: unknown (the first run's calibration measures it)"
+        latency = "" if self.latency_s is None else f", {self.latency_s * 1e6:.3g} us latency"
+        how = f" ({self.measured_by})" if self.measured_by else ""
+        return f"{where}: measured {self.busbw / 1e9:.3g} GB/s bus bandwidth{latency}{how}"
+
+
+@dataclass(frozen=True)
 class Topology:
     """Devices of one run and the link between every pair of them.
 
     `source` says where it came from: "nvml", "nvidia-smi", "cpu", "none" (nothing could be
     probed), "file:<path>" or "nvidia-smi-topo:<path>". `host_cpus` and `sockets` are 0 when
     unknown (a parsed `nvidia-smi topo -m` does not say them). `nodes`: the hosts a launched
-    job's ranks span (the devices and links are this host's).
+    job's ranks span; in a job over several, the devices and links are one node's own and
+    `network` is what joins the nodes.
     """
 
     accelerator: str
@@ -136,6 +166,7 @@ class Topology:
     sockets: int = 0
     notes: tuple[str, ...] = field(default=())
     nodes: int = 1
+    network: Network = field(default_factory=Network)
 
     def __post_init__(self) -> None:
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
@@ -218,7 +249,8 @@ class Topology:
         return "_".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        nodes = {"nodes": self.nodes} if self.nodes > 1 else {}  # a single node's file as before
+        # A single node's file as it always was; several nodes: their count and the network.
+        nodes = {"nodes": self.nodes, "network": asdict(self.network)} if self.nodes > 1 else {}
         return {
             "schema": SCHEMA,
             "key": self.key(),  # informational for readers of the file; recomputed on load
@@ -292,6 +324,7 @@ class Topology:
             sockets=_get(data, "sockets", int, "topology", default=0),
             notes=tuple(notes_raw),
             nodes=_get(data, "nodes", int, "topology", default=1),
+            network=_network(_get(data, "network", Mapping, "topology", default={})),
         )
 
     def matrix(self) -> str:
@@ -331,6 +364,17 @@ def _get(
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ValueError(f"{where}: field {name!r} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def _network(data: Mapping[str, Any]) -> Network:
+    where = "network"
+    numbers = {}
+    for name in ("busbw", "latency_s"):
+        value = data.get(name)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise ValueError(f"{where}: field {name!r} must be a number, got {value!r}")
+        numbers[name] = None if value is None else float(value)
+    return Network(**numbers, measured_by=_get(data, "measured_by", str, where, default=""))
 
 
 def _slug(text: str) -> str:
