@@ -198,14 +198,14 @@ def test_a_hung_rank_stops_the_job_and_rank_0_says_so(pytester: pytest.Pytester)
     pytester.makepyfile(builders=BUILDERS, test_job=HANGING)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node=2", "--max-restarts=0", "--tee=3", "-m", "pytest"]
-    command += ["-p", "no:cacheprovider", "-rA", "--distperf-repeats=2", "--distperf-timeout=10"]
+    command += ["-p", "no:cacheprovider", "-rA", "--distperf-repeats=2", "--distperf-timeout=7"]
     [output] = _run_all([command], pytester.path, [dict(os.environ)], returncode=1)
     for rank in ("0", "1"):
         lines = [line for line in output.splitlines() if line.startswith(f"[default{rank}]:")]
         text = "\n".join(line.split(":", 1)[1] for line in lines)
         assert "1 failed, 1 passed" in text, output
         assert "test_never_run" not in text.split("short test summary info")[-1], text
-        assert "distperf: still running after --distperf-timeout=10 s" in text, text
+        assert "distperf: still running after --distperf-timeout=7 s" in text, text
         assert "distperf: the job stops: test_job.py::test_hangs_in_rank_1[auto-2cpu] ran " in text
         # where rank 1 was: in the builder's sleep, named in every rank's failure
         assert 'builders.py", line' in text and "in hanging" in text, text
