@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed import Store
 
+from pytest_distperf.ranks import allocator
 from pytest_distperf.ranks.fabric import fabric_version
 
 
@@ -98,6 +99,8 @@ def software_versions() -> dict[str, str]:
         "torch": torch.__version__,
         "lightning": fabric_version(),
     }
+    if allocator.settings():  # what a CPU rank's allocator ran with (ranks/allocator.py)
+        versions["malloc"] = allocator.settings()
     if torch.cuda.is_available():
         versions["cuda"] = str(torch.version.cuda)
         nccl = torch.cuda.nccl.version()

@@ -12,16 +12,21 @@ from pathlib import Path
 
 import torch
 
+from pytest_distperf.ranks import allocator
+
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
 _RESET_HIGH_WATER_MARK = "5"  # proc(5): "reset the peak resident set size"
 
 
 def reset_peak(device: torch.device) -> bool:
-    """Start a new peak; False when only the lifetime peak can be read on this host."""
+    """Start a new peak; False when only the lifetime peak can be read on this host. On CPU the
+    freed heap goes back to the kernel first: the ranks' allocator keeps what it freed
+    (ranks/allocator.py), which would otherwise count in the new peak."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
         return True
+    allocator.release_heap()
     try:
         _CLEAR_REFS.write_text(_RESET_HIGH_WATER_MARK)
     except OSError:
@@ -40,10 +45,19 @@ def peak(device: torch.device) -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process RSS peak (lifetime)"
 
 
+def resident() -> int | None:
+    """This process's resident set now (bytes); None where /proc has none."""
+    return _status_bytes("VmRSS:")
+
+
 def _high_water_mark() -> int | None:
+    return _status_bytes("VmHWM:")
+
+
+def _status_bytes(key: str) -> int | None:
     try:
         for line in _STATUS.read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

@@ -16,7 +16,7 @@ from distperf_model.generate import make_prompt
 
 from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes
 from pytest_distperf.perfmodel.shape import ModelShape
-from pytest_distperf.ranks import counting, environment, memory
+from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.context import DTYPES, RankContext
 from pytest_distperf.ranks.counting import dynamo_mark
@@ -45,6 +45,8 @@ def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
         torch.set_num_threads(spec.threads_per_rank)
     use_import_paths(spec.sys_path)  # before any of the user's modules is imported
     device = environment.rank_device(spec.accelerator)
+    if device.type == "cpu":
+        allocator.keep_heap()  # a fresh or job rank's (a pool's ranks set it when they start)
     environment.forget_compiled_code()
     memory.reset_peak(device)  # a pooled rank has run other tests before this one
     record = get_strategy(spec.strategy)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from pytest_distperf.ranks import allocator
 from pytest_distperf.ranks.fabric import fabric_module
 
 if TYPE_CHECKING:
@@ -62,6 +63,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     os.environ.update(_rank_environment(place))
+    if place.accelerator == "cpu":
+        allocator.keep_heap()  # before torch and gloo start their threads
     try:
         _join_group(place, connection)
     except BaseException:
@@ -120,6 +123,8 @@ def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
 
     cuda = place.accelerator == "cuda"
     device = torch.device("cuda", place.rank) if cuda else torch.device("cpu")
+    if not cuda:
+        allocator.fault_in_heap(allocator.CALIBRATION_PAD)  # the next test's reset gives it back
     # The test's own watchdog (worker.run_rank) starts after this: a hung collective here must
     # leave its stack behind too.
     faulthandler.dump_traceback_later(spec.timeout, exit=True, file=sys.stderr)
@@ -254,9 +259,8 @@ def _free_test_state(accelerator: str) -> None:
 
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    elif sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None).malloc_trim(0)
+    else:
+        allocator.release_heap()
 
 
 def _die_with_parent(parent_pid: int) -> None:

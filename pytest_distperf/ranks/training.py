@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.train import model_flops_per_step
-from pytest_distperf.ranks import counting, environment, memory, phases
+from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
 from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, spin, steady_median
@@ -32,6 +32,15 @@ from pytest_distperf.strategies import train_message_sizes_for
 LEARNING_RATE = 1e-4
 _MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}
 _MATMUL_REPEATS = {"cpu": 5, "cuda": 20}
+# A CPU warm-up goes on until no rank's heap grew in SETTLED_STEPS steps in a row, for at most
+# MAX_SETTLING steps beyond the warm-up asked for. A step that faulted in fewer than GROWN_PAGES
+# pages (a few MB: the interpreter's own, not a tensor's) did not grow it.
+SETTLED_STEPS = 2
+MAX_SETTLING = 20
+GROWN_PAGES = 1024
+# Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
+# and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
+MIN_HEAP_PAD = 64 << 20
 
 
 Step = Callable[[], torch.Tensor]
@@ -129,6 +138,8 @@ def calibrate(ctx: RankContext) -> None:
             tuple(session.p2p),
         )
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session is not None):
+        if ctx.device.type == "cpu":  # the reference's reset gives it back
+            allocator.fault_in_heap(allocator.CALIBRATION_PAD)
         ctx.calibration = measure(
             sizes.all_gather, sizes.all_reduce, ctx.device, compute_dtype(ctx), sizes_p2p=sizes.p2p
         )
@@ -206,11 +217,12 @@ def time_steps(ctx: RankContext) -> None:
     spec, fences, train = ctx.spec, ctx.fences, ctx.train
     step = _wrapped_step(ctx)
     say = ctx.progress or (lambda text: None)
-    for done in range(spec.warmup):
-        say(f"warm-up step {done + 1}/{spec.warmup}")
-        loss = _timed(step, fences, 0.0)[1]
-        if train.loss is None:
-            train.loss = float(loss)
+    resident = memory.resident()
+    if _warm_up(ctx, step, say) and ctx.device.type == "cpu":
+        # The steps' own peak, then a heap they will not fault in again (ranks/allocator.py).
+        ctx.peak_memory = memory.peak(ctx.device)
+        grown = ctx.peak_memory[0] - resident if resident is not None else 0
+        allocator.fault_in_heap(max(MIN_HEAP_PAD, grown // 4))
     ctx.timed_from = time.time()
     host = HostTime(0.0, 0.0)
     besides = []
@@ -232,9 +244,34 @@ def time_steps(ctx: RankContext) -> None:
             ctx.run_queue_wait_per_token_s = host.waited_s / tokens
 
 
+def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:
+    """`spec.warmup` steps; on CPU more, until no rank's heap grew in SETTLED_STEPS steps in a
+    row (at most MAX_SETTLING more): a step that grows the heap page-faults in what it grows
+    (ranks/allocator.py). Returns the steps run; warmup=0 runs none."""
+    spec, train = ctx.spec, ctx.train
+    settling = ctx.device.type == "cpu" and spec.warmup > 0
+    all_done = environment.all_ranks_done(ctx.device) if settling else bool
+    done = quiet = 0
+    while done < spec.warmup or settling:
+        before = allocator.minor_faults()
+        loss = _timed(step, ctx.fences, 0.0)[1]
+        grew = allocator.minor_faults() - before > GROWN_PAGES
+        quiet = 0 if grew else quiet + 1
+        done += 1
+        if train.loss is None:
+            train.loss = float(loss)
+        say(f"warm-up step {done}" + (" (the heap grew)" if grew else ""))
+        if settling and done >= spec.warmup:
+            settled = quiet >= SETTLED_STEPS or done >= spec.warmup + MAX_SETTLING
+            settling = not all_done(settled)
+    return done
+
+
 def memory_peak(ctx: RankContext) -> None:
-    """The wrapped steps' peak: weights, gradients, optimizer state and activations."""
-    ctx.peak_memory = memory.peak(ctx.device)
+    """The wrapped steps' peak: weights, gradients, optimizer state and activations (on CPU
+    read after the warm-up, before the heap was padded)."""
+    if not ctx.peak_memory[1]:
+        ctx.peak_memory = memory.peak(ctx.device)
 
 
 def count_step(ctx: RankContext) -> None:
