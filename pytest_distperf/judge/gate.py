@@ -29,6 +29,7 @@ from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
+    LocalMeasure,
     MessageSizes,
     Overheads,
     Prediction,
@@ -61,6 +62,25 @@ def test_identity(result: RunResult) -> str:
     return f"{result.spec.test_id} [{described}]"
 
 
+def local_measure(result: RunResult) -> LocalMeasure | None:
+    """What every rank measured of its own decode (CPU ranks, ranks/local.py), as the
+    performance model takes it; None where some rank has no share (no bare model beside it)."""
+    steps, bare = result.per_rank("local_step_s"), result.per_rank("local_bare_step_s")
+    if steps is None or bare is None or not all(bare):
+        return None
+    prefills = result.per_rank("local_prefill_s")
+    bare_prefills = result.per_rank("local_bare_prefill_s")
+    prefill_shares = None
+    if prefills is not None and bare_prefills is not None and all(bare_prefills):
+        prefill_shares = tuple(p / b for p, b in zip(prefills, bare_prefills, strict=True))
+    return LocalMeasure(
+        tuple(s / b for s, b in zip(steps, bare, strict=True)),
+        prefill_shares,
+        result.per_rank("local_replay_step_s"),
+        result.per_rank("local_replay_compute_s"),
+    )
+
+
 @dataclass
 class Gate:
     topology: Topology
@@ -91,6 +111,10 @@ class Gate:
         if result.training:
             overheads, counted = run_overheads(result), counted_collectives(result)
             return train_prediction(result, shape, links, overheads, counted), ""
+        local = local_measure(result)
+        # Measured shares scale the bare model timed right beside the samples where it ran:
+        # this host's speed moves between seconds, and the pair moves alike.
+        compute = (local and result.bare_token_s) or result.reference_token_s
         prediction = predict_for(
             shape,
             result.strategy,
@@ -101,10 +125,11 @@ class Gate:
             prompt_length=workload.prompt_length,
             max_new_tokens=workload.max_new_tokens,
             dtype_bytes=PRECISION_BYTES[workload.precision],
-            compute_time_s=result.reference_token_s,
+            compute_time_s=compute,
             prefill_time_s=result.reference_prefill_s,
             overheads=run_overheads(result),
             counted_collectives=counted_collectives(result),
+            local=local,
         )
         if result.eager_reference:
             note = (

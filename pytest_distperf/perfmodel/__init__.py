@@ -22,7 +22,12 @@ from pytest_distperf.perfmodel.calibration import (
     bus_factor,
     message_sizes,
 )
-from pytest_distperf.perfmodel.cost import StrategyCost, StrategyInput, StrategyModel
+from pytest_distperf.perfmodel.cost import (
+    LocalMeasure,
+    StrategyCost,
+    StrategyInput,
+    StrategyModel,
+)
 from pytest_distperf.perfmodel.links import (
     GPU_MEMORY_BANDWIDTH,
     Links,
@@ -69,6 +74,7 @@ __all__ = [
     "ModelShape",
     "Overheads",
     "Prediction",
+    "LocalMeasure",
     "StrategyCost",
     "StrategyInput",
     "StrategyModel",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.cost import StrategyCost, path_terms
 from pytest_distperf.perfmodel.terms import GB
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 from pytest_distperf.strategies.tp import activation_bytes
@@ -56,12 +56,13 @@ def cost(x: StrategyInput) -> StrategyCost:
             f"({x.links.busbw / GB:.3g} GB/s) and small-collective latency "
             f"({x.links.latency_s * 1e6:.3g} us), which errs slow"
         )
+    calls = hops + 1 if hops else 0
+    transfer = (hops * on_transfer + back_transfer) / calls if calls else 0.0
+    latency = (hops * on_latency + back_latency) / calls if calls else 0.0
+    terms, replayed = path_terms(x, calls, transfer, latency, "p2p", in_series=True)
     return StrategyCost(
         f"pipeline {n} stages (send/recv)",
-        {
-            "p2p": hops * on_transfer + back_transfer,
-            "latency": hops * on_latency + back_latency,
-        },
+        terms,
         {"p2p_bytes": float(hops * activation + token)},
         hops + 1,
         activation,
@@ -70,9 +71,11 @@ def cost(x: StrategyInput) -> StrategyCost:
             f"activation and the {token} B token back per token; one stream, so no stage "
             "overlaps another",
             basis,
+            *((replayed,) if replayed else ()),
         ),
         overlappable=False,
         message_op="p2p",
+        stages_in_series=True,
     )
 
 
