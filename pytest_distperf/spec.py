@@ -412,21 +412,6 @@ class RunResult:
         return None if any(v is None for v in values) else tuple(values)
 
     @property
-    def bare_token_s(self) -> float | None:
-        """The slowest rank's decode step of the bare model beside the samples (median of its
-        runs); None where some rank ran none."""
-        if not self.ranks or not all(r.bare_samples for r in self.ranks):
-            return None
-        n = self.spec.workload.max_new_tokens
-
-        def step(sample: Sample) -> float:
-            if sample.decode_s is None:
-                return sample.total_s / n
-            return sample.decode_s / max(n - 1, 1)
-
-        return max(statistics.median(step(s) for s in r.bare_samples) for r in self.ranks)
-
-    @property
     def reference_token_s(self) -> float | None:
         """The slowest rank's per-token time of the whole model run alone (no collectives)."""
         times = [r.reference_token_s for r in self.ranks if r.reference_token_s is not None]

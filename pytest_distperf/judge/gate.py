@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,7 +36,7 @@ from pytest_distperf.perfmodel import (
     Prediction,
     run_links,
 )
-from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
+from pytest_distperf.spec import PRECISION_BYTES, RunResult, Sample, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.strategies import message_sizes_for, predict_for
@@ -60,6 +61,19 @@ def test_identity(result: RunResult) -> str:
         params["compile"] = True
     described = " ".join(f"{k}={params[k]}" for k in sorted(params))
     return f"{result.spec.test_id} [{described}]"
+
+
+def bare_token_s(result: RunResult) -> float | None:
+    """The slowest rank's decode step of the bare model beside the samples (median of its
+    runs); None where some rank ran none."""
+    if not result.ranks or not all(r.bare_samples for r in result.ranks):
+        return None
+    n = result.spec.workload.max_new_tokens
+
+    def step(sample: Sample) -> float:
+        return sample.total_s / n if sample.decode_s is None else sample.decode_s / max(n - 1, 1)
+
+    return max(statistics.median(step(s) for s in r.bare_samples) for r in result.ranks)
 
 
 def local_measure(result: RunResult) -> LocalMeasure | None:
@@ -114,7 +128,7 @@ class Gate:
         local = local_measure(result)
         # Measured shares scale the bare model timed right beside the samples where it ran:
         # this host's speed moves between seconds, and the pair moves alike.
-        compute = (local and result.bare_token_s) or result.reference_token_s
+        compute = (local and bare_token_s(result)) or result.reference_token_s
         prediction = predict_for(
             shape,
             result.strategy,
