@@ -385,6 +385,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "CPU: a decode step replayed, compute bursts and the real collectives, no barrier"),
     Figure("local_replay_compute_s", "s", per_rank("local_replay_compute_s"),
            "CPU: the compute of that step, timed with the collectives skipped"),
+    Figure("local_run_queue_wait_s", "s", per_rank("local_run_queue_wait_s"),
+           "CPU: the wait for a core per new token in that replayed run"),
     Figure("relative_speed_samples", "", from_result("relative_speed_samples", _S),
            "relative_speed of each repeat"),
     Figure("host_loop_samples", "s", from_result("host_loop_samples", _S),

@@ -210,6 +210,7 @@ class RankResult:
     local_bare_prefill_s: float | None = None
     local_replay_step_s: float | None = None
     local_replay_compute_s: float | None = None
+    local_run_queue_wait_s: float | None = None  # per new token, in that replayed run
 
 
 @dataclass(frozen=True)

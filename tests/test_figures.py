@@ -64,7 +64,7 @@ JSON_KEYS = frozenset(
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
         *("local_step_s", "local_prefill_s", "local_bare_step_s", "local_bare_prefill_s"),
-        *("local_replay_step_s", "local_replay_compute_s"),
+        *("local_replay_step_s", "local_replay_compute_s", "local_run_queue_wait_s"),
         "host_loop_cpu_samples",
         *(
             "work_s",
@@ -109,7 +109,7 @@ SUMMARY_KEYS = frozenset(
         "host_loop_cpu_samples",
         "run_queue_wait_per_token_s",
         *("local_step_s", "local_prefill_s", "local_bare_step_s", "local_bare_prefill_s"),
-        *("local_replay_step_s", "local_replay_compute_s"),
+        *("local_replay_step_s", "local_replay_compute_s", "local_run_queue_wait_s"),
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
     }

@@ -211,9 +211,12 @@ class Gate:
         # A training step's gradient collectives run on threads beside its compute: on a host
         # with fewer cores than those threads, their wait for a core is the step's own.
         waited = None if result.training else result.run_queue_wait_per_token_s
+        # The ranks' own wait for a core, which the CPU prediction holds, excuses nothing.
+        own_wait = max(result.per_rank("local_run_queue_wait_s") or (0.0,))
+        beyond_own = None if waited is None else max(waited - own_wait, 0.0)
         core = core_slowdown(entry, result.host_loop_cpu_samples)
         baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited, core)
-        threshold = busy_threshold(threshold, work, waited)
+        threshold = busy_threshold(threshold, work, beyond_own)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=with_work_reason(threshold, work, cpu),

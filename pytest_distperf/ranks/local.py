@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from distperf_model.parallelize import comm_delays_paused
 
+from pytest_distperf.ranks.hostspeed import host_times
 from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.ranks.timing import Fences, GenerateFn, NextTokenFn, timed_generation
 from pytest_distperf.spec import Sample
@@ -52,6 +53,9 @@ class LocalTimes:
     # without them that it adds to (this rank's step_s).
     replay_step_s: float | None
     replay_compute_s: float | None
+    # Seconds per new token its threads waited runnable for a core in that run: the ranks' own
+    # oversubscription, which the prediction now holds (never a neighbour's "machine busy").
+    run_queue_wait_s: float | None
 
 
 def _done_work() -> Any:
@@ -153,12 +157,12 @@ def measure(
         all_done(False)  # the peers wait for this rank's answer before the collectives
         return None
     if not all_done(bool(timeline)):  # no collective at all: nothing adds to the compute
-        return LocalTimes(*own, 0.0, own[0])
+        return LocalTimes(*own, 0.0, own[0], None)
     with comm_delays_paused():
-        with_collectives = _with_collectives(
+        with_collectives, waited = _with_collectives(
             wrapped, prompt, tokens, generate, next_token, max_new_tokens
         )
-    return LocalTimes(*own, with_collectives, own[0])
+    return LocalTimes(*own, with_collectives, own[0], waited)
 
 
 def _generation(
@@ -216,8 +220,9 @@ def _with_collectives(
     generate: GenerateFn | None,
     next_token: NextTokenFn | None,
     max_new_tokens: int,
-) -> float:
-    """Mean seconds per decode step of the wrapped model with its collectives, generations back
+) -> tuple[float, float | None]:
+    """Mean seconds per decode step of the wrapped model with its collectives, and its threads'
+    wait for a core per new token (None where the kernel keeps none), generations back
     to back after one barrier (the ranks then drift as decode lets them). As long as the timed
     ones where that fits in BUDGET_S (a generation's first steps cost more: a short one would
     weigh them more), else short; every rank runs as many as the slowest rank's allow."""
@@ -228,5 +233,10 @@ def _with_collectives(
     plan = torch.tensor([_repeats(most, first), long])
     dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same plan on every rank
     count, length = (int(plan[1]), max_new_tokens) if plan[1] else (int(plan[0]), tokens)
+    before = host_times()
     samples = [_generation(wrapped, prompt, length, generate, next_token) for _ in range(count)]
-    return statistics.fmean(step_seconds(s, length) for s in samples)
+    after = host_times()
+    waited = None
+    if before[1] is not None and after[1] is not None:
+        waited = max(after[1] - before[1], 0.0) / (count * length * prompt.shape[0])
+    return statistics.fmean(step_seconds(s, length) for s in samples), waited
