@@ -4,6 +4,9 @@ run without it keeps the byte-share model. Pure: made-up figures, no ranks."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from distperf_model.config import PRESETS
 
@@ -94,3 +97,36 @@ def test_the_gate_reads_every_ranks_figures_in_rank_order() -> None:
     assert m is not None and m.shares == (1.0, 1.5) and m.prefill_shares == (1.0, 1.0)
     missing = RunResult(spec, (_rank(0, local_step_s=0.004),), 0.0, 0.0)  # type: ignore[call-arg]
     assert local_measure(missing) is None
+
+
+def _tp_run(waited: float, own_wait: float | None) -> RunResult:
+    """A tp run at 100 tok/s (10 ms per token) whose threads waited `waited` s per token for a
+    core in the timed repeats, and `own_wait` in the phase after them."""
+    from pytest_distperf.spec import Sample
+
+    spec = RunSpec("t::x[tp-2cpu]", "tp", 2, "cpu", Workload(max_new_tokens=10), 1, 0, 10.0)
+    sample = Sample(total_s=0.1, ttft_s=0.01, decode_s=0.09)
+    ranks = tuple(
+        replace(
+            _rank(rank, local_run_queue_wait_s=own_wait, run_queue_wait_per_token_s=waited),
+            samples=(sample,),
+        )
+        for rank in (0, 1)
+    )
+    return RunResult(spec, ranks, 0.0, 0.0)  # type: ignore[call-arg]
+
+
+def test_a_threshold_miss_is_not_excused_by_the_ranks_own_wait(tmp_path: Path) -> None:
+    from pytest_distperf.judge.checks import CheckStatus, GateSettings
+    from pytest_distperf.judge.gate import Gate
+    from pytest_distperf.store.store import BaselineStore
+
+    gate = Gate(probe_cpu(2), BaselineStore(tmp_path))
+    settings = GateSettings(efficiency=0.7, tolerance=None)
+    cfg = PRESETS["pythia-14m"]
+    # predicted 200 tok/s: 100 measured is under 0.7 x 200; without a 6 ms wait it is 250
+    prediction = predict_for(cfg, "auto", 2, _links(), **{**CPU, "compute_time_s": 0.005})
+    busy = gate.decide(_tp_run(0.006, None), settings, prediction).threshold
+    assert busy.status is CheckStatus.WARN and "machine busy" in busy.message
+    own = gate.decide(_tp_run(0.006, 0.006), settings, prediction).threshold
+    assert own.status is CheckStatus.FAIL
