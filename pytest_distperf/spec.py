@@ -201,6 +201,16 @@ class RankResult:
     matmul_source: str = ""
     # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
     model_flops_per_step: float | None = None
+    # CPU ranks, after the timed repeats (ranks/local.py): seconds per decode step and of the
+    # prefill of the wrapped model with its collectives skipped, and of the bare whole model in
+    # turn with it; one replayed decode step with its real collectives, and its compute alone.
+    local_step_s: float | None = None
+    local_prefill_s: float | None = None
+    local_bare_step_s: float | None = None
+    local_bare_prefill_s: float | None = None
+    local_replay_step_s: float | None = None
+    local_replay_compute_s: float | None = None
+    local_run_queue_wait_s: float | None = None  # per new token, in that replayed run
 
 
 @dataclass(frozen=True)
@@ -396,6 +406,11 @@ class RunResult:
     def harness_s(self) -> float | None:
         """What the launch cost beyond the test's own work: starting ranks, messages, waits."""
         return None if self.work_s is None else max(self.launch_s - self.work_s, 0.0)
+
+    def per_rank(self, name: str) -> tuple[float, ...] | None:
+        """Every rank's figure `name`, in rank order; None where some rank has none."""
+        values = [getattr(r, name) for r in sorted(self.ranks, key=lambda r: r.rank)]
+        return None if any(v is None for v in values) else tuple(values)
 
     @property
     def reference_token_s(self) -> float | None:

@@ -86,9 +86,6 @@ def test_a_healthy_run_meets_the_default_threshold(comm: dict[str, Session], str
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True, reason="tp on 2 CPU ranks measured 0.37-0.43 of prediction (issue 24)"
-)
 def test_a_healthy_tp_run_meets_the_default_threshold(comm: dict[str, Session]) -> None:
     row = comm["healthy"].rows()["test_rate[tp-2cpu]"]
     assert row["threshold_status"] == "ok", row["threshold_message"]

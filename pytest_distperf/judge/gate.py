@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,13 +30,14 @@ from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
+    LocalMeasure,
     MessageSizes,
     Overheads,
     Prediction,
     measured_network,
     run_links,
 )
-from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
+from pytest_distperf.spec import PRECISION_BYTES, RunResult, Sample, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.strategies import message_sizes_for, predict_for
@@ -60,6 +62,38 @@ def test_identity(result: RunResult) -> str:
         params["compile"] = True
     described = " ".join(f"{k}={params[k]}" for k in sorted(params))
     return f"{result.spec.test_id} [{described}]"
+
+
+def bare_token_s(result: RunResult) -> float | None:
+    """The slowest rank's decode step of the bare model beside the samples (median of its
+    runs); None where some rank ran none."""
+    if not result.ranks or not all(r.bare_samples for r in result.ranks):
+        return None
+    n = result.spec.workload.max_new_tokens
+
+    def step(sample: Sample) -> float:
+        return sample.total_s / n if sample.decode_s is None else sample.decode_s / max(n - 1, 1)
+
+    return max(statistics.median(step(s) for s in r.bare_samples) for r in result.ranks)
+
+
+def local_measure(result: RunResult) -> LocalMeasure | None:
+    """What every rank measured of its own decode (CPU ranks, ranks/local.py), as the
+    performance model takes it; None where some rank has no share (no bare model beside it)."""
+    steps, bare = result.per_rank("local_step_s"), result.per_rank("local_bare_step_s")
+    if steps is None or bare is None or not all(bare):
+        return None
+    prefills = result.per_rank("local_prefill_s")
+    bare_prefills = result.per_rank("local_bare_prefill_s")
+    prefill_shares = None
+    if prefills is not None and bare_prefills is not None and all(bare_prefills):
+        prefill_shares = tuple(p / b for p, b in zip(prefills, bare_prefills, strict=True))
+    return LocalMeasure(
+        tuple(s / b for s, b in zip(steps, bare, strict=True)),
+        prefill_shares,
+        result.per_rank("local_replay_step_s"),
+        result.per_rank("local_replay_compute_s"),
+    )
 
 
 @dataclass
@@ -92,6 +126,10 @@ class Gate:
         if result.training:
             overheads, counted = run_overheads(result), counted_collectives(result)
             return train_prediction(result, shape, links, overheads, counted), ""
+        local = local_measure(result)
+        # Measured shares scale the bare model timed right beside the samples where it ran:
+        # this host's speed moves between seconds, and the pair moves alike.
+        compute = (local and bare_token_s(result)) or result.reference_token_s
         prediction = predict_for(
             shape,
             result.strategy,
@@ -102,10 +140,11 @@ class Gate:
             prompt_length=workload.prompt_length,
             max_new_tokens=workload.max_new_tokens,
             dtype_bytes=PRECISION_BYTES[workload.precision],
-            compute_time_s=result.reference_token_s,
+            compute_time_s=compute,
             prefill_time_s=result.reference_prefill_s,
             overheads=run_overheads(result),
             counted_collectives=counted_collectives(result),
+            local=local,
         )
         if result.eager_reference:
             note = (
@@ -175,9 +214,12 @@ class Gate:
         # A training step's gradient collectives run on threads beside its compute: on a host
         # with fewer cores than those threads, their wait for a core is the step's own.
         waited = None if result.training else result.run_queue_wait_per_token_s
+        # The ranks' own wait for a core, which the CPU prediction holds, excuses nothing.
+        own_wait = max(result.per_rank("local_run_queue_wait_s") or (0.0,))
+        beyond_own = None if waited is None else max(waited - own_wait, 0.0)
         core = core_slowdown(entry, result.host_loop_cpu_samples)
         baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited, core)
-        threshold = busy_threshold(threshold, work, waited)
+        threshold = busy_threshold(threshold, work, beyond_own)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=with_work_reason(threshold, work, cpu),

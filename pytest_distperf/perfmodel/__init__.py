@@ -23,7 +23,12 @@ from pytest_distperf.perfmodel.calibration import (
     bus_factor,
     message_sizes,
 )
-from pytest_distperf.perfmodel.cost import StrategyCost, StrategyInput, StrategyModel
+from pytest_distperf.perfmodel.cost import (
+    LocalMeasure,
+    StrategyCost,
+    StrategyInput,
+    StrategyModel,
+)
 from pytest_distperf.perfmodel.links import (
     GPU_MEMORY_BANDWIDTH,
     Links,
@@ -73,6 +78,7 @@ __all__ = [
     "NetworkCharge",
     "Overheads",
     "Prediction",
+    "LocalMeasure",
     "StrategyCost",
     "StrategyInput",
     "StrategyModel",

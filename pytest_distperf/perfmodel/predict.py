@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.cost import StrategyInput
+from pytest_distperf.perfmodel.cost import LocalMeasure, StrategyInput
 from pytest_distperf.perfmodel.counted import (
     Collectives,
     describe,
@@ -186,14 +186,26 @@ class _Sum:
     moved: dict[str, float]
     notes: tuple[str, ...]
 
-    def add_cost(self, cost: StrategyCost, overheads: Overheads) -> None:
-        """The strategy's own terms; a rank that does only a share of the compute scales it."""
+    def add_cost(
+        self, cost: StrategyCost, overheads: Overheads, local: LocalMeasure | None = None
+    ) -> None:
+        """The strategy's own terms; a rank that does only a share of the compute scales it,
+        by the share its ranks measured where they did."""
         if overheads.note and "fsdp_overhead" in cost.terms:  # what the note's figures scale
             self.notes += (overheads.note,)
         if cost.compute_share != 1.0:
+            self.moved["weights_read"] *= cost.compute_share  # a tp rank or a stage its share
+        if local is not None and "compute" in self.terms:
+            share = local.share(cost.stages_in_series)
+            self.terms["compute"] *= share
+            self.notes += (
+                f"compute x {share:.3g}: the share its ranks measured, the wrapped model with "
+                "its collectives skipped over the bare model in turn with it (hooks and "
+                "dispatch included)",
+            )
+        elif cost.compute_share != 1.0:
             own = "compute" if "compute" in self.terms else "weights"
             self.terms[own] *= cost.compute_share
-            self.moved["weights_read"] *= cost.compute_share  # a tp rank or a stage its share
             self.notes += (
                 f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",
             )
@@ -235,6 +247,7 @@ def predict(
     overheads: Overheads = DEFAULT_OVERHEADS,
     prefill_time_s: float | None = None,
     counted_collectives: Collectives | None = None,
+    local: LocalMeasure | None = None,
 ) -> Prediction:
     """Predicted tokens/sec of one rank's stream under `strategy` (its record) on `devices`.
 
@@ -245,6 +258,9 @@ def predict(
     token, so what the prefill costs beyond one step is spread over the generation's tokens.
     `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
     where they differ from what the strategy's model expects, they are charged instead.
+    `local`: what each rank measured of its own decode (CPU ranks); it scales the measured
+    compute in place of the strategy's byte share, and the strategy's record may charge its
+    replayed collectives.
     """
     _check_arguments(
         devices, batch_size, prompt_length, max_new_tokens, dtype_bytes, compute_time_s
@@ -258,6 +274,7 @@ def predict(
         dtype_bytes,
         links,
         overheads,
+        local if compute_time_s is not None else None,
     )
     total = _Sum(*_compute_terms(x, compute_time_s))
     cost = strategy.cost(x)
@@ -267,9 +284,9 @@ def predict(
     network = network_charge(
         links, cost, lambda other: _charged(strategy, replace(x, links=other), counted_collectives)
     )
-    total.add_cost(cost, overheads)
+    total.add_cost(cost, overheads, x.local)
     if prefill_time_s is not None and compute_time_s is not None:
-        total.add_prefill(prefill_time_s, compute_time_s, cost.compute_share, max_new_tokens)
+        _add_prefill(total, x, cost, prefill_time_s, compute_time_s, max_new_tokens)
     if cost.overlappable:
         total.add_overlap(links.overlap)
     terms = total.terms
@@ -294,6 +311,24 @@ def predict(
         counted_collectives=None if counted_collectives is None else dict(counted_collectives),
         network=network,
     )
+
+
+def _add_prefill(
+    total: _Sum,
+    x: StrategyInput,
+    cost: StrategyCost,
+    prefill_s: float,
+    step_s: float,
+    max_new_tokens: int,
+) -> None:
+    """The prefill beyond one step, spread over the tokens; with a local measure, each of the
+    prefill and the step by its own measured share."""
+    share = cost.compute_share
+    if x.local is not None:
+        share = x.local.share(cost.stages_in_series)
+        prefill_share = x.local.prefill_share(cost.stages_in_series) or share
+        step_s, prefill_s, share = step_s * share, prefill_s * prefill_share, 1.0
+    total.add_prefill(prefill_s, step_s, share, max_new_tokens)
 
 
 def _charged(

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pytest_distperf.ranks.bare import BareCopy
     from pytest_distperf.ranks.compiled import CompiledStep
     from pytest_distperf.ranks.counting import Counted, DynamoMark
+    from pytest_distperf.ranks.local import LocalTimes
     from pytest_distperf.ranks.models import RankModel
     from pytest_distperf.ranks.reference import ReferenceChoice
     from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
@@ -68,6 +69,7 @@ class RankContext:
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
     counted: Counted | None = None  # count_work: None when off or failed
     count_s: float | None = None  # count_work: seconds it took
+    local: LocalTimes | None = None  # measure_local: this rank's own decode, its replay
     train: TrainState | None = None  # training's calibrate: batch, optimizer, loss, matmul rate
     result: RankResult | None = None  # result
 

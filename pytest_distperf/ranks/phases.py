@@ -5,6 +5,7 @@ lists them in order; a new phase is one function here and one line there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -289,6 +290,30 @@ def count_work(ctx: RankContext) -> None:
     ctx.count_s = time.perf_counter() - started
 
 
+def measure_local(ctx: RankContext) -> None:
+    """This rank's own decode and a replay of its step's collectives, after the timed repeats
+    (ranks/local.py). CPU ranks only: on CUDA the prediction keeps its calibrated terms."""
+    spec = ctx.spec
+    if (
+        spec.accelerator != "cpu"
+        or spec.devices < 2
+        or spec.compile
+        or spec.workload.max_new_tokens < 2
+    ):
+        return
+    from pytest_distperf.ranks.local import measure
+
+    ctx.local = measure(
+        ctx.wrapped,
+        ctx.bare.module if ctx.bare else None,
+        ctx.prompt,
+        ctx.workload.max_new_tokens,
+        environment.all_ranks_done(ctx.device),
+        generate=ctx.generate,
+        next_token=ctx.half.next_token,
+    )
+
+
 def result(ctx: RankContext) -> None:
     """The rank's result, from what the phases before measured."""
     steps, chosen = ctx.wrapped_steps, ctx.reference
@@ -304,7 +329,15 @@ def result(ctx: RankContext) -> None:
         reference_prefill_s=chosen.prefill_s,
         eager_reference=chosen.eager,
         device_time_per_token_s=ctx.counted.device_time_per_token_s if ctx.counted else None,
+        **local_fields(ctx),
     )
+
+
+def local_fields(ctx: RankContext) -> dict[str, Any]:
+    """measure_local's figures as RankResult fields (none where it did not run)."""
+    if ctx.local is None:
+        return {}
+    return {f"local_{name}": value for name, value in dataclasses.asdict(ctx.local).items()}
 
 
 def common_result_fields(ctx: RankContext) -> dict[str, Any]:

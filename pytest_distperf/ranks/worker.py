@@ -33,6 +33,7 @@ PHASES: tuple[Phase, ...] = (
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
     phases.count_work,  # one more generation, untimed, its work counted per token
+    phases.measure_local,  # CPU: this rank's own decode; its collectives replayed in a step
     phases.result,  # the RankResult
 )
 

@@ -1,0 +1,242 @@
+"""A rank's own decode, measured the way decode runs it, after the timed repeats (CPU ranks;
+docs/perfmodel.md, "Measured in the ranks"):
+
+* the wrapped model's generation with its collectives skipped: this rank's share of the
+  compute with the wrapper's hooks and dispatch, in turn with the bare whole model, so that
+  their ratio holds where the host's speed drifts;
+* the same generation with its collectives, back to back with no barrier per step (mean): on
+  cores that the ranks and the backend's threads share, a collective between compute bursts
+  costs what a fenced calibration never sees (the waits for the peer and for a core, and the
+  compute slowed around them; docs/benchmarks/cpu-2026-12-02-predictions.md).
+
+The knobs stay out: the slow-down spins only in the timed repeats and comm_delay's sleeps are
+paused here, so a slowed run is predicted as a healthy one. Only torch.distributed's Python
+calls are skipped (the by-hand tp split, the pipeline's hops, FSDP2, DDP); a DTensor plan's
+functional collectives still run, and are then part of its compute.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from distperf_model.parallelize import comm_delays_paused
+
+from pytest_distperf.ranks.hostspeed import host_times
+from pytest_distperf.ranks.reference import step_seconds
+from pytest_distperf.ranks.timing import Fences, GenerateFn, NextTokenFn, timed_generation
+from pytest_distperf.spec import Sample
+
+LOCAL_DECODE_STEPS = 4  # a warm decode step repeats the same work: a few give its time
+LOCAL_REPEATS = 3  # at most, wrapped and bare in turn; medians
+WITH_COLLECTIVES_REPEATS = 4  # at most; the mean of their steps
+BUDGET_S = 0.5  # fewer repeats where one generation takes longer than this share
+_UNFENCED = Fences(sync=lambda: None, barrier=lambda: None)
+
+
+@dataclass(frozen=True)
+class LocalTimes:
+    """What `measure` found on this rank; None where it could not be measured."""
+
+    step_s: float | None  # wrapped, collectives skipped: seconds per decode step
+    prefill_s: float | None
+    bare_step_s: float | None  # the bare whole model, in turn with it
+    bare_prefill_s: float | None
+    # The wrapped decode step with its collectives (0 where it issues none), and the step
+    # without them that it adds to (this rank's step_s).
+    replay_step_s: float | None
+    replay_compute_s: float | None
+    # Seconds per new token its threads waited runnable for a core in that run: the ranks' own
+    # oversubscription, which the prediction now holds (never a neighbour's "machine busy").
+    run_queue_wait_s: float | None
+
+
+def _done_work() -> Any:
+    future: torch.futures.Future[Any] = torch.futures.Future()
+    future.set_result(None)
+    return torch._C._distributed_c10d._create_work_from_future(future)
+
+
+def _stubs(timeline: list[str]) -> dict[str, Callable[..., Any]]:
+    """torch.distributed's collectives as no-ops that note what they were asked."""
+
+    def done(async_op: bool) -> Any:
+        return _done_work() if async_op else None
+
+    def all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
+        timeline.append("all_reduce")
+        return done(async_op)
+
+    def all_gather_into_tensor(output_tensor: Any, input_tensor: Any, group: Any = None,
+                               async_op: bool = False) -> Any:  # fmt: skip
+        timeline.append("all_gather")
+        return done(async_op)
+
+    def reduce_scatter_tensor(output: Any, input: Any, op: Any = None, group: Any = None,
+                              async_op: bool = False) -> Any:  # fmt: skip
+        timeline.append("reduce_scatter")
+        return done(async_op)
+
+    def broadcast(tensor: Any, src: Any = None, group: Any = None, async_op: bool = False,
+                  **kwargs: Any) -> Any:  # fmt: skip
+        timeline.append("broadcast")
+        return done(async_op)
+
+    def send(tensor: Any, dst: Any = None, *args: Any, **kwargs: Any) -> None:
+        timeline.append("send")
+
+    def recv(tensor: Any, src: Any = None, *args: Any, **kwargs: Any) -> int:
+        tensor.zero_()  # a token id that indexes the embedding; nothing else reads it
+        timeline.append("recv")
+        return 0 if src is None else int(src)
+
+    def isend(tensor: Any, dst: Any = None, *args: Any, **kwargs: Any) -> Any:
+        send(tensor, dst)
+        return _done_work()
+
+    def irecv(tensor: Any, src: Any = None, *args: Any, **kwargs: Any) -> Any:
+        recv(tensor, src)
+        return _done_work()
+
+    return {
+        "all_reduce": all_reduce,
+        "all_gather_into_tensor": all_gather_into_tensor,
+        "all_gather_single": all_gather_into_tensor,  # FSDP2's
+        "reduce_scatter_tensor": reduce_scatter_tensor,
+        "reduce_scatter_single": reduce_scatter_tensor,
+        "broadcast": broadcast,
+        "send": send,
+        "recv": recv,
+        "isend": isend,
+        "irecv": irecv,
+    }
+
+
+@contextmanager
+def collectives_skipped(timeline: list[str]) -> Iterator[None]:
+    """Within: torch.distributed's collectives do nothing but note themselves in `timeline`;
+    the comm_delay knob's sleeps are paused."""
+    from torch.distributed import distributed_c10d
+
+    with ExitStack() as stack:
+        stack.enter_context(comm_delays_paused())
+        for name, stub in _stubs(timeline).items():
+            for module in (dist, distributed_c10d):
+                if hasattr(module, name):  # a torch without one has callers without it
+                    stack.enter_context(mock.patch.object(module, name, stub))
+        yield
+
+
+@torch.no_grad()
+def measure(
+    wrapped: Any,
+    bare: Any,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    all_done: Callable[[bool], bool],
+    generate: GenerateFn | None = None,
+    next_token: NextTokenFn | None = None,
+) -> LocalTimes | None:
+    """This rank's own decode (collectives skipped, `bare` in turn with it where given), then
+    with its collectives, which every rank runs or none does; None where the own decode
+    failed (said on stderr: the run's timed figures stand without it)."""
+    tokens = 1 + min(max_new_tokens - 1, LOCAL_DECODE_STEPS)
+    timeline: list[str] = []  # the kinds of collectives skipped
+    try:
+        with collectives_skipped(timeline):
+            own = _alternating(wrapped, bare, prompt, tokens, generate, next_token)
+    except Exception as error:  # noqa: BLE001 - a measurement beside the run, never its verdict
+        print(f"distperf: the rank's own decode was not measured: {error!r}", file=sys.stderr)
+        all_done(False)  # the peers wait for this rank's answer before the collectives
+        return None
+    if not all_done(bool(timeline)):  # no collective at all: nothing adds to the compute
+        return LocalTimes(*own, 0.0, own[0], None)
+    with comm_delays_paused():
+        with_collectives, waited = _with_collectives(
+            wrapped, prompt, tokens, generate, next_token, max_new_tokens
+        )
+    return LocalTimes(*own, with_collectives, own[0], waited)
+
+
+def _generation(
+    model: Any,
+    prompt: torch.Tensor,
+    tokens: int,
+    generate: GenerateFn | None,
+    next_token: NextTokenFn | None,
+) -> Sample:
+    return timed_generation(
+        model, prompt, tokens, _UNFENCED, generate=generate, next_token=next_token
+    )[0]
+
+
+def _repeats(most: int, first: Sample) -> int:
+    """As many repeats as fit in BUDGET_S after a first generation, one at least."""
+    return max(1, min(most, int(BUDGET_S / max(first.total_s, 1e-9))))
+
+
+def _alternating(
+    wrapped: Any,
+    bare: Any,
+    prompt: torch.Tensor,
+    tokens: int,
+    generate: GenerateFn | None,
+    next_token: NextTokenFn | None,
+) -> tuple[float, float | None, float | None, float | None]:
+    """(step, prefill) of the wrapped model and of `bare` (None without one), medians of up to
+    LOCAL_REPEATS each, run in turn after one warm-up each."""
+    runs: dict[str, list[Sample]] = {"wrapped": [], "bare": []}
+    pairs = (("wrapped", wrapped, next_token), ("bare", bare, None))
+    first = [_generation(m, prompt, tokens, generate, s) for _, m, s in pairs if m is not None]
+    for _ in range(_repeats(LOCAL_REPEATS, first[0])):
+        for name, model, step in pairs:
+            if model is not None:
+                runs[name].append(_generation(model, prompt, tokens, generate, step))
+    steps = {k: [step_seconds(s, tokens) for s in v] for k, v in runs.items()}
+    prefills = {k: [s.ttft_s for s in v if s.ttft_s is not None] for k, v in runs.items()}
+    return (
+        statistics.median(steps["wrapped"]),
+        _median(prefills["wrapped"]),
+        _median(steps["bare"]),
+        _median(prefills["bare"]),
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _with_collectives(
+    wrapped: Any,
+    prompt: torch.Tensor,
+    tokens: int,
+    generate: GenerateFn | None,
+    next_token: NextTokenFn | None,
+    max_new_tokens: int,
+) -> tuple[float, float | None]:
+    """Mean seconds per decode step of the wrapped model with its collectives, and its threads'
+    wait for a core per new token (None where the kernel keeps none), generations back
+    to back after one barrier (the ranks then drift as decode lets them). As long as the timed
+    ones where that fits in BUDGET_S (a generation's first steps cost more: a short one would
+    weigh them more), else short; every rank runs as many as the slowest rank's allow."""
+    first = _generation(wrapped, prompt, tokens, generate, next_token)
+    whole = first.total_s * max_new_tokens / tokens
+    most = WITH_COLLECTIVES_REPEATS
+    long = min(most, int(BUDGET_S / max(whole, 1e-9)))  # 0: a whole one does not fit
+    plan = torch.tensor([_repeats(most, first), long])
+    dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same plan on every rank
+    count, length = (int(plan[1]), max_new_tokens) if plan[1] else (int(plan[0]), tokens)
+    before = host_times()
+    samples = [_generation(wrapped, prompt, length, generate, next_token) for _ in range(count)]
+    after = host_times()
+    waited = None
+    if before[1] is not None and after[1] is not None:
+        waited = max(after[1] - before[1], 0.0) / (count * length * prompt.shape[0])
+    return statistics.fmean(step_seconds(s, length) for s in samples), waited

@@ -1,0 +1,132 @@
+"""The prediction from what CPU ranks measured of their own decode (ranks/local.py): the
+measured share scales the compute, the in-step collectives replace the calibrated ones, and a
+run without it keeps the byte-share model. Pure: made-up figures, no ranks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from distperf_model.config import PRESETS
+
+from pytest_distperf.judge.gate import local_measure
+from pytest_distperf.perfmodel import LocalMeasure, nominal_links
+from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Workload
+from pytest_distperf.strategies import predict_for
+from pytest_distperf.topology.host import probe_cpu
+
+CPU = dict(device_type="cpu", dtype_bytes=4, max_new_tokens=12, compute_time_s=0.004)
+
+
+def _links():  # type: ignore[no-untyped-def]
+    return nominal_links(probe_cpu(2), 2)
+
+
+def test_shares_and_waits_combine_by_how_the_ranks_run() -> None:
+    m = LocalMeasure((1.2, 0.8), (1.0, 0.5), (0.010, 0.011), (0.004, 0.003))
+    assert m.share(False) == 1.2 and m.share(True) == pytest.approx(2.0)
+    assert m.prefill_share(True) == pytest.approx(1.5)
+    assert m.path_wait_s(False) == pytest.approx(0.008)  # the most any rank's step grew
+    assert m.path_wait_s(True) == pytest.approx(0.004)  # over every stage's compute
+    assert LocalMeasure((1.0,)).path_wait_s(False) is None
+
+
+def test_tp_takes_the_measured_share_and_the_in_step_all_reduces() -> None:
+    cfg = PRESETS["pythia-14m"]
+    local = LocalMeasure((1.1, 1.05), None, (0.016, 0.015), (0.0044, 0.0042))
+    p = predict_for(cfg, "tp", 2, _links(), local=local, **CPU)
+    assert p.terms["compute"] == pytest.approx(0.004 * 1.1)
+    wait = 0.016 - 0.0044
+    assert p.terms["all_reduce"] + p.terms["latency"] == pytest.approx(wait)
+    assert any("replayed in the ranks" in a for a in p.assumptions)
+    plain = predict_for(cfg, "tp", 2, _links(), **CPU)  # no measurement: the byte share
+    assert plain.terms["compute"] < 0.004 and "replayed" not in " ".join(plain.assumptions)
+
+
+def test_fsdp2_drops_the_fixed_terms_its_measured_share_holds() -> None:
+    local = LocalMeasure((8.0, 8.2), None, (0.12, 0.12), (0.033, 0.034))
+    p = predict_for(PRESETS["pythia-14m"], "fsdp", 2, _links(), local=local, **CPU)
+    assert "fsdp_overhead" not in p.terms and "gather_copies" not in p.terms
+    assert p.terms["compute"] == pytest.approx(0.004 * 8.2)
+    assert p.terms["all_gather"] + p.terms["latency"] == pytest.approx(0.12 - 0.033)
+
+
+def test_pipeline_stages_add_up() -> None:
+    local = LocalMeasure((0.2, 0.9), (0.3, 0.9), (0.0052, 0.0052), (0.001, 0.0036))
+    p = predict_for(PRESETS["pythia-14m"], "pipeline", 2, _links(), local=local, **CPU)
+    assert p.terms["compute"] == pytest.approx(0.004 * 1.1)
+    assert p.terms["p2p"] + p.terms["latency"] == pytest.approx(0.0052 - 0.0046)
+
+
+def test_the_measure_needs_a_compute_to_scale() -> None:
+    local = LocalMeasure((3.0, 3.0))
+    kwargs = {**CPU, "compute_time_s": None}
+    p = predict_for(PRESETS["pythia-14m"], "auto", 2, _links(), local=local, **kwargs)
+    assert "compute" not in p.terms  # the roofline, unscaled
+
+
+def _rank(rank: int, **fields: float | None) -> RankResult:
+    return RankResult(
+        rank=rank,
+        samples=(),
+        peak_memory_bytes=0,
+        memory_kind="",
+        implementation=Implementation("", "", "gloo", ""),
+        versions={},
+        device_name="cpu",
+        tokens=(),
+        replicas=1,
+        timed_from=0.0,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_the_gate_reads_every_ranks_figures_in_rank_order() -> None:
+    spec = RunSpec("t::x", "tp", 2, "cpu", Workload(), 1, 0, 10.0)
+    figures = dict(
+        local_prefill_s=0.006, local_bare_prefill_s=0.006, local_replay_step_s=0.01,
+        local_replay_compute_s=0.004,
+    )  # fmt: skip
+    ranks = (
+        _rank(1, local_step_s=0.006, local_bare_step_s=0.004, **figures),
+        _rank(0, local_step_s=0.004, local_bare_step_s=0.004, **figures),
+    )
+    run = RunResult(spec, ranks, 0.0, 0.0)  # type: ignore[call-arg]
+    m = local_measure(run)
+    assert m is not None and m.shares == (1.0, 1.5) and m.prefill_shares == (1.0, 1.0)
+    missing = RunResult(spec, (_rank(0, local_step_s=0.004),), 0.0, 0.0)  # type: ignore[call-arg]
+    assert local_measure(missing) is None
+
+
+def _tp_run(waited: float, own_wait: float | None) -> RunResult:
+    """A tp run at 100 tok/s (10 ms per token) whose threads waited `waited` s per token for a
+    core in the timed repeats, and `own_wait` in the phase after them."""
+    from pytest_distperf.spec import Sample
+
+    spec = RunSpec("t::x[tp-2cpu]", "tp", 2, "cpu", Workload(max_new_tokens=10), 1, 0, 10.0)
+    sample = Sample(total_s=0.1, ttft_s=0.01, decode_s=0.09)
+    ranks = tuple(
+        replace(
+            _rank(rank, local_run_queue_wait_s=own_wait, run_queue_wait_per_token_s=waited),
+            samples=(sample,),
+        )
+        for rank in (0, 1)
+    )
+    return RunResult(spec, ranks, 0.0, 0.0)  # type: ignore[call-arg]
+
+
+def test_a_threshold_miss_is_not_excused_by_the_ranks_own_wait(tmp_path: Path) -> None:
+    from pytest_distperf.judge.checks import CheckStatus, GateSettings
+    from pytest_distperf.judge.gate import Gate
+    from pytest_distperf.store.store import BaselineStore
+
+    gate = Gate(probe_cpu(2), BaselineStore(tmp_path))
+    settings = GateSettings(efficiency=0.7, tolerance=None)
+    cfg = PRESETS["pythia-14m"]
+    # predicted 200 tok/s: 100 measured is under 0.7 x 200; without a 6 ms wait it is 250
+    prediction = predict_for(cfg, "auto", 2, _links(), **{**CPU, "compute_time_s": 0.005})
+    busy = gate.decide(_tp_run(0.006, None), settings, prediction).threshold
+    assert busy.status is CheckStatus.WARN and "machine busy" in busy.message
+    own = gate.decide(_tp_run(0.006, 0.006), settings, prediction).threshold
+    assert own.status is CheckStatus.FAIL
