@@ -131,7 +131,9 @@ def _check_network(path: Path, report: Path, outputs: list[str]) -> None:
     assert fsdp["link_class"] == "network between 2 nodes"
     network = fsdp["network"]
     assert network["nodes"] == 2 and network["measured"] and network["busbw"] > 0
-    assert {"all_gather", "latency"} <= network["terms"].keys()
+    # CPU ranks replay fsdp's all-gathers in the ranks (across the network, measured as they
+    # run: perfmodel.md, "Measured in the ranks"); the calibrated latency is the network's
+    assert "latency" in network["terms"] and network["seconds"] > 0
     assert rows[0]["prediction"]["network"]["terms"] == {}  # auto: no collective per token
     [baseline] = (path / "distperf-baselines").glob("*.json")
     topology = json.loads(baseline.read_text())["topology"]
