@@ -44,7 +44,13 @@ def _calibrate_in_rank(rank: int, world: int) -> tuple[Any, ...]:
         bad = str(exc)
     else:
         bad = ""
-    return full.to_dict(), odd.to_dict(), bad
+    try:  # two ranks as three nodes
+        calibrate([4096], [], "cpu", torch.float32, warmup=0, iters=1, nodes=3)
+    except ValueError as exc:
+        uneven = str(exc)
+    else:
+        uneven = ""
+    return full.to_dict(), odd.to_dict(), bad, uneven
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +99,13 @@ def test_sizes_round_up_to_whole_elements(ranks: dict[int, tuple[Any, ...]]) -> 
 @pytest.mark.slow  # two gloo ranks
 def test_bad_repeats_are_refused(ranks: dict[int, tuple[Any, ...]]) -> None:
     assert "iters >= 1" in ranks[0][2]
+
+
+@pytest.mark.slow  # two gloo ranks
+def test_ranks_that_do_not_split_over_the_nodes_are_refused(
+    ranks: dict[int, tuple[Any, ...]],
+) -> None:
+    assert ranks[0][3] == ranks[1][3] == "2 ranks cannot be placed evenly on 3 node(s)"
 
 
 def test_needs_a_process_group() -> None:

@@ -78,6 +78,8 @@ def test_bad_scopes_are_refused() -> None:
         Calibration.from_dict({**data, "scope": "rack"})
     with pytest.raises(ValueError, match="within_node: scope must be 'node'"):
         Calibration.from_dict({**data, "within_node": {**data["within_node"], "scope": "network"}})
+    with pytest.raises(ValueError, match="calibration: nodes must be an integer >= 1, got 0"):
+        Calibration.from_dict({**data, "nodes": 0})
     with pytest.raises(ValueError, match="within_node belongs to a job over several nodes"):
         replace(_calibration(2, NODE_BW, NODE_LATENCY), within_node=_job_calibration().within_node)
 
