@@ -184,6 +184,18 @@ def test_overlap_hides_the_shorter_path() -> None:
         assert "overlap" not in q.terms
 
 
+def test_cpu_ranks_count_on_no_overlap_whatever_the_calibration_saw() -> None:
+    # Their threads fill the cores: a gloo collective's threads take time from the compute.
+    cfg, links = PRESETS["pythia-14m"], replace(HOST_STAGED, overlap=0.9)
+    on_gpu = predict_for(cfg, "fsdp", 2, links, compute_time_s=0.01)
+    on_cpu = predict_for(cfg, "fsdp", 2, links, compute_time_s=0.01, device_type="cpu")
+    quiet = predict_for(cfg, "fsdp", 2, HOST_STAGED, compute_time_s=0.01, device_type="cpu")
+    assert on_gpu.terms["overlap"] < 0 and "overlap" not in on_cpu.terms
+    assert on_cpu.terms == quiet.terms
+    assert "CPU ranks: no overlap assumed" in " ".join(on_cpu.assumptions)
+    assert not any("no overlap" in a for a in quiet.assumptions)  # none measured, none to say
+
+
 def test_calibrated_overlap_reaches_the_links() -> None:
     cal = replace(_calibration(H200_HOST_STAGED_GATHER, H200_COPY), overlap=0.8)
     assert links_from_calibration(cal, "PHB").overlap == 0.8

@@ -159,6 +159,18 @@ def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
     return overlap * min(host, transfer)
 
 
+CPU_NO_OVERLAP = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
+
+
+def counted_overlap(links_overlap: float, device_type: str) -> tuple[float, tuple[str, ...]]:
+    """(the overlap a prediction counts on, a note). CPU ranks count none: their threads fill
+    the cores, so the collectives' threads take time from the compute, and what a calibration
+    saw hidden was one session's scheduling (docs/perfmodel.md, `overlap`)."""
+    if device_type != "cpu":
+        return links_overlap, ()
+    return 0.0, (CPU_NO_OVERLAP,) if links_overlap > 0 else ()
+
+
 def _check_arguments(
     devices: int,
     batch_size: int,
@@ -288,7 +300,9 @@ def predict(
     if prefill_time_s is not None and compute_time_s is not None:
         _add_prefill(total, x, cost, prefill_time_s, compute_time_s, max_new_tokens)
     if cost.overlappable:
-        total.add_overlap(links.overlap)
+        overlap, notes = counted_overlap(links.overlap, device_type)
+        total.notes += notes
+        total.add_overlap(overlap)
     terms = total.terms
     seconds = sum(terms.values())
     return Prediction(

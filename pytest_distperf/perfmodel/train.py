@@ -26,7 +26,7 @@ from pytest_distperf.perfmodel.counted import (
     same_collectives,
 )
 from pytest_distperf.perfmodel.network import network_charge
-from pytest_distperf.perfmodel.predict import Prediction
+from pytest_distperf.perfmodel.predict import Prediction, counted_overlap
 from pytest_distperf.perfmodel.terms import DEFAULT_OVERHEADS, GB, LINK_TERMS, Overheads
 
 if TYPE_CHECKING:
@@ -288,11 +288,8 @@ def predict_train(
     terms.update(cost.terms)
     if devices == 1:  # nothing crosses a link
         terms = {k: v for k, v in terms.items() if k not in LINK_TERMS or v}
-    # CPU ranks: the collectives' threads take the cores the compute needs, so what a
-    # calibration saw hidden (a session's lucky scheduling) is not counted on.
-    overlap = links.overlap if device_type != "cpu" else 0.0
-    if device_type == "cpu" and links.overlap > 0:
-        notes += ("CPU ranks: no overlap assumed (gloo's threads share the compute's cores)",)
+    overlap, no_overlap = counted_overlap(links.overlap, device_type)
+    notes += no_overlap
     hidden, why = _overlap(terms, cost, overlap)
     if hidden:
         terms["overlap"] = -hidden
