@@ -234,7 +234,9 @@ class _Sum:
                 f"spread over {tokens} tokens",
             )
 
-    def add_overlap(self, overlap: float) -> None:
+    def add_overlap(self, measured: float, device_type: str) -> None:
+        overlap, notes = counted_overlap(measured, device_type)
+        self.notes += notes
         hidden = _hidden_by_overlap(self.terms, overlap)
         if hidden:
             self.terms["overlap"] = -hidden
@@ -300,9 +302,7 @@ def predict(
     if prefill_time_s is not None and compute_time_s is not None:
         _add_prefill(total, x, cost, prefill_time_s, compute_time_s, max_new_tokens)
     if cost.overlappable:
-        overlap, notes = counted_overlap(links.overlap, device_type)
-        total.notes += notes
-        total.add_overlap(overlap)
+        total.add_overlap(links.overlap, device_type)
     terms = total.terms
     seconds = sum(terms.values())
     return Prediction(
