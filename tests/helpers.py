@@ -209,15 +209,11 @@ def _tiny(seed, device, dtype):
     return build_model(Config.from_name("tiny"), seed, device, dtype)
 
 
-def recording(seed, device, dtype, name="tiny"):
+def recording(seed, device, dtype):
     # Leaves one file per (rank, pid): which processes ran the tests, and what they were given.
     Path("pids").mkdir(exist_ok=True)
     Path(f"pids/{os.environ['RANK']}-{os.getpid()}").write_text(os.environ.get("SET_LATE", ""))
-    return build_model(Config.from_name(name), seed, device, dtype)
-
-
-def recording_pythia(seed, device, dtype):
-    return recording(seed, device, dtype, "pythia-14m")
+    return _tiny(seed, device, dtype)
 
 
 def raising(seed, device, dtype):

@@ -209,14 +209,14 @@ def test_a_session_that_runs_no_distperf_test_starts_no_ranks(
 
 TARGET = """
 @pytest.mark.strategy("fsdp")
-@pytest.mark.distperf(model="builders:recording_pythia", max_new_tokens=4, gates=False)
+@pytest.mark.distperf(model="builders:recording", max_new_tokens=4, gates=False)
 def test_target(distperf, request):
     result = distperf.run()
     seen = {"tokens": result.tokens, "peak": result.peak_memory_bytes}
     (request.config.rootpath / "target.json").write_text(json.dumps(seen))
 """
 
-# One other with a larger peak than the target's (a pool's peak would show through it), nine
+# One other with a peak well above the target's (a pool's peak would show through it), nine
 # small ones under every kind of strategy that frees what it built.
 OTHERS = """
 @pytest.mark.distperf(model="pythia-70m", max_new_tokens=2, gates=False)
@@ -271,21 +271,44 @@ def alone_and_after(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Sessi
     return sessions
 
 
-@pytest.mark.slow
-def test_same_test_alone_and_after_ten_others_gives_same_tokens_and_memory(
-    alone_and_after: dict[str, Session],
-) -> None:
+def _target_seen(alone_and_after: dict[str, Session]) -> dict[str, dict]:
+    """What the target test wrote in each session: its tokens and its peak memory."""
     seen = {}
-    alone_and_after["alone"].result.assert_outcomes(passed=2, deselected=3)
-    alone_and_after["after"].result.assert_outcomes(passed=15)
     for name, session in alone_and_after.items():
         last = json.loads((session.path / "report.json").read_text())["results"][-1]
         assert last["test_id"] == "test_target.py::test_target[fsdp-2cpu]"
         seen[name] = json.loads((session.path / "target.json").read_text())
         assert session.left_behind == ()
+    return seen
+
+
+@pytest.mark.slow
+def test_same_test_alone_and_after_ten_others_gives_same_tokens(
+    alone_and_after: dict[str, Session],
+) -> None:
+    alone_and_after["alone"].result.assert_outcomes(passed=2, deselected=3)
+    alone_and_after["after"].result.assert_outcomes(passed=15)
+    seen = _target_seen(alone_and_after)
+    assert seen["after"]["tokens"] == seen["alone"]["tokens"]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a builder test's RSS peak in a pool is 2.0-2.3x its peak in fresh ranks (tiny "
+    "fsdp: 336 MB alone, 686-754 MB after 14 others, whose own tiny peaks read 348-439 MB); a "
+    "pythia-14m target hid it in its noise (0.88-1.17). Not found yet: see the closing note",
+)
+def test_same_test_alone_and_after_ten_others_gives_same_memory(
+    alone_and_after: dict[str, Session],
+) -> None:
+    # The test's own peak, not the pool's: within RSS noise of the same test alone, far under
+    # the larger test's, which the pool's peak would be. A tiny target: a pythia-14m one's own
+    # peak moved 17% between sessions (docs/benchmarks/cpu-2026-12-03-suite.md).
+    seen = _target_seen(alone_and_after)
     alone, after = seen["alone"], seen["after"]
-    assert after["tokens"] == alone["tokens"]
-    # The test's own peak, not the pool's: within RSS noise of the same test alone.
+    larger = alone_and_after["after"].rows()["test_other_larger[auto-2cpu]"]["peak_memory_bytes"]
+    assert larger > 1.6 * alone["peak"], (larger, alone["peak"])
     ratio = after["peak"] / alone["peak"]
     assert 0.85 < ratio < 1.15, (alone["peak"], after["peak"])
 
