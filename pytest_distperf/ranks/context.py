@@ -66,6 +66,7 @@ class RankContext:
     host_cpu_per_token_s: float | None = None  # time: CPU seconds per new token, timed repeats
     run_queue_wait_per_token_s: float | None = None  # time: seconds waited for a core, per token
     reference: ReferenceChoice | None = None  # pick_reference
+    peak_floor: int = 0  # calibrate_model: the peak before its buffers, which are not the test's
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
     counted: Counted | None = None  # count_work: None when off or failed
     count_s: float | None = None  # count_work: seconds it took
