@@ -422,3 +422,30 @@ def test_a_variable_ranks_read_at_start_keys_the_pool() -> None:
     for name in ("CUDA_VISIBLE_DEVICES", "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF"):
         key = PoolKey.for_ranks("cuda", 2, {"HOME": "/root", name: "0"})
         assert key != plain and key.comm_environment == ((name, "0"),), name
+
+
+@pytest.mark.parametrize(("built", "after", "reported"), [(700, 400, 700), (300, 500, 500)])
+def test_a_builders_calibration_is_not_its_tests_peak(
+    monkeypatch: pytest.MonkeyPatch, built: int, after: int, reported: int
+) -> None:
+    # The peak read after calibrate_model holds only what came after it; the build's stays.
+    from types import SimpleNamespace
+
+    from pytest_distperf.ranks import phases
+
+    readings = iter([built, after])  # before calibrating (the build's), then the test's own
+    resets: list[str] = []
+    monkeypatch.setattr(phases.memory, "peak", lambda device: (next(readings), "RSS"))
+    monkeypatch.setattr(phases.memory, "reset_peak", lambda device: resets.append("reset"))
+    monkeypatch.setattr(phases, "_calibrate", lambda ctx, shape: resets.append("calibrated"))
+    ctx = SimpleNamespace(
+        spec=SimpleNamespace(calibrate_model=True),
+        model=SimpleNamespace(shape=None),
+        device="cpu",
+        peak_floor=0,
+        bare=SimpleNamespace(reported_peak=lambda peak, kind: (peak, kind)),
+    )
+    phases.calibrate_model(ctx)
+    assert resets == ["calibrated", "reset"] and ctx.peak_floor == built
+    phases.memory_peak(ctx)
+    assert ctx.peak_memory == (reported, "RSS")
