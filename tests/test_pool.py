@@ -424,11 +424,13 @@ def test_a_variable_ranks_read_at_start_keys_the_pool() -> None:
         assert key != plain and key.comm_environment == ((name, "0"),), name
 
 
+@pytest.mark.parametrize("phase", ["calibrate", "calibrate_model"])
 @pytest.mark.parametrize(("built", "after", "reported"), [(700, 400, 700), (300, 500, 500)])
-def test_a_builders_calibration_is_not_its_tests_peak(
-    monkeypatch: pytest.MonkeyPatch, built: int, after: int, reported: int
+def test_a_calibration_in_the_test_is_not_its_peak(
+    monkeypatch: pytest.MonkeyPatch, phase: str, built: int, after: int, reported: int
 ) -> None:
-    # The peak read after calibrate_model holds only what came after it; the build's stays.
+    # The peak read after calibrating holds only what came after it; the one before stays
+    # (the session's sizes in a fresh or job rank; a builder's own sizes once it is built).
     from types import SimpleNamespace
 
     from pytest_distperf.ranks import phases
@@ -439,13 +441,13 @@ def test_a_builders_calibration_is_not_its_tests_peak(
     monkeypatch.setattr(phases.memory, "reset_peak", lambda device: resets.append("reset"))
     monkeypatch.setattr(phases, "_calibrate", lambda ctx, shape: resets.append("calibrated"))
     ctx = SimpleNamespace(
-        spec=SimpleNamespace(calibrate_model=True),
+        spec=SimpleNamespace(calibrate_model=phase == "calibrate_model", calibration_sizes=()),
         model=SimpleNamespace(shape=None),
         device="cpu",
         peak_floor=0,
         bare=SimpleNamespace(reported_peak=lambda peak, kind: (peak, kind)),
     )
-    phases.calibrate_model(ctx)
+    getattr(phases, phase)(ctx)
     assert resets == ["calibrated", "reset"] and ctx.peak_floor == built
     phases.memory_peak(ctx)
     assert ctx.peak_memory == (reported, "RSS")

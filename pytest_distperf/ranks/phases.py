@@ -67,7 +67,7 @@ def join(ctx: RankContext) -> None:
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the session's sizes, before the model takes any memory."""
     if ctx.spec.calibration_sizes is not None and not ctx.spec.calibrate_model:
-        ctx.calibration = _calibrate(ctx, None)
+        _calibrate_outside_the_peak(ctx, None)
 
 
 def build(ctx: RankContext) -> None:
@@ -91,10 +91,7 @@ def calibrate_model(ctx: RankContext) -> None:
     """Collectives at every size any strategy would use for this model: a builder's message
     sizes are known only once it is built."""
     if ctx.spec.calibrate_model:
-        # Its buffers are not the test's memory: keep the build's peak, then start anew.
-        ctx.peak_floor = memory.peak(ctx.device)[0]
-        ctx.calibration = _calibrate(ctx, ctx.model.shape)
-        memory.reset_peak(ctx.device)
+        _calibrate_outside_the_peak(ctx, ctx.model.shape)
 
 
 def check(ctx: RankContext) -> None:
@@ -368,6 +365,14 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
         "host_cpu_per_token_s": ctx.host_cpu_per_token_s,
         "run_queue_wait_per_token_s": ctx.run_queue_wait_per_token_s,
     }
+
+
+def _calibrate_outside_the_peak(ctx: RankContext, shape: ModelShape | None) -> None:
+    """Calibrate inside the test (a fresh or job rank's, a builder's first): its buffers are not
+    the test's memory, so the peak so far stays as a floor and a new one starts after it."""
+    ctx.peak_floor = max(ctx.peak_floor, memory.peak(ctx.device)[0])
+    ctx.calibration = _calibrate(ctx, shape)
+    memory.reset_peak(ctx.device)
 
 
 def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:
