@@ -204,6 +204,7 @@ class RankResult:
     # CPU ranks, after the timed repeats (ranks/local.py): seconds per decode step and of the
     # prefill of the wrapped model with its collectives skipped, and of the bare whole model in
     # turn with it; one replayed decode step with its real collectives, and its compute alone.
+    # Training: local_replay_step_s is the wrapped optimizer step replayed (ranks/training.py).
     local_step_s: float | None = None
     local_prefill_s: float | None = None
     local_bare_step_s: float | None = None

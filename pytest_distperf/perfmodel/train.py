@@ -40,6 +40,8 @@ BACKWARD_SHARE = 2 / 3
 # AdamW (foreach) per parameter reads param, grad, exp_avg and exp_avg_sq and writes param,
 # exp_avg and exp_avg_sq, all in the parameter's dtype: 7 x param_bytes moved.
 ADAMW_ACCESSES = 7
+# What a replayed step keeps of the modelled terms; it sets the rest.
+COMPUTE_TERMS = ("compute", "optimizer")
 # Terms that run on the collectives' side: the transfer path that may hide behind compute.
 TRANSFER_TERMS = frozenset(
     {"all_gather", "reduce_scatter", "all_reduce", "grad_all_reduce", "latency", "gather_copies"}
@@ -60,7 +62,8 @@ class TrainInput:
     `step_compute_s` a measured single-process step of the whole model on one rank's batch,
     timed on each rank before wrapping with the ranks side by side (the compute term when
     known); `matmul_flops_per_s` this rank's measured dense matmul rate (else model FLOPs over
-    it).
+    it); `replay_step_s` the slowest rank's wrapped step replayed after the timed ones (CPU
+    ranks: ranks/training.py), which sets everything beyond the compute (`_replayed`).
     """
 
     shape: ModelShape
@@ -74,6 +77,7 @@ class TrainInput:
     overheads: Overheads
     step_compute_s: float | None = None
     matmul_flops_per_s: float | None = None
+    replay_step_s: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -242,6 +246,25 @@ def _overlap(terms: dict[str, float], cost: StrategyCost, overlap: float) -> tup
     return hidden, note
 
 
+def _replayed(terms: dict[str, float], replay_s: float) -> tuple[dict[str, float], str]:
+    """The compute as modelled, and everything else as the replayed step's excess over it.
+
+    On CPU ranks the step's collectives run between compute bursts on the cores the compute
+    uses: each costs more than its fenced calibration (the waits for the peer and for a core),
+    and the terms added up erred fast. The replay runs the wrapped step itself, its collectives
+    real and the knobs off, so a slowed run is still predicted as a healthy one."""
+    modelled = sum(terms.values())
+    kept = {k: v for k, v in terms.items() if k in COMPUTE_TERMS}
+    rest = max(0.0, replay_s - sum(kept.values()))
+    note = (
+        f"replayed: the wrapped step run again in the ranks after the timed ones, back to back "
+        f"with its real collectives and no barrier per step: {replay_s * 1e3:.4g} ms (the "
+        f"modelled terms added up to {modelled * 1e3:.4g} ms); beyond the compute, the "
+        f"collectives, hooks, copies and waits are its {rest * 1e3:.4g} ms"
+    )
+    return {**kept, "replayed": rest}, note
+
+
 def _train_cost_of(record: TrainSource) -> Callable[[TrainInput], StrategyCost]:
     if record.train_cost is None:
         reason = record.train_refusal or "its record has no training cost"
@@ -264,14 +287,17 @@ def predict_train(
     matmul_flops_per_s: float | None = None,
     overheads: Overheads = DEFAULT_OVERHEADS,
     counted_collectives: Collectives | None = None,
+    replay_step_s: float | None = None,
 ) -> Prediction:
     """Predicted training tokens/sec of `record`'s strategy on `devices` ranks; terms in
     seconds per step. `counted_collectives`: kind -> (calls, bytes) per step counted in the
     ranks; where they differ from what the strategy's model expects, they are charged instead.
+    `replay_step_s`: the step as the ranks replayed it (CPU ranks), see `_replayed`.
     Raises ValueError when the strategy cannot train or no compute figure is given."""
     cost_of = _train_cost_of(record)
     x = TrainInput(shape, devices, device_type, batch_size, seq_length, param_bytes, comm_bytes,
-                   links, overheads, step_compute_s, matmul_flops_per_s)  # fmt: skip
+                   links, overheads, step_compute_s, matmul_flops_per_s,
+                   replay_step_s)  # fmt: skip
     _check_arguments(record.name, x)
     terms, notes = _compute_terms(x)
     cost = _step_cost(cost_of, x, counted_collectives)
@@ -294,6 +320,9 @@ def predict_train(
     if hidden:
         terms["overlap"] = -hidden
         notes += (why,)
+    if x.replay_step_s is not None:
+        terms, replayed = _replayed(terms, x.replay_step_s)
+        notes += (replayed,)
     step = sum(terms.values())
     tokens = record.replicas(devices) * batch_size * seq_length
     return Prediction(

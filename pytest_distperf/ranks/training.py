@@ -16,7 +16,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from distperf_model.parallelize import comm_delays_paused
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.train import model_flops_per_step
@@ -41,6 +43,10 @@ GROWN_PAGES = 1024
 # Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
 # and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
 MIN_HEAP_PAD = 64 << 20
+# CPU ranks replay the wrapped step after the timed ones: as many steps as fit in
+# REPLAY_BUDGET_S, within REPLAY_STEPS (a mean over fewer than two says little).
+REPLAY_BUDGET_S = 1.0
+REPLAY_STEPS = (2, 6)
 
 
 Step = Callable[[], torch.Tensor]
@@ -287,6 +293,27 @@ def count_step(ctx: RankContext) -> None:
     ctx.count_s = time.perf_counter() - started
 
 
+def replay_steps(ctx: RankContext) -> None:
+    """CPU ranks: the wrapped step again after the timed ones, with its real collectives, one
+    barrier and then none per step, the knobs off (no slow-down, no comm_delay): the mean step
+    where compute and collectives share the cores, the prediction's figure (perfmodel/train.py).
+    Every rank runs as many steps as the slowest rank's first allows."""
+    if ctx.device.type != "cpu" or ctx.spec.devices < 2:
+        return
+    step = _wrapped_step(ctx)
+    with comm_delays_paused():
+        first = _timed(step, ctx.fences, 0.0)[0].total_s
+        least, most = REPLAY_STEPS
+        plan = torch.tensor([min(most, max(least, int(REPLAY_BUDGET_S / max(first, 1e-9))))])
+        dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
+        steps = int(plan)
+        ctx.fences.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        ctx.train.replay_step_s = (time.perf_counter() - start) / steps
+
+
 def result(ctx: RankContext) -> None:
     """The rank's result: the fields every mode has, and a training run's own."""
     train, workload = ctx.train, ctx.workload
@@ -301,6 +328,7 @@ def result(ctx: RankContext) -> None:
         matmul_flops_per_s=train.matmul_flops_per_s,
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
+        local_replay_step_s=train.replay_step_s,
     )
 
 
