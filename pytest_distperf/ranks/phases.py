@@ -293,14 +293,11 @@ def count_work(ctx: RankContext) -> None:
 
 def measure_local(ctx: RankContext) -> None:
     """This rank's own decode and a replay of its step's collectives, after the timed repeats
-    (ranks/local.py). CPU ranks only: on CUDA the prediction keeps its calibrated terms."""
+    (ranks/local.py): on 2 or more CPU ranks, and on one CUDA device (the wrapper's own cost;
+    with several GPUs the prediction keeps its calibrated terms). Not for compiled steps."""
     spec = ctx.spec
-    if (
-        spec.accelerator != "cpu"
-        or spec.devices < 2
-        or spec.compile
-        or spec.workload.max_new_tokens < 2
-    ):
+    measured_here = spec.devices >= 2 if spec.accelerator == "cpu" else spec.devices == 1
+    if not measured_here or spec.compile or spec.workload.max_new_tokens < 2:
         return
     from pytest_distperf.ranks.local import measure
 
@@ -312,6 +309,7 @@ def measure_local(ctx: RankContext) -> None:
         environment.all_ranks_done(ctx.device),
         generate=ctx.generate,
         next_token=ctx.half.next_token,
+        sync=device_sync(ctx.device),
     )
 
 
