@@ -37,7 +37,7 @@ TRAIN_TERM_DESCRIPTIONS = {
     "fsdp_overhead": "FSDP per-unit overhead (forward and backward)",
     "gather_copies": "FSDP2 copies into and out of the gathers' and reductions' buffers",
     "replayed": "the step's collectives, hooks, copies and waits beyond its compute, as the "
-    "ranks replayed the step (CPU ranks)",
+    "ranks replayed the step (CPU ranks, one GPU)",
 }
 
 # Work that the host issues in order on the compute stream; everything else (all-gathers, their

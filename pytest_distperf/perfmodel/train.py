@@ -63,7 +63,7 @@ class TrainInput:
     timed on each rank before wrapping with the ranks side by side (the compute term when
     known); `matmul_flops_per_s` this rank's measured dense matmul rate (else model FLOPs over
     it); `replay_step_s` the slowest rank's wrapped step replayed after the timed ones (CPU
-    ranks: ranks/training.py), which sets everything beyond the compute (`_replayed`).
+    ranks, one GPU: ranks/training.py), which sets everything beyond the compute (`_replayed`).
     """
 
     shape: ModelShape
@@ -251,8 +251,9 @@ def _replayed(terms: dict[str, float], replay_s: float) -> tuple[dict[str, float
 
     On CPU ranks the step's collectives run between compute bursts on the cores the compute
     uses: each costs more than its fenced calibration (the waits for the peer and for a core),
-    and the terms added up erred fast. The replay runs the wrapped step itself, its collectives
-    real and the knobs off, so a slowed run is still predicted as a healthy one."""
+    and the terms added up erred fast; on one GPU a small step is bound by the wrapper's host
+    work, which fitted per-unit figures miss. The replay runs the wrapped step itself, its
+    collectives real and the knobs off, so a slowed run is still predicted as a healthy one."""
     modelled = sum(terms.values())
     kept = {k: v for k, v in terms.items() if k in COMPUTE_TERMS}
     rest = max(0.0, replay_s - sum(kept.values()))
@@ -292,7 +293,7 @@ def predict_train(
     """Predicted training tokens/sec of `record`'s strategy on `devices` ranks; terms in
     seconds per step. `counted_collectives`: kind -> (calls, bytes) per step counted in the
     ranks; where they differ from what the strategy's model expects, they are charged instead.
-    `replay_step_s`: the step as the ranks replayed it (CPU ranks), see `_replayed`.
+    `replay_step_s`: the step as the ranks replayed it (CPU ranks, one GPU), see `_replayed`.
     Raises ValueError when the strategy cannot train or no compute figure is given."""
     cost_of = _train_cost_of(record)
     x = TrainInput(shape, devices, device_type, batch_size, seq_length, param_bytes, comm_bytes,

@@ -294,23 +294,29 @@ def count_step(ctx: RankContext) -> None:
 
 
 def replay_steps(ctx: RankContext) -> None:
-    """CPU ranks: the wrapped step again after the timed ones, with its real collectives, one
-    barrier and then none per step, the knobs off (no slow-down, no comm_delay): the mean step
-    where compute and collectives share the cores, the prediction's figure (perfmodel/train.py).
-    Every rank runs as many steps as the slowest rank's first allows."""
-    if ctx.device.type != "cpu" or ctx.spec.devices < 2:
+    """The wrapped step again after the timed ones, with its real collectives, one barrier
+    and then none per step, the knobs off (no slow-down, no comm_delay): the mean step, the
+    prediction's figure beyond the compute (perfmodel/train.py). On 2 or more CPU ranks (the
+    compute and the collectives share the cores) and on one CUDA device (the wrapper's own
+    host work, which a tiny step is bound by); several GPUs keep the modelled terms. Every
+    rank runs as many steps as the slowest rank's first allows."""
+    devices = ctx.spec.devices
+    if not (devices >= 2 if ctx.device.type == "cpu" else devices == 1):
         return
-    step = _wrapped_step(ctx)
+    step, fences = _wrapped_step(ctx), ctx.fences
     with comm_delays_paused():
-        first = _timed(step, ctx.fences, 0.0)[0].total_s
+        first = _timed(step, fences, 0.0)[0].total_s
         least, most = REPLAY_STEPS
         plan = torch.tensor([min(most, max(least, int(REPLAY_BUDGET_S / max(first, 1e-9))))])
-        dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
+        if devices > 1:
+            dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
         steps = int(plan)
-        ctx.fences.barrier()
+        fences.sync()
+        fences.barrier()
         start = time.perf_counter()
         for _ in range(steps):
             step()
+        fences.sync()
         ctx.train.replay_step_s = (time.perf_counter() - start) / steps
 
 
