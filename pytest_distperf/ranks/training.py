@@ -43,8 +43,8 @@ GROWN_PAGES = 1024
 # Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
 # and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
 MIN_HEAP_PAD = 64 << 20
-# CPU ranks replay the wrapped step after the timed ones: as many steps as fit in
-# REPLAY_BUDGET_S, within REPLAY_STEPS (a mean over fewer than two says little).
+# The wrapped step replayed after the timed ones: as many steps as fit in REPLAY_BUDGET_S,
+# within REPLAY_STEPS (a median of fewer than two says little).
 REPLAY_BUDGET_S = 1.0
 REPLAY_STEPS = (2, 6)
 
@@ -294,12 +294,12 @@ def count_step(ctx: RankContext) -> None:
 
 
 def replay_steps(ctx: RankContext) -> None:
-    """The wrapped step again after the timed ones, with its real collectives, one barrier
-    and then none per step, the knobs off (no slow-down, no comm_delay): the mean step, the
-    prediction's figure beyond the compute (perfmodel/train.py). On 2 or more CPU ranks (the
-    compute and the collectives share the cores) and on one CUDA device (the wrapper's own
-    host work, which a tiny step is bound by); several GPUs keep the modelled terms. Every
-    rank runs as many steps as the slowest rank's first allows."""
+    """The wrapped step again after the timed ones, timed as they were (each fenced, the
+    median) with the knobs off (no slow-down, no comm_delay): the prediction's figure beyond
+    the compute (perfmodel/train.py). On 2 or more CPU ranks (the compute and the collectives
+    share the cores) and on one CUDA device (the wrapper's own host work, which a small step is
+    bound by); several GPUs keep the modelled terms. Every rank runs as many steps as the
+    slowest rank's first allows."""
     devices = ctx.spec.devices
     if not (devices >= 2 if ctx.device.type == "cpu" else devices == 1):
         return
@@ -310,14 +310,8 @@ def replay_steps(ctx: RankContext) -> None:
         plan = torch.tensor([min(most, max(least, int(REPLAY_BUDGET_S / max(first, 1e-9))))])
         if devices > 1:
             dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
-        steps = int(plan)
-        fences.sync()
-        fences.barrier()
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        fences.sync()
-        ctx.train.replay_step_s = (time.perf_counter() - start) / steps
+        times = [_timed(step, fences, 0.0)[0].total_s for _ in range(int(plan))]
+    ctx.train.replay_step_s = statistics.median(times)
 
 
 def result(ctx: RankContext) -> None:
