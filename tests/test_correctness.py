@@ -49,6 +49,8 @@ def _spec(strategy: str) -> RunSpec:
         warmup=1,  # the tokens come from a second generation through the same caches
         timeout=120,
         reference_steps=0,  # no reference and no bare copy: only the tokens matter here
+        count_work=False,  # nor the work, nor the rank's own decode
+        measure_local=False,
     )
 
 

@@ -297,7 +297,9 @@ def measure_local(ctx: RankContext) -> None:
     with several GPUs the prediction keeps its calibrated terms). Not for compiled steps."""
     spec = ctx.spec
     measured_here = spec.devices >= 2 if spec.accelerator == "cpu" else spec.devices == 1
-    if not measured_here or spec.compile or spec.workload.max_new_tokens < 2:
+    if not (measured_here and spec.measure_local) or spec.compile:
+        return
+    if spec.workload.max_new_tokens < 2:
         return
     from pytest_distperf.ranks.local import measure
 
