@@ -293,13 +293,15 @@ def count_work(ctx: RankContext) -> None:
 
 def measure_local(ctx: RankContext) -> None:
     """This rank's own decode and a replay of its step's collectives, after the timed repeats
-    (ranks/local.py): on 2 or more CPU ranks, and on one CUDA device (the wrapper's own cost;
-    with several GPUs the prediction keeps its calibrated terms). Not for compiled steps."""
+    (ranks/local.py). CPU ranks only: on CUDA the prediction keeps its calibrated terms."""
     spec = ctx.spec
-    measured_here = spec.devices >= 2 if spec.accelerator == "cpu" else spec.devices == 1
-    if not (measured_here and spec.measure_local) or spec.compile:
-        return
-    if spec.workload.max_new_tokens < 2:
+    if (
+        spec.accelerator != "cpu"
+        or spec.devices < 2
+        or spec.compile
+        or spec.workload.max_new_tokens < 2
+        or not spec.measure_local
+    ):
         return
     from pytest_distperf.ranks.local import measure
 
@@ -311,7 +313,6 @@ def measure_local(ctx: RankContext) -> None:
         environment.all_ranks_done(ctx.device),
         generate=ctx.generate,
         next_token=ctx.half.next_token,
-        sync=device_sync(ctx.device),
     )
 
 
