@@ -57,7 +57,6 @@ def spawn_gloo_ranks(
     """Run `target(rank, world)` in `world` spawned processes joined in one gloo group; its
     return value per rank (picklable, and `target` importable by name). A rank that raises or
     stays silent for `timeout` seconds fails the test with its traceback."""
-    import pytest
 
     from pytest_distperf.launch.guard import refuse_ranks
 
@@ -166,7 +165,6 @@ def run_session(
     """Run pytest in a fresh interpreter in `path` (as pytester.runpytest_subprocess does),
     with `env` added to this process's environment; `tag`: the processes it starts carry a
     tag, and any left 15 s after it ends are reported."""
-    import pytest
 
     environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     environ.update(env or {})
@@ -289,14 +287,3 @@ def fake_result(spec: Any, total_s: float = 0.01) -> Any:
         for rank in range(spec.devices)
     )
     return RunResult(spec=spec, ranks=ranks, launch_s=0.1, launched_at=time.time())
-
-
-# Healthy runs on 2 CPU ranks of the 2-core runner sometimes miss the default threshold: in
-# full-suite runs of 2026-12-02, auto read 0.09-0.94 and pipeline 0.63-1.38 of their prediction,
-# LitGPT's runs 0.40-1.23 (they pass alone on an idle machine). Not strict: they pass as often as
-# not, and each outcome shows as XFAIL or XPASS. Issue 24 owns the prediction; drop this then.
-CPU_PREDICTION_UNSTEADY = pytest.mark.xfail(
-    strict=False,
-    reason="a healthy run on 2 CPU ranks read 0.09-0.94 of its prediction in some full-suite "
-    "runs (issue 24)",
-)

@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from helpers import CPU_PREDICTION_UNSTEADY, FAKE_LAUNCH_CONFTEST, Session, run_session, write_files
+from helpers import FAKE_LAUNCH_CONFTEST, Session, run_session, write_files
 
 # `auto` is predicted from the bare model timed beside each repeat (more than 8 new tokens);
 # pythia-14m, whose head sets most of its compute: tiny's rate is set by per-call overheads that
@@ -46,7 +46,6 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     return sessions
 
 
-@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Session]) -> None:
     recorded = gated["recorded"]
@@ -61,7 +60,6 @@ def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Session]) ->
     assert len(entry["relative_samples"]) == 5 and all(v > 0 for v in entry["relative_samples"])
 
 
-@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session]) -> None:
     same = gated["same"]
@@ -79,7 +77,6 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session])
     assert float(properties["distperf_relative_speed"]) > 0
 
 
-@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 def test_a_slowed_run_fails_its_threshold_baseline_and_relative_speed(
     gated: dict[str, Session],

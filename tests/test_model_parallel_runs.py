@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 from helpers import (
-    CPU_PREDICTION_UNSTEADY,
     Session,
     greedy_logits,
     run_session,
@@ -76,7 +75,6 @@ def test_each_strategy_splits_the_model_as_asked(comm: dict[str, Session]) -> No
     comm["healthy"].result.stdout.fnmatch_lines(["*test_own_plan[[]tp-2cpu[]] PASSED*"])
 
 
-@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["auto", "pipeline"])
 def test_a_healthy_run_meets_the_default_threshold(comm: dict[str, Session], strategy: str) -> None:
@@ -91,7 +89,6 @@ def test_a_healthy_tp_run_meets_the_default_threshold(comm: dict[str, Session]) 
     assert row["threshold_status"] == "ok", row["threshold_message"]
 
 
-@CPU_PREDICTION_UNSTEADY
 @pytest.mark.slow
 def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
     comm: dict[str, Session],
