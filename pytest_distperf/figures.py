@@ -382,8 +382,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "CPU: the bare whole model's step, timed in turn with it"),
     Figure("local_bare_prefill_s", "s", per_rank("local_bare_prefill_s"), "CPU: its prefill"),
     Figure("local_replay_step_s", "s", per_rank("local_replay_step_s"),
-           "CPU: a decode step replayed with its real collectives, no barrier (training: an "
-           "optimizer step, also on one GPU)"),
+           "CPU: a decode step replayed with its real collectives, no barrier (training: the "
+           "optimizer step timed again, also on one GPU)"),
     Figure("local_replay_compute_s", "s", per_rank("local_replay_compute_s"),
            "CPU: the compute of that step, timed with the collectives skipped"),
     Figure("local_run_queue_wait_s", "s", per_rank("local_run_queue_wait_s"),

@@ -127,8 +127,8 @@ class RunSpec:
     calibrate_model: bool = False
     # One more generation after the timed ones, its work counted per token (ranks/counting.py).
     count_work: bool = True
-    # The rank's own decode after the timed ones, which the prediction scales by (CPU ranks and
-    # one CUDA device: ranks/local.py); False where only the tokens matter (the suite's checks).
+    # The rank's own decode after the timed ones, which the prediction scales by (CPU ranks:
+    # ranks/local.py); False where only the tokens matter (the suite's own checks).
     measure_local: bool = True
 
 

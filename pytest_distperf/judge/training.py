@@ -71,8 +71,8 @@ def train_prediction(
 
 
 def _slowest_replay(result: RunResult) -> float | None:
-    """The slowest rank's replayed step (CPU ranks, ranks/training.py); None where any lacks
-    one."""
+    """The slowest rank's replayed step (CPU ranks and one GPU: ranks/training.py); None where
+    any rank lacks one."""
     replays = result.per_rank("local_replay_step_s")
     return max(replays) if replays else None
 

@@ -258,10 +258,10 @@ def _replayed(terms: dict[str, float], replay_s: float) -> tuple[dict[str, float
     kept = {k: v for k, v in terms.items() if k in COMPUTE_TERMS}
     rest = max(0.0, replay_s - sum(kept.values()))
     note = (
-        f"replayed: the wrapped step run again in the ranks after the timed ones, back to back "
-        f"with its real collectives and no barrier per step: {replay_s * 1e3:.4g} ms (the "
-        f"modelled terms added up to {modelled * 1e3:.4g} ms); beyond the compute, the "
-        f"collectives, hooks, copies and waits are its {rest * 1e3:.4g} ms"
+        f"replayed: the wrapped step timed again in the ranks after the timed ones, its "
+        f"collectives real and the knobs off: {replay_s * 1e3:.4g} ms (the modelled terms "
+        f"added up to {modelled * 1e3:.4g} ms); beyond the compute, the collectives, hooks, "
+        f"copies and waits are its {rest * 1e3:.4g} ms"
     )
     return {**kept, "replayed": rest}, note
 

@@ -95,7 +95,7 @@ class TrainState:
     reference_step_s: float | None = None  # reference: the whole model's step, alone
     reference_loss: float | None = None  # reference: its first step's loss
     loss: float | None = None  # time: the first step's loss
-    replay_step_s: float | None = None  # replay: CPU ranks, the wrapped step back to back
+    replay_step_s: float | None = None  # replay: the wrapped step timed again (CPU, one GPU)
     matmul_flops_per_s: float | None = None  # calibrate
     matmul_source: str = ""  # calibrate
 

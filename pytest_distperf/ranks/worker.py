@@ -49,7 +49,7 @@ TRAIN_PHASES: tuple[Phase, ...] = (
     training.time_steps,  # warm-up and timed steps; the first step's loss
     training.memory_peak,  # the steps' peak memory
     training.count_step,  # one more step, untimed, its work counted
-    training.replay_steps,  # CPU ranks, one GPU: the wrapped step back to back, knobs off
+    training.replay_steps,  # CPU ranks, one GPU: the wrapped step timed again, knobs off
     training.result,  # the RankResult
 )
 
