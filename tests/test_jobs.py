@@ -85,8 +85,9 @@ def _run_all(
     return outputs
 
 
-def _two_agents(args: list[str]) -> list[list[str]]:
-    """Two torchrun agents on this host that rendezvous as two nodes of one rank each."""
+def _two_agents(args: list[str], path: Path) -> list[list[str]]:
+    """Two torchrun agents on this host that rendezvous as two nodes of one rank each, their
+    logs under `path` (torchrun's default, a new directory in /tmp per agent, outlives it)."""
     endpoint = f"127.0.0.1:{free_port()}"
     run_id = uuid.uuid4().hex[:8]
     return [
@@ -101,6 +102,7 @@ def _two_agents(args: list[str]) -> list[list[str]]:
             f"--rdzv-endpoint={endpoint}",
             f"--rdzv-id={run_id}",
             "--max-restarts=0",
+            f"--log-dir={path / 'torchrun-logs'}",
             *args,
         ]
         for node in (0, 1)
@@ -110,7 +112,8 @@ def _two_agents(args: list[str]) -> list[list[str]]:
 def test_two_torchrun_agents_as_two_nodes(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_job=SUITE)
     report = pytester.path / "report.json"
-    outputs = _run_all(_two_agents(_pytest_args(report)), pytester.path, [dict(os.environ)] * 2)
+    commands = _two_agents(_pytest_args(report), pytester.path)
+    outputs = _run_all(commands, pytester.path, [dict(os.environ)] * 2)
     _check_written_once(pytester.path, report, outputs, nodes=2)
     assert all("test_in_job[auto-2cpu]" in output for output in outputs)
     _check_network(pytester.path, report, outputs)
@@ -164,7 +167,7 @@ def test_a_rank_that_raises_alone_fails_the_test_in_every_rank(pytester: pytest.
     pytester.makepyfile(builders=BUILDERS, test_job=FAILING)
     args = ["-m", "pytest", "-p", "no:cacheprovider", "-rA", "--distperf-repeats=2"]
     start = time.monotonic()
-    commands = _two_agents([*args, "--distperf-timeout=120"])
+    commands = _two_agents([*args, "--distperf-timeout=120"], pytester.path)
     outputs = _run_all(commands, pytester.path, [dict(os.environ)] * 2, returncode=1)
     elapsed = time.monotonic() - start
     for output in outputs:
@@ -199,7 +202,8 @@ def test_a_hung_rank_stops_the_job_and_rank_0_says_so(pytester: pytest.Pytester)
     # the ranks must leave together for rank 0 to report.
     pytester.makepyfile(builders=BUILDERS, test_job=HANGING)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node=2", "--max-restarts=0", "--tee=3", "-m", "pytest"]
+    command += ["--nproc-per-node=2", "--max-restarts=0", "--tee=3"]
+    command += [f"--log-dir={pytester.path / 'torchrun-logs'}", "-m", "pytest"]
     command += ["-p", "no:cacheprovider", "-rA", "--distperf-repeats=2", "--distperf-timeout=7"]
     [output] = _run_all([command], pytester.path, [dict(os.environ)], returncode=1)
     for rank in ("0", "1"):

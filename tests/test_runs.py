@@ -332,6 +332,7 @@ def test_a_torchrun_job_of_one_rank_runs_without_a_process_group(
     )
     command = [
         *(sys.executable, *TORCHRUN, "--nproc-per-node=1", "--max-restarts=0"),
+        f"--log-dir={pytester.path / 'torchrun-logs'}",  # not a new directory in /tmp
         *("-m", "pytest", "-p", "no:cacheprovider"),
     ]
     done = subprocess.run(command, cwd=pytester.path, capture_output=True, text=True, timeout=300)
