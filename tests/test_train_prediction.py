@@ -241,6 +241,9 @@ def test_bad_arguments_raise() -> None:
         _predict("ddp", seq_length=0)
     with pytest.raises(ValueError, match="step_compute_s must be > 0"):
         _predict("ddp", step_compute_s=-1.0)
+    for bad in (0.0, float("nan"), float("inf")):  # a replay the ranks could not time
+        with pytest.raises(ValueError, match=f"replay_step_s must be > 0 and finite, got {bad}"):
+            _predict("ddp", step_compute_s=0.1, replay_step_s=bad)
     with pytest.raises(ValueError, match="unknown strategy 'zero3'"):
         _predict("zero3")
 

@@ -183,7 +183,7 @@ def _check_arguments(name: str, x: TrainInput) -> None:
             f"strategy {name!r}: a training prediction needs step_compute_s (a measured "
             "single-process step) or matmul_flops_per_s (a measured matmul rate); got neither"
         )
-    for what in ("step_compute_s", "matmul_flops_per_s"):
+    for what in ("step_compute_s", "matmul_flops_per_s", "replay_step_s"):
         value = getattr(x, what)
         if value is not None and not (0 < value < math.inf):
             raise ValueError(f"{what} must be > 0 and finite, got {value!r}")
