@@ -48,7 +48,8 @@ def _rank_main(target: Callable[..., Any], rank: int, world: int, port: int, out
         out.put((rank, value, None))
     except BaseException:  # noqa: BLE001 - report anything to the parent instead of hanging it
         out.put((rank, None, traceback.format_exc()))
-    time.sleep(1)  # let the parent read the queue before this process goes
+    out.close()
+    out.join_thread()  # the answer is in the pipe before this process goes
 
 
 def spawn_gloo_ranks(
