@@ -1,6 +1,7 @@
-"""The prediction from what CPU ranks measured of their own decode (ranks/local.py): the
-measured share scales the compute, the in-step collectives replace the calibrated ones, and a
-run without it keeps the byte-share model. Pure: made-up figures, no ranks."""
+"""The prediction from what the ranks measured of their own decode (ranks/local.py; CPU ranks
+and one CUDA device): the measured share scales the compute, the in-step collectives replace
+the calibrated ones, and a run without it keeps the byte-share model. Pure: made-up figures,
+no ranks."""
 
 from __future__ import annotations
 
@@ -50,6 +51,20 @@ def test_fsdp2_drops_the_fixed_terms_its_measured_share_holds() -> None:
     assert "fsdp_overhead" not in p.terms and "gather_copies" not in p.terms
     assert p.terms["compute"] == pytest.approx(0.004 * 8.2)
     assert p.terms["all_gather"] + p.terms["latency"] == pytest.approx(0.12 - 0.033)
+
+
+def test_fsdp1_on_one_cuda_device_takes_the_measured_share_not_the_fixed_overhead() -> None:
+    # One GPU: the ranks measure the wrapper's own cost (FSDP1 switches to NO_SHARD there, so
+    # no collective is skipped or replayed); the per-unit overhead would count it twice.
+    cfg, one = PRESETS["pythia-14m"], nominal_links(probe_cpu(1), 1)
+    cuda = dict(CPU, device_type="cuda", dtype_bytes=2)
+    local = LocalMeasure((1.3,), None, (0.0,), (0.0052,))
+    p = predict_for(cfg, "fsdp", 1, one, local=local, **cuda)
+    assert p.implementation == "FSDP1 FULL_SHARD" and "fsdp_overhead" not in p.terms
+    assert p.terms["compute"] == pytest.approx(0.004 * 1.3)
+    assert p.time_per_token_s == pytest.approx(0.004 * 1.3)
+    modelled = predict_for(cfg, "fsdp", 1, one, **cuda)
+    assert modelled.terms["fsdp_overhead"] > 0 and modelled.terms["compute"] == 0.004
 
 
 def test_pipeline_stages_add_up() -> None:

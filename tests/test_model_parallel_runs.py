@@ -76,6 +76,15 @@ def test_each_strategy_splits_the_model_as_asked(comm: dict[str, Session]) -> No
 
 
 @pytest.mark.slow
+def test_every_rank_measures_its_own_decode(comm: dict[str, Session]) -> None:
+    # What the CPU prediction scales (ranks/local.py): a failure there is only said on the
+    # ranks' stderr, and the run would fall back to the modelled terms unnoticed.
+    for name, row in comm["healthy"].rows().items():
+        for figure in ("local_step_s", "local_bare_step_s"):
+            assert all(s is not None and s > 0 for s in row[figure]), (name, figure, row[figure])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["auto", "pipeline"])
 def test_a_healthy_run_meets_the_default_threshold(comm: dict[str, Session], strategy: str) -> None:
     row = comm["healthy"].rows()[f"test_rate[{strategy}-2cpu]"]

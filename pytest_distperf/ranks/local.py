@@ -1,5 +1,6 @@
-"""A rank's own decode, measured the way decode runs it, after the timed repeats (CPU ranks;
-docs/perfmodel.md, "Measured in the ranks"):
+"""A rank's own decode, measured the way decode runs it, after the timed repeats (CPU ranks,
+and a CUDA run on one device, where no collective crosses a link; docs/perfmodel.md, "Measured
+in the ranks"):
 
 * the wrapped model's generation with its collectives skipped: this rank's share of the
   compute with the wrapper's hooks and dispatch, in turn with the bare whole model, so that
@@ -38,7 +39,15 @@ LOCAL_DECODE_STEPS = 4  # a warm decode step repeats the same work: a few give i
 LOCAL_REPEATS = 3  # at most, wrapped and bare in turn; medians
 WITH_COLLECTIVES_REPEATS = 4  # at most; the mean of their steps
 BUDGET_S = 0.5  # fewer repeats where one generation takes longer than this share
-_UNFENCED = Fences(sync=lambda: None, barrier=lambda: None)
+# One GPU's eager decode is host-bound and drifts between generations: more pairs in turn, in a
+# longer budget than the 2-core CPU suite can afford (one pair: h200-2026-12-03-replay.md).
+DEVICE_PAIRS = 7
+DEVICE_BUDGET_S = 4.0
+
+
+def _unfenced(sync: Callable[[], None]) -> Fences:
+    """No barrier: each rank runs as decode lets it; `sync` waits for this rank's device."""
+    return Fences(sync=sync, barrier=lambda: None)
 
 
 @dataclass(frozen=True)
@@ -143,15 +152,23 @@ def measure(
     all_done: Callable[[bool], bool],
     generate: GenerateFn | None = None,
     next_token: NextTokenFn | None = None,
+    sync: Callable[[], None] = lambda: None,
+    pairs: int = LOCAL_REPEATS,
+    budget_s: float = BUDGET_S,
 ) -> LocalTimes | None:
     """This rank's own decode (collectives skipped, `bare` in turn with it where given), then
     with its collectives, which every rank runs or none does; None where the own decode
-    failed (said on stderr: the run's timed figures stand without it)."""
+    failed (said on stderr: the run's timed figures stand without it). `sync` waits for the
+    rank's device (CUDA) before and after each timed generation; up to `pairs` wrapped and bare
+    generations in turn, as many as fit in `budget_s`."""
     tokens = 1 + min(max_new_tokens - 1, LOCAL_DECODE_STEPS)
     timeline: list[str] = []  # the kinds of collectives skipped
+    fences = _unfenced(sync)
     try:
         with collectives_skipped(timeline):
-            own = _alternating(wrapped, bare, prompt, tokens, generate, next_token)
+            own = _alternating(
+                wrapped, bare, prompt, tokens, fences, generate, next_token, (pairs, budget_s)
+            )
     except Exception as error:  # noqa: BLE001 - a measurement beside the run, never its verdict
         print(f"distperf: the rank's own decode was not measured: {error!r}", file=sys.stderr)
         all_done(False)  # the peers wait for this rank's answer before the collectives
@@ -160,7 +177,7 @@ def measure(
         return LocalTimes(*own, 0.0, own[0], None)
     with comm_delays_paused():
         with_collectives, waited = _with_collectives(
-            wrapped, prompt, tokens, generate, next_token, max_new_tokens
+            wrapped, prompt, tokens, fences, generate, next_token, max_new_tokens
         )
     return LocalTimes(*own, with_collectives, own[0], waited)
 
@@ -169,17 +186,18 @@ def _generation(
     model: Any,
     prompt: torch.Tensor,
     tokens: int,
+    fences: Fences,
     generate: GenerateFn | None,
     next_token: NextTokenFn | None,
 ) -> Sample:
     return timed_generation(
-        model, prompt, tokens, _UNFENCED, generate=generate, next_token=next_token
+        model, prompt, tokens, fences, generate=generate, next_token=next_token
     )[0]
 
 
-def _repeats(most: int, first: Sample) -> int:
-    """As many repeats as fit in BUDGET_S after a first generation, one at least."""
-    return max(1, min(most, int(BUDGET_S / max(first.total_s, 1e-9))))
+def _repeats(most: int, first: Sample, budget_s: float = BUDGET_S) -> int:
+    """As many repeats as fit in `budget_s` after a first generation, one at least."""
+    return max(1, min(most, int(budget_s / max(first.total_s, 1e-9))))
 
 
 def _alternating(
@@ -187,18 +205,20 @@ def _alternating(
     bare: Any,
     prompt: torch.Tensor,
     tokens: int,
+    fences: Fences,
     generate: GenerateFn | None,
     next_token: NextTokenFn | None,
+    plan: tuple[int, float],
 ) -> tuple[float, float | None, float | None, float | None]:
     """(step, prefill) of the wrapped model and of `bare` (None without one), medians of up to
-    LOCAL_REPEATS each, run in turn after one warm-up each."""
+    `plan` = (most, budget_s) each, run in turn after one warm-up each."""
     runs: dict[str, list[Sample]] = {"wrapped": [], "bare": []}
     pairs = (("wrapped", wrapped, next_token), ("bare", bare, None))
-    first = [_generation(m, prompt, tokens, generate, s) for _, m, s in pairs if m is not None]
-    for _ in range(_repeats(LOCAL_REPEATS, first[0])):
+    first = [_generation(m, prompt, tokens, fences, generate, s) for _, m, s in pairs if m]
+    for _ in range(_repeats(plan[0], first[0], plan[1])):
         for name, model, step in pairs:
             if model is not None:
-                runs[name].append(_generation(model, prompt, tokens, generate, step))
+                runs[name].append(_generation(model, prompt, tokens, fences, generate, step))
     steps = {k: [step_seconds(s, tokens) for s in v] for k, v in runs.items()}
     prefills = {k: [s.ttft_s for s in v if s.ttft_s is not None] for k, v in runs.items()}
     return (
@@ -217,6 +237,7 @@ def _with_collectives(
     wrapped: Any,
     prompt: torch.Tensor,
     tokens: int,
+    fences: Fences,
     generate: GenerateFn | None,
     next_token: NextTokenFn | None,
     max_new_tokens: int,
@@ -226,15 +247,18 @@ def _with_collectives(
     to back after one barrier (the ranks then drift as decode lets them). As long as the timed
     ones where that fits in BUDGET_S (a generation's first steps cost more: a short one would
     weigh them more), else short; every rank runs as many as the slowest rank's allow."""
-    first = _generation(wrapped, prompt, tokens, generate, next_token)
+    first = _generation(wrapped, prompt, tokens, fences, generate, next_token)
     whole = first.total_s * max_new_tokens / tokens
     most = WITH_COLLECTIVES_REPEATS
     long = min(most, int(BUDGET_S / max(whole, 1e-9)))  # 0: a whole one does not fit
     plan = torch.tensor([_repeats(most, first), long])
-    dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same plan on every rank
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same plan on every rank
     count, length = (int(plan[1]), max_new_tokens) if plan[1] else (int(plan[0]), tokens)
     before = host_times()
-    samples = [_generation(wrapped, prompt, length, generate, next_token) for _ in range(count)]
+    samples = [
+        _generation(wrapped, prompt, length, fences, generate, next_token) for _ in range(count)
+    ]
     after = host_times()
     waited = None
     if before[1] is not None and after[1] is not None:

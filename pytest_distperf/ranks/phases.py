@@ -293,19 +293,21 @@ def count_work(ctx: RankContext) -> None:
 
 def measure_local(ctx: RankContext) -> None:
     """This rank's own decode and a replay of its step's collectives, after the timed repeats
-    (ranks/local.py). CPU ranks only: on CUDA the prediction keeps its calibrated terms."""
+    (ranks/local.py): on 2 or more CPU ranks, and on one CUDA device (the wrapper's own cost;
+    with several GPUs the prediction keeps its calibrated terms). Not for compiled steps."""
     spec = ctx.spec
+    measured_here = spec.devices >= 2 if spec.accelerator == "cpu" else spec.devices == 1
     if (
-        spec.accelerator != "cpu"
-        or spec.devices < 2
+        not measured_here
         or spec.compile
         or spec.workload.max_new_tokens < 2
         or not spec.measure_local
     ):
         return
-    from pytest_distperf.ranks.local import measure
+    from pytest_distperf.ranks import local
 
-    ctx.local = measure(
+    on_device = ctx.device.type != "cpu"
+    ctx.local = local.measure(
         ctx.wrapped,
         ctx.bare.module if ctx.bare else None,
         ctx.prompt,
@@ -313,6 +315,9 @@ def measure_local(ctx: RankContext) -> None:
         environment.all_ranks_done(ctx.device),
         generate=ctx.generate,
         next_token=ctx.half.next_token,
+        sync=device_sync(ctx.device),
+        pairs=local.DEVICE_PAIRS if on_device else local.LOCAL_REPEATS,
+        budget_s=local.DEVICE_BUDGET_S if on_device else local.BUDGET_S,
     )
 
 

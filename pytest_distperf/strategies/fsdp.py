@@ -50,7 +50,16 @@ def _fsdp1_full_shard(x: StrategyInput) -> StrategyCost:
     sizes = [block] * x.config.n_layer
     terms, moved = _gathers(x, sizes)
     units = x.config.n_layer + 1
-    terms["fsdp_overhead"] = units * x.overheads.fsdp1_unit_s
+    overhead = f"FSDP1 per-unit overhead {x.overheads.fsdp1_unit_s * 1e3:g} ms x {units} units"
+    if x.local is None:
+        terms["fsdp_overhead"] = units * x.overheads.fsdp1_unit_s
+    else:  # measured in the ranks (one CUDA device): the compute holds the units' hooks
+        count = len(sizes)
+        terms, replayed = path_terms(
+            x, count, terms["all_gather"] / count, terms["latency"] / count, "all_gather"
+        )
+        overhead = "FSDP1: the units' hooks are in the compute its ranks measured"
+        overhead += f"; {replayed}" if replayed else ""
     return StrategyCost(
         "FSDP1 FULL_SHARD",
         terms,
@@ -60,7 +69,7 @@ def _fsdp1_full_shard(x: StrategyInput) -> StrategyCost:
         (
             f"FSDP1: every block gathered every forward ({x.config.n_layer} all-gathers of "
             f"{block / MB:.4g} MB); the root unit is kept after its first gather",
-            f"FSDP1 per-unit overhead {x.overheads.fsdp1_unit_s * 1e3:g} ms x {units} units",
+            overhead,
         ),
     )
 
