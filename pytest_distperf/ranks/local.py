@@ -40,7 +40,7 @@ LOCAL_REPEATS = 3  # at most, wrapped and bare in turn; medians
 WITH_COLLECTIVES_REPEATS = 4  # at most; the mean of their steps
 BUDGET_S = 0.5  # fewer repeats where one generation takes longer than this share
 # One GPU's eager decode is host-bound and drifts between generations: more pairs in turn, in a
-# longer budget than the 2-core CPU suite can afford (one pair: h200-2026-12-03-replay.md).
+# longer budget than the 2-core CPU suite can afford (docs/benchmarks/h200-2026-12-03-share.md).
 DEVICE_PAIRS = 7
 DEVICE_BUDGET_S = 4.0
 
