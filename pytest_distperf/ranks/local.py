@@ -213,12 +213,12 @@ def _alternating(
     """(step, prefill) of the wrapped model and of `bare` (None without one), medians of up to
     `plan` = (most, budget_s) each, run in turn after one warm-up each."""
     runs: dict[str, list[Sample]] = {"wrapped": [], "bare": []}
-    pairs = (("wrapped", wrapped, next_token), ("bare", bare, None))
-    first = [_generation(m, prompt, tokens, fences, generate, s) for _, m, s in pairs if m]
+    candidates = (("wrapped", wrapped, next_token), ("bare", bare, None))
+    models = [(name, model, step) for name, model, step in candidates if model is not None]
+    first = [_generation(m, prompt, tokens, fences, generate, s) for _, m, s in models]
     for _ in range(_repeats(plan[0], first[0], plan[1])):
-        for name, model, step in pairs:
-            if model is not None:
-                runs[name].append(_generation(model, prompt, tokens, fences, generate, step))
+        for name, model, step in models:
+            runs[name].append(_generation(model, prompt, tokens, fences, generate, step))
     steps = {k: [step_seconds(s, tokens) for s in v] for k, v in runs.items()}
     prefills = {k: [s.ttft_s for s in v if s.ttft_s is not None] for k, v in runs.items()}
     return (
