@@ -36,7 +36,10 @@ from pytest_distperf.ranks.timing import Fences, GenerateFn, NextTokenFn, timed_
 from pytest_distperf.spec import Sample
 
 LOCAL_DECODE_STEPS = 4  # a warm decode step repeats the same work: a few give its time
-LOCAL_REPEATS = 3  # at most, wrapped and bare in turn; medians
+LOCAL_REPEATS = 5  # at most, wrapped and bare in turn; medians
+# A larger model's generation takes 0.2 s or more: 0.5 s held two pairs, and the slowest rank's
+# share of two read noise as a slower wrapper (docs/benchmarks/cpu-2026-12-03-predictions.md).
+PAIRS_BUDGET_S = 1.5
 WITH_COLLECTIVES_REPEATS = 4  # at most; the mean of their steps
 BUDGET_S = 0.5  # fewer repeats where one generation takes longer than this share
 # One GPU's eager decode is host-bound and drifts between generations: more pairs in turn, in a
@@ -154,7 +157,7 @@ def measure(
     next_token: NextTokenFn | None = None,
     sync: Callable[[], None] = lambda: None,
     pairs: int = LOCAL_REPEATS,
-    budget_s: float = BUDGET_S,
+    budget_s: float = PAIRS_BUDGET_S,
 ) -> LocalTimes | None:
     """This rank's own decode (collectives skipped, `bare` in turn with it where given), then
     with its collectives, which every rank runs or none does; None where the own decode

@@ -317,7 +317,7 @@ def measure_local(ctx: RankContext) -> None:
         next_token=ctx.half.next_token,
         sync=device_sync(ctx.device),
         pairs=local.DEVICE_PAIRS if on_device else local.LOCAL_REPEATS,
-        budget_s=local.DEVICE_BUDGET_S if on_device else local.BUDGET_S,
+        budget_s=local.DEVICE_BUDGET_S if on_device else local.PAIRS_BUDGET_S,
     )
 
 
