@@ -36,7 +36,7 @@ from pytest_distperf.ranks.timing import Fences, GenerateFn, NextTokenFn, timed_
 from pytest_distperf.spec import Sample
 
 LOCAL_DECODE_STEPS = 4  # a warm decode step repeats the same work: a few give its time
-LOCAL_REPEATS = 5  # at most, wrapped and bare in turn; medians
+LOCAL_REPEATS = 3  # at most, wrapped and bare in turn; medians
 # A larger model's generation takes 0.2 s or more: 0.5 s held two pairs, and the slowest rank's
 # share of two read noise as a slower wrapper (docs/benchmarks/cpu-2026-12-03-predictions.md).
 PAIRS_BUDGET_S = 1.5
