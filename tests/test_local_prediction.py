@@ -1,7 +1,7 @@
 """The prediction from what the ranks measured of their own decode (ranks/local.py; CPU ranks
 and one CUDA device): the measured share scales the compute, the in-step collectives replace
 the calibrated ones, and a run without it keeps the byte-share model. Pure: made-up figures,
-no ranks."""
+no ranks; last, where the ranks measure themselves and how many pairs they time."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from distperf_model.config import PRESETS
 
 from pytest_distperf.judge.gate import local_measure
 from pytest_distperf.perfmodel import LocalMeasure, nominal_links
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Workload
+from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
 from pytest_distperf.strategies import predict_for
 from pytest_distperf.topology.host import probe_cpu
 
@@ -145,3 +145,28 @@ def test_a_threshold_miss_is_not_excused_by_the_ranks_own_wait(tmp_path: Path) -
     assert busy.status is CheckStatus.WARN and "machine busy" in busy.message
     own = gate.decide(_tp_run(0.006, 0.006), settings, prediction).threshold
     assert own.status is CheckStatus.FAIL
+
+
+# --------------------------------------------------------------------------- where and how long
+
+
+def test_ranks_measure_themselves_on_cpu_ranks_and_one_gpu_only() -> None:
+    import torch
+
+    from pytest_distperf.ranks.environment import measures_itself
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device object, no GPU needed
+    assert [measures_itself(cpu, n) for n in (1, 2, 4)] == [False, True, True]
+    assert [measures_itself(cuda, n) for n in (1, 2, 8)] == [True, False, False]
+
+
+def test_a_larger_models_generation_gets_every_pair_it_may() -> None:
+    from pytest_distperf.ranks.local import BUDGET_S, CPU_PAIRS, DEVICE_PAIRS, _repeats
+
+    larger = Sample(0.2, None, None)  # a generation of a larger model on a CPU rank
+    assert _repeats(CPU_PAIRS.most, larger, BUDGET_S) == 2  # what half a second held
+    assert _repeats(CPU_PAIRS.most, larger, CPU_PAIRS.budget_s) == CPU_PAIRS.most
+    assert _repeats(DEVICE_PAIRS.most, Sample(0.3, None, None), DEVICE_PAIRS.budget_s) == 7
+    assert (
+        _repeats(CPU_PAIRS.most, Sample(5.0, None, None), CPU_PAIRS.budget_s) == 1
+    )  # one at least

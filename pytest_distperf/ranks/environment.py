@@ -64,6 +64,14 @@ def all_ranks_done(device: torch.device) -> Callable[[bool], bool]:
     return all_done
 
 
+def measures_itself(device: torch.device, devices: int) -> bool:
+    """Whether a run's ranks time their own step again beside the timed ones, which the
+    prediction then takes over the modelled terms: 2 or more CPU ranks (the compute and the
+    collectives share the cores) and one CUDA device (the wrapper's own host work). Several
+    GPUs keep the modelled terms: their collectives run on their own streams."""
+    return devices >= 2 if device.type == "cpu" else devices == 1
+
+
 def global_rank() -> int:
     dist = torch.distributed
     return dist.get_rank() if dist.is_initialized() else 0

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from unittest import mock
 
 import torch
@@ -36,16 +36,25 @@ from pytest_distperf.ranks.timing import Fences, GenerateFn, NextTokenFn, timed_
 from pytest_distperf.spec import Sample
 
 LOCAL_DECODE_STEPS = 4  # a warm decode step repeats the same work: a few give its time
-LOCAL_REPEATS = 3  # at most, wrapped and bare in turn; medians
-# A larger model's generation takes 0.2 s or more: 0.5 s held two pairs, and the slowest rank's
-# share of two read noise as a slower wrapper (docs/benchmarks/cpu-2026-12-03-predictions.md).
-PAIRS_BUDGET_S = 1.5
 WITH_COLLECTIVES_REPEATS = 4  # at most; the mean of their steps
 BUDGET_S = 0.5  # fewer repeats where one generation takes longer than this share
-# One GPU's eager decode is host-bound and drifts between generations: more pairs in turn, in a
-# longer budget than the 2-core CPU suite can afford (docs/benchmarks/h200-2026-12-03-share.md).
-DEVICE_PAIRS = 7
-DEVICE_BUDGET_S = 4.0
+
+
+class PairPlan(NamedTuple):
+    """Wrapped and bare generations in turn: at most `most` pairs, as many as fit in
+    `budget_s` after a first generation of each."""
+
+    most: int
+    budget_s: float
+
+
+# A larger model's generation takes a good part of a second on a CPU rank: half a second held
+# two pairs, whose slowest rank's share read noise as a slower wrapper
+# (docs/benchmarks/cpu-2026-12-03-predictions.md).
+CPU_PAIRS = PairPlan(most=3, budget_s=1.5)
+# One GPU's eager decode is host-bound and drifts between generations: more pairs, in a longer
+# budget than the 2-core CPU suite can afford (docs/benchmarks/h200-2026-12-03-share.md).
+DEVICE_PAIRS = PairPlan(most=7, budget_s=4.0)
 
 
 def _unfenced(sync: Callable[[], None]) -> Fences:
@@ -156,22 +165,19 @@ def measure(
     generate: GenerateFn | None = None,
     next_token: NextTokenFn | None = None,
     sync: Callable[[], None] = lambda: None,
-    pairs: int = LOCAL_REPEATS,
-    budget_s: float = PAIRS_BUDGET_S,
+    plan: PairPlan = CPU_PAIRS,
 ) -> LocalTimes | None:
     """This rank's own decode (collectives skipped, `bare` in turn with it where given), then
     with its collectives, which every rank runs or none does; None where the own decode
     failed (said on stderr: the run's timed figures stand without it). `sync` waits for the
-    rank's device (CUDA) before and after each timed generation; up to `pairs` wrapped and bare
-    generations in turn, as many as fit in `budget_s`."""
+    rank's device (CUDA) before and after each timed generation; `plan`: how many wrapped and
+    bare generations in turn."""
     tokens = 1 + min(max_new_tokens - 1, LOCAL_DECODE_STEPS)
     timeline: list[str] = []  # the kinds of collectives skipped
     fences = _unfenced(sync)
     try:
         with collectives_skipped(timeline):
-            own = _alternating(
-                wrapped, bare, prompt, tokens, fences, generate, next_token, (pairs, budget_s)
-            )
+            own = _alternating(wrapped, bare, prompt, tokens, fences, generate, next_token, plan)
     except Exception as error:  # noqa: BLE001 - a measurement beside the run, never its verdict
         print(f"distperf: the rank's own decode was not measured: {error!r}", file=sys.stderr)
         all_done(False)  # the peers wait for this rank's answer before the collectives
@@ -211,15 +217,15 @@ def _alternating(
     fences: Fences,
     generate: GenerateFn | None,
     next_token: NextTokenFn | None,
-    plan: tuple[int, float],
+    plan: PairPlan,
 ) -> tuple[float, float | None, float | None, float | None]:
-    """(step, prefill) of the wrapped model and of `bare` (None without one), medians of up to
-    `plan` = (most, budget_s) each, run in turn after one warm-up each."""
+    """(step, prefill) of the wrapped model and of `bare` (None without one), medians of as
+    many as `plan` allows each, run in turn after one warm-up each."""
     runs: dict[str, list[Sample]] = {"wrapped": [], "bare": []}
     candidates = (("wrapped", wrapped, next_token), ("bare", bare, None))
     models = [(name, model, step) for name, model, step in candidates if model is not None]
     first = [_generation(m, prompt, tokens, fences, generate, s) for _, m, s in models]
-    for _ in range(_repeats(plan[0], first[0], plan[1])):
+    for _ in range(_repeats(plan.most, first[0], plan.budget_s)):
         for name, model, step in models:
             runs[name].append(_generation(model, prompt, tokens, fences, generate, step))
     steps = {k: [step_seconds(s, tokens) for s in v] for k, v in runs.items()}

@@ -296,9 +296,8 @@ def measure_local(ctx: RankContext) -> None:
     (ranks/local.py): on 2 or more CPU ranks, and on one CUDA device (the wrapper's own cost;
     with several GPUs the prediction keeps its calibrated terms). Not for compiled steps."""
     spec = ctx.spec
-    measured_here = spec.devices >= 2 if spec.accelerator == "cpu" else spec.devices == 1
     if (
-        not measured_here
+        not environment.measures_itself(ctx.device, spec.devices)
         or spec.compile
         or spec.workload.max_new_tokens < 2
         or not spec.measure_local
@@ -306,7 +305,6 @@ def measure_local(ctx: RankContext) -> None:
         return
     from pytest_distperf.ranks import local
 
-    on_device = ctx.device.type != "cpu"
     ctx.local = local.measure(
         ctx.wrapped,
         ctx.bare.module if ctx.bare else None,
@@ -316,8 +314,7 @@ def measure_local(ctx: RankContext) -> None:
         generate=ctx.generate,
         next_token=ctx.half.next_token,
         sync=device_sync(ctx.device),
-        pairs=local.DEVICE_PAIRS if on_device else local.LOCAL_REPEATS,
-        budget_s=local.DEVICE_BUDGET_S if on_device else local.PAIRS_BUDGET_S,
+        plan=local.CPU_PAIRS if ctx.device.type == "cpu" else local.DEVICE_PAIRS,
     )
 
 

@@ -301,7 +301,7 @@ def replay_steps(ctx: RankContext) -> None:
     bound by); several GPUs keep the modelled terms. Every rank runs as many steps as the
     slowest rank's first allows."""
     devices = ctx.spec.devices
-    if not (devices >= 2 if ctx.device.type == "cpu" else devices == 1):
+    if not environment.measures_itself(ctx.device, devices):
         return
     step, fences = _wrapped_step(ctx), ctx.fences
     with comm_delays_paused():
