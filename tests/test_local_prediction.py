@@ -1,12 +1,13 @@
 """The prediction from what the ranks measured of their own decode (ranks/local.py; CPU ranks
 and one CUDA device): the measured share scales the compute, the in-step collectives replace
 the calibrated ones, and a run without it keeps the byte-share model. Pure: made-up figures,
-no ranks; last, where the ranks measure themselves and how many pairs they time."""
+no ranks; last, where the ranks measure themselves, how many pairs they time and which steps."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from distperf_model.config import PRESETS
@@ -170,3 +171,43 @@ def test_a_larger_models_generation_gets_every_pair_it_may() -> None:
     assert (
         _repeats(CPU_PAIRS.most, Sample(5.0, None, None), CPU_PAIRS.budget_s) == 1
     )  # one at least
+
+
+def test_a_compiled_run_measures_its_compiled_steps_wrapped_and_bare() -> None:
+    """The share of a compiled run is the compiled wrapper's over the compiled bare model: each
+    generation runs the steps its timed repeats ran, not the eager loop."""
+    import torch
+    from distperf_model.config import Config
+    from distperf_model.generate import decode_one_token, make_prompt, prefill
+    from distperf_model.model import build_model
+
+    from pytest_distperf.ranks.local import PairPlan, measure
+    from pytest_distperf.ranks.timing import StepOverride
+
+    cpu = torch.device("cpu")
+    wrapped, bare = (build_model(Config.from_name("tiny"), seed=1) for _ in range(2))
+    for model in (wrapped, bare):
+        model.setup_caches(1, 8 + 6, device=cpu, dtype=torch.float32)
+    prompt = make_prompt(wrapped.config, 1, 8, 1, cpu)
+    ran: list[tuple[str, Any]] = []
+
+    def counted(name: str, step: Any) -> Any:
+        def call(model: Any, idx: Any, pos: Any) -> Any:
+            ran.append((name, model))
+            return step(model, idx, pos)
+
+        return call
+
+    def override(name: str) -> StepOverride:
+        return StepOverride(counted(name, prefill), counted(name, decode_one_token))
+
+    times = measure(
+        wrapped, bare, prompt, 6, all_done=lambda any_collective: False,
+        plan=PairPlan(most=2, budget_s=60.0), steps=override("wrapped"),
+        bare_steps=override("bare"),
+    )  # fmt: skip
+    assert times is not None and times.step_s > 0 and times.bare_step_s
+    # a first generation of each, then 2 pairs: 3 generations each, a prefill and 4 steps
+    assert [name for name, _ in ran].count("wrapped") == 3 * 5
+    assert [name for name, _ in ran].count("bare") == 3 * 5
+    assert {id(model) for name, model in ran if name == "bare"} == {id(bare)}

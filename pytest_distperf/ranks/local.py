@@ -32,7 +32,13 @@ from distperf_model.parallelize import comm_delays_paused
 
 from pytest_distperf.ranks.hostspeed import host_times
 from pytest_distperf.ranks.reference import step_seconds
-from pytest_distperf.ranks.timing import Fences, GenerateFn, NextTokenFn, timed_generation
+from pytest_distperf.ranks.timing import (
+    Fences,
+    GenerateFn,
+    NextTokenFn,
+    StepOverride,
+    timed_generation,
+)
 from pytest_distperf.spec import Sample
 
 LOCAL_DECODE_STEPS = 4  # a warm decode step repeats the same work: a few give its time
@@ -55,6 +61,15 @@ CPU_PAIRS = PairPlan(most=3, budget_s=1.5)
 # One GPU's eager decode is host-bound and drifts between generations: more pairs, in a longer
 # budget than the 2-core CPU suite can afford (docs/benchmarks/h200-2026-12-03-share.md).
 DEVICE_PAIRS = PairPlan(most=7, budget_s=4.0)
+
+
+class Runner(NamedTuple):
+    """A model as the timed repeats run it: its sampling (None: the built-in one) and its
+    compiled steps (None: eager)."""
+
+    model: Any
+    next_token: NextTokenFn | None
+    steps: StepOverride | None
 
 
 def _unfenced(sync: Callable[[], None]) -> Fences:
@@ -166,18 +181,22 @@ def measure(
     next_token: NextTokenFn | None = None,
     sync: Callable[[], None] = lambda: None,
     plan: PairPlan = CPU_PAIRS,
+    steps: StepOverride | None = None,
+    bare_steps: StepOverride | None = None,
 ) -> LocalTimes | None:
     """This rank's own decode (collectives skipped, `bare` in turn with it where given), then
     with its collectives, which every rank runs or none does; None where the own decode
     failed (said on stderr: the run's timed figures stand without it). `sync` waits for the
     rank's device (CUDA) before and after each timed generation; `plan`: how many wrapped and
-    bare generations in turn."""
+    bare generations in turn; `steps` / `bare_steps`: the compiled steps each runs in the timed
+    repeats (None: eager), so that a compiled run's share is the compiled wrapper's."""
     tokens = 1 + min(max_new_tokens - 1, LOCAL_DECODE_STEPS)
     timeline: list[str] = []  # the kinds of collectives skipped
     fences = _unfenced(sync)
+    own_run, bare_run = Runner(wrapped, next_token, steps), Runner(bare, None, bare_steps)
     try:
         with collectives_skipped(timeline):
-            own = _alternating(wrapped, bare, prompt, tokens, fences, generate, next_token, plan)
+            own = _alternating(own_run, bare_run, prompt, tokens, fences, generate, plan)
     except Exception as error:  # noqa: BLE001 - a measurement beside the run, never its verdict
         print(f"distperf: the rank's own decode was not measured: {error!r}", file=sys.stderr)
         all_done(False)  # the peers wait for this rank's answer before the collectives
@@ -186,21 +205,21 @@ def measure(
         return LocalTimes(*own, 0.0, own[0], None)
     with comm_delays_paused():
         with_collectives, waited = _with_collectives(
-            wrapped, prompt, tokens, fences, generate, next_token, max_new_tokens
+            own_run, prompt, tokens, fences, generate, max_new_tokens
         )
     return LocalTimes(*own, with_collectives, own[0], waited)
 
 
 def _generation(
-    model: Any,
+    runner: Runner,
     prompt: torch.Tensor,
     tokens: int,
     fences: Fences,
     generate: GenerateFn | None,
-    next_token: NextTokenFn | None,
 ) -> Sample:
+    model, next_token, steps = runner
     return timed_generation(
-        model, prompt, tokens, fences, generate=generate, next_token=next_token
+        model, prompt, tokens, fences, generate=generate, next_token=next_token, steps=steps
     )[0]
 
 
@@ -210,24 +229,23 @@ def _repeats(most: int, first: Sample, budget_s: float = BUDGET_S) -> int:
 
 
 def _alternating(
-    wrapped: Any,
-    bare: Any,
+    wrapped: Runner,
+    bare: Runner,
     prompt: torch.Tensor,
     tokens: int,
     fences: Fences,
     generate: GenerateFn | None,
-    next_token: NextTokenFn | None,
     plan: PairPlan,
 ) -> tuple[float, float | None, float | None, float | None]:
-    """(step, prefill) of the wrapped model and of `bare` (None without one), medians of as
-    many as `plan` allows each, run in turn after one warm-up each."""
+    """(step, prefill) of the wrapped model and of the bare one (None without it), medians of
+    as many as `plan` allows each, run in turn after one warm-up each."""
     runs: dict[str, list[Sample]] = {"wrapped": [], "bare": []}
-    candidates = (("wrapped", wrapped, next_token), ("bare", bare, None))
-    models = [(name, model, step) for name, model, step in candidates if model is not None]
-    first = [_generation(m, prompt, tokens, fences, generate, s) for _, m, s in models]
+    candidates = (("wrapped", wrapped), ("bare", bare))
+    models = [(name, runner) for name, runner in candidates if runner.model is not None]
+    first = [_generation(runner, prompt, tokens, fences, generate) for _, runner in models]
     for _ in range(_repeats(plan.most, first[0], plan.budget_s)):
-        for name, model, step in models:
-            runs[name].append(_generation(model, prompt, tokens, fences, generate, step))
+        for name, runner in models:
+            runs[name].append(_generation(runner, prompt, tokens, fences, generate))
     steps = {k: [step_seconds(s, tokens) for s in v] for k, v in runs.items()}
     prefills = {k: [s.ttft_s for s in v if s.ttft_s is not None] for k, v in runs.items()}
     return (
@@ -243,12 +261,11 @@ def _median(values: list[float]) -> float | None:
 
 
 def _with_collectives(
-    wrapped: Any,
+    runner: Runner,
     prompt: torch.Tensor,
     tokens: int,
     fences: Fences,
     generate: GenerateFn | None,
-    next_token: NextTokenFn | None,
     max_new_tokens: int,
 ) -> tuple[float, float | None]:
     """Mean seconds per decode step of the wrapped model with its collectives, and its threads'
@@ -256,7 +273,7 @@ def _with_collectives(
     to back after one barrier (the ranks then drift as decode lets them). As long as the timed
     ones where that fits in BUDGET_S (a generation's first steps cost more: a short one would
     weigh them more), else short; every rank runs as many as the slowest rank's allow."""
-    first = _generation(wrapped, prompt, tokens, fences, generate, next_token)
+    first = _generation(runner, prompt, tokens, fences, generate)
     whole = first.total_s * max_new_tokens / tokens
     most = WITH_COLLECTIVES_REPEATS
     long = min(most, int(BUDGET_S / max(whole, 1e-9)))  # 0: a whole one does not fit
@@ -265,9 +282,7 @@ def _with_collectives(
         dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same plan on every rank
     count, length = (int(plan[1]), max_new_tokens) if plan[1] else (int(plan[0]), tokens)
     before = host_times()
-    samples = [
-        _generation(wrapped, prompt, length, fences, generate, next_token) for _ in range(count)
-    ]
+    samples = [_generation(runner, prompt, length, fences, generate) for _ in range(count)]
     after = host_times()
     waited = None
     if before[1] is not None and after[1] is not None:

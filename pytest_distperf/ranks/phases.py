@@ -294,17 +294,18 @@ def count_work(ctx: RankContext) -> None:
 def measure_local(ctx: RankContext) -> None:
     """This rank's own decode and a replay of its step's collectives, after the timed repeats
     (ranks/local.py): on 2 or more CPU ranks, and on one CUDA device (the wrapper's own cost;
-    with several GPUs the prediction keeps its calibrated terms). Not for compiled steps."""
+    with several GPUs the prediction keeps its calibrated terms); a compiled run with the
+    compiled steps of its timed repeats."""
     spec = ctx.spec
     if (
         not environment.measures_itself(ctx.device, spec.devices)
-        or spec.compile
         or spec.workload.max_new_tokens < 2
         or not spec.measure_local
     ):
         return
     from pytest_distperf.ranks import local
 
+    bare_steps = ctx.bare.steps if ctx.bare else None
     ctx.local = local.measure(
         ctx.wrapped,
         ctx.bare.module if ctx.bare else None,
@@ -315,6 +316,8 @@ def measure_local(ctx: RankContext) -> None:
         next_token=ctx.half.next_token,
         sync=device_sync(ctx.device),
         plan=local.CPU_PAIRS if ctx.device.type == "cpu" else local.DEVICE_PAIRS,
+        steps=ctx.wrapped_steps.override() if ctx.wrapped_steps else None,
+        bare_steps=bare_steps.override() if bare_steps else None,
     )
 
 
