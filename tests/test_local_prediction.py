@@ -115,6 +115,44 @@ def test_the_gate_reads_every_ranks_figures_in_rank_order() -> None:
     assert local_measure(missing) is None
 
 
+def test_a_compiled_gpu_run_adds_the_wrappers_time_to_its_cuda_graph_bare_step() -> None:
+    # The bare step replays as a CUDA graph: host drift does not scale it, and a short
+    # generation's fixed cost would be multiplied by a share of 20 (a small model's FSDP).
+    figures = dict(local_step_s=0.0050, local_bare_step_s=0.00025)
+    workload = Workload(model="pythia-14m", max_new_tokens=16)
+    runs = {
+        (accelerator, compile): RunResult(
+            replace(RunSpec("t::x", "fsdp", 1, accelerator, workload, 1, 0, 1), compile=compile),
+            (_rank(0, **figures),),
+            0.0,
+            0.0,
+        )  # type: ignore[call-arg]
+        for accelerator in ("cuda", "cpu")
+        for compile in (True, False)
+    }
+    m = local_measure(runs["cuda", True])
+    assert m is not None and m.excess_s == (pytest.approx(0.00475),)
+    assert all(local_measure(runs[k]).excess_s is None for k in runs if k != ("cuda", True))
+
+    cfg, one = PRESETS["pythia-14m"], nominal_links(probe_cpu(1), 1)
+    cuda = dict(CPU, device_type="cuda", dtype_bytes=2, compute_time_s=0.0002)
+    p = predict_for(cfg, "fsdp", 1, one, local=m, prefill_time_s=0.0004, **cuda)
+    assert p.terms["compute"] == pytest.approx(0.0002 + 0.00475)
+    assert "fsdp_overhead" not in p.terms
+    # no prefill share measured: the wrapper's time is added to the prefill as to the step
+    assert p.terms["prefill"] == pytest.approx((0.0004 - 0.0002) / 12)
+    assert any("the wrapper's own time" in a for a in p.assumptions)
+    scaled = predict_for(cfg, "fsdp", 1, one, local=replace(m, excess_s=None), **cuda)
+    assert scaled.terms["compute"] == pytest.approx(0.0002 * 20)
+
+
+def test_the_wrappers_added_time_combines_by_how_the_ranks_run() -> None:
+    m = LocalMeasure((2.0, 3.0), excess_s=(0.001, 0.002))
+    assert m.added_s(False) == pytest.approx(0.002) and m.added_s(True) == pytest.approx(0.003)
+    assert LocalMeasure((0.9,), excess_s=(-0.0001,)).added_s(False) == 0.0  # never negative
+    assert LocalMeasure((1.0,)).added_s(False) is None
+
+
 def _tp_run(waited: float, own_wait: float | None) -> RunResult:
     """A tp run at 100 tok/s (10 ms per token) whose threads waited `waited` s per token for a
     core in the timed repeats, and `own_wait` in the phase after them."""

@@ -78,8 +78,8 @@ def bare_token_s(result: RunResult) -> float | None:
 
 
 def local_measure(result: RunResult) -> LocalMeasure | None:
-    """What every rank measured of its own decode (CPU ranks, ranks/local.py), as the
-    performance model takes it; None where some rank has no share (no bare model beside it)."""
+    """What every rank measured of its own decode (CPU ranks and one GPU, ranks/local.py), as
+    the performance model takes it; None where some rank has no share (no bare model beside it)."""
     steps, bare = result.per_rank("local_step_s"), result.per_rank("local_bare_step_s")
     if steps is None or bare is None or not all(bare):
         return None
@@ -88,11 +88,16 @@ def local_measure(result: RunResult) -> LocalMeasure | None:
     prefill_shares = None
     if prefills is not None and bare_prefills is not None and all(bare_prefills):
         prefill_shares = tuple(p / b for p, b in zip(prefills, bare_prefills, strict=True))
+    # A compiled run on a GPU times its bare model as CUDA graphs (ranks/compiled.py): that
+    # step is the device's, which host drift does not scale, so the wrapper's time adds to it.
+    spec = result.spec
+    graphs = spec.compile and spec.accelerator == "cuda" and not spec.workload.generate
     return LocalMeasure(
         tuple(s / b for s, b in zip(steps, bare, strict=True)),
         prefill_shares,
         result.per_rank("local_replay_step_s"),
         result.per_rank("local_replay_compute_s"),
+        tuple(s - b for s, b in zip(steps, bare, strict=True)) if graphs else None,
     )
 
 

@@ -22,12 +22,22 @@ class LocalMeasure:
     pytest_distperf/ranks/local.py), in rank order: the wrapped model with its collectives
     skipped over the bare whole model timed in turn with it (its share of the compute, hooks
     and dispatch included), for a step and for the prefill; and one replayed decode step with
-    its real collectives and no barrier per step, beside the compute in it (None: no replay)."""
+    its real collectives and no barrier per step, beside the compute in it (None: no replay).
+    `excess_s`: each rank's wrapped step less its bare one, where the wrapper's time adds to
+    the bare model's instead of scaling it (None: the share scales it)."""
 
     shares: tuple[float, ...]
     prefill_shares: tuple[float, ...] | None = None
     replay_step_s: tuple[float, ...] | None = None
     replay_compute_s: tuple[float, ...] | None = None
+    excess_s: tuple[float, ...] | None = None
+
+    def added_s(self, in_series: bool) -> float | None:
+        """Seconds per step the wrapper adds to one whole model's step, where it adds: the
+        stages' excesses summed where they run one after the other, else the largest."""
+        if self.excess_s is None:
+            return None
+        return max(0.0, sum(self.excess_s) if in_series else max(self.excess_s))
 
     def share(self, in_series: bool) -> float:
         """The run's share of one whole model's step: the stages' summed where they run one

@@ -207,7 +207,16 @@ class _Sum:
             self.notes += (overheads.note,)
         if cost.compute_share != 1.0:
             self.moved["weights_read"] *= cost.compute_share  # a tp rank or a stage its share
-        if local is not None and "compute" in self.terms:
+        added = local.added_s(cost.stages_in_series) if local is not None else None
+        if added is not None and "compute" in self.terms:
+            self.terms["compute"] += added
+            self.notes += (
+                f"compute + {_ms(added)}: the wrapper's own time its ranks measured, the "
+                "wrapped model with its collectives skipped less the bare model in turn with "
+                "it (the bare step replays as a CUDA graph, which the host's speed does not "
+                "move)",
+            )
+        elif local is not None and "compute" in self.terms:
             share = local.share(cost.stages_in_series)
             self.terms["compute"] *= share
             self.notes += (
@@ -272,9 +281,9 @@ def predict(
     token, so what the prefill costs beyond one step is spread over the generation's tokens.
     `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
     where they differ from what the strategy's model expects, they are charged instead.
-    `local`: what each rank measured of its own decode (CPU ranks); it scales the measured
-    compute in place of the strategy's byte share, and the strategy's record may charge its
-    replayed collectives.
+    `local`: what each rank measured of its own decode (CPU ranks, one GPU); it scales the
+    measured compute (or adds the wrapper's own time to it) in place of the strategy's byte
+    share, and the strategy's record may charge its replayed collectives.
     """
     _check_arguments(
         devices, batch_size, prompt_length, max_new_tokens, dtype_bytes, compute_time_s
@@ -336,12 +345,18 @@ def _add_prefill(
     max_new_tokens: int,
 ) -> None:
     """The prefill beyond one step, spread over the tokens; with a local measure, each of the
-    prefill and the step by its own measured share."""
+    prefill and the step as the measure has it (its own share, or the wrapper's time added)."""
     share = cost.compute_share
     if x.local is not None:
-        share = x.local.share(cost.stages_in_series)
-        prefill_share = x.local.prefill_share(cost.stages_in_series) or share
-        step_s, prefill_s, share = step_s * share, prefill_s * prefill_share, 1.0
+        in_series = cost.stages_in_series
+        share, added = x.local.share(in_series), x.local.added_s(in_series)
+        prefill_share = x.local.prefill_share(in_series)
+        if added is not None:
+            step_s += added
+            prefill_s = prefill_s * prefill_share if prefill_share else prefill_s + added
+        else:
+            step_s, prefill_s = step_s * share, prefill_s * (prefill_share or share)
+        share = 1.0
     total.add_prefill(prefill_s, step_s, share, max_new_tokens)
 
 
