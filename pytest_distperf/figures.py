@@ -388,6 +388,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "CPU: the compute of that step, timed with the collectives skipped"),
     Figure("local_run_queue_wait_s", "s", per_rank("local_run_queue_wait_s"),
            "CPU: the wait for a core per new token in that replayed run"),
+    Figure("local_host_loop_s", "s", per_rank("local_host_loop_s"),
+           "the host's loop beside the own decode's pairs (median): the host's speed then"),
     Figure("relative_speed_samples", "", from_result("relative_speed_samples", _S),
            "relative_speed of each repeat"),
     Figure("host_loop_samples", "s", from_result("host_loop_samples", _S),

@@ -131,8 +131,16 @@ def test_a_compiled_gpu_run_adds_the_wrappers_time_to_its_cuda_graph_bare_step()
         for compile in (True, False)
     }
     m = local_measure(runs["cuda", True])
-    assert m is not None and m.excess_s == (pytest.approx(0.00475),)
+    assert m is not None and m.excess_s == (pytest.approx(0.00475),) and m.host_factors is None
     assert all(local_measure(runs[k]).excess_s is None for k in runs if k != ("cuda", True))
+    # The host's loop ran 1.3x slower beside the timed repeats than beside the measure: the
+    # wrapper's host work is charged at the repeats' speed.
+    slower = _rank(0, **figures, local_host_loop_s=0.010)
+    slower = replace(slower, host_loop_s=(0.012, 0.014, 0.013))
+    scaled_run = replace(runs["cuda", True], ranks=(slower,))
+    at_speed = local_measure(scaled_run)
+    assert at_speed is not None and at_speed.host_factors == (pytest.approx(1.3),)
+    assert at_speed.excess_s == (pytest.approx(0.00475 * 1.3),)
 
     cfg, one = PRESETS["pythia-14m"], nominal_links(probe_cpu(1), 1)
     cuda = dict(CPU, device_type="cuda", dtype_bytes=2, compute_time_s=0.0002)
@@ -142,6 +150,9 @@ def test_a_compiled_gpu_run_adds_the_wrappers_time_to_its_cuda_graph_bare_step()
     # no prefill share measured: the wrapper's time is added to the prefill as to the step
     assert p.terms["prefill"] == pytest.approx((0.0004 - 0.0002) / 12)
     assert any("the wrapper's own time" in a for a in p.assumptions)
+    slow = predict_for(cfg, "fsdp", 1, one, local=at_speed, **cuda)
+    assert slow.terms["compute"] == pytest.approx(0.0002 + 0.00475 * 1.3)
+    assert any("x 1.3 for the host's speed" in a for a in slow.assumptions)
     scaled = predict_for(cfg, "fsdp", 1, one, local=replace(m, excess_s=None), **cuda)
     assert scaled.terms["compute"] == pytest.approx(0.0002 * 20)
 
@@ -245,6 +256,7 @@ def test_a_compiled_run_measures_its_compiled_steps_wrapped_and_bare() -> None:
         bare_steps=override("bare"),
     )  # fmt: skip
     assert times is not None and times.step_s > 0 and times.bare_step_s
+    assert times.host_loop_s and times.host_loop_s > 0  # the host's speed beside the pairs
     # a first generation of each, then 2 pairs: 3 generations each, a prefill and 4 steps
     assert [name for name, _ in ran].count("wrapped") == 3 * 5
     assert [name for name, _ in ran].count("bare") == 3 * 5

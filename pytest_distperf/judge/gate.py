@@ -92,13 +92,31 @@ def local_measure(result: RunResult) -> LocalMeasure | None:
     # step is the device's, which host drift does not scale, so the wrapper's time adds to it.
     spec = result.spec
     graphs = spec.compile and spec.accelerator == "cuda" and not spec.workload.generate
+    excess, factors = None, None
+    if graphs:
+        factors = host_factors(result)
+        excess = tuple(
+            (s - b) * f for s, b, f in zip(steps, bare, factors or [1.0] * len(steps), strict=True)
+        )
     return LocalMeasure(
         tuple(s / b for s, b in zip(steps, bare, strict=True)),
         prefill_shares,
         result.per_rank("local_replay_step_s"),
         result.per_rank("local_replay_compute_s"),
-        tuple(s - b for s, b in zip(steps, bare, strict=True)) if graphs else None,
+        excess,
+        factors,
     )
+
+
+def host_factors(result: RunResult) -> tuple[float, ...] | None:
+    """Each rank's host loop beside its timed repeats over the same loop beside its own
+    decode's pairs (medians): how much slower its host ran the repeats' host work; None where
+    some rank lacks either."""
+    during = result.per_rank("local_host_loop_s")
+    if during is None or not all(during) or not all(r.host_loop_s for r in result.ranks):
+        return None
+    timed = (statistics.median(r.host_loop_s) for r in result.ranks)
+    return tuple(t / d for t, d in zip(timed, during, strict=True))
 
 
 @dataclass

@@ -24,13 +24,15 @@ class LocalMeasure:
     and dispatch included), for a step and for the prefill; and one replayed decode step with
     its real collectives and no barrier per step, beside the compute in it (None: no replay).
     `excess_s`: each rank's wrapped step less its bare one, where the wrapper's time adds to
-    the bare model's instead of scaling it (None: the share scales it)."""
+    the bare model's instead of scaling it (None: the share scales it), at the host's speed of
+    the timed repeats: `host_factors` (their host loop over the measure's, per rank) applied."""
 
     shares: tuple[float, ...]
     prefill_shares: tuple[float, ...] | None = None
     replay_step_s: tuple[float, ...] | None = None
     replay_compute_s: tuple[float, ...] | None = None
     excess_s: tuple[float, ...] | None = None
+    host_factors: tuple[float, ...] | None = None
 
     def added_s(self, in_series: bool) -> float | None:
         """Seconds per step the wrapper adds to one whole model's step, where it adds: the

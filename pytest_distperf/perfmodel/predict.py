@@ -210,11 +210,18 @@ class _Sum:
         added = local.added_s(cost.stages_in_series) if local is not None else None
         if added is not None and "compute" in self.terms:
             self.terms["compute"] += added
+            factors = local.host_factors
+            speed = (
+                f", x {max(factors):.3g} for the host's speed in the timed repeats (its loop "
+                "there over beside the measure)"
+                if factors
+                else ""
+            )
             self.notes += (
-                f"compute + {_ms(added)}: the wrapper's own time its ranks measured, the "
+                f"compute + {_ms(added)}: the wrapper's own time its ranks measured (the "
                 "wrapped model with its collectives skipped less the bare model in turn with "
-                "it (the bare step replays as a CUDA graph, which the host's speed does not "
-                "move)",
+                f"it){speed}; the bare step replays as a CUDA graph, which the host's speed "
+                "does not move",
             )
         elif local is not None and "compute" in self.terms:
             share = local.share(cost.stages_in_series)

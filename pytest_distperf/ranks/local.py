@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from distperf_model.parallelize import comm_delays_paused
 
-from pytest_distperf.ranks.hostspeed import host_times
+from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
 from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.ranks.timing import (
     Fences,
@@ -92,6 +92,9 @@ class LocalTimes:
     # Seconds per new token its threads waited runnable for a core in that run: the ranks' own
     # oversubscription, which the prediction now holds (never a neighbour's "machine busy").
     run_queue_wait_s: float | None
+    # The host's loop (ranks/hostspeed.py) after each pair, median wall seconds: the host's
+    # speed while the pairs ran, as the timed repeats' loop is theirs.
+    host_loop_s: float | None = None
 
 
 def _done_work() -> Any:
@@ -201,13 +204,14 @@ def measure(
         print(f"distperf: the rank's own decode was not measured: {error!r}", file=sys.stderr)
         all_done(False)  # the peers wait for this rank's answer before the collectives
         return None
+    times, loop_s = own
     if not all_done(bool(timeline)):  # no collective at all: nothing adds to the compute
-        return LocalTimes(*own, 0.0, own[0], None)
+        return LocalTimes(*times, 0.0, times[0], None, loop_s)
     with comm_delays_paused():
         with_collectives, waited = _with_collectives(
             own_run, prompt, tokens, fences, generate, max_new_tokens
         )
-    return LocalTimes(*own, with_collectives, own[0], waited)
+    return LocalTimes(*times, with_collectives, times[0], waited, loop_s)
 
 
 def _generation(
@@ -236,24 +240,28 @@ def _alternating(
     fences: Fences,
     generate: GenerateFn | None,
     plan: PairPlan,
-) -> tuple[float, float | None, float | None, float | None]:
+) -> tuple[tuple[float, float | None, float | None, float | None], float]:
     """(step, prefill) of the wrapped model and of the bare one (None without it), medians of
-    as many as `plan` allows each, run in turn after one warm-up each."""
+    as many as `plan` allows each, run in turn after one warm-up each; and the host's loop
+    after each pair (median wall seconds)."""
     runs: dict[str, list[Sample]] = {"wrapped": [], "bare": []}
     candidates = (("wrapped", wrapped), ("bare", bare))
     models = [(name, runner) for name, runner in candidates if runner.model is not None]
     first = [_generation(runner, prompt, tokens, fences, generate) for _, runner in models]
+    loops = []
     for _ in range(_repeats(plan.most, first[0], plan.budget_s)):
         for name, runner in models:
             runs[name].append(_generation(runner, prompt, tokens, fences, generate))
+        loops.append(interpreter_loop_times()[0])
     steps = {k: [step_seconds(s, tokens) for s in v] for k, v in runs.items()}
     prefills = {k: [s.ttft_s for s in v if s.ttft_s is not None] for k, v in runs.items()}
-    return (
+    times = (
         statistics.median(steps["wrapped"]),
         _median(prefills["wrapped"]),
         _median(steps["bare"]),
         _median(prefills["bare"]),
     )
+    return times, statistics.median(loops)
 
 
 def _median(values: list[float]) -> float | None:
