@@ -4,7 +4,8 @@ in the ranks"):
 
 * the wrapped model's generation with its collectives skipped: this rank's share of the
   compute with the wrapper's hooks and dispatch, in turn with the bare whole model, so that
-  their ratio holds where the host's speed drifts;
+  their ratio holds where the host's speed drifts; each with the steps of the timed repeats
+  (a compiled run's compiled ones), the host's loop after each pair;
 * the same generation with its collectives, back to back with no barrier per step (mean): on
   cores that the ranks and the backend's threads share, a collective between compute bursts
   costs what a fenced calibration never sees (the waits for the peer and for a core, and the
