@@ -52,6 +52,11 @@ def test_fsdp2_drops_the_fixed_terms_its_measured_share_holds() -> None:
     assert "fsdp_overhead" not in p.terms and "gather_copies" not in p.terms
     assert p.terms["compute"] == pytest.approx(0.004 * 8.2)
     assert p.terms["all_gather"] + p.terms["latency"] == pytest.approx(0.12 - 0.033)
+    kept = predict_for(PRESETS["pythia-14m"], "fsdp-noreshard", 2, _links(), local=local, **CPU)
+    assert "fsdp_overhead" not in kept.terms
+    # the notes say what the prediction charged, not the per-unit figure it left out
+    assert not any("per-unit overhead" in a for a in kept.assumptions)
+    assert any("hooks are in the compute" in a for a in kept.assumptions)
 
 
 def test_fsdp1_on_one_cuda_device_takes_the_measured_share_not_the_fixed_overhead() -> None:

@@ -91,7 +91,9 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
             (
                 "FSDP2 no reshard: weights gathered once in warm-up and kept (no backward "
                 "reshards them), so no per-token collective",
-                f"FSDP2 per-unit overhead {o.fsdp2_unit_s * 1e3:g} ms x {units} units",
+                "FSDP2: the units' hooks are in the compute its ranks measured"
+                if measured
+                else f"FSDP2 per-unit overhead {o.fsdp2_unit_s * 1e3:g} ms x {units} units",
             ),
         )
     sizes = [block] * x.config.n_layer + [root]
