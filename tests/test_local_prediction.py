@@ -162,6 +162,21 @@ def test_a_compiled_gpu_run_adds_the_wrappers_time_to_its_cuda_graph_bare_step()
     assert scaled.terms["compute"] == pytest.approx(0.0002 * 20)
 
 
+def test_a_failure_against_the_runs_own_step_says_what_the_compute_is() -> None:
+    from pytest_distperf.perfmodel import failure_message
+
+    cfg, one = PRESETS["pythia-14m"], nominal_links(probe_cpu(1), 1)
+    cuda = dict(CPU, device_type="cuda", dtype_bytes=2)
+    own = predict_for(cfg, "fsdp", 1, one, local=LocalMeasure((1.3,)), **cuda)
+    message = failure_message(own, own.tokens_per_sec / 2, 0.7)
+    assert "compute x 1.3: the share its ranks measured" in message
+    assert "this run's own wrapped step, timed after its repeats" in message
+    modelled = predict_for(cfg, "fsdp", 1, one, **cuda)
+    message = failure_message(modelled, modelled.tokens_per_sec / 2, 0.7)
+    assert "compute: measured single-rank 4 ms per token" in message
+    assert "own wrapped step" not in message
+
+
 def test_the_wrappers_added_time_combines_by_how_the_ranks_run() -> None:
     m = LocalMeasure((2.0, 3.0), excess_s=(0.001, 0.002))
     assert m.added_s(False) == pytest.approx(0.002) and m.added_s(True) == pytest.approx(0.003)

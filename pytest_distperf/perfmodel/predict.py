@@ -159,6 +159,8 @@ def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
     return overlap * min(host, transfer)
 
 
+# Said in a compute note that the run's ranks measured their own step (ranks/local.py).
+OWN_MEASURE = "its ranks measured"
 CPU_NO_OVERLAP = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
 
 
@@ -218,7 +220,7 @@ class _Sum:
                 else ""
             )
             self.notes += (
-                f"compute + {_ms(added)}: the wrapper's own time its ranks measured (the "
+                f"compute + {_ms(added)}: the wrapper's own time {OWN_MEASURE} (the "
                 "wrapped model with its collectives skipped less the bare model in turn with "
                 f"it){speed}; the bare step replays as a CUDA graph, which the host's speed "
                 "does not move",
@@ -227,7 +229,7 @@ class _Sum:
             share = local.share(cost.stages_in_series)
             self.terms["compute"] *= share
             self.notes += (
-                f"compute x {share:.3g}: the share its ranks measured, the wrapped model with "
+                f"compute x {share:.3g}: the share {OWN_MEASURE}, the wrapped model with "
                 "its collectives skipped over the bare model in turn with it (hooks and "
                 "dispatch included)",
             )
@@ -468,5 +470,21 @@ def failure_message(
         f"{p.strategy}{impl} on {p.devices} device(s): measured {measured_tokens_per_sec:.3g} "
         f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the predicted "
         f"{p.tokens_per_sec:.3g} tok/s); measured/predicted = {ratio:.2f}.\n"
-        f"  {describe_prediction(p)}"
+        f"  {describe_prediction(p)}{_compute_source(p)}"
     )
+
+
+def _compute_source(p: Prediction) -> str:
+    """Where the predicted compute came from; where it is the run's own wrapped step, what a
+    run below it means."""
+    notes = [a for a in p.assumptions if a.startswith("compute")]
+    if not notes:
+        return ""
+    text = "\n  " + "\n  ".join(notes)
+    if any(OWN_MEASURE in a for a in notes):
+        text += (
+            "\n  The compute is this run's own wrapped step, timed after its repeats: the "
+            "repeats ran slower than that step did then (they did more work, or the host "
+            "ran slower while they ran)."
+        )
+    return text
