@@ -390,6 +390,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "CPU: the wait for a core per new token in that replayed run"),
     Figure("local_host_loop_s", "s", per_rank("local_host_loop_s"),
            "the host's loop beside the own decode's pairs (median): the host's speed then"),
+    Figure("local_bare_cuda_graphs", "", per_rank("local_bare_cuda_graphs"),
+           "the bare model's steps in those pairs replayed as CUDA graphs"),
     Figure("relative_speed_samples", "", from_result("relative_speed_samples", _S),
            "relative_speed of each repeat"),
     Figure("host_loop_samples", "s", from_result("host_loop_samples", _S),

@@ -50,6 +50,7 @@ def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
     # every rank measured its own share with the compiled steps (a failure there is quiet)
     assert all(rows["auto-2cpu-compiled]"]["local_step_s"])
     assert all(rows["auto-2cpu-compiled]"]["local_bare_step_s"])
+    assert rows["auto-2cpu-compiled]"]["local_bare_cuda_graphs"] == [False, False]  # CPU
 
 
 def test_bad_compile_value_names_it(pytester: pytest.Pytester) -> None:

@@ -65,7 +65,7 @@ JSON_KEYS = frozenset(
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
         *("local_step_s", "local_prefill_s", "local_bare_step_s", "local_bare_prefill_s"),
         *("local_replay_step_s", "local_replay_compute_s", "local_run_queue_wait_s"),
-        "local_host_loop_s",
+        *("local_host_loop_s", "local_bare_cuda_graphs"),
         "host_loop_cpu_samples",
         *(
             "work_s",
@@ -111,7 +111,7 @@ SUMMARY_KEYS = frozenset(
         "run_queue_wait_per_token_s",
         *("local_step_s", "local_prefill_s", "local_bare_step_s", "local_bare_prefill_s"),
         *("local_replay_step_s", "local_replay_compute_s", "local_run_queue_wait_s"),
-        "local_host_loop_s",
+        *("local_host_loop_s", "local_bare_cuda_graphs"),
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
     }

@@ -87,7 +87,7 @@ def test_the_measure_needs_a_compute_to_scale() -> None:
     assert "compute" not in p.terms  # the roofline, unscaled
 
 
-def _rank(rank: int, **fields: float | None) -> RankResult:
+def _rank(rank: int, **fields: float | bool | None) -> RankResult:
     return RankResult(
         rank=rank,
         samples=(),
@@ -124,25 +124,22 @@ def test_a_compiled_gpu_run_adds_the_wrappers_time_to_its_cuda_graph_bare_step()
     # The bare step replays as a CUDA graph: host drift does not scale it, and a short
     # generation's fixed cost would be multiplied by a share of 20 (a small model's FSDP).
     figures = dict(local_step_s=0.0050, local_bare_step_s=0.00025)
-    workload = Workload(model="pythia-14m", max_new_tokens=16)
-    runs = {
-        (accelerator, compile): RunResult(
-            replace(RunSpec("t::x", "fsdp", 1, accelerator, workload, 1, 0, 1), compile=compile),
-            (_rank(0, **figures),),
-            0.0,
-            0.0,
-        )  # type: ignore[call-arg]
-        for accelerator in ("cuda", "cpu")
-        for compile in (True, False)
-    }
-    m = local_measure(runs["cuda", True])
+    spec = RunSpec("t::x", "fsdp", 1, "cuda", Workload(model="pythia-14m"), 1, 0, 1)
+
+    def run(graphs: bool | None) -> RunResult:  # None: a report from before the field
+        rank = _rank(0, **figures, local_bare_cuda_graphs=graphs)
+        return RunResult(spec, (rank,), 0.0, 0.0)  # type: ignore[call-arg]
+
+    runs = {graphs: run(graphs) for graphs in (True, False, None)}
+    m = local_measure(runs[True])
     assert m is not None and m.excess_s == (pytest.approx(0.00475),) and m.host_factors is None
-    assert all(local_measure(runs[k]).excess_s is None for k in runs if k != ("cuda", True))
+    assert local_measure(runs[False]).excess_s is None  # eager, or a CPU rank's compiled bare
+    assert local_measure(runs[None]).excess_s is None
     # The host's loop ran 1.3x slower beside the timed repeats than beside the measure: the
     # wrapper's host work is charged at the repeats' speed.
-    slower = _rank(0, **figures, local_host_loop_s=0.010)
+    slower = _rank(0, **figures, local_host_loop_s=0.010, local_bare_cuda_graphs=True)
     slower = replace(slower, host_loop_s=(0.012, 0.014, 0.013))
-    scaled_run = replace(runs["cuda", True], ranks=(slower,))
+    scaled_run = replace(runs[True], ranks=(slower,))
     at_speed = local_measure(scaled_run)
     assert at_speed is not None and at_speed.host_factors == (pytest.approx(1.3),)
     assert at_speed.excess_s == (pytest.approx(0.00475 * 1.3),)
@@ -273,10 +270,11 @@ def test_a_compiled_run_measures_its_compiled_steps_wrapped_and_bare() -> None:
     times = measure(
         wrapped, bare, prompt, 6, all_done=lambda any_collective: False,
         plan=PairPlan(most=2, budget_s=60.0), steps=override("wrapped"),
-        bare_steps=override("bare"),
+        bare_steps=override("bare"), bare_cuda_graphs=True,
     )  # fmt: skip
     assert times is not None and times.step_s > 0 and times.bare_step_s
     assert times.host_loop_s and times.host_loop_s > 0  # the host's speed beside the pairs
+    assert times.bare_cuda_graphs  # said on, for the gate to add the wrapper's time
     # a first generation of each, then 2 pairs: 3 generations each, a prefill and 4 steps
     assert [name for name, _ in ran].count("wrapped") == 3 * 5
     assert [name for name, _ in ran].count("bare") == 3 * 5

@@ -88,12 +88,11 @@ def local_measure(result: RunResult) -> LocalMeasure | None:
     prefill_shares = None
     if prefills is not None and bare_prefills is not None and all(bare_prefills):
         prefill_shares = tuple(p / b for p, b in zip(prefills, bare_prefills, strict=True))
-    # A compiled run on a GPU times its bare model as CUDA graphs (ranks/compiled.py): that
-    # step is the device's, which host drift does not scale, so the wrapper's time adds to it.
-    spec = result.spec
-    graphs = spec.compile and spec.accelerator == "cuda" and not spec.workload.generate
+    # A bare step that replays as CUDA graphs (a compiled run on a GPU) is the device's, which
+    # host drift does not scale: the wrapper's time adds to it.
+    graphs = result.per_rank("local_bare_cuda_graphs")
     excess, factors = None, None
-    if graphs:
+    if graphs is not None and all(graphs):
         factors = host_factors(result)
         excess = tuple(
             (s - b) * f for s, b, f in zip(steps, bare, factors or [1.0] * len(steps), strict=True)

@@ -96,6 +96,9 @@ class LocalTimes:
     # The host's loop (ranks/hostspeed.py) after each pair, median wall seconds: the host's
     # speed while the pairs ran, as the timed repeats' loop is theirs.
     host_loop_s: float | None = None
+    # The bare model's steps replayed as CUDA graphs: the device's time, which host drift does
+    # not scale (the prediction then adds the wrapper's excess to it).
+    bare_cuda_graphs: bool = False
 
 
 def _done_work() -> Any:
@@ -187,13 +190,15 @@ def measure(
     plan: PairPlan = CPU_PAIRS,
     steps: StepOverride | None = None,
     bare_steps: StepOverride | None = None,
+    bare_cuda_graphs: bool = False,
 ) -> LocalTimes | None:
     """This rank's own decode (collectives skipped, `bare` in turn with it where given), then
     with its collectives, which every rank runs or none does; None where the own decode
     failed (said on stderr: the run's timed figures stand without it). `sync` waits for the
     rank's device (CUDA) before and after each timed generation; `plan`: how many wrapped and
     bare generations in turn; `steps` / `bare_steps`: the compiled steps each runs in the timed
-    repeats (None: eager), so that a compiled run's share is the compiled wrapper's."""
+    repeats (None: eager), so that a compiled run's share is the compiled wrapper's;
+    `bare_cuda_graphs`: whether `bare_steps` replay as CUDA graphs."""
     tokens = 1 + min(max_new_tokens - 1, LOCAL_DECODE_STEPS)
     timeline: list[str] = []  # the kinds of collectives skipped
     fences = _unfenced(sync)
@@ -207,12 +212,12 @@ def measure(
         return None
     times, loop_s = own
     if not all_done(bool(timeline)):  # no collective at all: nothing adds to the compute
-        return LocalTimes(*times, 0.0, times[0], None, loop_s)
+        return LocalTimes(*times, 0.0, times[0], None, loop_s, bare_cuda_graphs)
     with comm_delays_paused():
         with_collectives, waited = _with_collectives(
             own_run, prompt, tokens, fences, generate, max_new_tokens
         )
-    return LocalTimes(*times, with_collectives, times[0], waited, loop_s)
+    return LocalTimes(*times, with_collectives, times[0], waited, loop_s, bare_cuda_graphs)
 
 
 def _generation(

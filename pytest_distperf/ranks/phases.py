@@ -318,6 +318,7 @@ def measure_local(ctx: RankContext) -> None:
         plan=local.CPU_PAIRS if ctx.device.type == "cpu" else local.DEVICE_PAIRS,
         steps=ctx.wrapped_steps.override() if ctx.wrapped_steps else None,
         bare_steps=bare_steps.override() if bare_steps else None,
+        bare_cuda_graphs=bool(bare_steps and bare_steps.cuda_graphs),
     )
 
 
