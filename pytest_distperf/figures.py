@@ -324,6 +324,12 @@ RUN_FIGURES: tuple[Figure, ...] = (
            from_result("run_queue_wait_per_token_s", "slowest rank"),
            "time a rank's threads waited for a core over the timed repeats, per new token "
            "(Linux run-queue delay): what another process took", _SCALAR),
+    Figure("steal_per_token_s", "s", slowest_rank("steal_per_token_s"),
+           "the host's steal time per CPU over the timed repeats, per new token (/proc/stat): "
+           "what a VM's hypervisor gave another guest", _SCALAR),
+    Figure("bare_run_queue_wait_per_token_s", "s",
+           slowest_rank("bare_run_queue_wait_per_token_s"),
+           "the bare model's wait for a core beside the repeats, per its new token", _SCALAR),
     Figure("device_time_per_token_s", "s",
            from_result("device_time_per_token_s", "slowest rank"),
            "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),
@@ -426,6 +432,9 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("relative_speed_verdict", "", judged("relative_speed.verdict"), "its verdict"),
     Figure("host_cpu_change", "", judged("baseline.busy.host_cpu_change"),
            "CPU time per token / its recorded runs' - 1, where tok/s regressed"),
+    Figure("busy_evidence", "", judged("decision.busy_evidence"),
+           "what something outside the ranks measurably took per token beyond the baseline's "
+           "run: run-queue wait, steal, the core's slowdown (null: not measured)"),
     Figure("device_time_change", "", judged("ran.device_time.figures.change"),
            "device time per token / its recorded runs' - 1"),
     *(outcome for check in _CHECKS for outcome in _check_outcomes(check)),

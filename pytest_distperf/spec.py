@@ -191,6 +191,10 @@ class RankResult:
     # Seconds per new token this rank's threads waited runnable for a core in the timed repeats
     # (Linux run-queue delay): what a busy neighbour took; None where the kernel keeps none.
     run_queue_wait_per_token_s: float | None = None
+    # The host's steal per CPU over the timed repeats, per new token (a VM's hypervisor ran
+    # another guest); the bare model's wait for a core beside them, per its token.
+    steal_per_token_s: float | None = None
+    bare_run_queue_wait_per_token_s: float | None = None
     # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
     device_time_per_token_s: float | None = None
     # Training (None otherwise): the first optimizer step's loss, and the loss of the same

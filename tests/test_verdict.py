@@ -5,7 +5,13 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_distperf.judge.busy import busy_check, busy_threshold, core_slowdown, cpu_change
+from pytest_distperf.judge.busy import (
+    busy_check,
+    busy_threshold,
+    core_slowdown,
+    cpu_change,
+    machine_check,
+)
 from pytest_distperf.judge.checks import (
     BaselineFigures,
     Check,
@@ -18,7 +24,6 @@ from pytest_distperf.judge.checks import (
     ThresholdFigures,
     WorkFigures,
     baseline_check,
-    machine_check,
     memory_check,
     relative_speed_check,
     skipped_check,

@@ -16,13 +16,13 @@ import json
 import sys
 from pathlib import Path
 
+from pytest_distperf.judge.busy import machine_check
 from pytest_distperf.judge.checks import (
     MACHINE_SLOWER,
     BaselineFigures,
     GateSettings,
     RelativeSpeedFigures,
     baseline_check,
-    machine_check,
     relative_speed_check,
 )
 from pytest_distperf.store.entry import BaselineEntry

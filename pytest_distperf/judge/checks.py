@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import enum
 import math
-import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 from pytest_distperf.judge.stats import (
@@ -22,7 +21,6 @@ from pytest_distperf.judge.stats import (
     compare_to_recorded_runs,
 )
 from pytest_distperf.judge.tolerance import (
-    MIN_RUNS_FOR_DRIFT,
     RUNS_FOR_SETTLED_FLOOR,
     detectable_drop,
 )
@@ -91,12 +89,42 @@ class MachineFigures:
 
 
 @dataclass(frozen=True)
+class BusyEvidence:
+    """What something outside the rank measurably took from it per new token, beyond what it
+    took when the baseline was recorded (judge/busy.py); None where not measured."""
+
+    run_queue_wait_per_token_s: float | None  # its threads runnable, waiting for a core
+    steal_per_token_s: float | None  # the hypervisor ran another guest (per CPU)
+    core_slowdown: float | None  # the fixed loop's CPU time over the baseline's, >= 1
+    bare_run_queue_wait_per_token_s: float | None = None  # the bare model's, beside
+
+    @property
+    def outside_s(self) -> float:
+        """Time per token taken outright: the wait for a core and the steal."""
+        return (self.run_queue_wait_per_token_s or 0.0) + (self.steal_per_token_s or 0.0)
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {
+            "run_queue_wait_per_token_s": self.run_queue_wait_per_token_s,
+            "steal_per_token_s": self.steal_per_token_s,
+            "core_slowdown": self.core_slowdown,
+            "bare_run_queue_wait_per_token_s": self.bare_run_queue_wait_per_token_s,
+        }
+
+
+NO_EVIDENCE = BusyEvidence(None, None, None)
+
+
+@dataclass(frozen=True)
 class BusyFigures:
-    """The busy check's figures (judge/counted.py): relative changes against the baseline's."""
+    """The busy check's figures: changes against the baseline's, and the evidence weighed."""
 
     wall_change: float  # wall time per token: positive when slower
-    host_cpu_change: float  # process CPU time per token
-    host_cpu_tolerance: float  # what the CPU time may move by itself
+    host_cpu_change: float | None  # process CPU time per token, where both sides have it
+    host_cpu_tolerance: float | None  # what the CPU time may move by itself
+    evidence: BusyEvidence = NO_EVIDENCE
+    explained_share: float = 0.0  # of the lost time, what the evidence accounts for
+    change_beyond_evidence: float | None = None  # the wall time's change with it taken out
 
 
 @dataclass(frozen=True)
@@ -302,71 +330,6 @@ def relative_speed_check(
     return Check(name, comparison_status(comparison, settings), message, figures)
 
 
-def machine_check(
-    baseline: Check,
-    relative: Check,
-    entry: BaselineEntry | None,
-    host_loop_samples: Sequence[float],
-    host_paced: bool = True,
-) -> Check:
-    """`baseline`, turned into a warning when the machine's own slowdown accounts for its
-    regression.
-
-    A fixed interpreter loop (hostspeed.py), which runs no model code, is timed beside each
-    repeat and recorded with the baseline. Its loss of speed is the most a slower host can take
-    off a run whose time is all host work: eager decode time moves with the loop's, by less
-    than the loop's own change, never more (docs/benchmarks/h200-2026-11-30-gate.md, data in
-    docs/benchmarks/data/noise-v3/). That much is taken out of the throughput change; when
-    what is left is within the tolerance, and the speed relative to the bare model beside each
-    repeat neither failed nor fell by more than that tolerance (the strategy kept pace), the
-    run warns "machine slower" with its figures instead of failing. Whatever the loop does not
-    account for still fails: code that got slower by itself does not slow that loop. A run
-    partly bound by the device is excused a little more than its host share warrants, the
-    price of not knowing that share. A run whose timed steps replayed as CUDA graphs
-    (`host_paced` False) is paced by the device: a slower host explains none of it.
-    """
-    figures, relative_figures = baseline.figures, relative.figures
-    if (
-        not host_paced
-        or not isinstance(figures, BaselineFigures)
-        or figures.verdict != "regression"
-        or relative.status is CheckStatus.FAIL
-        or not isinstance(relative_figures, RelativeSpeedFigures)
-        or entry is None
-        or not host_loop_samples
-        # The loop's level must come from the runs the throughput's level comes from; a history
-        # recorded partly before the loop existed (or broken by a run without it) does not.
-        or len(entry.host_loop_run_medians) != len(entry.run_medians)
-    ):
-        return baseline
-    change, relative_change, tolerance = figures.change, relative_figures.change, figures.tolerance
-    levels = entry.host_loop_run_medians
-    # As compare_to_recorded_runs sets the throughput's level: the runs' median from
-    # MIN_RUNS_FOR_DRIFT on, the latest run before that.
-    host_then = statistics.median(levels) if len(levels) >= MIN_RUNS_FOR_DRIFT else levels[-1]
-    host_now = statistics.median(host_loop_samples)
-    host_change = host_then / host_now - 1  # of speed: negative when the loop took longer
-    beyond_host = (1 + change) / (1 + host_change) - 1
-    machine = MachineFigures(
-        bare_change=(1 + change) / (1 + relative_change) - 1,
-        host_change=host_change,
-        change_beyond_host=beyond_host,
-    )
-    explained = host_change < 0 and beyond_host >= -tolerance and relative_change >= -tolerance
-    if not explained:
-        return replace(baseline, figures=replace(figures, machine=machine))
-    message = (
-        f"{baseline.message}; not failed: the machine itself ran slower. The host's own speed (a "
-        f"fixed interpreter loop, no model code) was {-host_change:.1%} lower than when recorded "
-        f"({host_now * 1e3:.3g} ms against {host_then * 1e3:.3g} ms); with that taken out the "
-        f"change is {beyond_host:+.1%}, within the tolerance, and the speed relative to the bare "
-        f"model timed beside each repeat changed by {relative_change:+.1%}. Code that got slower "
-        "by itself would not have slowed that loop."
-    )
-    excused = replace(figures, machine=machine, verdict=MACHINE_SLOWER)
-    return Check(baseline.name, CheckStatus.WARN, message, excused)
-
-
 def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
     """What a baseline made of these samples would let the gate catch."""
     if len(samples) < 2:
@@ -432,6 +395,9 @@ class Decision:
     work: Check = _NOT_COUNTED  # the counted work against the baseline's (judge/counted.py)
     device_time: Check = _NO_DEVICE_TIME
     loss: Check = _NO_LOSS  # training: the first step's loss against one process's
+    # What something outside the ranks took, against the baseline's (judge/busy.py); None
+    # without a baseline to compare with.
+    busy_evidence: BusyEvidence | None = None
 
     @property
     def checks(self) -> tuple[Check, ...]:

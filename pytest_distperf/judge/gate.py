@@ -11,14 +11,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pytest_distperf.judge.busy import busy_check, busy_threshold, core_slowdown, cpu_change
+from pytest_distperf.judge.busy import (
+    busy_check,
+    busy_evidence,
+    busy_threshold,
+    cpu_change,
+    machine_check,
+)
 from pytest_distperf.judge.checks import (
     Check,
     Decision,
     GateSettings,
     baseline_check,
     detectable_check,
-    machine_check,
     memory_check,
     relative_speed_check,
     skipped_check,
@@ -239,8 +244,14 @@ class Gate:
         # The ranks' own wait for a core, which the CPU prediction holds, excuses nothing.
         own_wait = max(result.per_rank("local_run_queue_wait_s") or (0.0,))
         beyond_own = None if waited is None else max(waited - own_wait, 0.0)
-        core = core_slowdown(entry, result.host_loop_cpu_samples)
-        baseline, relative = busy_check(baseline, relative, work, device_time, cpu, waited, core)
+        evidence = busy_evidence(
+            entry,
+            waited,
+            _slowest_rank(result, "steal_per_token_s"),
+            result.host_loop_cpu_samples,
+            _slowest_rank(result, "bare_run_queue_wait_per_token_s"),
+        )
+        baseline, relative = busy_check(baseline, relative, work, device_time, cpu, evidence)
         threshold = busy_threshold(threshold, work, beyond_own)
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
@@ -251,6 +262,7 @@ class Gate:
             work=work,
             device_time=device_time,
             **_loss(result),
+            busy_evidence=None if entry is None else evidence,
         )
 
     def known_keys(self) -> list[str]:
@@ -276,9 +288,21 @@ class Gate:
             work=result.work,
             host_cpu_per_token_s=result.host_cpu_per_token_s,
             device_time_per_token_s=result.device_time_per_token_s,
+            waits={
+                "run_queue_wait_run_medians": result.run_queue_wait_per_token_s,
+                "bare_run_queue_wait_run_medians": _slowest_rank(
+                    result, "bare_run_queue_wait_per_token_s"
+                ),
+                "steal_run_medians": _slowest_rank(result, "steal_per_token_s"),
+            },
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True
+
+
+def _slowest_rank(result: RunResult, name: str) -> float | None:
+    values = result.per_rank(name)
+    return None if values is None else max(values)
 
 
 def _loss(result: RunResult) -> dict[str, Check]:

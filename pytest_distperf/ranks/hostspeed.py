@@ -10,6 +10,7 @@ runs no model code, so a slower model does not move it.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 # Short, yet far above timer noise on the hosts measured (docs/benchmarks/h200-2026-11-30.md).
@@ -31,18 +32,20 @@ def interpreter_loop_times(iterations: int = LOOP_ITERATIONS) -> tuple[float, fl
     return time.perf_counter() - start, time.thread_time() - cpu_start
 
 
-def host_times() -> tuple[float, float | None]:
-    """(this process's CPU seconds, seconds its threads have waited runnable for a core).
+def host_times() -> tuple[float, float | None, float | None]:
+    """(this process's CPU seconds, seconds its threads have waited runnable for a core,
+    seconds the hypervisor has stolen from an average CPU of this host).
 
     The wait is the kernel's run-queue delay (Linux `/proc/<pid>/task/*/schedstat`, second
     field), summed over the threads alive now; None where the kernel does not keep it. A busy
     neighbour shows there, while a rank waiting for its peer or for the device sleeps, which
-    is not counted."""
+    is not counted. The steal is `/proc/stat`'s (a VM's host ran another guest); None where
+    there is no such file."""
     cpu = time.process_time()
     try:
         threads = os.listdir("/proc/self/task")
     except OSError:
-        return cpu, None
+        return cpu, None, host_steal_seconds()
     waited_ns = 0
     for thread in threads:
         try:
@@ -50,4 +53,21 @@ def host_times() -> tuple[float, float | None]:
                 waited_ns += int(stat.read().split()[1])
         except (OSError, IndexError, ValueError):
             continue  # the thread ended meanwhile
-    return cpu, waited_ns / 1e9
+    return cpu, waited_ns / 1e9, host_steal_seconds()
+
+
+def host_steal_seconds(stat_path: str = "/proc/stat") -> float | None:
+    """Steal time of this host's CPUs, summed and divided by their number: what a thread that
+    ran all along on one of them lost to the hypervisor; None where the file or field is
+    missing."""
+    try:
+        with open(stat_path) as stat:
+            lines = stat.read().splitlines()
+        fields = lines[0].split()
+        cpus = sum(1 for line in lines if re.match(r"cpu\d+ ", line))
+        ticks = int(fields[8])  # cpu user nice system idle iowait irq softirq steal ...
+    except (OSError, IndexError, ValueError):
+        return None
+    if fields[0] != "cpu" or not cpus:
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK") / cpus

@@ -234,18 +234,37 @@ def run_workload(
 
 @dataclass(frozen=True)
 class HostTime:
-    """This process's CPU seconds and run-queue wait (None where unknown) over some stretch."""
+    """This process's CPU seconds, run-queue wait and the host's steal per CPU over some
+    stretch (None where unknown)."""
 
     cpu_s: float
     waited_s: float | None
+    stolen_s: float | None = 0.0
 
     def plus(
-        self, before: tuple[float, float | None], after: tuple[float, float | None]
+        self,
+        before: tuple[float, float | None, float | None],
+        after: tuple[float, float | None, float | None],
     ) -> HostTime:
-        waited = None
-        if self.waited_s is not None and before[1] is not None and after[1] is not None:
-            waited = self.waited_s + max(after[1] - before[1], 0.0)  # a thread may have ended
-        return HostTime(self.cpu_s + after[0] - before[0], waited)
+        return HostTime(
+            self.cpu_s + after[0] - before[0],
+            _added(self.waited_s, before[1], after[1]),
+            _added(self.stolen_s, before[2], after[2]),
+        )
+
+    def per(self, tokens: int) -> tuple[float, float | None, float | None]:
+        """(CPU, wait, steal) seconds per one of `tokens`."""
+        return (
+            self.cpu_s / tokens,
+            None if self.waited_s is None else self.waited_s / tokens,
+            None if self.stolen_s is None else self.stolen_s / tokens,
+        )
+
+
+def _added(total: float | None, before: float | None, after: float | None) -> float | None:
+    if total is None or before is None or after is None:
+        return None
+    return total + max(after - before, 0.0)  # a thread may have ended
 
 
 # The reference is timed right after start-up (and, in a session's first test, right after the

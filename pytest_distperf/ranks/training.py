@@ -245,9 +245,9 @@ def time_steps(ctx: RankContext) -> None:
     ctx.host_loop_cpu_s = tuple(cpu for _, cpu in besides)
     tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)
     if tokens:
-        ctx.host_cpu_per_token_s = host.cpu_s / tokens
-        if host.waited_s is not None:
-            ctx.run_queue_wait_per_token_s = host.waited_s / tokens
+        ctx.host_cpu_per_token_s, ctx.run_queue_wait_per_token_s, ctx.steal_per_token_s = host.per(
+            tokens
+        )
 
 
 def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:

@@ -24,8 +24,8 @@ from pytest_distperf.work import Work
 
 # 2 added run_medians, 3 the relative speed, 4 the host's own speed, 5 the counted work and
 # the CPU and device time per token; older files are read (without them), written as 5
-SCHEMA = 5
-READABLE_SCHEMAS = (1, 2, 3, 4, 5)
+SCHEMA = 6
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
 # of speed leaves the window (the spread is interquartile, so a change in under a quarter of
 # the window is ignored, and one in more widens the tolerance until it leaves).
@@ -47,7 +47,8 @@ _ENTRY_FIELDS = frozenset(
     }
 )
 # Absent from older files: run_medians before schema 2, the relative speed before schema 3,
-# the host loop before schema 4, the counted work and per-token times before schema 5.
+# the host loop before schema 4, the counted work and per-token times before schema 5, the
+# waits for a core and the steal before schema 6.
 _LIST_FIELDS = (
     "run_medians",
     "relative_samples",
@@ -55,6 +56,13 @@ _LIST_FIELDS = (
     "host_loop_run_medians",
     "host_cpu_run_medians",
     "device_time_run_medians",
+    *(
+        _WAIT_FIELDS := (
+            "run_queue_wait_run_medians",
+            "bare_run_queue_wait_run_medians",
+            "steal_run_medians",
+        )
+    ),
 )
 _OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
 # One value per recorded run, extended by every refresh (`following`).
@@ -63,6 +71,7 @@ _HISTORIES = (
     "host_loop_run_medians",
     "host_cpu_run_medians",
     "device_time_run_medians",
+    *_WAIT_FIELDS,
 )
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
@@ -118,6 +127,12 @@ class BaselineEntry:
     #: decode token, of each of the last RUN_HISTORY recorded runs; empty if unknown.
     host_cpu_run_medians: tuple[float, ...] = ()
     device_time_run_medians: tuple[float, ...] = ()
+    #: Per new token, of the same runs: the slowest rank's wait for a core (run queue), the bare
+    #: model's beside it and the host's steal per CPU; zero is a level (an idle machine), empty
+    #: unknown. What a later run waited beyond them is the outside's (judge/busy.py).
+    run_queue_wait_run_medians: tuple[float, ...] = ()
+    bare_run_queue_wait_run_medians: tuple[float, ...] = ()
+    steal_run_medians: tuple[float, ...] = ()
 
     @property
     def relative_median(self) -> float | None:
@@ -167,10 +182,12 @@ class BaselineEntry:
             raise ValueError(f"{self.test_id}: extra must be JSON-serializable ({exc})") from exc
         for name in _LIST_FIELDS:
             values = tuple(getattr(self, name))
+            low = 0.0 if name in _WAIT_FIELDS else math.ulp(0.0)
             for value in values:
-                if not is_number(value) or not math.isfinite(value) or value <= 0:
+                if not is_number(value) or not math.isfinite(value) or value < low:
+                    kind = "non-negative" if low == 0 else "positive"
                     raise ValueError(
-                        f"{self.test_id}: {name} must be positive numbers, got {value!r}"
+                        f"{self.test_id}: {name} must be {kind} numbers, got {value!r}"
                     )
             object.__setattr__(self, name, tuple(float(v) for v in values))
         object.__setattr__(self, "samples", tuple(float(v) for v in samples))
@@ -192,6 +209,7 @@ class BaselineEntry:
         work: Work | None = None,
         host_cpu_per_token_s: float | None = None,
         device_time_per_token_s: float | None = None,
+        waits: Mapping[str, float | None] | None = None,
     ) -> BaselineEntry:
         """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
         time of each, when known, and the run's counted work and per-token times), computing
@@ -225,6 +243,7 @@ class BaselineEntry:
             device_time_run_medians=_one_run(
                 device_time_per_token_s, test_id, "device_time_per_token_s"
             ),
+            **{name: _one_wait(value, test_id, name) for name, value in (waits or {}).items()},
         )
 
     def following(self, previous: BaselineEntry) -> BaselineEntry:
@@ -261,6 +280,7 @@ class BaselineEntry:
             "host_loop_run_medians": list(self.host_loop_run_medians),
             "host_cpu_run_medians": list(self.host_cpu_run_medians),
             "device_time_run_medians": list(self.device_time_run_medians),
+            **{name: list(getattr(self, name)) for name in _WAIT_FIELDS},
             # left out when not counted: an entry without it reads as before schema 5
             **({} if self.work is None else {"work": self.work.to_json()}),
         }
@@ -296,6 +316,7 @@ class BaselineEntry:
             work=work,
             host_cpu_run_medians=tuple(lists["host_cpu_run_medians"]),
             device_time_run_medians=tuple(lists["device_time_run_medians"]),
+            **{name: tuple(lists[name]) for name in _WAIT_FIELDS},
         )
 
 
@@ -303,6 +324,17 @@ def _one_run(value: float | None, test_id: str, name: str) -> tuple[float, ...]:
     """A run's one value as the start of its history; () when the run has none (a zero, as a
     profile without kernels gives, is no level to compare with either)."""
     return () if value is None or value == 0 else _rounded_samples((value,), test_id, name)
+
+
+def _one_wait(value: float | None, test_id: str, name: str) -> tuple[float, ...]:
+    """A run's wait per token as the start of its history (zero included); () when unknown."""
+    if name not in _WAIT_FIELDS:
+        raise ValueError(f"{test_id}: {name!r} is no wait of a baseline entry ({_WAIT_FIELDS})")
+    if value is None:
+        return ()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise ValueError(f"{test_id}: {name} must be a non-negative number, got {value!r}")
+    return (_round(float(value)),)
 
 
 def _extended(history: tuple[float, ...], own: tuple[float, ...]) -> tuple[float, ...]:

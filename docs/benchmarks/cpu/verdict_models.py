@@ -1,0 +1,122 @@
+"""The verdict matrix's model (docs/benchmarks/cpu_verdict_matrix.sh, tests/test_verdict_matrix.py):
+this project's pythia-14m from a plain builder, as a user writes one, and a user's own greedy
+loop, each with the regressions a user makes by accident, switched on by environment variables
+the ranks inherit (so that the test's identity, and so its baseline, stays the same). A share S
+asks for S of the new wall time per token, whatever the strategy's own speed: S / (1 - S) of
+the previous forward's time is added, spread over the blocks or after the forward.
+
+* VERDICT_WAIT_SHARE=S: every block sleeps its part after its forward (the rank waits: no CPU);
+  under FSDP the next block's all-gather may be in flight meanwhile, hiding the sleep;
+* VERDICT_WAIT_END_SHARE=S: the model sleeps once after its forward, with nothing in flight;
+* VERDICT_SLOW_RANK=R:S: rank R spins after its forward (its peers wait for it inside the next
+  collective);
+* VERDICT_EXTRA_HEAD=F: every forward also multiplies its last hidden states by a second head
+  of F x vocab columns (more computation, no communication);
+* VERDICT_ALL_REDUCE=1: every block all-reduces 64 bytes after its forward;
+* VERDICT_SYNC=1 (the loop `verdict_models:greedy`): the host reads one logit per step
+  (`.item()`, a host-device sync on a GPU); VERDICT_SYNC_WAIT_SHARE=S adds what that sync would
+  wait for on a device (asleep), for CPU ranks, where `.item()` has no queue to drain.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from distperf_model.config import Config
+from distperf_model.model import GPT, build_model
+
+ALL_REDUCE_ELEMENTS = 16  # 64 bytes of fp32
+
+
+def pythia(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    model = build_model(Config.from_name("pythia-14m"), seed, device, dtype)
+    share = float(os.environ.get("VERDICT_WAIT_SHARE", "0"))
+    if share:
+        _stretch(model, share, time.sleep, per_block=True)
+    end_share = float(os.environ.get("VERDICT_WAIT_END_SHARE", "0"))
+    if end_share:
+        _stretch(model, end_share, time.sleep, per_block=False)
+    rank, _, spin_share = os.environ.get("VERDICT_SLOW_RANK", "").partition(":")
+    if spin_share and os.environ.get("RANK", "0") == rank:
+        _stretch(model, float(spin_share), _spin, per_block=False)
+    extra = float(os.environ.get("VERDICT_EXTRA_HEAD", "0"))
+    if extra:
+        _add_second_head(model, extra, device)
+    if os.environ.get("VERDICT_ALL_REDUCE") == "1":
+        for block in model.transformer.h:
+            block.register_forward_hook(_all_reduce_64_bytes)
+    return model
+
+
+@torch.no_grad()
+def greedy(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """A user's own loop over the model's KV cache: greedy, new tokens only [B, max_new_tokens]."""
+    sync = os.environ.get("VERDICT_SYNC") == "1"
+    share = float(os.environ.get("VERDICT_SYNC_WAIT_SHARE", "0"))
+    length, device = prompt.shape[1], prompt.device
+    logits = model(prompt, torch.arange(length, device=device))[:, -1]  # [B, V]
+    tokens, position = [logits.argmax(-1, keepdim=True)], torch.tensor([length], device=device)
+    for _ in range(max_new_tokens - 1):
+        start = time.perf_counter()
+        logits = model(tokens[-1], position)[:, -1]  # [B, V]
+        if sync:  # e.g. a stop-token check written against one logit
+            logits[0, 0].item()
+            if share:
+                time.sleep(share / (1 - share) * (time.perf_counter() - start))
+        tokens.append(logits.argmax(-1, keepdim=True))
+        position = position + 1
+    return torch.cat(tokens, dim=1)
+
+
+def _stretch(model: GPT, share: float, wait: Callable[[float], None], *, per_block: bool) -> None:
+    """Add share / (1 - share) of the last forward's time by `wait`: each block its part, or
+    all of it after the forward."""
+    state = {"start": 0.0, "added": 0.0, "last": 0.0}
+    blocks = model.transformer.h
+    part = share / (1 - share) / (len(blocks) if per_block else 1)
+
+    def started(*_: object) -> None:
+        state["start"], state["added"] = time.perf_counter(), 0.0
+
+    def add(*_: object) -> None:
+        seconds = part * state["last"]
+        wait(seconds)
+        state["added"] += seconds
+
+    def done(*_: object) -> None:
+        if not per_block:
+            add()
+        state["last"] = time.perf_counter() - state["start"] - state["added"]
+
+    model.register_forward_pre_hook(started)
+    model.register_forward_hook(done)
+    for block in blocks if per_block else ():
+        block.register_forward_hook(add)
+
+
+def _add_second_head(model: GPT, fraction: float, device: torch.device) -> None:
+    # A buffer, not a parameter: sharding leaves it whole, so the change is computation alone.
+    columns = int(fraction * model.config.padded_vocab_size)
+    dtype = model.lm_head.weight.dtype
+    weight = torch.randn(columns, model.config.n_embd, device=device, dtype=dtype)
+    model.register_buffer("second_head", weight, persistent=False)
+
+    def also_second_head(_head: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+        torch.nn.functional.linear(args[0], model.second_head)  # computed and dropped
+
+    model.lm_head.register_forward_hook(also_second_head)
+
+
+def _spin(seconds: float) -> None:
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def _all_reduce_64_bytes(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(torch.zeros(ALL_REDUCE_ELEMENTS, device=output.device))
