@@ -326,10 +326,10 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "(Linux run-queue delay): what another process took", _SCALAR),
     Figure("steal_per_token_s", "s", slowest_rank("steal_per_token_s"),
            "the host's steal time per CPU over the timed repeats, per new token (/proc/stat): "
-           "what a VM's hypervisor gave another guest", _SCALAR),
+           "what a VM's hypervisor gave another guest"),
     Figure("bare_run_queue_wait_per_token_s", "s",
            slowest_rank("bare_run_queue_wait_per_token_s"),
-           "the bare model's wait for a core beside the repeats, per its new token", _SCALAR),
+           "the bare model's wait for a core beside the repeats, per its new token"),
     Figure("device_time_per_token_s", "s",
            from_result("device_time_per_token_s", "slowest rank"),
            "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),

@@ -7,13 +7,15 @@ import pytest
 
 from pytest_distperf.judge.busy import (
     busy_check,
+    busy_evidence,
     busy_threshold,
-    core_slowdown,
     cpu_change,
     machine_check,
 )
 from pytest_distperf.judge.checks import (
+    NO_EVIDENCE,
     BaselineFigures,
+    BusyEvidence,
     Check,
     CheckStatus,
     Decision,
@@ -425,65 +427,21 @@ def test_device_time_is_gated_on_its_recorded_runs() -> None:
 
 
 def _slowed(slower_by: float, cpu_now: float, work: Work | None = None, device: Check = None):
-    """The throughput, relative, work checks and the busy check of a run `slower_by` slower
-    than its baseline whose CPU time per token is `cpu_now` (recorded: 0.01 s)."""
+    """The throughput, relative and work checks of a run `slower_by` slower than its baseline
+    whose CPU time per token is `cpu_now` (recorded: 0.01 s), and the CPU change."""
     entry = _work_entry()
     throughput = baseline_check(entry, [v * (1 - slower_by) for v in BASE], SETTINGS, "k", [])
     relative = relative_speed_check(entry, [v * (1 - slower_by) for v in RELATIVE], SETTINGS)
     work = work_check(entry, work or _work(), SETTINGS)
-    device = device or skipped_check("device_time", "cpu")
-    cpu = cpu_change(entry, cpu_now, SETTINGS)
-    return throughput, relative, work, busy_check(throughput, relative, work, device, cpu)
+    return throughput, relative, work, cpu_change(entry, cpu_now, SETTINGS)
 
 
-def test_a_busy_machine_warns_instead_of_failing() -> None:
-    # Half the tok/s, the same work and CPU time per token: a neighbour took the cores.
-    throughput, relative, work, (busy, busy_relative) = _slowed(0.5, 0.0101)
-    assert throughput.status == FAIL and relative.status == FAIL and work.status == OK
-    assert busy.status == WARN and busy_relative.status == WARN
-    assert busy.message.startswith(
-        "machine busy: wall time per token +100.0% while CPU time per token +1.0%"
-    )
-    assert _baseline(busy).verdict == "machine busy" == _relative(busy_relative).verdict
-    figures = _baseline(busy).busy
-    assert figures is not None and figures.host_cpu_change == pytest.approx(0.01)
+CPU_DEVICE = skipped_check("device_time", "cpu")
 
 
-def test_a_strategy_slowed_by_a_busy_machine_warns_too() -> None:
-    # The throughput held within its tolerance, but the wrapped model fell behind the bare one
-    # beside it (its collectives wait on a descheduled peer) while the CPU time stayed put.
-    entry = _work_entry()
-    throughput = baseline_check(entry, [v * 0.95 for v in BASE], SETTINGS, "k", [])
-    relative = relative_speed_check(entry, [v * 0.5 for v in RELATIVE], SETTINGS)
-    work = work_check(entry, _work(), SETTINGS)
-    device = skipped_check("device_time", "cpu")
-    assert throughput.status == OK and relative.status == FAIL
-    cpu = cpu_change(entry, 0.0101, SETTINGS)
-    same, excused = busy_check(throughput, relative, work, device, cpu)
-    assert same == throughput and excused.status == WARN
-    assert excused.message.startswith(
-        "machine busy: wall time per token against the bare model's +100.0% while CPU time per "
-        "token +1.0%"
-    )
-    more_cpu = cpu_change(entry, 0.013, SETTINGS)
-    assert busy_check(throughput, relative, work, device, more_cpu)[1] == relative
-
-
-def test_extra_computation_on_a_busy_machine_still_fails() -> None:
-    # 30% slower, and the CPU time per token rose with it: the code does more.
-    _, _, _, (busy, relative) = _slowed(0.3, 0.0143)
-    assert busy.status == FAIL and relative.status == FAIL
-    assert _baseline(busy).busy.host_cpu_change == pytest.approx(0.43)
-
-
-def test_changed_work_or_device_time_is_never_excused_as_a_busy_machine() -> None:
-    more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
-    _, _, work, (busy, _) = _slowed(0.5, 0.01, work=more)
-    assert work.status == FAIL and busy.status == FAIL
-    grew = Check("device_time", FAIL, "device time per token grew")
-    assert _slowed(0.5, 0.01, device=grew)[3][0].status == FAIL
-    unknown = Check("device_time", NOTE, "no baseline of the device time per token")
-    assert _slowed(0.5, 0.01, device=unknown)[3][0].status == FAIL
+def _evidence(wait: float | None = None, steal: float | None = None, core: float | None = None,
+              bare: float | None = None) -> BusyEvidence:  # fmt: skip
+    return BusyEvidence(wait, steal, core, bare)
 
 
 def _wall_and_baseline_s(throughput: Check) -> tuple[float, float]:
@@ -494,63 +452,126 @@ def _wall_and_baseline_s(throughput: Check) -> tuple[float, float]:
     )
 
 
+def test_flat_cpu_time_alone_never_excuses_a_regression() -> None:
+    # Half the tok/s at the same CPU time per token: a sleep, a sync or a waiting peer reads
+    # so too. Without a measured wait for a core it fails, and says the rest is the rank's own.
+    throughput, relative, work, cpu = _slowed(0.5, 0.0101)
+    assert throughput.status == FAIL and work.status == OK
+    busy, same_relative = busy_check(throughput, relative, work, CPU_DEVICE, cpu, _evidence(0.0))
+    assert busy.status == FAIL and same_relative == relative
+    assert (
+        "\nnot a busy machine: measured outside the rank, nothing; the rest is the rank's own"
+        in (busy.message)
+    )
+    figures = _baseline(busy).busy
+    assert figures is not None and figures.host_cpu_change == pytest.approx(0.01)
+    assert figures.explained_share == 0.0
+
+
 def test_a_wait_for_a_core_that_explains_the_loss_is_a_busy_machine() -> None:
-    # CPU time per token +15% (a shared core's caches), beyond its 10% noise: the CPU time
-    # alone cannot excuse it, but the time the rank waited runnable for a core explains it.
-    throughput, relative, work, (still, _) = _slowed(0.5, 0.0115)
-    assert still.status == FAIL
+    throughput, relative, work, cpu = _slowed(0.5, 0.0101)
     wall_s, baseline_s = _wall_and_baseline_s(throughput)
-    entry, device = _work_entry(), skipped_check("device_time", "cpu")
-    cpu = cpu_change(entry, 0.0115, SETTINGS)
-    busy, same_relative = busy_check(throughput, relative, work, device, cpu, wall_s - baseline_s)
+    evidence = _evidence(wait=wall_s - baseline_s, steal=0.0, core=1.0)
+    busy, _ = busy_check(throughput, relative, work, CPU_DEVICE, cpu, evidence)
     assert busy.status == WARN and _baseline(busy).verdict == "machine busy"
-    assert busy.message.startswith("machine busy: wall time per token +100.0%; this rank waited")
-    assert "without that +0.0%" in busy.message
-    assert same_relative == relative  # its bare runs waited alike: the CPU time speaks there
-    half = busy_check(throughput, relative, work, device, cpu, (wall_s - baseline_s) / 2)
+    assert busy.message.startswith(
+        "machine busy: wall time per token +100.0%; measured outside the rank: waited 10 ms per "
+        "token for a core beyond the baseline's (run queue, 100% of the lost time); without them "
+        "+0.0% (tolerance 10.0%)"
+    )
+    assert _baseline(busy).busy.evidence == evidence
+    half = busy_check(
+        throughput, relative, work, CPU_DEVICE, cpu, _evidence((wall_s - baseline_s) / 2)
+    )
     assert half[0].status == FAIL  # what the wait leaves is still 50% slower
+    assert (
+        "waited 5 ms per token for a core beyond the baseline's (run queue, 50% of the lost "
+        in (half[0].message)
+    )
 
 
-def test_a_loss_mostly_waited_for_a_core_is_excused_while_the_strategy_kept_pace() -> None:
-    # A shared core also stretches the rank's own time: what the wait leaves is 20% (beyond
-    # the 10% tolerance), but the wait is most of the loss and the bare model beside each
-    # repeat slowed alike.
-    throughput, _, work, _ = _slowed(0.5, 0.0115)
-    kept_pace = relative_speed_check(_work_entry(), RELATIVE, SETTINGS)
-    assert kept_pace.status == OK
+def test_steal_and_a_slower_core_count_as_evidence_together() -> None:
+    throughput, relative, work, cpu = _slowed(0.5, 0.0115)
     wall_s, baseline_s = _wall_and_baseline_s(throughput)
-    device = skipped_check("device_time", "cpu")
-    mostly = wall_s - 1.2 * baseline_s  # 80% of the lost time waited
-    busy, _ = busy_check(throughput, kept_pace, work, device, None, mostly)
-    assert busy.status == WARN and "without that +20.0%" in busy.message
-    partly = 0.4 * (wall_s - baseline_s)
-    assert busy_check(throughput, kept_pace, work, device, None, partly)[0].status == FAIL
+    # 4 ms waited, 3 ms stolen; the 13 ms left ran on a core 1.3x slower: 10 ms at baseline speed
+    evidence = _evidence(wait=0.004, steal=0.003, core=1.3)
+    busy, _ = busy_check(throughput, relative, work, CPU_DEVICE, cpu, evidence)
+    assert busy.status == WARN
+    assert "the hypervisor took 3 ms per token beyond the baseline's (steal, 30%)" in busy.message
+    assert "its core ran 30.0% slower (the fixed loop's CPU time, 30%)" in busy.message
+    assert _baseline(busy).busy.explained_share == pytest.approx(1.0)
+    # the same without the slower core leaves 30%: fails
+    assert (
+        busy_check(throughput, relative, work, CPU_DEVICE, cpu, _evidence(0.004, 0.003))[0].status
+        == FAIL
+    )
 
 
-def test_a_slower_core_is_taken_out_of_the_cpu_time_and_nothing_else() -> None:
-    entry = replace(_work_entry(), host_loop_run_medians=(0.020,))
-    assert core_slowdown(entry, [0.023, 0.023, 0.024]) == pytest.approx(1.15)
-    assert core_slowdown(entry, [0.018]) == 1.0  # a faster core never makes an excuse easier
-    assert core_slowdown(_work_entry(), [0.023]) == 1.0  # no loop recorded
-    throughput, relative, work, (still, _) = _slowed(0.5, 0.0115)
-    device = skipped_check("device_time", "cpu")
-    cpu = cpu_change(_work_entry(), 0.0115, SETTINGS)
-    # CPU time +15% on a core that ran 15% slower: the rank's own code did not do more
-    busy, _ = busy_check(throughput, relative, work, device, cpu, core=1.15)
-    assert still.status == FAIL and busy.status == WARN
-    # 43% more CPU time on that core (a model that computes 30% more) still fails
-    more = cpu_change(_work_entry(), 0.0143, SETTINGS)
-    slowed, _, work30, _ = _slowed(0.3, 0.0143)
-    assert busy_check(slowed, relative, work30, device, more, core=1.15)[0].status == FAIL
-
-
-def test_a_wait_for_a_core_never_excuses_changed_work() -> None:
+def test_a_cpu_rise_vetoes_an_excuse_and_changed_work_is_never_excused() -> None:
+    throughput, relative, work, cpu = _slowed(0.3, 0.0143)  # the code computes more
+    wall_s, baseline_s = _wall_and_baseline_s(throughput)
+    evidence = _evidence(wait=wall_s - baseline_s)
+    busy, _ = busy_check(throughput, relative, work, CPU_DEVICE, cpu, evidence)
+    assert busy.status == FAIL and "while its CPU time per token rose +43.0%" in busy.message
+    # CPU time +15% on a core 15% slower is not a rise
+    throughput, relative, work, cpu = _slowed(0.5, 0.0115)
+    wall_s, baseline_s = _wall_and_baseline_s(throughput)
+    on_slower_core = _evidence(wait=wall_s - baseline_s, core=1.15)
+    assert busy_check(throughput, relative, work, CPU_DEVICE, cpu, on_slower_core)[0].status == WARN
     more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
-    throughput, relative, work, _ = _slowed(0.5, 0.01, work=more)
-    wall_s, baseline_s = _wall_and_baseline_s(throughput)
-    device = skipped_check("device_time", "cpu")
-    busy, _ = busy_check(throughput, relative, work, device, None, wall_s - baseline_s)
-    assert busy.status == FAIL
+    throughput, relative, changed, cpu = _slowed(0.5, 0.01, work=more)
+    assert changed.status == FAIL
+    assert (
+        busy_check(throughput, relative, changed, CPU_DEVICE, cpu, on_slower_core)[0].status == FAIL
+    )
+    grew = Check("device_time", FAIL, "device time per token grew")
+    assert busy_check(throughput, relative, work, grew, cpu, on_slower_core)[0].status == FAIL
+
+
+def test_the_relative_speed_is_excused_only_by_both_runs_waits() -> None:
+    entry = _work_entry()
+    throughput = baseline_check(entry, [v * 0.5 for v in BASE], SETTINGS, "k", [])
+    relative = relative_speed_check(entry, [v * 0.5 for v in RELATIVE], SETTINGS)
+    work = work_check(entry, _work(), SETTINGS)
+    cpu = cpu_change(entry, 0.0101, SETTINGS)
+    assert relative.status == FAIL
+    wall_s, _ = _wall_and_baseline_s(throughput)
+    # the wrapped run waited half its wall time, the bare one none: the relative speed is back
+    both = _evidence(wait=wall_s / 2, bare=0.0)
+    _, excused = busy_check(throughput, relative, work, CPU_DEVICE, cpu, both)
+    assert excused.status == WARN and excused.message.startswith(
+        "machine busy: this run waited 10 ms per token for a core and its bare model 0 ms"
+    )
+    unknown_bare = _evidence(wait=wall_s / 2)
+    assert busy_check(throughput, relative, work, CPU_DEVICE, cpu, unknown_bare)[1] == relative
+    little = _evidence(wait=wall_s / 10, bare=0.0)
+    assert busy_check(throughput, relative, work, CPU_DEVICE, cpu, little)[1] == relative
+
+
+def test_evidence_is_measured_beyond_the_baselines_own_level() -> None:
+    entry = replace(
+        _work_entry(),
+        run_queue_wait_run_medians=(0.002,),
+        steal_run_medians=(0.0,),
+        host_loop_run_medians=(0.020,),
+    )
+    evidence = busy_evidence(entry, 0.005, 0.001, [0.023, 0.023, 0.024], None)
+    assert evidence.run_queue_wait_per_token_s == pytest.approx(0.003)
+    assert evidence.steal_per_token_s == pytest.approx(0.001)
+    assert evidence.core_slowdown == pytest.approx(1.15)
+    assert evidence.bare_run_queue_wait_per_token_s is None  # the baseline has none
+    assert busy_evidence(entry, 0.001, None, [0.018]).run_queue_wait_per_token_s == 0.0
+    assert busy_evidence(entry, 0.001, None, [0.018]).core_slowdown == 1.0  # never below 1
+    # a baseline recorded before the waits were: nothing to measure beyond, nothing excused
+    old = busy_evidence(_work_entry(), 0.005, 0.001, [0.023])
+    assert old == BusyEvidence(None, None, None, None)
+    assert busy_evidence(None, 0.005, 0.001, [0.023]) == old
+    assert old.to_dict() == {
+        "run_queue_wait_per_token_s": None,
+        "steal_per_token_s": None,
+        "core_slowdown": None,
+        "bare_run_queue_wait_per_token_s": None,
+    }
 
 
 def _missed_threshold(measured: float) -> Check:
@@ -575,18 +596,18 @@ def test_a_threshold_missed_while_waiting_for_a_core_is_a_busy_machine() -> None
     assert busy_threshold(met, work, 0.012) == met
 
 
-def test_without_cpu_time_a_regression_stays_a_failure() -> None:
+def test_without_cpu_time_or_evidence_a_regression_stays_a_failure() -> None:
     entry = _work_entry(cpu=())
     assert cpu_change(entry, 0.01, SETTINGS) is None
     assert cpu_change(_work_entry(), None, SETTINGS) is None
     throughput, relative, work, _ = _slowed(0.5, 0.01)
-    device = skipped_check("device_time", "cpu")
-    assert busy_check(throughput, relative, work, device, None) == (throughput, relative)
+    busy, same = busy_check(throughput, relative, work, CPU_DEVICE, None, NO_EVIDENCE)
+    assert busy.status == FAIL and same == relative
 
 
 def test_a_failed_throughput_check_says_whether_the_work_changed() -> None:
-    throughput, _, same, _ = _slowed(0.3, 0.0143)
-    reason = with_work_reason(throughput, same, cpu_change(_work_entry(), 0.0143, SETTINGS))
+    throughput, _, same, cpu = _slowed(0.3, 0.0143)
+    reason = with_work_reason(throughput, same, cpu)
     assert reason.message.endswith(
         "\nthe counted work is the baseline's: the same work got slower (CPU time per token +43.0%)"
     )
@@ -613,7 +634,9 @@ def test_the_decision_holds_the_work_and_device_time_checks() -> None:
     assert [c.name for c in decision.checks][-3:] == ["work", "device_time", "loss"]
 
 
-def _run(slower: float = 1.0, work: Work | None = None, cpu: float = 0.01) -> RunResult:
+def _run(
+    slower: float = 1.0, work: Work | None = None, cpu: float = 0.01, wait: float | None = 0.0
+) -> RunResult:
     spec = RunSpec("t.py::t", "auto", 1, "cpu", Workload(), repeats=5, warmup=0, timeout=9.0)
     rank = RankResult(
         rank=0,
@@ -628,6 +651,7 @@ def _run(slower: float = 1.0, work: Work | None = None, cpu: float = 0.01) -> Ru
         timed_from=1.0,
         work=work or _work(),
         host_cpu_per_token_s=cpu,
+        run_queue_wait_per_token_s=wait,
     )
     return RunResult(spec, (rank,), launch_s=1.0, launched_at=0.0)
 
@@ -650,9 +674,16 @@ def test_the_gate_records_the_work_and_judges_the_next_run_by_it(tmp_path) -> No
     more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
     changed = gate.decide(_run(work=more), SETTINGS, None)
     assert changed.failed and changed.verdict == "FAIL (work)"
-    busy = gate.decide(_run(slower=2.0), SETTINGS, None)
-    assert busy.baseline.message.startswith("machine busy: wall time per token +100.0% while")
+    # the same CPU time per token, no wait for a core measured: the rank's own slow-down
+    waited = gate.decide(_run(slower=2.0), SETTINGS, None)
+    assert waited.verdict == "FAIL (baseline)"
+    assert "not a busy machine: measured outside the rank, nothing" in waited.baseline.message
+    # the same, its threads waiting for a core the lost time per token (1/32 s): a neighbour
+    busy = gate.decide(_run(slower=2.0, wait=1 / 32), SETTINGS, None)
     assert busy.verdict == "WARN (baseline)" and not busy.failed
+    assert busy.baseline.message.startswith("machine busy: wall time per token +100.0%; measured")
+    assert busy.busy_evidence is not None
+    assert busy.busy_evidence.run_queue_wait_per_token_s == pytest.approx(1 / 32)
     slower = gate.decide(_run(slower=2.0, cpu=0.02), SETTINGS, None)
     assert slower.verdict == "FAIL (baseline)"
     assert slower.baseline.message.endswith("the same work got slower (CPU time per token +100.0%)")
