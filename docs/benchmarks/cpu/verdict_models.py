@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -32,31 +32,82 @@ from distperf_model.model import GPT, build_model
 ALL_REDUCE_ELEMENTS = 16  # 64 bytes of fp32
 
 
-def pythia(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+# tests/test_verdict_matrix.py's builders, one a test, each regressed when VERDICT_REGRESSED=1:
+# the settings above, large enough for 5 repeats against one recorded run.
+CASES = {
+    "waits": {"VERDICT_WAIT_END_SHARE": "0.5"},
+    "computes": {"VERDICT_EXTRA_HEAD": "1.0"},
+    "slow_rank": {"VERDICT_SLOW_RANK": "1:0.5"},
+    "collective": {"VERDICT_ALL_REDUCE": "1"},
+}
+
+
+def pythia(
+    seed: int, device: torch.device, dtype: torch.dtype, settings: Mapping[str, str] = os.environ
+) -> GPT:
     model = build_model(Config.from_name("pythia-14m"), seed, device, dtype)
-    share = float(os.environ.get("VERDICT_WAIT_SHARE", "0"))
+    share = float(settings.get("VERDICT_WAIT_SHARE", "0"))
     if share:
         _stretch(model, share, time.sleep, per_block=True)
-    end_share = float(os.environ.get("VERDICT_WAIT_END_SHARE", "0"))
+    end_share = float(settings.get("VERDICT_WAIT_END_SHARE", "0"))
     if end_share:
         _stretch(model, end_share, time.sleep, per_block=False)
-    rank, _, spin_share = os.environ.get("VERDICT_SLOW_RANK", "").partition(":")
+    rank, _, spin_share = settings.get("VERDICT_SLOW_RANK", "").partition(":")
     if spin_share and os.environ.get("RANK", "0") == rank:
         _stretch(model, float(spin_share), _spin, per_block=False)
-    extra = float(os.environ.get("VERDICT_EXTRA_HEAD", "0"))
+    extra = float(settings.get("VERDICT_EXTRA_HEAD", "0"))
     if extra:
         _add_second_head(model, extra, device)
-    if os.environ.get("VERDICT_ALL_REDUCE") == "1":
+    if settings.get("VERDICT_ALL_REDUCE") == "1":
         for block in model.transformer.h:
             block.register_forward_hook(_all_reduce_64_bytes)
     return model
 
 
+def _case(name: str, seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    regressed = os.environ.get("VERDICT_REGRESSED") == "1"
+    return pythia(seed, device, dtype, CASES[name] if regressed else {})
+
+
+def plain(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    return pythia(seed, device, dtype, {})
+
+
+def waits(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    return _case("waits", seed, device, dtype)
+
+
+def computes(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    return _case("computes", seed, device, dtype)
+
+
+def slow_rank(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    return _case("slow_rank", seed, device, dtype)
+
+
+def collective(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    return _case("collective", seed, device, dtype)
+
+
+def greedy_syncing(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """`greedy`, syncing and waiting half the wall time per step when VERDICT_REGRESSED=1."""
+    regressed = os.environ.get("VERDICT_REGRESSED") == "1"
+    return greedy(model, prompt, max_new_tokens, sync=regressed, share=0.5 if regressed else 0.0)
+
+
 @torch.no_grad()
-def greedy(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+def greedy(
+    model: GPT,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    sync: bool | None = None,
+    share: float | None = None,
+) -> torch.Tensor:
     """A user's own loop over the model's KV cache: greedy, new tokens only [B, max_new_tokens]."""
-    sync = os.environ.get("VERDICT_SYNC") == "1"
-    share = float(os.environ.get("VERDICT_SYNC_WAIT_SHARE", "0"))
+    if sync is None:
+        sync = os.environ.get("VERDICT_SYNC") == "1"
+    if share is None:
+        share = float(os.environ.get("VERDICT_SYNC_WAIT_SHARE", "0"))
     length, device = prompt.shape[1], prompt.device
     logits = model(prompt, torch.arange(length, device=device))[:, -1]  # [B, V]
     tokens, position = [logits.argmax(-1, keepdim=True)], torch.tensor([length], device=device)
