@@ -327,9 +327,10 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("steal_per_token_s", "s", slowest_rank("steal_per_token_s"),
            "the host's steal time per CPU over the timed repeats, per new token (/proc/stat): "
            "what a VM's hypervisor gave another guest"),
-    Figure("bare_run_queue_wait_per_token_s", "s",
-           slowest_rank("bare_run_queue_wait_per_token_s"),
-           "the bare model's wait for a core beside the repeats, per its new token"),
+    Figure("off_cpu_share", "", from_result("off_cpu_share", "the rank that waited most"),
+           "share of a timed generation's wall time a rank's timing thread spent off the CPU by "
+           "its own doing (a sleep, a sync, I/O, a lock, a peer; Linux schedstat), median of "
+           "the repeats"),
     Figure("device_time_per_token_s", "s",
            from_result("device_time_per_token_s", "slowest rank"),
            "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),
@@ -435,6 +436,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("busy_evidence", "", judged("decision.busy_evidence"),
            "what something outside the ranks measurably took per token beyond the baseline's "
            "run: run-queue wait, steal, the core's slowdown (null: not measured)"),
+    Figure("off_cpu_share_change", "", judged("baseline.waits.rise"),
+           "off_cpu_share - the recorded runs' (judge/waits.py)"),
     Figure("device_time_change", "", judged("ran.device_time.figures.change"),
            "device time per token / its recorded runs' - 1"),
     *(outcome for check in _CHECKS for outcome in _check_outcomes(check)),

@@ -20,11 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_distperf.figures import run_row
+from pytest_distperf.repeats import (
+    bare_over_wrapped,
+    off_cpu_shares,
+    slowest,
+    slowest_per_repeat,
+    slowest_per_repeat_of,
+    unqueued,
+)
 from pytest_distperf.work import Work, busiest
 
 # Bytes per stored parameter of each precision a workload may ask for; "bf16-mixed" (training
@@ -140,6 +147,10 @@ class Sample:
     # None for a user's own generation loop (`distperf(generate=...)`): its split is unknown.
     ttft_s: float | None  # to the first new token (prefill)
     decode_s: float | None  # the remaining max_new_tokens - 1 steps
+    # The timing thread's wait for a core, and its time neither running nor runnable (a sleep,
+    # a sync, I/O, a lock, a peer); None where the kernel keeps no such figures (hostspeed.py).
+    queued_s: float | None = None
+    off_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -192,9 +203,8 @@ class RankResult:
     # (Linux run-queue delay): what a busy neighbour took; None where the kernel keeps none.
     run_queue_wait_per_token_s: float | None = None
     # The host's steal per CPU over the timed repeats, per new token (a VM's hypervisor ran
-    # another guest); the bare model's wait for a core beside them, per its token.
+    # another guest).
     steal_per_token_s: float | None = None
-    bare_run_queue_wait_per_token_s: float | None = None
     # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
     device_time_per_token_s: float | None = None
     # Training (None otherwise): the first optimizer step's loss, and the loss of the same
@@ -249,7 +259,7 @@ class RunResult:
     @property
     def samples(self) -> tuple[Sample, ...]:
         """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
-        return _slowest_per_repeat(r.samples for r in self.ranks)
+        return slowest_per_repeat(self._per_rank)  # type: ignore[return-value]
 
     @property
     def training(self) -> bool:
@@ -311,7 +321,7 @@ class RunResult:
     @property
     def reference_step_s(self) -> float | None:
         """Training: the slowest rank's step of the whole model alone, before wrapping."""
-        return _slowest(r.reference_step_s for r in self.ranks)
+        return slowest(r.reference_step_s for r in self.ranks)
 
     @property
     def peak_flops(self) -> float | None:
@@ -390,12 +400,12 @@ class RunResult:
     @property
     def host_cpu_per_token_s(self) -> float | None:
         """The slowest rank's CPU time per new token in the timed repeats."""
-        return _slowest(r.host_cpu_per_token_s for r in self.ranks)
+        return slowest(r.host_cpu_per_token_s for r in self.ranks)
 
     @property
     def device_time_per_token_s(self) -> float | None:
         """The slowest rank's kernel time per decode token (CUDA); None on CPU."""
-        return _slowest(r.device_time_per_token_s for r in self.ranks)
+        return slowest(r.device_time_per_token_s for r in self.ranks)
 
     @property
     def compile_s(self) -> float | None:
@@ -405,12 +415,12 @@ class RunResult:
     @property
     def run_queue_wait_per_token_s(self) -> float | None:
         """The most any rank waited for a core per token: the slowest rank sets the pace."""
-        return _slowest(r.run_queue_wait_per_token_s for r in self.ranks)
+        return slowest(r.run_queue_wait_per_token_s for r in self.ranks)
 
     @property
     def count_s(self) -> float | None:
         """The slowest rank's counted generation: what counting the work added to the test."""
-        return _slowest(r.count_s for r in self.ranks)
+        return slowest(r.count_s for r in self.ranks)
 
     @property
     def harness_s(self) -> float | None:
@@ -430,13 +440,14 @@ class RunResult:
 
     @property
     def relative_speed_samples(self) -> tuple[float, ...]:
-        """Per repeat: the bare model's generation time over the wrapped one's (slowest rank's
-        of each), e.g. 0.3 = the strategy runs at 30% of the bare model's speed. A host whose
-        speed drifts moves both alike; empty when some rank had no bare model."""
-        if not all(r.bare_samples for r in self.ranks):
-            return ()
-        bare = _slowest_per_repeat(r.bare_samples for r in self.ranks)
-        return tuple(b.total_s / s.total_s for b, s in zip(bare, self.samples, strict=True))
+        """Per repeat: the bare model's generation time over the wrapped one's (repeats.py). A
+        host whose speed drifts moves both alike."""
+        return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank)
+
+    @property
+    def relative_speed_unqueued_samples(self) -> tuple[float, ...]:
+        """The same with each side's wait for a core taken out of its time."""
+        return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank, unqueued)
 
     @property
     def relative_speed(self) -> float | None:
@@ -444,22 +455,25 @@ class RunResult:
         return statistics.median(samples) if samples else None
 
     @property
+    def off_cpu_share(self) -> float | None:
+        shares = off_cpu_shares(self._per_rank)
+        return statistics.median(shares) if shares else None
+
+    @property
     def host_loop_samples(self) -> tuple[float, ...]:
         """Per repeat, the slowest rank's time for the host-speed loop (hostspeed.py): the
         speed of the machine itself beside each sample; empty when some rank has none."""
-        per_rank = [r.host_loop_s for r in self.ranks]
-        if not all(len(times) == self.spec.repeats for times in per_rank):
-            return ()
-        return tuple(max(times) for times in zip(*per_rank, strict=True))
+        return slowest_per_repeat_of([r.host_loop_s for r in self.ranks], self.spec.repeats)
 
     @property
     def host_loop_cpu_samples(self) -> tuple[float, ...]:
         """Per repeat, the slowest rank's CPU time for that loop: how fast its core ran when
         it ran (a neighbour on a shared core slows it too); empty when some rank has none."""
-        per_rank = [r.host_loop_cpu_s for r in self.ranks]
-        if not all(len(times) == self.spec.repeats for times in per_rank):
-            return ()
-        return tuple(max(times) for times in zip(*per_rank, strict=True))
+        return slowest_per_repeat_of([r.host_loop_cpu_s for r in self.ranks], self.spec.repeats)
+
+    @property
+    def _per_rank(self) -> list[tuple[Sample, ...]]:
+        return [r.samples for r in self.ranks]
 
     @property
     def calibration(self) -> Any:
@@ -482,16 +496,3 @@ class RunResult:
         report and computes from the run, under the same keys as --distperf-json, then
         `extras`."""
         return {**run_row(self), **self.extras}
-
-
-def _slowest(values: Iterable[float | None]) -> float | None:
-    """The largest of the ranks' figures; None when some rank has none."""
-    known = list(values)
-    if not known or None in known:
-        return None
-    return max(v for v in known if v is not None)
-
-
-def _slowest_per_repeat(per_rank: Iterable[tuple[Sample, ...]]) -> tuple[Sample, ...]:
-    per_repeat = zip(*per_rank, strict=True)
-    return tuple(max(group, key=lambda s: s.total_s) for group in per_repeat)

@@ -36,6 +36,7 @@ from pytest_distperf.judge.checks import (
     MachineFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
+    WaitFigures,
     WorkFigures,
 )
 from pytest_distperf.judge.record import JudgedRun, RunFigures
@@ -78,10 +79,10 @@ JSON_KEYS = frozenset(
         ),
         *("bandwidth_utilization", "verdict"),
         *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s"),
-        *("steal_per_token_s", "bare_run_queue_wait_per_token_s", "busy_evidence"),
+        *("steal_per_token_s", "off_cpu_share", "busy_evidence"),
         "device_time_per_token_s",
         *("work_status", "work_message", "device_time_status", "device_time_message"),
-        *("host_cpu_change", "device_time_change"),
+        *("host_cpu_change", "off_cpu_share_change", "device_time_change"),
         *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),
         *("bound_description", "link_class", "ratio_to_predicted"),
         *("threshold_status", "threshold_message"),
@@ -110,7 +111,7 @@ SUMMARY_KEYS = frozenset(
         *("host_loop_samples", "work", "host_cpu_per_token_s", "device_time_per_token_s"),
         "host_loop_cpu_samples",
         "run_queue_wait_per_token_s",
-        *("steal_per_token_s", "bare_run_queue_wait_per_token_s"),
+        *("steal_per_token_s", "off_cpu_share"),
         *("local_step_s", "local_prefill_s", "local_bare_step_s", "local_bare_prefill_s"),
         *("local_replay_step_s", "local_replay_compute_s", "local_run_queue_wait_s"),
         *("local_host_loop_s", "local_bare_cuda_graphs"),
@@ -193,6 +194,7 @@ BASELINE = BaselineFigures(
     commit=None,
     machine=MachineFigures(bare_change=-0.3, host_change=-0.05, change_beyond_host=-0.3),
     busy=BusyFigures(wall_change=0.5, host_cpu_change=0.3, host_cpu_tolerance=0.1),
+    waits=WaitFigures(0.25, 0.02, 0.23, 0.05, 0.0),
 )
 THRESHOLD = ThresholdFigures(40.0, 12.0, 0.3, "compute", "single-rank compute", "NV18", 0.42)
 RELATIVE = RelativeSpeedFigures(0.3, 0.038, 0.05, 0.2, 0.135, "ok")

@@ -182,12 +182,12 @@ def test_the_wrappers_added_time_combines_by_how_the_ranks_run() -> None:
 
 
 def _tp_run(waited: float, own_wait: float | None) -> RunResult:
-    """A tp run at 100 tok/s (10 ms per token) whose threads waited `waited` s per token for a
-    core in the timed repeats, and `own_wait` in the phase after them."""
+    """A tp run at 100 tok/s (10 ms per token) whose timing threads waited `waited` s per token
+    for a core in the timed repeats, and `own_wait` in the phase after them."""
     from pytest_distperf.spec import Sample
 
     spec = RunSpec("t::x[tp-2cpu]", "tp", 2, "cpu", Workload(max_new_tokens=10), 1, 0, 10.0)
-    sample = Sample(total_s=0.1, ttft_s=0.01, decode_s=0.09)
+    sample = Sample(total_s=0.1, ttft_s=0.01, decode_s=0.09, queued_s=10 * waited, off_cpu_s=0.0)
     ranks = tuple(
         replace(
             _rank(rank, local_run_queue_wait_s=own_wait, run_queue_wait_per_token_s=waited),

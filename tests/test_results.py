@@ -125,7 +125,7 @@ def _record(decision: Decision | None = None, **changes: object) -> JudgedRun:
 
 # Field names users' scripts and CI templates read (pinned once, in test_figures.py): a rename
 # must be a decision, not an accident. This record ran no work or device-time check.
-NOT_COUNTED = {"work_status", "work_message", "host_cpu_change"}
+NOT_COUNTED = {"work_status", "work_message", "host_cpu_change", "off_cpu_share_change"}
 NO_DEVICE_TIME = {"device_time_status", "device_time_message", "device_time_change"}
 JSON_FIELDS = JSON_KEYS - NOT_COUNTED - NO_DEVICE_TIME
 

@@ -3,12 +3,12 @@
 # separate pytest session of docs/benchmarks/cpu/test_verdict_matrix.py (this project's
 # pythia-14m from a plain builder, `auto` and `fsdp`, and a user's own loop; every gate at its
 # default, REPEATS timed repeats) after RECORDS sessions recorded the baselines on the idle machine:
-#   neighbour  unchanged, with a CPU-bound process beside the ranks   (expected: no failure)
-#   wait       every block sleeps, SHARE of the wall time per token    (expected: fails)
-#   wait-end   the model sleeps after its forward, SHARE                (expected: fails)
-#   compute    a second head, ~30% more FLOPs per token                (expected: fails)
-#   slow-rank  rank 1 spins SHARE of the wall time after its forward   (expected: fails)
-#   collective a 64-byte all-reduce per block                          (expected: fails, work)
+#   neighbour  unchanged, with a CPU-bound process beside the ranks; all three tests (no failure)
+#   wait       every block sleeps, SHARE of the wall time per token; auto   (expected: fails)
+#   wait-end   the model sleeps after its forward, SHARE; auto              (expected: fails)
+#   compute    a second head, ~30% more FLOPs per token; auto              (expected: fails)
+#   slow-rank  rank 1 spins SHARE after its forward, rank 0 waits in the all-gathers; fsdp (fails)
+#   collective a 64-byte all-reduce per block; auto                         (expected: fails, work)
 #   host-sync  the own loop reads one logit per step (.item()) and waits SHARE (expected: fails)
 # Usage: [RECORDS=3] [REPEATS=10] [SHARE=0.2] [CASES="neighbour wait ..."] bash docs/benchmarks/cpu_verdict_matrix.sh OUTDIR [N]
 # Measure alone: anything else on the 2 cores moves the figures (the script holds no lock).
@@ -32,11 +32,11 @@ for case in $cases; do
   for i in $(seq 1 "$n"); do
     case $case in
       neighbour) session "$case-$i" "" ;;
-      wait) session "$case-$i" "VERDICT_WAIT_SHARE=$share" -k builder ;;
-      wait-end) session "$case-$i" "VERDICT_WAIT_END_SHARE=$share" -k builder ;;
-      compute) session "$case-$i" "VERDICT_EXTRA_HEAD=0.36" -k builder ;;
-      slow-rank) session "$case-$i" "VERDICT_SLOW_RANK=1:$share" -k builder ;;
-      collective) session "$case-$i" "VERDICT_ALL_REDUCE=1" -k builder ;;
+      wait) session "$case-$i" "VERDICT_WAIT_SHARE=$share" -k "builder and auto" ;;
+      wait-end) session "$case-$i" "VERDICT_WAIT_END_SHARE=$share" -k "builder and auto" ;;
+      compute) session "$case-$i" "VERDICT_EXTRA_HEAD=0.36" -k "builder and auto" ;;
+      slow-rank) session "$case-$i" "VERDICT_SLOW_RANK=1:$share" -k "builder and fsdp" ;;
+      collective) session "$case-$i" "VERDICT_ALL_REDUCE=1" -k "builder and auto" ;;
       host-sync) session "$case-$i" "VERDICT_SYNC=1 VERDICT_SYNC_WAIT_SHARE=$share" -k own_loop ;;
       *) echo "unknown case $case" >&2; exit 2 ;;
     esac

@@ -80,7 +80,6 @@ def busy_evidence(
     waited_per_token_s: float | None,
     stolen_per_token_s: float | None,
     loop_cpu_samples: Sequence[float],
-    bare_waited_per_token_s: float | None = None,
 ) -> BusyEvidence:
     """Each measure's excess over the baseline's recorded level; None where this run or the
     baseline lacks it (a baseline recorded before the measure existed excuses nothing)."""
@@ -95,7 +94,6 @@ def busy_evidence(
         beyond(waited_per_token_s, entry.run_queue_wait_run_medians),
         beyond(stolen_per_token_s, entry.steal_run_medians),
         core_slowdown(entry, loop_cpu_samples) if known_core else None,
-        beyond(bare_waited_per_token_s, entry.bare_run_queue_wait_run_medians),
     )
 
 
@@ -171,6 +169,7 @@ def busy_check(
     device_time: Check,
     cpu: tuple[float, float] | None,
     evidence: BusyEvidence,
+    unqueued_relative: Sequence[float] = (),
 ) -> tuple[Check, Check]:
     """`baseline` and `relative`, each turned into a "machine busy" warning where it regressed,
     the counted work and (where measured) the device time per token did not move, the CPU time
@@ -185,6 +184,7 @@ def busy_check(
         and not cpu_rose
     )
     figures = baseline.figures
+    relative = _busy_relative(relative, unqueued_relative, evidence, steady)
     if not (_regressed(baseline) and isinstance(figures, BaselineFigures)):
         return baseline, relative
     wall_s = 1.0 / (figures.baseline_tokens_per_sec * (1.0 + figures.change))
@@ -220,69 +220,55 @@ def busy_check(
             message + RANK_OWN,
             replace(figures, busy=busy),
         )
-    return baseline, _busy_relative(relative, figures, evidence, steady)
+    return baseline, relative
 
 
 def _busy_relative(
-    relative: Check, throughput: BaselineFigures, evidence: BusyEvidence, steady: bool
+    relative: Check, unqueued: Sequence[float], evidence: BusyEvidence, steady: bool
 ) -> Check:
-    """The relative speed, excused where the waits for a core of the wrapped run and of the
-    bare one beside it, each beyond its recorded level, taken out of both, leave it within its
-    tolerance. Without the bare model's wait nothing is excused: taking out the wrapped run's
-    alone would credit the bare model's loss to the machine."""
+    """The relative speed, excused where this run waited for a core beyond the baseline's and,
+    with each generation's wait for a core taken out of its time (the wrapped and the bare
+    one's, each measured on its own timing thread), it is within its tolerance."""
     figures = relative.figures
-    waited, bare_waited = (
-        evidence.run_queue_wait_per_token_s,
-        evidence.bare_run_queue_wait_per_token_s,
-    )
+    waited = evidence.run_queue_wait_per_token_s
     if (
         not steady
         or not _regressed(relative)
         or not isinstance(figures, RelativeSpeedFigures)
-        or waited is None
-        or bare_waited is None
         or not waited
+        or not unqueued
     ):
         return relative
-    wall_s = 1.0 / (throughput.baseline_tokens_per_sec * (1.0 + throughput.change))
-    speed = figures.baseline * (1.0 + figures.change)  # bare time over wrapped time, now
-    bare_s = speed * wall_s
-    if waited >= wall_s or bare_waited >= bare_s:
-        return relative
-    without = speed * (1.0 - bare_waited / bare_s) / (1.0 - waited / wall_s)
-    change = without / figures.baseline - 1.0
+    change = statistics.median(unqueued) / figures.baseline - 1.0
     if change < -figures.tolerance:
         return relative
     excuse = (
-        f"machine busy: this run waited {waited * 1e3:.3g} ms per token for a core and its bare "
-        f"model {bare_waited * 1e3:.3g} ms, beyond the baseline's (run queue); without those "
-        f"waits the relative speed changed {change:+.1%} (tolerance {figures.tolerance:.1%}), "
+        f"machine busy: this run waited {waited * 1e3:.3g} ms per token for a core beyond the "
+        f"baseline's (run queue); with each generation's wait for a core taken out of its time, "
+        f"the relative speed changed {change:+.1%} (tolerance {figures.tolerance:.1%}), "
         f"{NOT_FAILED}"
     )
     excused = replace(figures, verdict=MACHINE_BUSY)
     return Check(relative.name, CheckStatus.WARN, f"{excuse}: {relative.message}", excused)
 
 
-def busy_threshold(threshold: Check, work: Check, waited_per_token_s: float | None) -> Check:
-    """A failed threshold turned into a "machine busy" warning where the rate the run would
-    have had without its wait for a core (beyond what its own measure waited) meets the
+def busy_threshold(threshold: Check, work: Check, unqueued_tokens_per_sec: float | None) -> Check:
+    """A failed threshold turned into a "machine busy" warning where the rate the run had with
+    each repeat's wait for a core taken out (measured on the ranks' timing threads) meets the
     threshold and the counted work did not grow."""
     figures = threshold.figures
     if (
         threshold.status is not CheckStatus.FAIL
-        or not waited_per_token_s
+        or not unqueued_tokens_per_sec
         or work.status is CheckStatus.FAIL
         or not isinstance(figures, ThresholdFigures)
+        or unqueued_tokens_per_sec < figures.threshold_tokens_per_sec
     ):
         return threshold
-    measured = figures.ratio_to_predicted * figures.predicted_tokens_per_sec
-    ran_per_token = 1.0 / measured - waited_per_token_s
-    if ran_per_token <= 0 or 1.0 / ran_per_token < figures.threshold_tokens_per_sec:
-        return threshold
     excuse = (
-        f"machine busy: this rank waited {waited_per_token_s * 1e3:.3g} ms per token for a "
-        f"core (run queue); without that wait it ran at {1.0 / ran_per_token:.4g} tok/s, above "
-        f"the threshold {figures.threshold_tokens_per_sec:.4g} tok/s, {NOT_FAILED}"
+        f"machine busy: without the ranks' wait for a core (run queue, measured on their timing "
+        f"threads) it ran at {unqueued_tokens_per_sec:.4g} tok/s, above the threshold "
+        f"{figures.threshold_tokens_per_sec:.4g} tok/s, {NOT_FAILED}"
     )
     return Check(threshold.name, CheckStatus.WARN, f"{excuse}: {threshold.message}", figures)
 

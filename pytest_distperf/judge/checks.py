@@ -96,7 +96,6 @@ class BusyEvidence:
     run_queue_wait_per_token_s: float | None  # its threads runnable, waiting for a core
     steal_per_token_s: float | None  # the hypervisor ran another guest (per CPU)
     core_slowdown: float | None  # the fixed loop's CPU time over the baseline's, >= 1
-    bare_run_queue_wait_per_token_s: float | None = None  # the bare model's, beside
 
     @property
     def outside_s(self) -> float:
@@ -108,7 +107,6 @@ class BusyEvidence:
             "run_queue_wait_per_token_s": self.run_queue_wait_per_token_s,
             "steal_per_token_s": self.steal_per_token_s,
             "core_slowdown": self.core_slowdown,
-            "bare_run_queue_wait_per_token_s": self.bare_run_queue_wait_per_token_s,
         }
 
 
@@ -128,6 +126,17 @@ class BusyFigures:
 
 
 @dataclass(frozen=True)
+class WaitFigures:
+    """The ranks' own waits (judge/waits.py): shares of the wall time of a generation."""
+
+    off_cpu_share: float  # the rank that waited most, median of the repeats
+    baseline_off_cpu_share: float  # the recorded runs' level
+    rise: float  # off_cpu_share - baseline_off_cpu_share
+    tolerance: float
+    outside_share: float  # what the busy evidence took (run queue, steal), taken off the rise
+
+
+@dataclass(frozen=True)
 class BaselineFigures:
     baseline_tokens_per_sec: float
     change: float
@@ -140,6 +149,7 @@ class BaselineFigures:
     commit: str | None
     machine: MachineFigures | None = None  # when the host loop could be weighed
     busy: BusyFigures | None = None  # when the CPU time per token could be weighed
+    waits: WaitFigures | None = None  # when both sides measured the ranks' own waits
 
 
 @dataclass(frozen=True)
@@ -223,6 +233,9 @@ class GateSettings:
     # with the host, so their floors sit below the throughput's (docs/gates.md).
     device_time_tolerance_floor: float = 0.02
     cpu_tolerance_floor: float = 0.10
+    # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower
+    # run (judge/waits.py): an idle CPU rank's share moves by well under it (docs/gates.md).
+    wait_share_floor: float = 0.05
 
 
 def threshold_check(

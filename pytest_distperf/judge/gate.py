@@ -32,6 +32,7 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.judge.training import loss_check, train_prediction
+from pytest_distperf.judge.waits import waits_check
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -42,6 +43,7 @@ from pytest_distperf.perfmodel import (
     measured_network,
     run_links,
 )
+from pytest_distperf.repeats import off_cpu_shares
 from pytest_distperf.spec import PRECISION_BYTES, RunResult, Sample, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
@@ -241,18 +243,24 @@ class Gate:
         # A training step's gradient collectives run on threads beside its compute: on a host
         # with fewer cores than those threads, their wait for a core is the step's own.
         waited = None if result.training else result.run_queue_wait_per_token_s
-        # The ranks' own wait for a core, which the CPU prediction holds, excuses nothing.
-        own_wait = max(result.per_rank("local_run_queue_wait_s") or (0.0,))
-        beyond_own = None if waited is None else max(waited - own_wait, 0.0)
         evidence = busy_evidence(
             entry,
             waited,
             _slowest_rank(result, "steal_per_token_s"),
             result.host_loop_cpu_samples,
-            _slowest_rank(result, "bare_run_queue_wait_per_token_s"),
         )
-        baseline, relative = busy_check(baseline, relative, work, device_time, cpu, evidence)
-        threshold = busy_threshold(threshold, work, beyond_own)
+        baseline, relative = busy_check(
+            baseline,
+            relative,
+            work,
+            device_time,
+            cpu,
+            evidence,
+            result.relative_speed_unqueued_samples,
+        )
+        shares = off_cpu_shares([r.samples for r in result.ranks])
+        baseline = waits_check(baseline, entry, shares, evidence, settings)
+        threshold = busy_threshold(threshold, work, _unqueued_rate(result))
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=with_work_reason(threshold, work, cpu),
@@ -290,14 +298,24 @@ class Gate:
             device_time_per_token_s=result.device_time_per_token_s,
             waits={
                 "run_queue_wait_run_medians": result.run_queue_wait_per_token_s,
-                "bare_run_queue_wait_run_medians": _slowest_rank(
-                    result, "bare_run_queue_wait_per_token_s"
-                ),
                 "steal_run_medians": _slowest_rank(result, "steal_per_token_s"),
+                "off_cpu_share_run_medians": result.off_cpu_share,
             },
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True
+
+
+def _unqueued_rate(result: RunResult) -> float | None:
+    """Tokens/sec with each repeat's wait for a core (the slowest rank's timing thread) taken
+    out beyond the wait the ranks' own measure held, which the CPU prediction already has;
+    None where a rank measured no such wait."""
+    samples = result.samples
+    if result.training or not samples or any(s.queued_s is None for s in samples):
+        return None
+    own_s = max(result.per_rank("local_run_queue_wait_s") or (0.0,)) * result.new_tokens
+    ran = [s.total_s - max((s.queued_s or 0.0) - own_s, 0.0) for s in samples]
+    return result.new_tokens / statistics.median(ran)
 
 
 def _slowest_rank(result: RunResult, name: str) -> float | None:

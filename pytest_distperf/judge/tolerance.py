@@ -16,7 +16,7 @@ from pytest_distperf.jsonfields import is_number
 from pytest_distperf.judge.significance import choose_method, one_sided_p
 from pytest_distperf.store.spread import checked_rates, relative_spread
 
-_IQR_TO_SIGMA = 1.349  # the same for the interquartile range (2 x Phi^-1(3/4))
+IQR_TO_SIGMA = 1.349  # the same for the interquartile range (2 x Phi^-1(3/4))
 
 # Default tolerance = max(floor, K * robust relative spread), K = 3 (the Shewhart 3-sigma rule).
 # The median of 5 repeats has a standard error of about 1.25 * sigma / sqrt(5), so the difference
@@ -108,7 +108,7 @@ def run_drift(run_medians: Sequence[float]) -> float:
         return max(relative_spread(values), statistics.stdev(values) / statistics.fmean(values))
     from scipy.stats import iqr  # linear interpolation between order statistics
 
-    return float(iqr(values)) / _IQR_TO_SIGMA / statistics.median(values)
+    return float(iqr(values)) / IQR_TO_SIGMA / statistics.median(values)
 
 
 def detectable_drop(

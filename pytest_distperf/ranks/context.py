@@ -66,8 +66,6 @@ class RankContext:
     host_cpu_per_token_s: float | None = None  # time: CPU seconds per new token, timed repeats
     run_queue_wait_per_token_s: float | None = None  # time: seconds waited for a core, per token
     steal_per_token_s: float | None = None  # time: the hypervisor's steal per CPU, per token
-    # time: the bare model's wait for a core beside the warm-up and the repeats, per its token
-    bare_run_queue_wait_per_token_s: float | None = None
     reference: ReferenceChoice | None = None  # pick_reference
     peak_floor: int = 0  # calibrate_model: the peak before its buffers, which are not the test's
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)

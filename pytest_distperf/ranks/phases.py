@@ -22,14 +22,13 @@ from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.context import DTYPES, RankContext
 from pytest_distperf.ranks.counting import dynamo_mark
 from pytest_distperf.ranks.fabric import fabric_module
-from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
+from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
 from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
 from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
 from pytest_distperf.ranks.timing import (
     Fences,
-    HostTime,
     device_sync,
     reference_token_time,
     run_workload,
@@ -226,14 +225,8 @@ def time_generations(ctx: RankContext) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
 
-    bare_host = HostTime(0.0, 0.0)
-
     def beside() -> tuple[Sample | None, tuple[float, float]]:
-        nonlocal bare_host
-        before = host_times()
-        sample = bare.generation()
-        bare_host = bare_host.plus(before, host_times())
-        return sample, interpreter_loop_times()
+        return bare.generation(), interpreter_loop_times()
 
     samples, tokens, timed_from, besides, host = run_workload(
         ctx.wrapped,
@@ -261,12 +254,6 @@ def time_generations(ctx: RankContext) -> None:
         ctx.host_cpu_per_token_s, ctx.run_queue_wait_per_token_s, ctx.steal_per_token_s = host.per(
             new_tokens
         )
-        # The warm-up's pairs count too: the wait beside the repeats alone starts there.
-        if bare_samples:
-            bare_tokens = (spec.warmup + spec.repeats) * workload.batch_size
-            ctx.bare_run_queue_wait_per_token_s = bare_host.per(
-                bare_tokens * workload.max_new_tokens
-            )[1]
 
 
 def pick_reference(ctx: RankContext) -> None:
@@ -390,7 +377,6 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
         "host_cpu_per_token_s": ctx.host_cpu_per_token_s,
         "run_queue_wait_per_token_s": ctx.run_queue_wait_per_token_s,
         "steal_per_token_s": ctx.steal_per_token_s,
-        "bare_run_queue_wait_per_token_s": ctx.bare_run_queue_wait_per_token_s,
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
-from pytest_distperf.ranks.hostspeed import host_times
+from pytest_distperf.ranks.hostspeed import host_times, thread_times
 from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.spec import Sample
 
@@ -32,6 +32,7 @@ __all__ = [
     "run_workload",
     "steady_median",
     "step_seconds",
+    "thread_accounting",
     "timed_generation",
 ]
 
@@ -83,7 +84,7 @@ def timed_generation(
     `next_token` replaces the built-in loop's sampling of the model's logits in every step."""
     fences.sync()
     fences.barrier()
-    start = time.perf_counter()
+    start, started = time.perf_counter(), thread_times()
     first: float | None = None
     if generate is None:
         out, first = _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
@@ -96,11 +97,22 @@ def timed_generation(
         # `slowdown`, spinning as extra computation would (a sleep reads as a busy machine).
         spin((end - start) * slowdown / (1.0 - slowdown))
         end = time.perf_counter()
+    accounted = thread_accounting(started, end - start)
     if first is None:
-        sample = Sample(total_s=end - start, ttft_s=None, decode_s=None)
+        sample = Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted)
         return sample, _new_tokens(out, prompt, max_new_tokens)
-    sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first)
+    sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first, **accounted)
     return sample, torch.cat(out, dim=1)
+
+
+def thread_accounting(started: tuple[float, float] | None, wall_s: float) -> dict[str, float]:
+    """Sample fields splitting `wall_s` of this thread since `started` (thread_times) into its
+    wait for a core and its time off the CPU by its own doing; {} where unknown."""
+    ended = thread_times()
+    if started is None or ended is None:
+        return {}
+    ran_s, queued_s = ended[0] - started[0], ended[1] - started[1]
+    return {"queued_s": queued_s, "off_cpu_s": max(wall_s - ran_s - queued_s, 0.0)}
 
 
 @torch.no_grad()

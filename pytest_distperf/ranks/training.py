@@ -24,8 +24,15 @@ from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
-from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
-from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, spin, steady_median
+from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times, thread_times
+from pytest_distperf.ranks.timing import (
+    Fences,
+    HostTime,
+    device_sync,
+    spin,
+    steady_median,
+    thread_accounting,
+)
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES, RankResult, Sample
 from pytest_distperf.strategies import train_message_sizes_for
 
@@ -355,11 +362,12 @@ def _wrapped_step(ctx: RankContext) -> Step:
 def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
     fences.sync()
     fences.barrier()
-    start = time.perf_counter()
+    start, started = time.perf_counter(), thread_times()
     loss = step()
     fences.sync()
     end = time.perf_counter()
     if slowdown:  # the self-check knob, as for a generation (ranks/timing.py)
         spin((end - start) * slowdown / (1.0 - slowdown))
         end = time.perf_counter()
-    return Sample(total_s=end - start, ttft_s=None, decode_s=None), loss
+    accounted = thread_accounting(started, end - start)
+    return Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted), loss

@@ -23,7 +23,8 @@ from pytest_distperf.store.spread import relative_spread
 from pytest_distperf.work import Work
 
 # 2 added run_medians, 3 the relative speed, 4 the host's own speed, 5 the counted work and
-# the CPU and device time per token; older files are read (without them), written as 5
+# the CPU and device time per token, 6 the waits for a core, the steal and the ranks' own
+# waits off the CPU; older files are read (without them), written as 6
 SCHEMA = 6
 READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
@@ -48,7 +49,7 @@ _ENTRY_FIELDS = frozenset(
 )
 # Absent from older files: run_medians before schema 2, the relative speed before schema 3,
 # the host loop before schema 4, the counted work and per-token times before schema 5, the
-# waits for a core and the steal before schema 6.
+# waits (for a core, the steal, off the CPU) before schema 6.
 _LIST_FIELDS = (
     "run_medians",
     "relative_samples",
@@ -59,8 +60,8 @@ _LIST_FIELDS = (
     *(
         _WAIT_FIELDS := (
             "run_queue_wait_run_medians",
-            "bare_run_queue_wait_run_medians",
             "steal_run_medians",
+            "off_cpu_share_run_medians",
         )
     ),
 )
@@ -127,12 +128,14 @@ class BaselineEntry:
     #: decode token, of each of the last RUN_HISTORY recorded runs; empty if unknown.
     host_cpu_run_medians: tuple[float, ...] = ()
     device_time_run_medians: tuple[float, ...] = ()
-    #: Per new token, of the same runs: the slowest rank's wait for a core (run queue), the bare
-    #: model's beside it and the host's steal per CPU; zero is a level (an idle machine), empty
-    #: unknown. What a later run waited beyond them is the outside's (judge/busy.py).
+    #: Per new token, of the same runs: the slowest rank's wait for a core (run queue) and the
+    #: host's steal per CPU; zero is a level (an idle machine), empty unknown. What a later run
+    #: waited beyond them is the outside's (judge/busy.py).
     run_queue_wait_run_medians: tuple[float, ...] = ()
-    bare_run_queue_wait_run_medians: tuple[float, ...] = ()
     steal_run_medians: tuple[float, ...] = ()
+    #: Of the same runs, the largest share of a rank's generation time spent off the CPU by its
+    #: own doing (spec.RunResult.off_cpu_shares, median): what its waits were (judge/waits.py).
+    off_cpu_share_run_medians: tuple[float, ...] = ()
 
     @property
     def relative_median(self) -> float | None:

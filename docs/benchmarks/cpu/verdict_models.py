@@ -1,5 +1,6 @@
 """The verdict matrix's model (docs/benchmarks/cpu_verdict_matrix.sh, tests/test_verdict_matrix.py):
-this project's pythia-14m from a plain builder, as a user writes one, and a user's own greedy
+this project's pythia-14m (or the preset VERDICT_MODEL names) from a plain builder, as a user
+writes one, and a user's own greedy
 loop, each with the regressions a user makes by accident, switched on by environment variables
 the ranks inherit (so that the test's identity, and so its baseline, stays the same). A share S
 asks for S of the new wall time per token, whatever the strategy's own speed: S / (1 - S) of
@@ -45,7 +46,8 @@ CASES = {
 def pythia(
     seed: int, device: torch.device, dtype: torch.dtype, settings: Mapping[str, str] = os.environ
 ) -> GPT:
-    model = build_model(Config.from_name("pythia-14m"), seed, device, dtype)
+    name = settings.get("VERDICT_MODEL") or os.environ.get("VERDICT_MODEL", "pythia-14m")
+    model = build_model(Config.from_name(name), seed, device, dtype)
     share = float(settings.get("VERDICT_WAIT_SHARE", "0"))
     if share:
         _stretch(model, share, time.sleep, per_block=True)
