@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER
+from pytest_distperf.repeats import slowest_phases
 from pytest_distperf.work import work_cell
 
 
@@ -239,6 +240,7 @@ def _work_cell(record: Any, outcome: str) -> str | None:
 _CHECKS = ("threshold", "baseline", "relative_speed", "memory", "work", "device_time", "loss")
 _S = "slowest rank per repeat"
 
+
 # In order: the JUnit properties and pytest-benchmark's extra_info keep this order.
 # fmt: off
 RUN_FIGURES: tuple[Figure, ...] = (
@@ -327,10 +329,12 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("steal_per_token_s", "s", slowest_rank("steal_per_token_s"),
            "the host's steal time per CPU over the timed repeats, per new token (/proc/stat): "
            "what a VM's hypervisor gave another guest"),
+    Figure("phase_s", "s", Reduction("slowest rank", Source.RUN,
+           lambda run: slowest_phases([r.phase_s for r in run.ranks])),
+           "seconds of each phase of the test (join, calibrate, build, reference, wrap, compile, "
+           "warmup, timed, bare, measure, count, result)"),
     Figure("off_cpu_share", "", from_result("off_cpu_share", "the rank that waited most"),
-           "share of a timed generation's wall time a rank's timing thread spent off the CPU by "
-           "its own doing (a sleep, a sync, I/O, a lock, a peer; Linux schedstat), median of "
-           "the repeats"),
+           "share of a timed repeat a rank's timing thread was off the CPU by its own doing"),
     Figure("device_time_per_token_s", "s",
            from_result("device_time_per_token_s", "slowest rank"),
            "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),

@@ -111,6 +111,13 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "start new ranks for every test instead of keeping a pool for the session (debugging)",
         True,
     ),
+    OptionSpec(
+        "recalibrate",
+        "",
+        "measure the collectives again instead of reusing this machine's calibration kept in "
+        "pytest's cache (same topology, rank count and versions)",
+        True,
+    ),
     OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
     OptionSpec(
         "numa_binding",
@@ -141,6 +148,7 @@ class Settings:
     topology: str | None = None
     numa_binding: str | None = None
     fresh_ranks: bool = False
+    recalibrate: bool = False
     compile: bool = False
     gates: bool = True  # False: runs are measured and reported, no check fails them
     count: bool = True  # the counted generation (RunSpec.count_work)
@@ -259,6 +267,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
     "topology": lambda raw, source: raw or None,
     "fresh_ranks": lambda raw, source: _parse_flag(raw, source),
+    "recalibrate": lambda raw, source: _parse_flag(raw, source),
     "compile": lambda raw, source: _parse_flag(raw, source),
     "numa_binding": lambda raw, source: _parse_numa_binding(raw, source),
 }

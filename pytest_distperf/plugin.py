@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf import collection, markers, xdist
+from pytest_distperf import calibrations, collection, markers, xdist
 from pytest_distperf.launch.early import process_started_at, start_first_pool
 from pytest_distperf.options import (
     OPTIONS,
@@ -98,7 +98,7 @@ class DistperfPlugin:
     # message sizes of every selected test of that count: rank count -> MessageSizes.
     calibration_sizes: dict[int, Any] = field(default_factory=dict)
     calibrations: dict[int, Any] = field(default_factory=dict)  # rank count -> Calibration
-    # Builders' and training steps' sizes are calibrated by their first run's ranks: _builder_key
+    # Builders' and training steps' sizes: calibrated by their first run's ranks (calibrations.py)
     builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)
     _gate: Any = field(default=None, repr=False)
     job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
@@ -301,11 +301,11 @@ class DistperfPlugin:
             from pytest_distperf.header import topology_line
 
             terminalreporter.write_line(topology_line(self.topology_of_gate()))
-        from pytest_distperf.output.report import format_result_line, result_header
+        from pytest_distperf.output.report import result_lines
 
-        terminalreporter.write_line(result_header())
-        for record in shown:
-            terminalreporter.write_line(format_result_line(record, outcomes[record.run.test_id]))
+        verbose = terminalreporter.config.option.verbose > 0
+        for line in result_lines(shown, outcomes, verbose):
+            terminalreporter.write_line(line)
 
 
 def _visible_gpus() -> int:
@@ -367,12 +367,7 @@ class DistperfRun:
 
         plugin = self._plugin
         spec = self.spec()
-        sizes = plugin.calibration_sizes.get(spec.devices)
-        if spec.devices not in plugin.calibrations and sizes is not None:
-            spec = dataclasses.replace(spec, calibration_sizes=sizes)
-        own_sizes = spec.workload.is_custom_builder or spec.workload.training
-        if own_sizes and _builder_key(spec) not in plugin.builders_calibrated:
-            spec = dataclasses.replace(spec, calibrate_model=True)
+        spec = calibrations.prepare(plugin, spec, getattr(self._item.config, "cache", None))
         try:
             result = self._launch(spec)
         except RunFailed as error:
@@ -415,14 +410,7 @@ class DistperfRun:
         from pytest_distperf.store.store import BaselineFileError
 
         plugin = self._plugin
-        if result.calibration is not None:
-            known = plugin.calibrations.get(result.devices)
-            plugin.calibrations[result.devices] = (
-                result.calibration if known is None else known.merged(result.calibration)
-            )
-            if result.spec.calibrate_model:
-                plugin.builders_calibrated.add(_builder_key(result.spec))
-        calibration = plugin.calibrations.get(result.devices)
+        calibration = calibrations.record(plugin, result, getattr(self._item.config, "cache", None))
         self.results.append(result)
         settings = plugin.settings
         gate = plugin.gate()
@@ -453,13 +441,6 @@ class DistperfRun:
 
             add_benchmark(self._item, result, record, occurrence=len(self.results))
         return record.decision.failure_text()
-
-
-def _builder_key(spec: RunSpec) -> tuple[Any, ...]:
-    """What a calibration at a model's own sizes depends on (training: a step's sizes)."""
-    w = spec.workload
-    train = (w.seq_length, spec.strategy) if w.training else ()
-    return (spec.devices, w.model, w.precision, w.batch_size, *train)
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ Each repeat is as slow as its slowest rank: the ranks advance in lock-step throu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 
@@ -61,6 +61,15 @@ def off_cpu_shares(per_rank: Sequence[Sequence[Timed]]) -> tuple[float, ...]:
         max((s.off_cpu_s or 0.0) / s.total_s for s in repeat)
         for repeat in zip(*per_rank, strict=True)
     )
+
+
+def slowest_phases(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Seconds of each phase of a test, the slowest rank's (RankResult.phase_s); {} where some
+    rank reported none."""
+    if not per_rank or not all(per_rank):
+        return {}
+    names = dict.fromkeys(name for phases in per_rank for name in phases)
+    return {name: max(phases.get(name, 0.0) for phases in per_rank) for name in names}
 
 
 def slowest_per_repeat_of(per_rank: Sequence[Sequence[float]], repeats: int) -> tuple[float, ...]:

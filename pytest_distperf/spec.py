@@ -231,6 +231,7 @@ class RankResult:
     local_run_queue_wait_s: float | None = None  # per new token, in that replayed run
     local_host_loop_s: float | None = None  # the host's loop beside those pairs (median)
     local_bare_cuda_graphs: bool | None = None  # the bare model's steps there: CUDA graphs
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase (worker.py)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ JSON_KEYS = frozenset(
         ),
         *("bandwidth_utilization", "verdict"),
         *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s"),
-        *("steal_per_token_s", "off_cpu_share", "busy_evidence"),
+        *("steal_per_token_s", "off_cpu_share", "busy_evidence", "phase_s"),
         "device_time_per_token_s",
         *("work_status", "work_message", "device_time_status", "device_time_message"),
         *("host_cpu_change", "off_cpu_share_change", "device_time_change"),

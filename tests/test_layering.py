@@ -38,6 +38,7 @@ FORBIDDEN_AT_IMPORT = {
     "strategies": ("torch", "lightning", "lightning_fabric"),
     "spec": ("torch", "pytest"),
     "repeats": ("torch", "pytest"),
+    "calibrations": ("torch",),
     "options": ("torch",),
     "plugin": ("torch",),
     "markers": ("torch",),

@@ -258,3 +258,35 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
         run=_record().run.with_values(decode_tokens_per_sec=100.0 * batch),  # 100 forwards/s
     )
     assert record.bandwidth_utilization == pytest.approx(whole * share * 100 / 1e12)
+
+
+def test_each_phase_is_the_slowest_ranks_and_verbose_shows_what_measuring_cost() -> None:
+    from pytest_distperf.output.report import phase_line, result_lines
+
+    phases = {"join": 0.1, "calibrate": 2.0, "timed": 4.0, "bare": 1.0, "measure": 0.5}
+    slower = {**phases, "calibrate": 3.0, "count": 0.5}
+
+    def judged(*ranks: RankResult) -> JudgedRun:
+        return JudgedRun.of(
+            _result(*ranks),
+            _decision(),
+            prediction=None,
+            topology_key="cuda_h200_x2",
+            baseline_recorded=False,
+            calibration=None,
+            session_started_at=-5.0,
+        )
+
+    first, second = _rank(0, [1.0, 2.0], [0.3, 0.6]), _rank(1, [1.1, 2.0], [0.33, 0.5])
+    record = judged(replace(first, phase_s=phases), replace(second, phase_s=slower))
+    assert record.to_json()["phase_s"] == slower
+    line = phase_line(record)
+    assert line == (
+        "    phases, s: join 0.10, calibrate 3.00, timed 4.00, bare 1.00, measure 0.50, "
+        "count 0.50; bare + measure + count = 50% of timed"
+    )
+    outcomes = {record.run.test_id: "passed"}
+    assert result_lines([record], outcomes, verbose=True)[-1] == line
+    assert len(result_lines([record], outcomes, verbose=False)) == 2
+    # a rank without phases (a result from before they were timed): nothing to show
+    assert phase_line(judged(replace(first, phase_s=phases), second)) == ""

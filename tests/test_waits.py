@@ -25,8 +25,10 @@ BASE = [100.0, 101.0, 99.0, 100.5, 99.5]
 NOTHING_OUTSIDE = BusyEvidence(0.0, 0.0, 1.0)
 
 
-def _entry(shares: tuple[float, ...] = (0.01,), rates: list[float] = BASE) -> BaselineEntry:
-    entry = BaselineEntry.from_samples("t::x[auto-2cpu]", rates, 1, {})
+def _entry(
+    shares: tuple[float, ...] = (0.01,), repeats: tuple[float, ...] = (0.01, 0.012, 0.008)
+) -> BaselineEntry:
+    entry = BaselineEntry.from_samples("t::x[auto-2cpu]", BASE, 1, {}, off_cpu_shares=repeats)
     return replace(entry, off_cpu_share_run_medians=shares)
 
 
@@ -83,6 +85,23 @@ def test_without_both_sides_measured_nothing_changes() -> None:
     old = _entry(())
     assert waits_check(throughput, old, [0.5], NOTHING_OUTSIDE, SETTINGS) == throughput
     assert waits_check(throughput, None, [0.5], NOTHING_OUTSIDE, SETTINGS) == throughput
+
+
+def test_the_baselines_noise_sets_the_tolerance_never_this_runs() -> None:
+    noisy = _entry((0.3,), (0.2, 0.25, 0.3, 0.35, 0.4))
+    throughput = _throughput(noisy, 0.1)
+    # repeats at 0.35-0.6 against a baseline whose own repeats spread 0.2-0.4: within its noise
+    assert waits_check(throughput, noisy, [0.35, 0.6, 0.4], NOTHING_OUTSIDE, SETTINGS).status is (
+        CheckStatus.OK
+    )
+    steady = _entry((0.01,))
+    uneven_now = [0.0, 0.4, 0.1, 0.5, 0.2]  # a regression that waits unevenly
+    assert waits_check(throughput, steady, uneven_now, NOTHING_OUTSIDE, SETTINGS).status is (
+        CheckStatus.FAIL
+    )
+    with pytest.raises(ValueError, match=r"off_cpu_share_samples must be in \[0, 1\], got 1.5"):
+        BaselineEntry.from_samples("t::x", BASE, 1, {}, off_cpu_shares=[0.2, 1.5])
+    assert BaselineEntry.from_dict(steady.to_dict()) == steady
 
 
 def test_the_tolerance_is_the_floor_until_repeats_or_recorded_runs_show_a_spread() -> None:

@@ -301,6 +301,7 @@ class Gate:
                 "steal_run_medians": _slowest_rank(result, "steal_per_token_s"),
                 "off_cpu_share_run_medians": result.off_cpu_share,
             },
+            off_cpu_shares=off_cpu_shares([r.samples for r in result.ranks]),
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True

@@ -38,10 +38,11 @@ from pytest_distperf.store.entry import BaselineEntry
 def wait_tolerance(
     history: Sequence[float], shares: Sequence[float], settings: GateSettings
 ) -> float:
-    """How far the share may rise by itself: the floor, TOLERANCE_SIGMAS x the spread of this
-    run's repeats (interquartile; a rank that waits on its peers waits a different share each
-    repeat) and, from MIN_RUNS_FOR_DRIFT recorded runs, their spread times the prediction
-    factor the throughput's drift uses; the largest of them."""
+    """How far the share may rise by itself: the floor, TOLERANCE_SIGMAS x the spread of the
+    recorded run's repeats (interquartile; a rank that waits on its peers waits a different
+    share each repeat) and, from MIN_RUNS_FOR_DRIFT recorded runs, their spread times the
+    prediction factor the throughput's drift uses; the largest of them. The baseline's own
+    noise, never this run's: a regression must not widen its own tolerance."""
     within = 0.0
     if len(shares) >= MIN_RUNS_FOR_QUARTILES:
         quartiles = statistics.quantiles(shares, n=4)
@@ -64,8 +65,10 @@ def waits_check(
     the throughput, not from this); with the waits' figures attached wherever both sides have
     them."""
     figures = baseline.figures
-    history = () if entry is None else entry.off_cpu_share_run_medians
-    if not isinstance(figures, BaselineFigures) or not shares or not history:
+    if entry is None or not isinstance(figures, BaselineFigures) or not shares:
+        return baseline
+    history = entry.off_cpu_share_run_medians
+    if not history:
         return baseline
     level = statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
     share = statistics.median(shares)
@@ -75,7 +78,7 @@ def waits_check(
         off_cpu_share=share,
         baseline_off_cpu_share=level,
         rise=share - level,
-        tolerance=wait_tolerance(history, shares, settings),
+        tolerance=wait_tolerance(history, entry.off_cpu_share_samples, settings),
         outside_share=outside,
     )
     attached = replace(figures, waits=waits)

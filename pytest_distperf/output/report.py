@@ -1,10 +1,11 @@
-"""The session's own renderings of judged runs: the JSON report and the terminal table."""
+"""The session's own renderings of judged runs: the JSON report and the terminal table (with
+`-v`, each test's phases beneath its row)."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from pytest_distperf.figures import TABLE, Figure, TableColumn, declared
@@ -46,6 +47,34 @@ def format_result_line(record: JudgedRun, outcome: str) -> str:
         for f, column in shown
     ]
     return "".join(cells)[len(shown[0][1].sep) :]
+
+
+def result_lines(
+    records: Sequence[JudgedRun], outcomes: Mapping[str, str], verbose: bool
+) -> list[str]:
+    """The table: its header, a row per record and, verbose, each record's phases."""
+    lines = [result_header()]
+    for record in records:
+        lines.append(format_result_line(record, outcomes[record.run.test_id]))
+        if verbose and (phases := phase_line(record)):
+            lines.append(phases)
+    return lines
+
+
+# What a test spends measuring beside its timed repeats (issue: the cost of measuring).
+MEASURING = ("bare", "measure", "count")
+
+
+def phase_line(record: JudgedRun) -> str:
+    """Seconds of each phase, the slowest rank's, and what measuring beside the timed repeats
+    cost against them; "" where the ranks reported no phases."""
+    spent = record.run.phase_s
+    if not spent:
+        return ""
+    parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in spent.items())
+    timed, beside = spent.get("timed", 0.0), sum(spent.get(name, 0.0) for name in MEASURING)
+    share = f"; bare + measure + count = {beside / timed:.0%} of timed" if timed else ""
+    return f"    phases, s: {parts}{share}"
 
 
 RESULT_HEADER = result_header()

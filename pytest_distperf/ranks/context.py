@@ -58,6 +58,7 @@ class RankContext:
     compile_s: float | None = None  # compile
     dynamo_before: DynamoMark | None = None  # compile: dynamo's totals before compiling
     samples: list[Sample] = field(default_factory=list)  # time
+    loop_s: dict[str, float] = field(default_factory=dict)  # time: warmup, timed, bare seconds
     tokens: torch.Tensor | None = None  # time: the last generation's [B, max_new_tokens]
     timed_from: float = 0.0  # time: epoch seconds when the timed generations began
     bare_samples: list[Sample] = field(default_factory=list)  # time: one beside each sample

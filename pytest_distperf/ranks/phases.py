@@ -225,8 +225,15 @@ def time_generations(ctx: RankContext) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
 
+    bare_s: list[float] = []
+
     def beside() -> tuple[Sample | None, tuple[float, float]]:
-        return bare.generation(), interpreter_loop_times()
+        began = time.perf_counter()
+        sample, loop = bare.generation(), interpreter_loop_times()
+        bare_s.append(time.perf_counter() - began)
+        return sample, loop
+
+    began = time.time()
 
     samples, tokens, timed_from, besides, host = run_workload(
         ctx.wrapped,
@@ -246,6 +253,12 @@ def time_generations(ctx: RankContext) -> None:
     if len(bare_samples) < len(samples):
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
+    in_warmup = sum(bare_s[: spec.warmup])
+    ctx.loop_s = {
+        "warmup": timed_from - began - in_warmup,
+        "timed": time.time() - timed_from - sum(bare_s[spec.warmup :]),
+        "bare": sum(bare_s),
+    }
     ctx.bare_samples = bare_samples
     ctx.host_loop_s = tuple(wall for _, (wall, _) in besides)
     ctx.host_loop_cpu_s = tuple(cpu for _, (_, cpu) in besides)

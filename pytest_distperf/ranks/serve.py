@@ -86,6 +86,7 @@ def serve(place: RankPlace, connection: Connection) -> None:
             # the process group, slowly, while the pytest process waits for it.
             _exit(0)
         try:
+            began = time.perf_counter()
             spec, calibration = _calibrate_first(spec, place)
             start = time.perf_counter()
             reporter = progress if place.rank == 0 else None
@@ -95,8 +96,10 @@ def serve(place: RankPlace, connection: Connection) -> None:
             # import torch into the pytest process.
             versions = {name: str(version) for name, version in result.versions.items()}
             result = replace(result, versions=versions, work_s=time.perf_counter() - start)
-            if calibration is not None:
-                result = replace(result, calibration=calibration)
+            if calibration is not None:  # the pool's, before the test: its phase all the same
+                phase_s = dict(result.phase_s)
+                phase_s["calibrate"] = phase_s.get("calibrate", 0.0) + start - began
+                result = replace(result, calibration=calibration, phase_s=phase_s)
             # Inside the try: a CUDA error left pending by the test surfaces in its synchronize.
             _free_test_state(place.accelerator)
         except BaseException:

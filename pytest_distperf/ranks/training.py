@@ -230,6 +230,7 @@ def time_steps(ctx: RankContext) -> None:
     spec, fences, train = ctx.spec, ctx.fences, ctx.train
     step = _wrapped_step(ctx)
     say = ctx.progress or (lambda text: None)
+    began = time.time()
     resident = memory.resident()
     if _warm_up(ctx, step, say) and ctx.device.type == "cpu":
         # The steps' own peak, then a heap they will not fault in again (ranks/allocator.py).
@@ -248,6 +249,7 @@ def time_steps(ctx: RankContext) -> None:
         ctx.samples.append(sample)
         say(f"step {done + 1}/{spec.repeats}: {sample.total_s * 1e3:.1f} ms (rank 0)")
         besides.append(interpreter_loop_times())
+    ctx.loop_s = {"warmup": ctx.timed_from - began, "timed": time.time() - ctx.timed_from}
     ctx.host_loop_s = tuple(wall for wall, _ in besides)
     ctx.host_loop_cpu_s = tuple(cpu for _, cpu in besides)
     tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import faulthandler
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 from pytest_distperf.ranks import phases, training
 from pytest_distperf.ranks.context import Phase
@@ -54,6 +56,36 @@ TRAIN_PHASES: tuple[Phase, ...] = (
 )
 
 
+# Where each phase's seconds are reported (RankResult.phase_s, by the phase's name); the timing
+# phase splits its own into warmup, timed and bare (RankContext.loop_s).
+PHASE_ORDER = (
+    *("join", "calibrate", "build", "reference", "wrap", "compile"),
+    *("warmup", "timed", "bare", "measure", "count", "result"),
+)
+PHASE_KEYS = {
+    "join": "join",
+    "calibrate": "calibrate",
+    "calibrate_model": "calibrate",
+    "build": "build",
+    "check": "build",
+    "launch": "build",
+    "prompt": "build",
+    "reference": "reference",
+    "wrap": "wrap",
+    "bare_copy": "bare",
+    "compile_steps": "compile",
+    "time_generations": "",
+    "time_steps": "",
+    "pick_reference": "result",
+    "memory_peak": "result",
+    "count_work": "count",
+    "count_step": "count",
+    "measure_local": "measure",
+    "replay_steps": "measure",
+    "result": "result",
+}
+
+
 def run_rank(
     spec: RunSpec, progress: Callable[[str], None] | None = None, *, deadline: bool = True
 ) -> RankResult:
@@ -63,11 +95,19 @@ def run_rank(
     `deadline`: False where the caller keeps the test's --distperf-timeout itself (job mode)."""
     with _watchdog(spec.timeout if deadline else None):
         context = phases.start(spec, progress)
+        spent = dict.fromkeys(PHASE_ORDER, 0.0)
         for phase in TRAIN_PHASES if spec.workload.training else PHASES:
+            began = time.perf_counter()
             phase(context)
+            key = PHASE_KEYS[phase.__name__]
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - began
     if context.result is None:
         raise RuntimeError("the rank's phases ended without a result")
-    return context.result
+    loop_s = spent.pop("", 0.0)
+    for name, seconds in context.loop_s.items():
+        spent[name] += seconds
+    spent["warmup"] += max(loop_s - sum(context.loop_s.values()), 0.0)  # setting the loop up
+    return replace(context.result, phase_s=spent)
 
 
 @contextmanager

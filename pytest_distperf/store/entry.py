@@ -53,6 +53,7 @@ _ENTRY_FIELDS = frozenset(
 _LIST_FIELDS = (
     "run_medians",
     "relative_samples",
+    "off_cpu_share_samples",
     "relative_run_medians",
     "host_loop_run_medians",
     "host_cpu_run_medians",
@@ -134,8 +135,10 @@ class BaselineEntry:
     run_queue_wait_run_medians: tuple[float, ...] = ()
     steal_run_medians: tuple[float, ...] = ()
     #: Of the same runs, the largest share of a rank's generation time spent off the CPU by its
-    #: own doing (spec.RunResult.off_cpu_shares, median): what its waits were (judge/waits.py).
+    #: own doing (repeats.off_cpu_shares, median): what its waits were (judge/waits.py); and
+    #: that share per repeat of the latest run, whose spread is the waits' own noise.
     off_cpu_share_run_medians: tuple[float, ...] = ()
+    off_cpu_share_samples: tuple[float, ...] = ()
 
     @property
     def relative_median(self) -> float | None:
@@ -213,6 +216,7 @@ class BaselineEntry:
         host_cpu_per_token_s: float | None = None,
         device_time_per_token_s: float | None = None,
         waits: Mapping[str, float | None] | None = None,
+        off_cpu_shares: Iterable[float] = (),
     ) -> BaselineEntry:
         """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
         time of each, when known, and the run's counted work and per-token times), computing
@@ -239,6 +243,7 @@ class BaselineEntry:
             extra=dict(extra or {}),
             run_medians=(_round(statistics.median(rounded)),),
             relative_samples=relative,
+            off_cpu_share_samples=_shares(off_cpu_shares, test_id),
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
             host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
             work=work,
@@ -279,6 +284,7 @@ class BaselineEntry:
             "extra": json.loads(json.dumps(dict(self.extra))),
             "run_medians": list(self.run_medians),
             "relative_samples": list(self.relative_samples),
+            "off_cpu_share_samples": list(self.off_cpu_share_samples),
             "relative_run_medians": list(self.relative_run_medians),
             "host_loop_run_medians": list(self.host_loop_run_medians),
             "host_cpu_run_medians": list(self.host_cpu_run_medians),
@@ -314,6 +320,7 @@ class BaselineEntry:
             extra=get_field(data, "extra", Mapping),
             run_medians=tuple(lists["run_medians"]),
             relative_samples=tuple(lists["relative_samples"]),
+            off_cpu_share_samples=_shares(lists["off_cpu_share_samples"], data["test_id"]),
             relative_run_medians=tuple(lists["relative_run_medians"]),
             host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
             work=work,
@@ -356,6 +363,15 @@ def _rounded_samples(values: Iterable[float], test_id: str, name: str) -> tuple[
             raise ValueError(f"{test_id}: {name} must be positive numbers, got {value!r}")
         result.append(_round(float(value)))
     return tuple(result)
+
+
+def _shares(values: Iterable[float], test_id: str) -> tuple[float, ...]:
+    """Shares of a wall time, each in [0, 1]."""
+    shares = tuple(values)
+    for value in shares:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+            raise ValueError(f"{test_id}: off_cpu_share_samples must be in [0, 1], got {value!r}")
+    return tuple(_round(float(value)) for value in shares)
 
 
 def _round(value: float) -> float:

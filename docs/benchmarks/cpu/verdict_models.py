@@ -10,7 +10,8 @@ the previous forward's time is added, spread over the blocks or after the forwar
   under FSDP the next block's all-gather may be in flight meanwhile, hiding the sleep;
 * VERDICT_WAIT_END_SHARE=S: the model sleeps once after its forward, with nothing in flight;
 * VERDICT_SLOW_RANK=R:S: rank R spins after its forward (its peers wait for it inside the next
-  collective);
+  collective); VERDICT_PEER_SYNC=1 gives a replicated model such a collective: 64 bytes
+  all-reduced after every forward (after the spin);
 * VERDICT_EXTRA_HEAD=F: every forward also multiplies its last hidden states by a second head
   of F x vocab columns (more computation, no communication);
 * VERDICT_ALL_REDUCE=1: every block all-reduces 64 bytes after its forward;
@@ -41,6 +42,8 @@ CASES = {
     "slow_rank": {"VERDICT_SLOW_RANK": "1:0.5"},
     "collective": {"VERDICT_ALL_REDUCE": "1"},
 }
+# What a case's model has recorded and regressed alike.
+ALWAYS = {"slow_rank": {"VERDICT_PEER_SYNC": "1"}}
 
 
 def pythia(
@@ -57,6 +60,8 @@ def pythia(
     rank, _, spin_share = settings.get("VERDICT_SLOW_RANK", "").partition(":")
     if spin_share and os.environ.get("RANK", "0") == rank:
         _stretch(model, float(spin_share), _spin, per_block=False)
+    if settings.get("VERDICT_PEER_SYNC") == "1":
+        model.register_forward_hook(_all_reduce_64_bytes)
     extra = float(settings.get("VERDICT_EXTRA_HEAD", "0"))
     if extra:
         _add_second_head(model, extra, device)
@@ -68,11 +73,18 @@ def pythia(
 
 def _case(name: str, seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
     regressed = os.environ.get("VERDICT_REGRESSED") == "1"
-    return pythia(seed, device, dtype, CASES[name] if regressed else {})
+    return pythia(
+        seed, device, dtype, {**ALWAYS.get(name, {}), **(CASES[name] if regressed else {})}
+    )
 
 
 def plain(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
     return pythia(seed, device, dtype, {})
+
+
+def peers(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
+    """`pythia` with a collective after every forward, whatever the environment says of it."""
+    return pythia(seed, device, dtype, {**os.environ, "VERDICT_PEER_SYNC": "1"})
 
 
 def waits(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:

@@ -1,0 +1,102 @@
+"""Which collectives a run calibrates, and the machine's calibration kept between sessions.
+
+The first run of each rank count calibrates the session's message sizes (plugin.py collects
+them); a builder's model and a training step are calibrated at their own sizes by their first
+run's ranks. A single host's calibration is kept in pytest's cache, keyed by its topology,
+rank count and software versions: a later session that needs no size beyond it measures
+nothing (`--distperf-recalibrate` measures again). A job over several nodes always measures.
+Pytest-side: no torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from importlib import metadata
+from typing import Any
+
+from pytest_distperf.spec import RunSpec
+
+CACHE_KEY = "distperf/calibration"
+# What a calibration's figures depend on besides the machine (the topology key).
+VERSIONED = ("torch", "lightning")
+
+
+def prepare(plugin: Any, spec: RunSpec, cache: Any) -> RunSpec:
+    """`spec` with what its run must calibrate, taking the session's calibration from `cache`
+    (pytest's, None where disabled) where it holds every size the session needs."""
+    sizes = plugin.calibration_sizes.get(spec.devices)
+    if spec.devices not in plugin.calibrations and sizes is not None:
+        kept = None if plugin.settings.recalibrate else _load(plugin, spec.devices, cache)
+        if kept is not None and covers(kept, sizes):
+            plugin.calibrations[spec.devices] = kept
+        else:
+            spec = dataclasses.replace(spec, calibration_sizes=sizes)
+    own_sizes = spec.workload.is_custom_builder or spec.workload.training
+    if own_sizes and builder_key(spec) not in plugin.builders_calibrated:
+        spec = dataclasses.replace(spec, calibrate_model=True)
+    return spec
+
+
+def record(plugin: Any, result: Any, cache: Any) -> Any:
+    """The rank count's calibration after `result` (merged with what it measured, which is
+    kept in `cache` too); None where none was measured or kept."""
+    if result.calibration is not None:
+        known = plugin.calibrations.get(result.devices)
+        merged = result.calibration if known is None else known.merged(result.calibration)
+        plugin.calibrations[result.devices] = merged
+        if result.spec.calibrate_model:
+            plugin.builders_calibrated.add(builder_key(result.spec))
+        if _cacheable(plugin, cache):
+            entry = {"versions": versions(), "calibration": merged.to_dict()}
+            cache.set(_key(plugin, result.devices), entry)
+    return plugin.calibrations.get(result.devices)
+
+
+def covers(calibration: Any, sizes: Any) -> bool:
+    """Whether `calibration` measured every size of `sizes` (perfmodel.MessageSizes)."""
+    wanted = {"all_gather": sizes.all_gather, "all_reduce": sizes.all_reduce, "p2p": sizes.p2p}
+    return all(
+        set(needed) <= {f.bytes for f in calibration.figures(op)} for op, needed in wanted.items()
+    )
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version()}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def builder_key(spec: RunSpec) -> tuple[Any, ...]:
+    """What a calibration at a model's own sizes depends on (training: a step's sizes)."""
+    w = spec.workload
+    train = (w.seq_length, spec.strategy) if w.training else ()
+    return (spec.devices, w.model, w.precision, w.batch_size, *train)
+
+
+def _load(plugin: Any, devices: int, cache: Any) -> Any:
+    """The kept calibration for this machine, rank count and versions; None where there is
+    none, or it is unreadable (then it is measured again and overwritten)."""
+    if not _cacheable(plugin, cache):
+        return None
+    from pytest_distperf.perfmodel.calibration import Calibration
+
+    entry = cache.get(_key(plugin, devices), None)
+    if not isinstance(entry, dict) or entry.get("versions") != versions():
+        return None
+    try:
+        return Calibration.from_dict(entry.get("calibration"))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def _cacheable(plugin: Any, cache: Any) -> bool:
+    return cache is not None and plugin.job is None
+
+
+def _key(plugin: Any, devices: int) -> str:
+    return f"{CACHE_KEY}/{plugin.gate().topology_key}/{devices}"
