@@ -18,8 +18,11 @@ def main(out: Path) -> None:
         case = report.stem.rsplit("-", 1)[0]
         for row in json.loads(report.read_text())["results"]:
             rows[case, row["test_id"].split("::")[-1]].append(row)
-    print("| case | test | sessions | verdicts | tok/s | change | wait beyond ms/token | core |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| case | test | sessions | verdicts | tok/s | change | off-CPU share change "
+        "| wait for a core beyond, ms/token | core |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for (case, test), group in sorted(rows.items()):
         verdicts = collections.Counter(row["verdict"] for row in group)
         rates = [row["tokens_per_sec"] for row in group]
@@ -31,12 +34,13 @@ def main(out: Path) -> None:
             if e.get("run_queue_wait_per_token_s") is not None
         ]
         cores = [e["core_slowdown"] for e in evidence if e.get("core_slowdown") is not None]
+        shares = [100 * r["off_cpu_share_change"] for r in group if r.get("off_cpu_share_change")]
         said = ", ".join(f"{n} {v}" for v, n in verdicts.most_common())
         changed = _span([100 * c for c in changes], "+.1f")
         waited = _span([1e3 * w for w in waits], ".2f")
         print(
             f"| {case} | {test} | {len(group)} | {said} | {_span(rates, '.1f')} | "
-            f"{changed}% | {waited} | {_span(cores, '.2f')} |"
+            f"{changed}% | {_span(shares, '+.1f')} | {waited} | {_span(cores, '.2f')} |"
         )
 
 
