@@ -63,28 +63,6 @@ def off_cpu_shares(per_rank: Sequence[Sequence[Timed]]) -> tuple[float, ...]:
     )
 
 
-def rank_imbalances(
-    per_rank: Sequence[Sequence[Timed]], loop_cpu_s: Sequence[Sequence[float]]
-) -> tuple[float, ...]:
-    """Per repeat, how much longer the busiest rank's timing thread ran on its core than the
-    least busy one's, each over its core's speed (the fixed loop's CPU time beside that
-    repeat): 0.25 = one rank computed a quarter more, and the others waited for it in the
-    collectives. Empty with one rank or where a figure is missing."""
-    if len(per_rank) < 2 or any(s.off_cpu_s is None for rank in per_rank for s in rank):
-        return ()
-    if any(len(loops) != len(rank) for loops, rank in zip(loop_cpu_s, per_rank, strict=True)):
-        return ()
-    imbalances = []
-    per_repeat = zip(zip(*per_rank, strict=True), zip(*loop_cpu_s, strict=True), strict=True)
-    for repeat, loops in per_repeat:
-        ran = [
-            (unqueued(s) - (s.off_cpu_s or 0.0)) / loop
-            for s, loop in zip(repeat, loops, strict=True)
-        ]
-        imbalances.append(max(ran) / min(ran) - 1.0 if min(ran) > 0 else 0.0)
-    return tuple(imbalances)
-
-
 def slowest_phases(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Seconds of each phase of a test, the slowest rank's (RankResult.phase_s); {} where some
     rank reported none."""

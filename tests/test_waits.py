@@ -146,39 +146,3 @@ def test_a_sleep_is_counted_off_the_cpu_and_a_spin_is_not() -> None:
 
     spun = accounted(spin)
     assert spun["off_cpu_s"] < 0.02 and spun["queued_s"] >= 0.0
-
-
-def _imbalanced(history: tuple[float, ...], repeats: tuple[float, ...]) -> BaselineEntry:
-    entry = BaselineEntry.from_samples("t::x[fsdp-2cpu]", BASE, 1, {}, rank_imbalances=repeats)
-    return replace(entry, rank_imbalance_run_medians=history)
-
-
-def test_a_rank_that_does_more_fails_though_its_peers_waits_hide_its_own() -> None:
-    from pytest_distperf.judge.waits import imbalance_check
-
-    entry = _imbalanced((0.03,), (0.02, 0.03, 0.04, 0.03, 0.02))
-    throughput = _throughput(entry, 0.1)
-    slow_rank = imbalance_check(throughput, entry, [0.27, 0.25, 0.26], SETTINGS)
-    assert slow_rank.status is CheckStatus.FAIL and slow_rank.figures.verdict == "regression"
-    assert slow_rank.message.startswith(
-        "the busiest rank ran 26.0% longer on its core per generation than the least busy one, "
-        "3.0% when recorded (each over its core's speed, the fixed loop's CPU time; tolerance "
-        "10.0%) while tok/s changed -10.0%"
-    )
-    assert imbalance_check(throughput, entry, [0.1, 0.12], SETTINGS) == throughput
-    assert imbalance_check(throughput, entry, [], SETTINGS) == throughput
-    assert imbalance_check(throughput, _imbalanced((), ()), [0.5], SETTINGS) == throughput
-    with pytest.raises(ValueError, match=r"rank_imbalance_samples must be in \[0, inf\]"):
-        BaselineEntry.from_samples("t::x", BASE, 1, {}, rank_imbalances=[-0.1])
-
-
-def test_each_ranks_time_on_its_core_is_taken_over_its_cores_speed() -> None:
-    from pytest_distperf.repeats import rank_imbalances
-
-    # rank 1 ran 0.6 s on a core twice as slow as rank 0's 0.3 s: the same work
-    rank0 = (Sample(1.0, None, None, 0.2, 0.5), Sample(1.0, None, None, 0.0, 0.5))
-    rank1 = (Sample(1.0, None, None, 0.1, 0.3), Sample(1.0, None, None, 0.0, 0.2))
-    loops = [(0.01, 0.01), (0.02, 0.01)]
-    assert rank_imbalances([rank0, rank1], loops) == pytest.approx((0.0, 0.6))
-    assert rank_imbalances([rank0], loops[:1]) == ()  # one rank: nothing to compare
-    assert rank_imbalances([rank0, rank1], [(0.01,), (0.02,)]) == ()  # a loop missing

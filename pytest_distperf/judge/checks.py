@@ -236,8 +236,6 @@ class GateSettings:
     # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower
     # run (judge/waits.py): an idle CPU rank's share moves by well under it (docs/gates.md).
     wait_share_floor: float = 0.05
-    # The least rise of one rank's time on its core over another's that fails (judge/waits.py).
-    imbalance_floor: float = 0.10
 
 
 def threshold_check(

@@ -32,7 +32,7 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.judge.training import loss_check, train_prediction
-from pytest_distperf.judge.waits import imbalance_check, waits_check
+from pytest_distperf.judge.waits import waits_check
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -43,7 +43,7 @@ from pytest_distperf.perfmodel import (
     measured_network,
     run_links,
 )
-from pytest_distperf.repeats import off_cpu_shares, rank_imbalances
+from pytest_distperf.repeats import off_cpu_shares
 from pytest_distperf.spec import PRECISION_BYTES, RunResult, Sample, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
@@ -260,7 +260,6 @@ class Gate:
         )
         shares = off_cpu_shares([r.samples for r in result.ranks])
         baseline = waits_check(baseline, entry, shares, evidence, settings)
-        baseline = imbalance_check(baseline, entry, _imbalances(result), settings)
         threshold = busy_threshold(threshold, work, _unqueued_rate(result))
         exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
@@ -301,22 +300,11 @@ class Gate:
                 "run_queue_wait_run_medians": result.run_queue_wait_per_token_s,
                 "steal_run_medians": _slowest_rank(result, "steal_per_token_s"),
                 "off_cpu_share_run_medians": result.off_cpu_share,
-                "rank_imbalance_run_medians": _median_or_none(_imbalances(result)),
             },
             off_cpu_shares=off_cpu_shares([r.samples for r in result.ranks]),
-            rank_imbalances=_imbalances(result),
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True
-
-
-def _imbalances(result: RunResult) -> tuple[float, ...]:
-    ranks = sorted(result.ranks, key=lambda r: r.rank)
-    return rank_imbalances([r.samples for r in ranks], [r.host_loop_cpu_s for r in ranks])
-
-
-def _median_or_none(values: tuple[float, ...]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def _unqueued_rate(result: RunResult) -> float | None:

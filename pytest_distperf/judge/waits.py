@@ -36,7 +36,7 @@ from pytest_distperf.store.entry import BaselineEntry
 
 
 def wait_tolerance(
-    history: Sequence[float], shares: Sequence[float], settings: GateSettings, floor: float = 0.0
+    history: Sequence[float], shares: Sequence[float], settings: GateSettings
 ) -> float:
     """How far the share may rise by itself: the floor, TOLERANCE_SIGMAS x the spread of the
     recorded run's repeats (interquartile; a rank that waits on its peers waits a different
@@ -50,7 +50,7 @@ def wait_tolerance(
     drift = 0.0
     if len(history) >= MIN_RUNS_FOR_DRIFT:
         drift = statistics.stdev(history) * drift_sigmas(len(history), settings.alpha)
-    return max(floor or settings.wait_share_floor, within, drift)
+    return max(settings.wait_share_floor, within, drift)
 
 
 def waits_check(
@@ -60,8 +60,8 @@ def waits_check(
     evidence: BusyEvidence,
     settings: GateSettings,
 ) -> Check:
-    """`baseline`, failed where the ranks' own waits grew beyond their tolerance, whatever the
-    throughput's verdict was (a host that ran faster meanwhile hides a wait from
+    """`baseline`, failed where the ranks' own waits grew beyond their tolerance and the
+    whatever the throughput's verdict was (a host that ran faster meanwhile hides a wait from
     the throughput, not from this); with the waits' figures attached wherever both sides have
     them."""
     figures = baseline.figures
@@ -98,37 +98,4 @@ def waits_check(
         "sync, I/O, a lock, a peer in a collective): a regression, which no machine excuses"
     )
     failed = replace(attached, verdict="regression")
-    return Check(baseline.name, CheckStatus.FAIL, f"{message}\n{baseline.message}", failed)
-
-
-def imbalance_check(
-    baseline: Check,
-    entry: BaselineEntry | None,
-    imbalances: Sequence[float],
-    settings: GateSettings,
-) -> Check:
-    """`baseline`, failed where one rank ran longer on its core than another, beyond the
-    baseline's imbalance and its tolerance: a slower rank makes its peers wait in the
-    collectives, and while its own waits shrink theirs grow, so the waits above may not move.
-    Each rank's time on its core is over its core's speed, so a slower core is no cause."""
-    figures = baseline.figures
-    if entry is None or not isinstance(figures, BaselineFigures) or not imbalances:
-        return baseline
-    history = entry.rank_imbalance_run_medians
-    if not history:
-        return baseline
-    level = statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
-    now = statistics.median(imbalances)
-    floor = settings.imbalance_floor
-    tolerance = wait_tolerance(history, entry.rank_imbalance_samples, settings, floor)
-    if now - level <= tolerance:
-        return baseline
-    message = (
-        f"the busiest rank ran {now:.1%} longer on its core per generation than the least busy "
-        f"one, {level:.1%} when recorded (each over its core's speed, the fixed loop's CPU "
-        f"time; tolerance {tolerance:.1%}) while tok/s changed {figures.change:+.1%}: one rank "
-        "does more, and the others wait for it in the collectives; a regression, which no "
-        "machine excuses"
-    )
-    failed = replace(figures, verdict="regression")
     return Check(baseline.name, CheckStatus.FAIL, f"{message}\n{baseline.message}", failed)

@@ -54,7 +54,6 @@ _LIST_FIELDS = (
     "run_medians",
     "relative_samples",
     "off_cpu_share_samples",
-    "rank_imbalance_samples",
     "relative_run_medians",
     "host_loop_run_medians",
     "host_cpu_run_medians",
@@ -64,7 +63,6 @@ _LIST_FIELDS = (
             "run_queue_wait_run_medians",
             "steal_run_medians",
             "off_cpu_share_run_medians",
-            "rank_imbalance_run_medians",
         )
     ),
 )
@@ -141,10 +139,6 @@ class BaselineEntry:
     #: that share per repeat of the latest run, whose spread is the waits' own noise.
     off_cpu_share_run_medians: tuple[float, ...] = ()
     off_cpu_share_samples: tuple[float, ...] = ()
-    #: The same for how much longer the busiest rank ran on its core than the least busy one
-    #: (repeats.rank_imbalances), where the run had several ranks.
-    rank_imbalance_run_medians: tuple[float, ...] = ()
-    rank_imbalance_samples: tuple[float, ...] = ()
 
     @property
     def relative_median(self) -> float | None:
@@ -223,7 +217,6 @@ class BaselineEntry:
         device_time_per_token_s: float | None = None,
         waits: Mapping[str, float | None] | None = None,
         off_cpu_shares: Iterable[float] = (),
-        rank_imbalances: Iterable[float] = (),
     ) -> BaselineEntry:
         """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
         time of each, when known, and the run's counted work and per-token times), computing
@@ -250,8 +243,7 @@ class BaselineEntry:
             extra=dict(extra or {}),
             run_medians=(_round(statistics.median(rounded)),),
             relative_samples=relative,
-            off_cpu_share_samples=_shares(off_cpu_shares, test_id, "off_cpu_share_samples"),
-            rank_imbalance_samples=_shares(rank_imbalances, test_id, "rank_imbalance_samples"),
+            off_cpu_share_samples=_shares(off_cpu_shares, test_id),
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
             host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
             work=work,
@@ -293,7 +285,6 @@ class BaselineEntry:
             "run_medians": list(self.run_medians),
             "relative_samples": list(self.relative_samples),
             "off_cpu_share_samples": list(self.off_cpu_share_samples),
-            "rank_imbalance_samples": list(self.rank_imbalance_samples),
             "relative_run_medians": list(self.relative_run_medians),
             "host_loop_run_medians": list(self.host_loop_run_medians),
             "host_cpu_run_medians": list(self.host_cpu_run_medians),
@@ -329,10 +320,7 @@ class BaselineEntry:
             extra=get_field(data, "extra", Mapping),
             run_medians=tuple(lists["run_medians"]),
             relative_samples=tuple(lists["relative_samples"]),
-            **{
-                name: _shares(lists[name], data["test_id"], name)
-                for name in ("off_cpu_share_samples", "rank_imbalance_samples")
-            },
+            off_cpu_share_samples=_shares(lists["off_cpu_share_samples"], data["test_id"]),
             relative_run_medians=tuple(lists["relative_run_medians"]),
             host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
             work=work,
@@ -377,14 +365,12 @@ def _rounded_samples(values: Iterable[float], test_id: str, name: str) -> tuple[
     return tuple(result)
 
 
-def _shares(values: Iterable[float], test_id: str, name: str) -> tuple[float, ...]:
-    """Per-repeat shares of a time: each a finite number >= 0 (a wait's share is at most 1)."""
+def _shares(values: Iterable[float], test_id: str) -> tuple[float, ...]:
+    """Shares of a wall time, each in [0, 1]."""
     shares = tuple(values)
-    upper = 1.0 if name == "off_cpu_share_samples" else math.inf
     for value in shares:
-        bad = isinstance(value, bool) or not isinstance(value, numbers.Real)
-        if bad or not 0 <= value <= upper or math.isnan(value):
-            raise ValueError(f"{test_id}: {name} must be in [0, {upper:g}], got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+            raise ValueError(f"{test_id}: off_cpu_share_samples must be in [0, 1], got {value!r}")
     return tuple(_round(float(value)) for value in shares)
 
 
