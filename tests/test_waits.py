@@ -26,7 +26,7 @@ NOTHING_OUTSIDE = BusyEvidence(0.0, 0.0, 1.0)
 
 
 def _entry(
-    shares: tuple[float, ...] = (0.01,), repeats: tuple[float, ...] = (0.01, 0.012, 0.008)
+    shares: tuple[float, ...] = (0.01,), repeats: tuple[float, ...] = (0.01, 0.012, 0.0)
 ) -> BaselineEntry:
     entry = BaselineEntry.from_samples("t::x[auto-2cpu]", BASE, 1, {}, off_cpu_shares=repeats)
     return replace(entry, off_cpu_share_run_medians=shares)
@@ -102,6 +102,7 @@ def test_the_baselines_noise_sets_the_tolerance_never_this_runs() -> None:
     with pytest.raises(ValueError, match=r"off_cpu_share_samples must be in \[0, 1\], got 1.5"):
         BaselineEntry.from_samples("t::x", BASE, 1, {}, off_cpu_shares=[0.2, 1.5])
     assert BaselineEntry.from_dict(steady.to_dict()) == steady
+    assert steady.off_cpu_share_samples == (0.01, 0.012, 0.0)  # no wait at all is a value
 
 
 def test_the_tolerance_is_the_floor_until_repeats_or_recorded_runs_show_a_spread() -> None:

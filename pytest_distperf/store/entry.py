@@ -67,6 +67,8 @@ _LIST_FIELDS = (
     ),
 )
 _OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
+# Lists where zero is a value (no wait at all), not a missing measure.
+_NON_NEGATIVE = frozenset({*_WAIT_FIELDS, "off_cpu_share_samples"})
 # One value per recorded run, extended by every refresh (`following`).
 _HISTORIES = (
     "relative_run_medians",
@@ -188,7 +190,7 @@ class BaselineEntry:
             raise ValueError(f"{self.test_id}: extra must be JSON-serializable ({exc})") from exc
         for name in _LIST_FIELDS:
             values = tuple(getattr(self, name))
-            low = 0.0 if name in _WAIT_FIELDS else math.ulp(0.0)
+            low = 0.0 if name in _NON_NEGATIVE else math.ulp(0.0)
             for value in values:
                 if not is_number(value) or not math.isfinite(value) or value < low:
                     kind = "non-negative" if low == 0 else "positive"
