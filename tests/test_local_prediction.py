@@ -279,3 +279,16 @@ def test_a_compiled_run_measures_its_compiled_steps_wrapped_and_bare() -> None:
     assert [name for name, _ in ran].count("wrapped") == 3 * 5
     assert [name for name, _ in ran].count("bare") == 3 * 5
     assert {id(model) for name, model in ran if name == "bare"} == {id(bare)}
+
+
+def test_the_wait_for_a_core_is_the_timing_threads_where_the_process_figure_says_less() -> None:
+    from pytest_distperf.judge.gate import _waited_for_a_core
+
+    run = _tp_run(0.006, None)  # 6 ms per token both ways
+    assert _waited_for_a_core(run) == pytest.approx(0.006)
+    queued = replace(run.ranks[0].samples[0], queued_s=0.1)  # 10 ms per token in the repeats
+    ranks = tuple(replace(r, samples=(queued,)) for r in run.ranks)
+    assert _waited_for_a_core(replace(run, ranks=ranks)) == pytest.approx(0.01)
+    unknown = replace(run.ranks[0].samples[0], queued_s=None)
+    ranks = tuple(replace(r, samples=(unknown,)) for r in run.ranks)
+    assert _waited_for_a_core(replace(run, ranks=ranks)) == pytest.approx(0.006)

@@ -242,7 +242,7 @@ class Gate:
         cpu = cpu_change(entry, result.host_cpu_per_token_s, settings)
         # A training step's gradient collectives run on threads beside its compute: on a host
         # with fewer cores than those threads, their wait for a core is the step's own.
-        waited = None if result.training else result.run_queue_wait_per_token_s
+        waited = None if result.training else _waited_for_a_core(result)
         evidence = busy_evidence(
             entry,
             waited,
@@ -305,6 +305,19 @@ class Gate:
         )
         self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
         return True
+
+
+def _waited_for_a_core(result: RunResult) -> float | None:
+    """Per token, the ranks' threads' wait for a core over the timed repeats, or where larger
+    the slowest rank's timing thread's within each repeat: the process-wide figure spans the
+    fences too, which a repeat's time leaves out. Both are read against the recorded
+    process-wide level, which holds the timing thread's own, so the excuse errs small."""
+    waited = result.run_queue_wait_per_token_s
+    samples = result.samples
+    if waited is None or not samples or any(s.queued_s is None for s in samples):
+        return waited
+    queued = sum(s.queued_s or 0.0 for s in samples) / (len(samples) * result.new_tokens)
+    return max(waited, queued)
 
 
 def _unqueued_rate(result: RunResult) -> float | None:

@@ -39,7 +39,9 @@ ALL_REDUCE_ELEMENTS = 16  # 64 bytes of fp32
 CASES = {
     "waits": {"VERDICT_WAIT_END_SHARE": "0.5"},
     "computes": {"VERDICT_EXTRA_HEAD": "1.0"},
-    "slow_rank": {"VERDICT_SLOW_RANK": "1:0.5"},
+    # A slow rank is not caught at 20% or 50% on the 2-core machine
+    # (docs/benchmarks/cpu-2026-12-06-verdicts.md): the suite asks for an unmistakable one.
+    "slow_rank": {"VERDICT_SLOW_RANK": "1:0.75"},
     "collective": {"VERDICT_ALL_REDUCE": "1"},
 }
 # What a case's model has recorded and regressed alike.
