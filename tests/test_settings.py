@@ -221,3 +221,13 @@ def test_bad_work_tolerance_in_the_marker_names_the_test(value: object, problem:
     assert str(info.value) == (
         f"tests/test_x.py::test_y: distperf(work_tolerance={value!r}): work_tolerance {problem}"
     )
+
+
+def test_recalibrate_is_a_switch_and_a_bad_ini_value_names_itself() -> None:
+    assert resolve_settings({}, {}).recalibrate is False
+    assert resolve_settings({"recalibrate": True}, {}).recalibrate is True
+    assert resolve_settings({}, {"recalibrate": "yes"}).recalibrate is True
+    with pytest.raises(
+        SettingError, match=r"distperf_recalibrate.*expected true or false.*'often'"
+    ):
+        resolve_settings({}, {"recalibrate": "often"}, "tox.ini")
