@@ -5,10 +5,10 @@ on a core, time runnable in the run queue (a busy neighbour's doing) and the res
 thread chose to wait for something, a sleep, a host-device sync that blocks, I/O, a lock, a
 peer in a collective. When that last share of the wall time rose beyond its tolerance, the
 baseline check fails, however wide the throughput's own tolerance: the host's speed moves a
-rank's time on a core, not what it waits for. A peer or a thread of the
-rank that waited for a core makes the rank wait too, so the evidence a busy machine leaves (the
-run-queue wait and the steal beyond the baseline's) is taken off the rise first; nothing else
-is. Pure: no I/O, no pytest. Mechanics: docs/gates.md, "What can excuse a slower run".
+rank's time on a core, not what it waits for. A peer or a thread of the rank that waited for a
+core makes the rank wait too, so the evidence a busy machine leaves (the run-queue wait and the
+steal beyond the baseline's) is taken off the rise first; nothing else is. Pure: no I/O, no
+pytest. Mechanics: docs/gates.md, "What can excuse a slower run".
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def waits_check(
     evidence: BusyEvidence,
     settings: GateSettings,
 ) -> Check:
-    """`baseline`, failed where the ranks' own waits grew beyond their tolerance and the
-    whatever the throughput's verdict was (a host that ran faster meanwhile hides a wait from
-    the throughput, not from this); with the waits' figures attached wherever both sides have
+    """`baseline`, failed where the ranks' own waits grew beyond their tolerance, whatever the
+    throughput's verdict was (a host that ran faster meanwhile hides a wait from the
+    throughput, not from this); with the waits' figures attached wherever both sides have
     them."""
     figures = baseline.figures
     if entry is None or not isinstance(figures, BaselineFigures) or not shares:

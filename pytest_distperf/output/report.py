@@ -61,7 +61,7 @@ def result_lines(
     return lines
 
 
-# What a test spends measuring beside its timed repeats (issue: the cost of measuring).
+# The phases that only measure, beside the timed repeats: their share of those is their cost.
 MEASURING = ("bare", "measure", "count")
 
 
