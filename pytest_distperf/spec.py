@@ -134,9 +134,9 @@ class RunSpec:
     calibrate_model: bool = False
     # One more generation after the timed ones, its work counted per token (ranks/counting.py).
     count_work: bool = True
-    # The rank's own decode after the timed ones, which the prediction scales by (CPU ranks:
-    # ranks/local.py); False where only the tokens matter (the suite's own checks).
-    measure_local: bool = True
+    # The step timed again after the timed ones, for the re-timing check (CPU ranks, one GPU:
+    # ranks/retime.py); False where only the tokens matter (the suite's own checks).
+    retime: bool = True
 
 
 @dataclass(frozen=True)
@@ -218,19 +218,9 @@ class RankResult:
     matmul_source: str = ""
     # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
     model_flops_per_step: float | None = None
-    # CPU ranks, after the timed repeats (ranks/local.py): seconds per decode step and of the
-    # prefill of the wrapped model with its collectives skipped, and of the bare whole model in
-    # turn with it; one replayed decode step with its real collectives, and its compute alone.
-    # Training: local_replay_step_s is the wrapped optimizer step replayed (ranks/training.py).
-    local_step_s: float | None = None
-    local_prefill_s: float | None = None
-    local_bare_step_s: float | None = None
-    local_bare_prefill_s: float | None = None
-    local_replay_step_s: float | None = None
-    local_replay_compute_s: float | None = None
-    local_run_queue_wait_s: float | None = None  # per new token, in that replayed run
-    local_host_loop_s: float | None = None  # the host's loop beside those pairs (median)
-    local_bare_cuda_graphs: bool | None = None  # the bare model's steps there: CUDA graphs
+    # CPU ranks and one GPU: the wrapped generation (training: step) timed again after the
+    # timed ones, as they were, knobs off (ranks/retime.py); empty where not re-timed.
+    retimed_samples: tuple[Sample, ...] = ()
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase (worker.py)
 
 
@@ -282,6 +272,15 @@ class RunResult:
     @property
     def tokens_per_sec(self) -> float:
         return statistics.median(self.tokens_per_sec_samples)
+
+    @property
+    def retimed_tokens_per_sec(self) -> float | None:
+        """The rate of the step timed again just after the repeats (the slowest rank's each
+        time, median); None where some rank did not re-time it."""
+        runs = [r.retimed_samples for r in self.ranks]
+        if not runs or not all(runs) or len({len(r) for r in runs}) > 1:
+            return None
+        return statistics.median(self.new_tokens / s.total_s for s in slowest_per_repeat(runs))
 
     @property
     def decode_tokens_per_sec(self) -> float | None:

@@ -77,6 +77,7 @@ class ThresholdFigures:
     bound_description: str
     link_class: str
     ratio_to_predicted: float
+    check: str = "model"  # or "re-timing" (judge/retiming.py): which one judged
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def threshold_check(
         message = failure_message(prediction, measured, efficiency)
         return Check("threshold", CheckStatus.FAIL, message, figures)
     message = (
-        f"{measured:.4g} tok/s >= {efficiency:.0%} of predicted {prediction.tokens_per_sec:.4g} "
+        f"{measured:.4g} tok/s >= {efficiency:.0%} of the modelled {prediction.tokens_per_sec:.4g} "
         f"tok/s (bound: {prediction.bound_description})"
     )
     return Check("threshold", CheckStatus.OK, message, figures)

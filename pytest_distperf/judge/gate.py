@@ -31,12 +31,12 @@ from pytest_distperf.judge.checks import (
 )
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
+from pytest_distperf.judge.retiming import retiming_check
 from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.judge.waits import waits_check
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
-    LocalMeasure,
     MessageSizes,
     Overheads,
     Prediction,
@@ -44,7 +44,7 @@ from pytest_distperf.perfmodel import (
     run_links,
 )
 from pytest_distperf.repeats import off_cpu_shares
-from pytest_distperf.spec import PRECISION_BYTES, RunResult, Sample, Workload
+from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.strategies import message_sizes_for, predict_for
@@ -69,60 +69,6 @@ def test_identity(result: RunResult) -> str:
         params["compile"] = True
     described = " ".join(f"{k}={params[k]}" for k in sorted(params))
     return f"{result.spec.test_id} [{described}]"
-
-
-def bare_token_s(result: RunResult) -> float | None:
-    """The slowest rank's decode step of the bare model beside the samples (median of its
-    runs); None where some rank ran none."""
-    if not result.ranks or not all(r.bare_samples for r in result.ranks):
-        return None
-    n = result.spec.workload.max_new_tokens
-
-    def step(sample: Sample) -> float:
-        return sample.total_s / n if sample.decode_s is None else sample.decode_s / max(n - 1, 1)
-
-    return max(statistics.median(step(s) for s in r.bare_samples) for r in result.ranks)
-
-
-def local_measure(result: RunResult) -> LocalMeasure | None:
-    """What every rank measured of its own decode (CPU ranks and one GPU, ranks/local.py), as
-    the performance model takes it; None where some rank has no share (no bare model beside it)."""
-    steps, bare = result.per_rank("local_step_s"), result.per_rank("local_bare_step_s")
-    if steps is None or bare is None or not all(bare):
-        return None
-    prefills = result.per_rank("local_prefill_s")
-    bare_prefills = result.per_rank("local_bare_prefill_s")
-    prefill_shares = None
-    if prefills is not None and bare_prefills is not None and all(bare_prefills):
-        prefill_shares = tuple(p / b for p, b in zip(prefills, bare_prefills, strict=True))
-    # A bare step that replays as CUDA graphs (a compiled run on a GPU) is the device's, which
-    # host drift does not scale: the wrapper's time adds to it.
-    graphs = result.per_rank("local_bare_cuda_graphs")
-    excess, factors = None, None
-    if graphs is not None and all(graphs):
-        factors = host_factors(result)
-        excess = tuple(
-            (s - b) * f for s, b, f in zip(steps, bare, factors or [1.0] * len(steps), strict=True)
-        )
-    return LocalMeasure(
-        tuple(s / b for s, b in zip(steps, bare, strict=True)),
-        prefill_shares,
-        result.per_rank("local_replay_step_s"),
-        result.per_rank("local_replay_compute_s"),
-        excess,
-        factors,
-    )
-
-
-def host_factors(result: RunResult) -> tuple[float, ...] | None:
-    """Each rank's host loop beside its timed repeats over the same loop beside its own
-    decode's pairs (medians): how much slower its host ran the repeats' host work; None where
-    some rank lacks either."""
-    during = result.per_rank("local_host_loop_s")
-    if during is None or not all(during) or not all(r.host_loop_s for r in result.ranks):
-        return None
-    timed = (statistics.median(r.host_loop_s) for r in result.ranks)
-    return tuple(t / d for t, d in zip(timed, during, strict=True))
 
 
 @dataclass
@@ -155,10 +101,6 @@ class Gate:
         if result.training:
             overheads, counted = run_overheads(result), counted_collectives(result)
             return train_prediction(result, shape, links, overheads, counted), ""
-        local = local_measure(result)
-        # Measured shares scale the bare model timed right beside the samples where it ran:
-        # this host's speed moves between seconds, and the pair moves alike.
-        compute = (local and bare_token_s(result)) or result.reference_token_s
         prediction = predict_for(
             shape,
             result.strategy,
@@ -169,11 +111,10 @@ class Gate:
             prompt_length=workload.prompt_length,
             max_new_tokens=workload.max_new_tokens,
             dtype_bytes=PRECISION_BYTES[workload.precision],
-            compute_time_s=compute,
+            compute_time_s=result.reference_token_s,
             prefill_time_s=result.reference_prefill_s,
             overheads=run_overheads(result),
             counted_collectives=counted_collectives(result),
-            local=local,
         )
         if result.eager_reference:
             note = (
@@ -216,7 +157,8 @@ class Gate:
         prediction: Prediction | None,
         why_none: str = "",
     ) -> Decision:
-        threshold = threshold_check(
+        links = prediction.link_class if prediction else ""
+        threshold = retiming_check(result, settings.efficiency, links) or threshold_check(
             prediction, result.tokens_per_sec, settings.efficiency, why_none
         )
         if self.update:
@@ -283,7 +225,9 @@ class Gate:
         cannot explain must not become the yardstick."""
         if not (self.update and self.writes) or decision.failed:
             return False
-        extra = {"predicted_tokens_per_sec": prediction.tokens_per_sec} if prediction else None
+        figures = decision.threshold.figures
+        judged = getattr(figures, "predicted_tokens_per_sec", None)
+        extra = {"predicted_tokens_per_sec": judged} if judged else None
         entry = BaselineEntry.from_samples(
             test_identity(result),
             result.tokens_per_sec_samples,
@@ -322,12 +266,12 @@ def _waited_for_a_core(result: RunResult) -> float | None:
 
 def _unqueued_rate(result: RunResult) -> float | None:
     """Tokens/sec with each repeat's wait for a core (the slowest rank's timing thread) taken
-    out beyond the wait the ranks' own measure held, which the CPU prediction already has;
-    None where a rank measured no such wait."""
+    out beyond the most the re-timed step waited, which its rate already holds; None where a
+    rank measured no such wait."""
     samples = result.samples
     if result.training or not samples or any(s.queued_s is None for s in samples):
         return None
-    own_s = max(result.per_rank("local_run_queue_wait_s") or (0.0,)) * result.new_tokens
+    own_s = max((s.queued_s or 0.0 for r in result.ranks for s in r.retimed_samples), default=0)
     ran = [s.total_s - max((s.queued_s or 0.0) - own_s, 0.0) for s in samples]
     return result.new_tokens / statistics.median(ran)
 

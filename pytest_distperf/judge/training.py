@@ -66,15 +66,7 @@ def train_prediction(
         matmul_flops_per_s=_rank_rate(result),
         overheads=overheads,
         counted_collectives=counted,
-        replay_step_s=_slowest_replay(result),
     )
-
-
-def _slowest_replay(result: RunResult) -> float | None:
-    """The slowest rank's replayed step (CPU ranks and one GPU: ranks/training.py); None where
-    any rank lacks one."""
-    replays = result.per_rank("local_replay_step_s")
-    return max(replays) if replays else None
 
 
 def _rank_rate(result: RunResult) -> float | None:

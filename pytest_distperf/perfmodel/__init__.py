@@ -24,7 +24,6 @@ from pytest_distperf.perfmodel.calibration import (
     message_sizes,
 )
 from pytest_distperf.perfmodel.cost import (
-    LocalMeasure,
     StrategyCost,
     StrategyInput,
     StrategyModel,
@@ -78,7 +77,6 @@ __all__ = [
     "NetworkCharge",
     "Overheads",
     "Prediction",
-    "LocalMeasure",
     "StrategyCost",
     "StrategyInput",
     "StrategyModel",

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.cost import LocalMeasure, StrategyInput
+from pytest_distperf.perfmodel.cost import StrategyInput
 from pytest_distperf.perfmodel.counted import (
     Collectives,
     describe,
@@ -159,8 +159,6 @@ def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
     return overlap * min(host, transfer)
 
 
-# Said in a compute note that the run's ranks measured their own step (ranks/local.py).
-OWN_MEASURE = "its ranks measured"
 CPU_NO_OVERLAP = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
 
 
@@ -200,40 +198,12 @@ class _Sum:
     moved: dict[str, float]
     notes: tuple[str, ...]
 
-    def add_cost(
-        self, cost: StrategyCost, overheads: Overheads, local: LocalMeasure | None = None
-    ) -> None:
-        """The strategy's own terms; a rank that does only a share of the compute scales it,
-        by the share its ranks measured where they did."""
+    def add_cost(self, cost: StrategyCost, overheads: Overheads) -> None:
+        """The strategy's own terms; a rank that does only a share of the compute scales it."""
         if overheads.note and "fsdp_overhead" in cost.terms:  # what the note's figures scale
             self.notes += (overheads.note,)
         if cost.compute_share != 1.0:
             self.moved["weights_read"] *= cost.compute_share  # a tp rank or a stage its share
-        added = local.added_s(cost.stages_in_series) if local is not None else None
-        if added is not None and "compute" in self.terms:
-            self.terms["compute"] += added
-            factors = local.host_factors
-            speed = (
-                f", x {max(factors):.3g} for the host's speed in the timed repeats (its loop "
-                "there over beside the measure)"
-                if factors
-                else ""
-            )
-            self.notes += (
-                f"compute + {_ms(added)}: the wrapper's own time {OWN_MEASURE} (the "
-                "wrapped model with its collectives skipped less the bare model in turn with "
-                f"it){speed}; the bare step replays as a CUDA graph, which the host's speed "
-                "does not move",
-            )
-        elif local is not None and "compute" in self.terms:
-            share = local.share(cost.stages_in_series)
-            self.terms["compute"] *= share
-            self.notes += (
-                f"compute x {share:.3g}: the share {OWN_MEASURE}, the wrapped model with "
-                "its collectives skipped over the bare model in turn with it (hooks and "
-                "dispatch included)",
-            )
-        elif cost.compute_share != 1.0:
             own = "compute" if "compute" in self.terms else "weights"
             self.terms[own] *= cost.compute_share
             self.notes += (
@@ -279,7 +249,6 @@ def predict(
     overheads: Overheads = DEFAULT_OVERHEADS,
     prefill_time_s: float | None = None,
     counted_collectives: Collectives | None = None,
-    local: LocalMeasure | None = None,
 ) -> Prediction:
     """Predicted tokens/sec of one rank's stream under `strategy` (its record) on `devices`.
 
@@ -290,9 +259,6 @@ def predict(
     token, so what the prefill costs beyond one step is spread over the generation's tokens.
     `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
     where they differ from what the strategy's model expects, they are charged instead.
-    `local`: what each rank measured of its own decode (CPU ranks, one GPU); it scales the
-    measured compute (or adds the wrapper's own time to it) in place of the strategy's byte
-    share, and the strategy's record may charge its replayed collectives.
     """
     _check_arguments(
         devices, batch_size, prompt_length, max_new_tokens, dtype_bytes, compute_time_s
@@ -306,7 +272,6 @@ def predict(
         dtype_bytes,
         links,
         overheads,
-        local if compute_time_s is not None else None,
     )
     total = _Sum(*_compute_terms(x, compute_time_s))
     cost = strategy.cost(x)
@@ -316,9 +281,9 @@ def predict(
     network = network_charge(
         links, cost, lambda other: _charged(strategy, replace(x, links=other), counted_collectives)
     )
-    total.add_cost(cost, overheads, x.local)
+    total.add_cost(cost, overheads)
     if prefill_time_s is not None and compute_time_s is not None:
-        _add_prefill(total, x, cost, prefill_time_s, compute_time_s, max_new_tokens)
+        total.add_prefill(prefill_time_s, compute_time_s, cost.compute_share, max_new_tokens)
     if cost.overlappable:
         total.add_overlap(links.overlap, device_type)
     terms = total.terms
@@ -343,30 +308,6 @@ def predict(
         counted_collectives=None if counted_collectives is None else dict(counted_collectives),
         network=network,
     )
-
-
-def _add_prefill(
-    total: _Sum,
-    x: StrategyInput,
-    cost: StrategyCost,
-    prefill_s: float,
-    step_s: float,
-    max_new_tokens: int,
-) -> None:
-    """The prefill beyond one step, spread over the tokens; with a local measure, each of the
-    prefill and the step as the measure has it (its own share, or the wrapper's time added)."""
-    share = cost.compute_share
-    if x.local is not None:
-        in_series = cost.stages_in_series
-        share, added = x.local.share(in_series), x.local.added_s(in_series)
-        prefill_share = x.local.prefill_share(in_series)
-        if added is not None:
-            step_s += added
-            prefill_s = prefill_s * prefill_share if prefill_share else prefill_s + added
-        else:
-            step_s, prefill_s = step_s * share, prefill_s * (prefill_share or share)
-        share = 1.0
-    total.add_prefill(prefill_s, step_s, share, max_new_tokens)
 
 
 def _charged(
@@ -468,23 +409,15 @@ def failure_message(
     impl = f" ({p.implementation})" if p.implementation else ""
     return (
         f"{p.strategy}{impl} on {p.devices} device(s): measured {measured_tokens_per_sec:.3g} "
-        f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the predicted "
+        f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the modelled "
         f"{p.tokens_per_sec:.3g} tok/s); measured/predicted = {ratio:.2f}.\n"
         f"  {describe_prediction(p)}{_compute_source(p)}"
     )
 
 
 def _compute_source(p: Prediction) -> str:
-    """Where the predicted compute came from; where it is the run's own wrapped step, what a
-    run below it means."""
+    """Where the predicted compute came from."""
     notes = [a for a in p.assumptions if a.startswith("compute")]
     if not notes:
         return ""
-    text = "\n  " + "\n  ".join(notes)
-    if any(OWN_MEASURE in a for a in notes):
-        text += (
-            "\n  The compute is this run's own wrapped step, timed after its repeats: the "
-            "repeats ran slower than that step did then (they did more work, or the host "
-            "ran slower while they ran)."
-        )
-    return text
+    return "\n  " + "\n  ".join(notes)

@@ -40,8 +40,6 @@ BACKWARD_SHARE = 2 / 3
 # AdamW (foreach) per parameter reads param, grad, exp_avg and exp_avg_sq and writes param,
 # exp_avg and exp_avg_sq, all in the parameter's dtype: 7 x param_bytes moved.
 ADAMW_ACCESSES = 7
-# What a replayed step keeps of the modelled terms; it sets the rest.
-COMPUTE_TERMS = ("compute", "optimizer")
 # Terms that run on the collectives' side: the transfer path that may hide behind compute.
 TRANSFER_TERMS = frozenset(
     {"all_gather", "reduce_scatter", "all_reduce", "grad_all_reduce", "latency", "gather_copies"}
@@ -62,8 +60,7 @@ class TrainInput:
     `step_compute_s` a measured single-process step of the whole model on one rank's batch,
     timed on each rank before wrapping with the ranks side by side (the compute term when
     known); `matmul_flops_per_s` this rank's measured dense matmul rate (else model FLOPs over
-    it); `replay_step_s` the slowest rank's wrapped step replayed after the timed ones (CPU
-    ranks, one GPU: ranks/training.py), which sets everything beyond the compute (`_replayed`).
+    it).
     """
 
     shape: ModelShape
@@ -77,7 +74,6 @@ class TrainInput:
     overheads: Overheads
     step_compute_s: float | None = None
     matmul_flops_per_s: float | None = None
-    replay_step_s: float | None = None
 
     @property
     def tokens(self) -> int:
@@ -183,7 +179,7 @@ def _check_arguments(name: str, x: TrainInput) -> None:
             f"strategy {name!r}: a training prediction needs step_compute_s (a measured "
             "single-process step) or matmul_flops_per_s (a measured matmul rate); got neither"
         )
-    for what in ("step_compute_s", "matmul_flops_per_s", "replay_step_s"):
+    for what in ("step_compute_s", "matmul_flops_per_s"):
         value = getattr(x, what)
         if value is not None and not (0 < value < math.inf):
             raise ValueError(f"{what} must be > 0 and finite, got {value!r}")
@@ -246,26 +242,6 @@ def _overlap(terms: dict[str, float], cost: StrategyCost, overlap: float) -> tup
     return hidden, note
 
 
-def _replayed(terms: dict[str, float], replay_s: float) -> tuple[dict[str, float], str]:
-    """The compute as modelled, and everything else as the replayed step's excess over it.
-
-    On CPU ranks the step's collectives run between compute bursts on the cores the compute
-    uses: each costs more than its fenced calibration (the waits for the peer and for a core),
-    and the terms added up erred fast; on one GPU a small step is bound by the wrapper's host
-    work, which fitted per-unit figures miss. The replay runs the wrapped step itself, its
-    collectives real and the knobs off, so a slowed run is still predicted as a healthy one."""
-    modelled = sum(terms.values())
-    kept = {k: v for k, v in terms.items() if k in COMPUTE_TERMS}
-    rest = max(0.0, replay_s - sum(kept.values()))
-    note = (
-        f"replayed: the wrapped step timed again in the ranks after the timed ones, its "
-        f"collectives real and the knobs off: {replay_s * 1e3:.4g} ms (the modelled terms "
-        f"added up to {modelled * 1e3:.4g} ms); beyond the compute, the collectives, hooks, "
-        f"copies and waits are its {rest * 1e3:.4g} ms"
-    )
-    return {**kept, "replayed": rest}, note
-
-
 def _train_cost_of(record: TrainSource) -> Callable[[TrainInput], StrategyCost]:
     if record.train_cost is None:
         reason = record.train_refusal or "its record has no training cost"
@@ -288,17 +264,14 @@ def predict_train(
     matmul_flops_per_s: float | None = None,
     overheads: Overheads = DEFAULT_OVERHEADS,
     counted_collectives: Collectives | None = None,
-    replay_step_s: float | None = None,
 ) -> Prediction:
     """Predicted training tokens/sec of `record`'s strategy on `devices` ranks; terms in
     seconds per step. `counted_collectives`: kind -> (calls, bytes) per step counted in the
     ranks; where they differ from what the strategy's model expects, they are charged instead.
-    `replay_step_s`: the step as the ranks replayed it (CPU ranks, one GPU), see `_replayed`.
     Raises ValueError when the strategy cannot train or no compute figure is given."""
     cost_of = _train_cost_of(record)
     x = TrainInput(shape, devices, device_type, batch_size, seq_length, param_bytes, comm_bytes,
-                   links, overheads, step_compute_s, matmul_flops_per_s,
-                   replay_step_s)  # fmt: skip
+                   links, overheads, step_compute_s, matmul_flops_per_s)  # fmt: skip
     _check_arguments(record.name, x)
     terms, notes = _compute_terms(x)
     cost = _step_cost(cost_of, x, counted_collectives)
@@ -321,9 +294,6 @@ def predict_train(
     if hidden:
         terms["overlap"] = -hidden
         notes += (why,)
-    if x.replay_step_s is not None:
-        terms, replayed = _replayed(terms, x.replay_step_s)
-        notes += (replayed,)
     step = sum(terms.values())
     tokens = record.replicas(devices) * batch_size * seq_length
     return Prediction(

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from pytest_distperf.ranks.bare import BareCopy
     from pytest_distperf.ranks.compiled import CompiledStep
     from pytest_distperf.ranks.counting import Counted, DynamoMark
-    from pytest_distperf.ranks.local import LocalTimes
     from pytest_distperf.ranks.models import RankModel
     from pytest_distperf.ranks.reference import ReferenceChoice
     from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
@@ -72,7 +71,7 @@ class RankContext:
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
     counted: Counted | None = None  # count_work: None when off or failed
     count_s: float | None = None  # count_work: seconds it took
-    local: LocalTimes | None = None  # measure_local: this rank's own decode, its replay
+    retimed: tuple[Sample, ...] = ()  # retime: the wrapped step timed again, knobs off
     train: TrainState | None = None  # training's calibrate: batch, optimizer, loss, matmul rate
     result: RankResult | None = None  # result
 
@@ -97,7 +96,6 @@ class TrainState:
     reference_step_s: float | None = None  # reference: the whole model's step, alone
     reference_loss: float | None = None  # reference: its first step's loss
     loss: float | None = None  # time: the first step's loss
-    replay_step_s: float | None = None  # replay: the wrapped step timed again (CPU, one GPU)
     matmul_flops_per_s: float | None = None  # calibrate
     matmul_source: str = ""  # calibrate
 

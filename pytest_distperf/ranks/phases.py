@@ -5,7 +5,6 @@ lists them in order; a new phase is one function here and one line there.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -26,12 +25,14 @@ from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
 from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
+from pytest_distperf.ranks.retime import retimed
 from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
 from pytest_distperf.ranks.timing import (
     Fences,
     device_sync,
     reference_token_time,
     run_workload,
+    timed_generation,
 )
 from pytest_distperf.spec import PRECISION_BYTES, Implementation, RankResult, RunSpec, Sample
 from pytest_distperf.strategies import get_strategy, message_sizes_for, strategy_names
@@ -309,35 +310,27 @@ def count_work(ctx: RankContext) -> None:
     ctx.count_s = time.perf_counter() - started
 
 
-def measure_local(ctx: RankContext) -> None:
-    """This rank's own decode and a replay of its step's collectives, after the timed repeats
-    (ranks/local.py): on 2 or more CPU ranks, and on one CUDA device (the wrapper's own cost;
-    with several GPUs the prediction keeps its calibrated terms); a compiled run with the
+def retime(ctx: RankContext) -> None:
+    """The wrapped generation timed again after the repeats, as they were, knobs off
+    (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device; a compiled run with the
     compiled steps of its timed repeats."""
     spec = ctx.spec
-    if (
-        not environment.measures_itself(ctx.device, spec.devices)
-        or spec.workload.max_new_tokens < 2
-        or not spec.measure_local
-    ):
+    if not environment.measures_itself(ctx.device, spec.devices) or not spec.retime:
         return
-    from pytest_distperf.ranks import local
+    steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
 
-    bare_steps = ctx.bare.steps if ctx.bare else None
-    ctx.local = local.measure(
-        ctx.wrapped,
-        ctx.bare.module if ctx.bare else None,
-        ctx.prompt,
-        ctx.workload.max_new_tokens,
-        environment.all_ranks_done(ctx.device),
-        generate=ctx.generate,
-        next_token=ctx.half.next_token,
-        sync=device_sync(ctx.device),
-        plan=local.CPU_PAIRS if ctx.device.type == "cpu" else local.DEVICE_PAIRS,
-        steps=ctx.wrapped_steps.override() if ctx.wrapped_steps else None,
-        bare_steps=bare_steps.override() if bare_steps else None,
-        bare_cuda_graphs=bool(bare_steps and bare_steps.cuda_graphs),
-    )
+    def once() -> Sample:
+        return timed_generation(
+            ctx.wrapped,
+            ctx.prompt,
+            ctx.workload.max_new_tokens,
+            ctx.fences,
+            generate=ctx.generate,
+            next_token=ctx.half.next_token,
+            steps=steps,
+        )[0]
+
+    ctx.retimed = retimed(once, ctx.device)
 
 
 def result(ctx: RankContext) -> None:
@@ -355,15 +348,7 @@ def result(ctx: RankContext) -> None:
         reference_prefill_s=chosen.prefill_s,
         eager_reference=chosen.eager,
         device_time_per_token_s=ctx.counted.device_time_per_token_s if ctx.counted else None,
-        **local_fields(ctx),
     )
-
-
-def local_fields(ctx: RankContext) -> dict[str, Any]:
-    """measure_local's figures as RankResult fields (none where it did not run)."""
-    if ctx.local is None:
-        return {}
-    return {f"local_{name}": value for name, value in dataclasses.asdict(ctx.local).items()}
 
 
 def common_result_fields(ctx: RankContext) -> dict[str, Any]:
@@ -390,6 +375,7 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
         "host_cpu_per_token_s": ctx.host_cpu_per_token_s,
         "run_queue_wait_per_token_s": ctx.run_queue_wait_per_token_s,
         "steal_per_token_s": ctx.steal_per_token_s,
+        "retimed_samples": ctx.retimed,
     }
 
 

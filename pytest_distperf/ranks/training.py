@@ -16,15 +16,14 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from distperf_model.parallelize import comm_delays_paused
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times, thread_times
+from pytest_distperf.ranks.retime import retimed
 from pytest_distperf.ranks.timing import (
     Fences,
     HostTime,
@@ -50,10 +49,6 @@ GROWN_PAGES = 1024
 # Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
 # and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
 MIN_HEAP_PAD = 64 << 20
-# The wrapped step replayed after the timed ones: as many steps as fit in REPLAY_BUDGET_S,
-# within REPLAY_STEPS (a median of fewer than two says little).
-REPLAY_BUDGET_S = 1.0
-REPLAY_STEPS = (2, 6)
 
 
 Step = Callable[[], torch.Tensor]
@@ -302,25 +297,13 @@ def count_step(ctx: RankContext) -> None:
     ctx.count_s = time.perf_counter() - started
 
 
-def replay_steps(ctx: RankContext) -> None:
-    """The wrapped step again after the timed ones, timed as they were (each fenced, the
-    median) with the knobs off (no slow-down, no comm_delay): the prediction's figure beyond
-    the compute (perfmodel/train.py). On 2 or more CPU ranks (the compute and the collectives
-    share the cores) and on one CUDA device (the wrapper's own host work, which a small step is
-    bound by); several GPUs keep the modelled terms. Every rank runs as many steps as the
-    slowest rank's first allows."""
-    devices = ctx.spec.devices
-    if not environment.measures_itself(ctx.device, devices):
+def retime(ctx: RankContext) -> None:
+    """The wrapped step timed again after the timed ones, as they were, knobs off
+    (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device."""
+    if not environment.measures_itself(ctx.device, ctx.spec.devices) or not ctx.spec.retime:
         return
     step, fences = _wrapped_step(ctx), ctx.fences
-    with comm_delays_paused():
-        first = _timed(step, fences, 0.0)[0].total_s
-        least, most = REPLAY_STEPS
-        plan = torch.tensor([min(most, max(least, int(REPLAY_BUDGET_S / max(first, 1e-9))))])
-        if devices > 1:
-            dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
-        times = [_timed(step, fences, 0.0)[0].total_s for _ in range(int(plan))]
-    ctx.train.replay_step_s = statistics.median(times)
+    ctx.retimed = retimed(lambda: _timed(step, fences, 0.0)[0], ctx.device)
 
 
 def result(ctx: RankContext) -> None:
@@ -337,7 +320,6 @@ def result(ctx: RankContext) -> None:
         matmul_flops_per_s=train.matmul_flops_per_s,
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
-        local_replay_step_s=train.replay_step_s,
     )
 
 

@@ -35,7 +35,7 @@ PHASES: tuple[Phase, ...] = (
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
     phases.count_work,  # one more generation, untimed, its work counted per token
-    phases.measure_local,  # CPU: this rank's own decode; its collectives replayed in a step
+    phases.retime,  # CPU ranks, one GPU: the wrapped generation timed again, knobs off
     phases.result,  # the RankResult
 )
 
@@ -51,7 +51,7 @@ TRAIN_PHASES: tuple[Phase, ...] = (
     training.time_steps,  # warm-up and timed steps; the first step's loss
     training.memory_peak,  # the steps' peak memory
     training.count_step,  # one more step, untimed, its work counted
-    training.replay_steps,  # CPU ranks, one GPU: the wrapped step timed again, knobs off
+    training.retime,  # CPU ranks, one GPU: the wrapped step timed again, knobs off
     training.result,  # the RankResult
 )
 
@@ -80,8 +80,7 @@ PHASE_KEYS = {
     "memory_peak": "result",
     "count_work": "count",
     "count_step": "count",
-    "measure_local": "measure",
-    "replay_steps": "measure",
+    "retime": "measure",
     "result": "result",
 }
 

@@ -13,7 +13,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes, bus_factor
-from pytest_distperf.perfmodel.cost import StrategyCost, path_terms
+from pytest_distperf.perfmodel.cost import StrategyCost
 from pytest_distperf.perfmodel.terms import MB
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
 
@@ -51,15 +51,7 @@ def _fsdp1_full_shard(x: StrategyInput) -> StrategyCost:
     terms, moved = _gathers(x, sizes)
     units = x.config.n_layer + 1
     overhead = f"FSDP1 per-unit overhead {x.overheads.fsdp1_unit_s * 1e3:g} ms x {units} units"
-    if x.local is None:
-        terms["fsdp_overhead"] = units * x.overheads.fsdp1_unit_s
-    else:  # measured in the ranks (one CUDA device): the compute holds the units' hooks
-        count = len(sizes)
-        terms, replayed = path_terms(
-            x, count, terms["all_gather"] / count, terms["latency"] / count, "all_gather"
-        )
-        overhead = "FSDP1: the units' hooks are in the compute its ranks measured"
-        overhead += f"; {replayed}" if replayed else ""
+    terms["fsdp_overhead"] = units * x.overheads.fsdp1_unit_s
     return StrategyCost(
         "FSDP1 FULL_SHARD",
         terms,
@@ -79,21 +71,17 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
     root = x.config.non_block_param_count() * x.dtype_bytes
     units = x.config.n_layer + 1
     o = x.overheads
-    # Measured in the ranks, the compute holds the units' hooks and copies (ranks/local.py).
-    measured = x.local is not None
     if not reshard:
         return StrategyCost(
             "FSDP2 reshard_after_forward=False",
-            {} if measured else {"fsdp_overhead": units * o.fsdp2_unit_s},
+            {"fsdp_overhead": units * o.fsdp2_unit_s},
             {"all_gather_output": 0.0, "all_gather_received": 0.0},
             0,
             block,
             (
                 "FSDP2 no reshard: weights gathered once in warm-up and kept (no backward "
                 "reshards them), so no per-token collective",
-                "FSDP2: the units' hooks are in the compute its ranks measured"
-                if measured
-                else f"FSDP2 per-unit overhead {o.fsdp2_unit_s * 1e3:g} ms x {units} units",
+                f"FSDP2 per-unit overhead {o.fsdp2_unit_s * 1e3:g} ms x {units} units",
             ),
         )
     sizes = [block] * x.config.n_layer + [root]
@@ -106,14 +94,6 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
     bandwidth = x.links.fresh_copy_bandwidth
     terms["gather_copies"] = copied / bandwidth if bandwidth else 0.0
     moved["gather_copies"] = copied
-    replayed = ""
-    if measured:
-        del terms["fsdp_overhead"], terms["gather_copies"]
-        count = len(sizes)
-        replayed_terms, replayed = path_terms(
-            x, count, terms["all_gather"] / count, terms["latency"] / count, "all_gather"
-        )
-        terms.update(replayed_terms)
     return StrategyCost(
         "FSDP2 reshard_after_forward=True",
         terms,
@@ -124,10 +104,7 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
             f"FSDP2: every block ({block / MB:.4g} MB) and the root ({root / MB:.4g} MB) "
             "gathered every forward (an explicit reshard_after_forward=True reshards the root)",
             f"FSDP2 per-unit overhead ({o.fsdp2_unit_s * 1e3:g} + {o.fsdp2_gather_s * 1e3:g} "
-            f"ms gathering) x {units} units"
-            if not measured
-            else "FSDP2: the units' hooks and copies are in the compute its ranks measured",
-            *((replayed,) if replayed else ()),
+            f"ms gathering) x {units} units",
         ),
     )
 

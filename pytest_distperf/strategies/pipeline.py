@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.cost import StrategyCost, path_terms
+from pytest_distperf.perfmodel.cost import StrategyCost
 from pytest_distperf.perfmodel.terms import GB
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 from pytest_distperf.strategies.tp import activation_bytes
@@ -74,11 +74,7 @@ def cost(x: StrategyInput) -> StrategyCost:
             f"({x.links.latency_s * 1e6:.3g} us), which errs slow"
         )
     crossing = f"pipeline: {across} of the {hops} hop(s) and the token back cross the network"
-    # _chain gives the activation's hops summed; per call, what path_terms charges each of them
-    calls = hops + 1 if hops else 0
-    transfer = (on_transfer + back_transfer) / calls if calls else 0.0
-    latency = (on_latency + back_latency) / calls if calls else 0.0
-    terms, replayed = path_terms(x, calls, transfer, latency, "p2p", in_series=True)
+    terms = {"p2p": on_transfer + back_transfer, "latency": on_latency + back_latency}
     return StrategyCost(
         f"pipeline {n} stages (send/recv)",
         terms,
@@ -91,11 +87,9 @@ def cost(x: StrategyInput) -> StrategyCost:
             "overlaps another",
             basis,
             *((crossing,) if across else ()),
-            *((replayed,) if replayed else ()),
         ),
         overlappable=False,
         message_op="p2p",
-        stages_in_series=True,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.cost import StrategyCost, path_terms
+from pytest_distperf.perfmodel.cost import StrategyCost
 from pytest_distperf.perfmodel.train import flops_split
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 
@@ -56,7 +56,7 @@ def cost(x: StrategyInput) -> StrategyCost:
     count = 2 * x.config.n_layer
     transfer, latency = x.links.collective_time("all_reduce", size, x.devices)
     share = compute_share(x)
-    terms, replayed = path_terms(x, count, transfer, latency, "all_reduce")
+    terms = {"all_reduce": count * transfer, "latency": count * latency}
     return StrategyCost(
         f"TP {x.devices}-way (by hand)",
         terms,
@@ -68,7 +68,6 @@ def cost(x: StrategyInput) -> StrategyCost:
             "head whole (replicated, as in LitGPT's tp.py)",
             f"TP: 2 all-reduces per block ({count} per token) of the {size} B activation, each "
             "the next layer's input, so nothing hides behind them",
-            *((replayed,) if replayed else ()),
         ),
         compute_share=share,
         overlappable=False,
