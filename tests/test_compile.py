@@ -47,10 +47,9 @@ def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
     assert rows["auto-2cpu-eager]"]["compile_s"] is None
     assert rows["auto-2cpu-compiled]"]["compile_s"] > 0
     assert rows["auto-2cpu-compiled]"]["cuda_graphs"] is False  # CPU: nothing replays
-    # every rank measured its own share with the compiled steps (a failure there is quiet)
-    assert all(rows["auto-2cpu-compiled]"]["local_step_s"])
-    assert all(rows["auto-2cpu-compiled]"]["local_bare_step_s"])
-    assert rows["auto-2cpu-compiled]"]["local_bare_cuda_graphs"] == [False, False]  # CPU
+    # every rank re-timed its compiled steps for the threshold (ranks/retime.py)
+    compiled_row = rows["auto-2cpu-compiled]"]
+    assert compiled_row["threshold_check"] == "re-timing" and compiled_row["retimed_tokens_per_sec"]
 
 
 def test_bad_compile_value_names_it(pytester: pytest.Pytester) -> None:

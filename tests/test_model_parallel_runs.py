@@ -76,12 +76,10 @@ def test_each_strategy_splits_the_model_as_asked(comm: dict[str, Session]) -> No
 
 
 @pytest.mark.slow
-def test_every_rank_measures_its_own_decode(comm: dict[str, Session]) -> None:
-    # What the CPU prediction scales (ranks/local.py): a failure there is only said on the
-    # ranks' stderr, and the run would fall back to the modelled terms unnoticed.
+def test_every_run_is_judged_by_its_retimed_generation(comm: dict[str, Session]) -> None:
+    # CPU ranks time the generation again after the repeats (ranks/retime.py)
     for name, row in comm["healthy"].rows().items():
-        for figure in ("local_step_s", "local_bare_step_s"):
-            assert all(s is not None and s > 0 for s in row[figure]), (name, figure, row[figure])
+        assert row["threshold_check"] == "re-timing" and row["retimed_tokens_per_sec"] > 0, name
 
 
 @pytest.mark.slow
@@ -109,18 +107,15 @@ def test_a_communication_slowdown_fails_tp_and_pipeline_but_not_auto(
          "*FAILED*test_rate[[]pipeline-2cpu[]]*"],
         consecutive=False,
     )  # fmt: skip
-    slowed.stdout.fnmatch_lines(
-        [
-            "*tp (TP 2-way (by hand)) on 2 device(s): measured * tok/s is below the threshold*",
-            "*terms: compute *, all_reduce *, latency *",
-        ]
-    )
-    slowed.stdout.fnmatch_lines(
-        [
-            "*pipeline (pipeline 2 stages (send/recv)) on 2 device(s): measured * tok/s is below*",
-            "*terms: compute *, p2p *, latency *",
-        ]
-    )
+    # judged against the same generation timed again with comm_delay's sleeps paused
+    for strategy in ("tp", "pipeline"):
+        slowed.stdout.fnmatch_lines(
+            [
+                f"*{strategy} on 2 device(s), re-timing check: the timed repeats ran at *% of the "
+                "same step timed again just after them*",
+                "*The same wrapped generation ran faster when timed again*",
+            ]
+        )
     # The delay, not tp's miss when healthy, failed them: a third of the healthy rate at most.
     healthy, slowed_rows = comm["healthy"].rows(), comm["slowed"].rows()
     for strategy in ("tp", "pipeline"):
