@@ -15,8 +15,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel.shape import ModelShape
-from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, RunResult, Workload
+from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, Workload
 
 
 class ModelError(ValueError):

@@ -19,6 +19,7 @@ import pytest
 
 from pytest_distperf import calibrations, collection, markers, xdist
 from pytest_distperf.launch.early import process_started_at, start_first_pool
+from pytest_distperf.measured import RunResult
 from pytest_distperf.options import (
     OPTIONS,
     SettingError,
@@ -27,7 +28,7 @@ from pytest_distperf.options import (
     gate_from_marker,
     resolve_settings,
 )
-from pytest_distperf.spec import RunResult, RunSpec
+from pytest_distperf.spec import RunSpec
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,4 +1,4 @@
-"""Per-repeat figures over the ranks' samples (pure; spec.RunResult's properties call these).
+"""Per-repeat figures over the ranks' samples (pure; measured.RunResult's properties call these).
 
 Each repeat is as slow as its slowest rank: the ranks advance in lock-step through collectives.
 """

@@ -263,7 +263,7 @@ def fake_result(spec: Any, total_s: float = 0.01) -> Any:
     """A RunResult for `spec` as healthy ranks would return it: each repeat takes `total_s`,
     as the bare model beside it and the reference step predict; FAKE_SLOWDOWN=<factor> in the
     environment makes the repeats alone that much slower."""
-    from pytest_distperf.spec import Implementation, RankResult, RunResult, Sample
+    from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 
     steps = max(spec.workload.max_new_tokens - 1, 1)
     reference_token_s = total_s / (steps + 1)

@@ -27,13 +27,14 @@ from pytest_distperf.judge.checks import (
     skipped_check,
 )
 from pytest_distperf.judge.record import JudgedRun
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.output.benchmark_session import (
     MACHINE_INFO_KEY,
     extra_info,
     update_machine_info,
     without_distperf_machine_info,
 )
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.spec import RunSpec, Workload
 
 TESTS = Path(__file__).resolve().parent
 

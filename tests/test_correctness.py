@@ -17,7 +17,8 @@ from distperf_model.model import build_model
 
 from pytest_distperf.launch.elastic import launch
 from pytest_distperf.launch.pool import Pools
-from pytest_distperf.spec import RunResult, RunSpec, Workload
+from pytest_distperf.measured import RunResult
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import strategy_names
 
 pytestmark = pytest.mark.slow

@@ -40,6 +40,7 @@ from pytest_distperf.judge.checks import (
     WorkFigures,
 )
 from pytest_distperf.judge.record import JudgedRun, RunFigures
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.output import markdown
 from pytest_distperf.output.benchmark_session import extra_info
 from pytest_distperf.output.markdown import SummaryRow, parse_report, render_markdown
@@ -49,7 +50,7 @@ from pytest_distperf.output.report import (
     result_header,
     write_json_report,
 )
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 from pytest_distperf.xdist import Payload, attach, detach
 

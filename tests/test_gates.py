@@ -65,7 +65,7 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session])
     same = gated["same"]
     same.result.assert_outcomes(passed=1)  # with --distperf-strict: it has a baseline
     # at the default tolerance, from the recorded run's own noise
-    same.result.stdout.fnmatch_lines(["*auto*2 x cpu*compute*[+-]*%*test_rate[[]auto-2cpu[]]"])
+    same.result.stdout.fnmatch_lines(["*auto*2 x cpu*retimed*[+-]*%*test_rate[[]auto-2cpu[]]"])
     [baseline] = _baseline_files(same.path)
     [entry] = json.loads(baseline.read_text())["entries"].values()
     junit = ET.parse(same.path / "junit.xml")
@@ -87,7 +87,7 @@ def test_a_slowed_run_fails_its_threshold_baseline_and_relative_speed(
         [
             "*distperf threshold check failed:*",
             "*auto on 2 device(s), re-timing check: the timed repeats ran at *% of the same "
-            "step timed again just after them (* vs * tok/s), below 70%.",
+            "step timed again just after them (* vs * tok/s*), below 70%.",
             "*knobs off (slowdown, comm_delay)*",
         ]
     )

@@ -37,6 +37,7 @@ FORBIDDEN_AT_IMPORT = {
     "output": ("torch",),
     "strategies": ("torch", "lightning", "lightning_fabric"),
     "spec": ("torch", "pytest"),
+    "measured": ("torch", "pytest"),
     "repeats": ("torch", "pytest"),
     "calibrations": ("torch",),
     "options": ("torch",),

@@ -26,6 +26,7 @@ from helpers import greedy_logits
 from torch import nn
 
 from pytest_distperf.judge import gate
+from pytest_distperf.measured import RunResult
 from pytest_distperf.options import SettingError, workload_from_marker
 from pytest_distperf.perfmodel import (
     Calibration,
@@ -35,7 +36,7 @@ from pytest_distperf.perfmodel import (
     links_from_calibration,
 )
 from pytest_distperf.ranks.strategies.tp import load_plan
-from pytest_distperf.spec import RunResult, RunSpec, Workload
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import STRATEGIES, get_strategy
 from pytest_distperf.strategies import message_sizes_for as message_sizes
 from pytest_distperf.strategies import predict_for as predict

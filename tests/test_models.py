@@ -16,6 +16,7 @@ from distperf_model.model import build_model
 from torch import nn
 
 from pytest_distperf.judge import gate
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.models import context_limit, litgpt_shape, run_shape, shape_of
 from pytest_distperf.options import SettingError, workload_from_marker
 from pytest_distperf.perfmodel import Calibration, CollectiveFigure, ModelShape
@@ -26,7 +27,7 @@ from pytest_distperf.ranks.timing import (
     step_seconds,
     timed_generation,
 )
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import message_sizes_for
 
 CPU = torch.device("cpu")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_distperf.measured import Sample
 from pytest_distperf.ranks import reference
 from pytest_distperf.ranks.reference import (
     ReferenceChoice,
@@ -15,7 +16,6 @@ from pytest_distperf.ranks.reference import (
     step_seconds,
     times_before_wrapping,
 )
-from pytest_distperf.spec import Sample
 
 STEPS = 8  # RunSpec.reference_steps' default
 BEFORE = (0.5, 0.25)  # (seconds per step, prefill seconds) timed before wrapping

@@ -18,9 +18,10 @@ from pytest_distperf.judge.checks import (
     skipped_check,
 )
 from pytest_distperf.judge.record import JudgedRun, RunFigures
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.output.markdown import SummaryRow, parse_report, render_markdown
 from pytest_distperf.output.report import RESULT_HEADER, format_result_line, write_json_report
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.spec import RunSpec, Workload
 
 
 def _rank(

@@ -14,7 +14,8 @@ import torch
 from pytest_distperf.judge.checks import CheckStatus, GateSettings
 from pytest_distperf.judge.gate import Gate, _waited_for_a_core
 from pytest_distperf.judge.retiming import retiming_check
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.topology.host import probe_cpu
 
@@ -26,7 +27,13 @@ def _sample(total_s: float, queued_s: float = 0.0) -> Sample:
                   queued_s=queued_s, off_cpu_s=0.0)  # fmt: skip
 
 
-def _rank(rank: int, timed: tuple[Sample, ...], retimed: tuple[Sample, ...]) -> RankResult:
+def _rank(
+    rank: int,
+    timed: tuple[Sample, ...],
+    retimed: tuple[Sample, ...],
+    bare: tuple[Sample, ...] = (),
+    retimed_bare: tuple[Sample, ...] = (),
+) -> RankResult:
     return RankResult(
         rank=rank,
         samples=timed,
@@ -39,6 +46,8 @@ def _rank(rank: int, timed: tuple[Sample, ...], retimed: tuple[Sample, ...]) -> 
         replicas=1,
         timed_from=0.0,
         retimed_samples=retimed,
+        bare_samples=bare,
+        retimed_bare_samples=retimed_bare,
         run_queue_wait_per_token_s=(timed[0].queued_s or 0.0) / TOKENS if timed else None,
     )
 
@@ -83,6 +92,36 @@ def test_repeats_slower_than_the_retimed_step_fail_naming_the_ratio_and_the_knob
     assert check is not None and check.status is CheckStatus.FAIL
     assert "tp on 2 device(s), re-timing check: the timed repeats ran at 50% of" in check.message
     assert "(slowdown, comm_delay)" in check.message and "below 70%" in check.message
+
+
+def _paired(timed: tuple[float, float], retimed: tuple[float, float]) -> RunResult:
+    """2 ranks; (wrapped, bare) seconds of each repeat, and of each re-timing."""
+    spec = RunSpec("t::x[tp-2cpu]", "tp", 2, "cpu", Workload(max_new_tokens=TOKENS), 3, 0, 10.0)
+    ranks = tuple(
+        _rank(
+            rank,
+            (_sample(timed[0]),) * 3,
+            (_sample(retimed[0]),) * 2,
+            (_sample(timed[1]),) * 3,
+            (_sample(retimed[1]),) * 2,
+        )
+        for rank in (0, 1)
+    )
+    return RunResult(spec, ranks, 0.0, 0.0)  # type: ignore[call-arg]
+
+
+def test_a_host_that_sped_up_after_the_repeats_is_not_read_as_slowed_repeats() -> None:
+    # the host ran everything twice as fast when re-timing: the bare model beside says so
+    check = retiming_check(_paired((0.2, 0.1), (0.1, 0.05)), 0.7)
+    assert check is not None and check.status is CheckStatus.OK
+    assert check.figures.ratio_to_predicted == pytest.approx(1.0)  # type: ignore[union-attr]
+    assert "0.5 x bare in the repeats, 0.5 x bare re-timed (100 tok/s as re-timed" in check.message
+
+
+def test_repeats_slowed_beside_an_unslowed_bare_model_fail() -> None:
+    check = retiming_check(_paired((0.2, 0.1), (0.1, 0.1)), 0.7)  # 0.5 x bare, then 1.0 x
+    assert check is not None and check.status is CheckStatus.FAIL
+    assert check.figures.ratio_to_predicted == pytest.approx(0.5)  # type: ignore[union-attr]
 
 
 def test_without_a_retimed_step_the_model_judges(tmp_path: Path) -> None:
@@ -149,8 +188,28 @@ def test_the_first_timing_counts_and_the_budget_sets_how_many_more(
         calls.append(first_s)
         return _sample(first_s)
 
-    samples = retimed(once, torch.device(device))
-    assert len(samples) == len(calls) == count
+    samples, bare = retimed(once, torch.device(device))
+    assert len(samples) == len(calls) == count and bare == ()
+
+
+def test_the_bare_model_runs_beside_each_retiming_and_counts_in_the_budget() -> None:
+    from pytest_distperf.ranks.retime import retimed
+
+    order: list[str] = []
+
+    def once() -> Sample:
+        order.append("wrapped")
+        return _sample(0.1)
+
+    def beside() -> Sample:
+        order.append("bare")
+        return _sample(0.15)
+
+    samples, bare = retimed(once, torch.device("cpu"), beside)  # 0.25 s a pair in 0.6 s: 2
+    assert order == ["wrapped", "bare"] * 2 and len(samples) == len(bare) == 2
+    dropped = iter([_sample(0.01), None, None])  # the copy ran out of memory after the first
+    samples, bare = retimed(lambda: _sample(0.01), torch.device("cpu"), lambda: next(dropped))
+    assert len(samples) == 3 and bare == ()  # no pairs to speak of
 
 
 def test_comm_delays_are_paused_while_retiming() -> None:

@@ -23,16 +23,9 @@ from helpers import Session, run_session, write_files
 from pytest_distperf.judge.checks import CheckStatus
 from pytest_distperf.judge.gate import test_identity as identity_of
 from pytest_distperf.judge.training import loss_check
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.options import SettingError, workload_from_marker
-from pytest_distperf.spec import (
-    DEFAULT_SEQ_LENGTH,
-    Implementation,
-    RankResult,
-    RunResult,
-    RunSpec,
-    Sample,
-    Workload,
-)
+from pytest_distperf.spec import DEFAULT_SEQ_LENGTH, RunSpec, Workload
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work, busiest, compare_work
 
 MODELS = ("tiny", "pythia-14m")

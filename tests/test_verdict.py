@@ -32,8 +32,9 @@ from pytest_distperf.judge.checks import (
     threshold_check,
 )
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
+from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.perfmodel import Prediction
-from pytest_distperf.spec import Implementation, RankResult, RunResult, RunSpec, Sample, Workload
+from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 

@@ -34,6 +34,7 @@ from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.judge.retiming import retiming_check
 from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.judge.waits import waits_check
+from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -44,7 +45,7 @@ from pytest_distperf.perfmodel import (
     run_links,
 )
 from pytest_distperf.repeats import off_cpu_shares
-from pytest_distperf.spec import PRECISION_BYTES, RunResult, Workload
+from pytest_distperf.spec import PRECISION_BYTES, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.strategies import message_sizes_for, predict_for

@@ -35,8 +35,8 @@ from pytest_distperf.judge.checks import (
     RelativeSpeedFigures,
     ThresholdFigures,
 )
+from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel import Calibration, Prediction
-from pytest_distperf.spec import RunResult
 
 F = TypeVar("F")
 

@@ -200,7 +200,7 @@ def compare_to_recorded_runs(
 ) -> Comparison:
     """:func:`compare` for a quantity whose whole runs agree better than their repeats do.
 
-    The relative speed (spec.RunResult) is one: a repeat straddling a switch of the host's
+    The relative speed (measured.RunResult) is one: a repeat straddling a switch of the host's
     speed pairs a wrapped run at one speed with a bare run at the other, so its repeats spread
     far more widely than the medians of unchanged runs do (docs/benchmarks/h200-2026-11-30.md).
     So from MIN_RUNS_FOR_DRIFT recorded runs on, their median is the baseline's level (the

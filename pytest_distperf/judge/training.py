@@ -7,7 +7,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.judge.checks import Check, CheckStatus
-from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES, RunResult
+from pytest_distperf.measured import RunResult
+from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel import Links, Overheads, Prediction

@@ -30,7 +30,8 @@ from pytest_distperf.launch.failures import (
 )
 from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import STOPPING_SIGNALS, SessionStopped, own_signals
-from pytest_distperf.spec import RankResult, RunResult, RunSpec
+from pytest_distperf.measured import RankResult, RunResult
+from pytest_distperf.spec import RunSpec
 
 
 @contextlib.contextmanager

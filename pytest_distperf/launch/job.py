@@ -22,7 +22,8 @@ from pytest_distperf.launch.failures import (
     rank_section,
 )
 from pytest_distperf.launch.guard import refuse_ranks
-from pytest_distperf.spec import RunResult, RunSpec
+from pytest_distperf.measured import RunResult
+from pytest_distperf.spec import RunSpec
 
 if TYPE_CHECKING:
     from pytest_distperf.topology import Topology

@@ -36,8 +36,9 @@ from pytest_distperf.launch.failures import (
 )
 from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
+from pytest_distperf.measured import RankResult, RunResult
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
-from pytest_distperf.spec import RankResult, RunResult, RunSpec
+from pytest_distperf.spec import RunSpec
 
 # Variables that change how ranks talk to each other or what they run on: pools differ when
 # these do, even after a pool's first test (ranks read them once, at their start).

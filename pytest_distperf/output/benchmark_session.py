@@ -6,7 +6,7 @@ pytest-benchmark then saves, compares, tabulates and exports distperf tests like
 machine and commit info. With `-p no:benchmark` (or without pytest-benchmark) nothing here runs.
 
 A round is one timed generation: the slowest rank's wall time of prefill + decode
-(`spec.Sample.total_s`), in seconds, so lower is better as for any pytest-benchmark timing.
+(`measured.Sample.total_s`), in seconds, so lower is better as for any pytest-benchmark timing.
 The figures declared with Report.BENCHMARK_EXTRA (figures.py: tokens/sec, strategy, ranks,
 topology key, the predicted rate and its bound, ...) ride in `extra_info`; the group is the
 test function, so its strategies and rank counts share a table.
@@ -32,7 +32,7 @@ import pytest
 
 from pytest_distperf.figures import BENCHMARK_EXTRA, json_value
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.spec import RunResult
+from pytest_distperf.measured import RunResult
 
 # The name pytest-benchmark registers its BenchmarkSession under in pytest_configure.
 SESSION_PLUGIN = "pytest-benchmark"

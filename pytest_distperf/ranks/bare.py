@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from pytest_distperf.measured import Sample
 from pytest_distperf.ranks import memory
 from pytest_distperf.ranks.models import build
 from pytest_distperf.ranks.timing import Fences, GenerateFn, device_sync, timed_generation
-from pytest_distperf.spec import Sample, Workload
+from pytest_distperf.spec import Workload
 
 if TYPE_CHECKING:
     from pytest_distperf.ranks.compiled import CompiledStep

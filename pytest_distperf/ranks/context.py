@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from pytest_distperf.measured import RankResult, Sample
     from pytest_distperf.perfmodel.calibration import Calibration
     from pytest_distperf.ranks.bare import BareCopy
     from pytest_distperf.ranks.compiled import CompiledStep
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from pytest_distperf.ranks.reference import ReferenceChoice
     from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
     from pytest_distperf.ranks.timing import Fences, GenerateFn
-    from pytest_distperf.spec import RankResult, RunSpec, Sample, Workload
+    from pytest_distperf.spec import RunSpec, Workload
     from pytest_distperf.strategies import StrategyRecord
 
 # The dtype weights are stored in; bf16-mixed keeps float32 weights under bfloat16 autocast.
@@ -72,6 +73,7 @@ class RankContext:
     counted: Counted | None = None  # count_work: None when off or failed
     count_s: float | None = None  # count_work: seconds it took
     retimed: tuple[Sample, ...] = ()  # retime: the wrapped step timed again, knobs off
+    retimed_bare: tuple[Sample, ...] = ()  # retime: the bare model beside each of those
     train: TrainState | None = None  # training's calibrate: batch, optimizer, loss, matmul rate
     result: RankResult | None = None  # result
 

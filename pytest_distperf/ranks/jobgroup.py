@@ -19,11 +19,12 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from pytest_distperf.measured import RankResult
 from pytest_distperf.ranks import environment
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.jobwatch import Fault, RunWatch
 from pytest_distperf.ranks.worker import run_rank
-from pytest_distperf.spec import RankResult, RunSpec
+from pytest_distperf.spec import RunSpec
 
 
 class JobRunFailed(Exception):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from distperf_model.generate import make_prompt
 
+from pytest_distperf.measured import Implementation, RankResult, Sample
 from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes
 from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks import allocator, counting, environment, memory
@@ -34,7 +35,7 @@ from pytest_distperf.ranks.timing import (
     run_workload,
     timed_generation,
 )
-from pytest_distperf.spec import PRECISION_BYTES, Implementation, RankResult, RunSpec, Sample
+from pytest_distperf.spec import PRECISION_BYTES, RunSpec
 from pytest_distperf.strategies import get_strategy, message_sizes_for, strategy_names
 
 FABRIC_PRECISION = {
@@ -330,7 +331,8 @@ def retime(ctx: RankContext) -> None:
             steps=steps,
         )[0]
 
-    ctx.retimed = retimed(once, ctx.device)
+    bare = ctx.bare.generation if ctx.bare is not None and ctx.bare_samples else None
+    ctx.retimed, ctx.retimed_bare = retimed(once, ctx.device, bare)
 
 
 def result(ctx: RankContext) -> None:
@@ -376,6 +378,7 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
         "run_queue_wait_per_token_s": ctx.run_queue_wait_per_token_s,
         "steal_per_token_s": ctx.steal_per_token_s,
         "retimed_samples": ctx.retimed,
+        "retimed_bare_samples": ctx.retimed_bare,
     }
 
 

@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_distperf.spec import Sample
+from pytest_distperf.measured import Sample
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""The re-timing where ranks time themselves (CPU ranks, one CUDA device): after the timed
-repeats, the same wrapped generation or training step timed again the way they were timed
-(each fenced), with the knobs off (no slow-down, comm_delay's sleeps paused). The judge's
-re-timing check (judge/retiming.py) compares the repeats with it: a run disturbed or slowed
-while it was timed ran slower than the same step just after. Several GPUs keep the model."""
+"""The re-timing where ranks time themselves (CPU ranks, one CUDA device): right after the
+timed repeats, the same wrapped generation or training step timed again the way they were
+timed (each fenced), with the knobs off (no slow-down, comm_delay's sleeps paused), each with
+the bare model's generation beside it where the repeats had one: this host's speed drifts
+between seconds, and the pair drifts alike. The judge's re-timing check (judge/retiming.py)
+compares the repeats with it. Several GPUs keep the modelled prediction."""
 
 from __future__ import annotations
 
@@ -12,20 +13,39 @@ import torch
 import torch.distributed as dist
 from distperf_model.parallelize import comm_delays_paused
 
-from pytest_distperf.spec import Sample
+from pytest_distperf.measured import Sample
 
 # At most this many, as many as fit in the budget after the first (which counts: the model
 # is warm from the repeats); every rank runs as many as the slowest rank's first allows.
 MOST = 3
 BUDGET_S = {"cpu": 0.6, "cuda": 2.0}
 
+Retimed = tuple[tuple[Sample, ...], tuple[Sample, ...]]
 
-def retimed(timed_once: Callable[[], Sample], device: torch.device) -> tuple[Sample, ...]:
-    """`timed_once` run again, knobs off: one first, then as many more as fit the budget."""
-    with comm_delays_paused():
-        first = timed_once()
-        budget = BUDGET_S.get(device.type, BUDGET_S["cpu"])
-        plan = torch.tensor([max(1, min(MOST, int(budget / max(first.total_s, 1e-9))))])
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
-        return (first, *(timed_once() for _ in range(int(plan) - 1)))
+
+def retimed(
+    timed_once: Callable[[], Sample],
+    device: torch.device,
+    beside: Callable[[], Sample | None] | None = None,
+) -> Retimed:
+    """`timed_once` run again, knobs off, each time followed by `beside` (the bare model, where
+    the repeats ran it): one first, then as many more as fit the budget. The bare samples are
+    empty where `beside` is None or its copy was dropped."""
+    wrapped: list[Sample] = []
+    bare: list[Sample | None] = []
+
+    def pair() -> float:
+        with comm_delays_paused():
+            wrapped.append(timed_once())
+        bare.append(beside() if beside is not None else None)
+        return wrapped[-1].total_s + (bare[-1].total_s if bare[-1] is not None else 0.0)
+
+    first = pair()
+    budget = BUDGET_S.get(device.type, BUDGET_S["cpu"])
+    plan = torch.tensor([max(1, min(MOST, int(budget / max(first, 1e-9))))])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
+    for _ in range(int(plan) - 1):
+        pair()
+    beside_all = tuple(s for s in bare if s is not None)
+    return tuple(wrapped), beside_all if len(beside_all) == len(wrapped) else ()

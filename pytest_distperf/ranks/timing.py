@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
+from pytest_distperf.measured import Sample
 from pytest_distperf.ranks.hostspeed import host_times, thread_times
 from pytest_distperf.ranks.reference import step_seconds
-from pytest_distperf.spec import Sample
 
 __all__ = [
     "Fences",

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from pytest_distperf.measured import RankResult, Sample
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
@@ -32,7 +33,7 @@ from pytest_distperf.ranks.timing import (
     steady_median,
     thread_accounting,
 )
-from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES, RankResult, Sample
+from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
 
 # A small rate: the steps must run AdamW's real arithmetic without moving far from the seed's
@@ -303,7 +304,7 @@ def retime(ctx: RankContext) -> None:
     if not environment.measures_itself(ctx.device, ctx.spec.devices) or not ctx.spec.retime:
         return
     step, fences = _wrapped_step(ctx), ctx.fences
-    ctx.retimed = retimed(lambda: _timed(step, fences, 0.0)[0], ctx.device)
+    ctx.retimed, _ = retimed(lambda: _timed(step, fences, 0.0)[0], ctx.device)
 
 
 def result(ctx: RankContext) -> None:

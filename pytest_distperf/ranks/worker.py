@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from pytest_distperf.measured import RankResult
 from pytest_distperf.ranks import phases, training
 from pytest_distperf.ranks.context import Phase
-from pytest_distperf.spec import RankResult, RunSpec
+from pytest_distperf.spec import RunSpec
 
 # One test, in order; each phase sets its part of the test's RankContext (ranks/context.py).
 PHASES: tuple[Phase, ...] = (
@@ -34,8 +35,8 @@ PHASES: tuple[Phase, ...] = (
     phases.time_generations,  # warm-up and timed repeats, the bare model beside each
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
-    phases.count_work,  # one more generation, untimed, its work counted per token
     phases.retime,  # CPU ranks, one GPU: the wrapped generation timed again, knobs off
+    phases.count_work,  # one more generation, untimed, its work counted per token
     phases.result,  # the RankResult
 )
 
@@ -50,8 +51,8 @@ TRAIN_PHASES: tuple[Phase, ...] = (
     training.wrap,  # the strategy's wrapper; AdamW
     training.time_steps,  # warm-up and timed steps; the first step's loss
     training.memory_peak,  # the steps' peak memory
-    training.count_step,  # one more step, untimed, its work counted
     training.retime,  # CPU ranks, one GPU: the wrapped step timed again, knobs off
+    training.count_step,  # one more step, untimed, its work counted
     training.result,  # the RankResult
 )
 

@@ -1,0 +1,403 @@
+"""What the ranks measured and how the pytest process reduces it: one timed generation
+(`Sample`), one rank's figures (`RankResult`), every rank's reduced to one row (`RunResult`).
+Plain frozen dataclasses (picklable, no torch), so the plugin can read results without torch.
+
+How tokens/sec is counted
+-------------------------
+* `tokens_per_sec` is the seed issue's figure: the new tokens of one rank's generation
+  (batch_size x max_new_tokens, the first one from the prefill included) over the wall time of
+  that generation, prefill included. Each repeat's time is the slowest rank's, since the ranks
+  advance in lock-step through collectives; the reported figure is the median over repeats.
+* `decode_tokens_per_sec` leaves the prefill out: (max_new_tokens - 1) x batch over decode time.
+* `aggregate_tokens_per_sec` counts every independent stream: with data-parallel strategies
+  (auto, ddp, and the fsdp family, which shard storage but still give every rank its own batch)
+  each rank decodes its own stream, so the aggregate is `replicas x tokens_per_sec`. A
+  model-parallel strategy (tensor or pipeline parallel) decodes one stream across its
+  group, so its `replicas` is devices / group size.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_distperf.figures import run_row
+from pytest_distperf.repeats import (
+    bare_over_wrapped,
+    off_cpu_shares,
+    slowest,
+    slowest_per_repeat,
+    slowest_per_repeat_of,
+    unqueued,
+)
+from pytest_distperf.spec import RunSpec
+from pytest_distperf.work import Work, busiest
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed generation on one rank, in seconds."""
+
+    total_s: float  # prefill + decode: the seed's "Time for inference"
+    # None for a user's own generation loop (`distperf(generate=...)`): its split is unknown.
+    ttft_s: float | None  # to the first new token (prefill)
+    decode_s: float | None  # the remaining max_new_tokens - 1 steps
+    # The timing thread's wait for a core, and its time neither running nor runnable (a sleep,
+    # a sync, I/O, a lock, a peer); None where the kernel keeps no such figures (hostspeed.py).
+    queued_s: float | None = None
+    off_cpu_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """What actually ran, so a figure can never be attributed to the wrong strategy."""
+
+    fabric_strategy: str  # Fabric strategy class, e.g. "FSDPStrategy"
+    sharding: str  # "replicated", "FSDP1 FULL_SHARD", "FSDP2 reshard_after_forward=True", ...
+    backend: str  # torch.distributed backend, "" for one process
+    wrapper: str  # class that wraps the model, e.g. "DistributedDataParallel"
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    samples: tuple[Sample, ...]
+    peak_memory_bytes: int
+    memory_kind: str  # "cuda allocator peak" or "process RSS peak"
+    implementation: Implementation
+    versions: dict[str, str]
+    device_name: str
+    tokens: tuple[tuple[int, ...], ...]  # tokens of the last generation, per batch row
+    replicas: int  # independent decode streams in the run (see module docstring)
+    timed_from: float  # epoch seconds when this rank began its timed generations
+    reference_token_s: float | None = None  # see workload.reference_token_time
+    # The bare model's generation run right after each timed one (worker.py), when it has one.
+    bare_samples: tuple[Sample, ...] = ()
+    # Seconds of hostspeed's fixed interpreter loop, timed right after each timed generation.
+    host_loop_s: tuple[float, ...] = ()
+    # Its thread CPU seconds: the core's own speed, without the waits for a core.
+    host_loop_cpu_s: tuple[float, ...] = ()
+    calibration: Any = None  # perfmodel.Calibration when this run calibrated
+    # Seconds this rank spent on the test itself (build, calibration, warm-up, timed and bare
+    # generations); what a launch costs beyond it is the harness's own cost.
+    work_s: float | None = None
+    compile_s: float | None = None  # compiling and settling the decode step (not timed)
+    count_s: float | None = None  # the counted generation after the timed ones (not timed)
+    reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
+    eager_reference: bool = False  # a compiled run whose reference is the eager model's
+    compiled: str = ""  # how the decode step was compiled; "" for an eager run
+    cuda_graphs: bool = False  # the timed steps replayed as CUDA graphs (compiled.py)
+    graph_breaks: bool = False  # the timed steps compiled around the wrapper's hooks
+    model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
+    # The counted generation's work per token (ranks/counting.py); None when off or failed.
+    work: Work | None = None
+    # This process's CPU seconds in the timed repeats per new token: a busy neighbour takes
+    # wall time from a rank, not CPU time.
+    host_cpu_per_token_s: float | None = None
+    # Seconds per new token this rank's threads waited runnable for a core in the timed repeats
+    # (Linux run-queue delay): what a busy neighbour took; None where the kernel keeps none.
+    run_queue_wait_per_token_s: float | None = None
+    # The host's steal per CPU over the timed repeats, per new token (a VM's hypervisor ran
+    # another guest).
+    steal_per_token_s: float | None = None
+    # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
+    device_time_per_token_s: float | None = None
+    # Training (None otherwise): the first optimizer step's loss, and the loss of the same
+    # weights and batch in this process before wrapping (the correctness check).
+    loss: float | None = None
+    reference_loss: float | None = None
+    # Training: one step of the whole model alone, before wrapping (the compute term).
+    reference_step_s: float | None = None
+    # Training: this rank's measured dense matmul rate (FLOP/s) and how it was measured.
+    matmul_flops_per_s: float | None = None
+    matmul_source: str = ""
+    # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
+    model_flops_per_step: float | None = None
+    # CPU ranks and one GPU: the wrapped generation (training: step) timed again after the
+    # timed ones, as they were, knobs off (ranks/retime.py); empty where not re-timed.
+    retimed_samples: tuple[Sample, ...] = ()
+    retimed_bare_samples: tuple[Sample, ...] = ()  # the bare model beside each, if it ran
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase (worker.py)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What `distperf.run()` returns: every rank's figures reduced to one row."""
+
+    spec: RunSpec
+    ranks: tuple[RankResult, ...]
+    launch_s: float  # wall time of the whole launch, process start to last rank exit
+    launched_at: float  # epoch seconds when the launch began
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> str:
+        return self.spec.strategy
+
+    @property
+    def devices(self) -> int:
+        return self.spec.devices
+
+    @property
+    def nodes(self) -> int:
+        """Hosts the ranks ran on: more than 1 only in a multi-node torchrun or SLURM job."""
+        return self.spec.nodes
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
+        return slowest_per_repeat(self._per_rank)  # type: ignore[return-value]
+
+    @property
+    def training(self) -> bool:
+        return self.spec.workload.training
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens one timed repeat yields: a generation's new tokens on one rank; a training
+        step's tokens over every data-parallel replica."""
+        workload = self.spec.workload
+        if workload.training:
+            return self.ranks[0].replicas * workload.batch_size * (workload.seq_length or 0)
+        return workload.max_new_tokens * workload.batch_size
+
+    @property
+    def tokens_per_sec_samples(self) -> tuple[float, ...]:
+        return tuple(self.new_tokens / s.total_s for s in self.samples)
+
+    @property
+    def tokens_per_sec(self) -> float:
+        return statistics.median(self.tokens_per_sec_samples)
+
+    @property
+    def retimed_tokens_per_sec(self) -> float | None:
+        """The rate of the step timed again just after the repeats (the slowest rank's each
+        time, median); None where some rank did not re-time it."""
+        runs = [r.retimed_samples for r in self.ranks]
+        if not runs or not all(runs) or len({len(r) for r in runs}) > 1:
+            return None
+        return statistics.median(self.new_tokens / s.total_s for s in slowest_per_repeat(runs))
+
+    @property
+    def retimed_relative_speed_samples(self) -> tuple[float, ...]:
+        """Per re-timing, the bare model's time over the wrapped one's beside it (slowest rank's
+        each): the repeats' `relative_speed_samples` again; empty where some rank had none."""
+        return bare_over_wrapped(
+            [r.retimed_bare_samples for r in self.ranks], [r.retimed_samples for r in self.ranks]
+        )
+
+    @property
+    def decode_tokens_per_sec(self) -> float | None:
+        steps = (self.spec.workload.max_new_tokens - 1) * self.spec.workload.batch_size
+        decode = [s.decode_s for s in self.samples]
+        if steps == 0 or None in decode:
+            return None
+        return statistics.median(steps / s for s in decode if s is not None)
+
+    @property
+    def ttft_s(self) -> float | None:
+        ttft = [s.ttft_s for s in self.samples]
+        return None if None in ttft else statistics.median(t for t in ttft if t is not None)
+
+    @property
+    def aggregate_tokens_per_sec(self) -> float:
+        if self.training:  # a step's tokens count every replica already
+            return self.tokens_per_sec
+        return self.ranks[0].replicas * self.tokens_per_sec
+
+    @property
+    def step_time_s(self) -> float | None:
+        """Training: the median over repeats of the slowest rank's optimizer step."""
+        if not self.training:
+            return None
+        return statistics.median(s.total_s for s in self.samples)
+
+    @property
+    def loss(self) -> float | None:
+        """Training: the first step's loss on data-parallel rank 0's batch."""
+        return self.ranks[0].loss
+
+    @property
+    def reference_loss(self) -> float | None:
+        """Training: the same weights' and batch's loss in one process, before wrapping."""
+        return self.ranks[0].reference_loss
+
+    @property
+    def reference_step_s(self) -> float | None:
+        """Training: the slowest rank's step of the whole model alone, before wrapping."""
+        return slowest(r.reference_step_s for r in self.ranks)
+
+    @property
+    def peak_flops(self) -> float | None:
+        """Training: the summed dense matmul rate the ranks measured (MFU's denominator)."""
+        rates = [r.matmul_flops_per_s for r in self.ranks]
+        if not rates or None in rates:
+            return None
+        return float(sum(r for r in rates if r is not None))
+
+    @property
+    def peak_flops_source(self) -> str | None:
+        return self.ranks[0].matmul_source if self.training else None
+
+    @property
+    def model_flops_per_step(self) -> float | None:
+        """Training: model FLOPs of one step over every data-parallel replica."""
+        flops = self.ranks[0].model_flops_per_step
+        return None if flops is None else flops * self.ranks[0].replicas
+
+    @property
+    def mfu(self) -> float | None:
+        """Training: model FLOPs per second over the ranks' summed measured matmul rate."""
+        flops, peak, step = self.model_flops_per_step, self.peak_flops, self.step_time_s
+        if flops is None or not peak or not step:
+            return None
+        return flops / step / peak
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(r.peak_memory_bytes for r in self.ranks)
+
+    @property
+    def startup_s(self) -> float:
+        """Fixed cost of the test: launch to first timed token (spawn, imports, rendezvous,
+        Fabric, model build, warm-up), as the slowest rank saw it."""
+        return max(r.timed_from for r in self.ranks) - self.launched_at
+
+    @property
+    def work_s(self) -> float | None:
+        """The slowest rank's time on the test itself; None from launchers that don't say."""
+        times = [r.work_s for r in self.ranks if r.work_s is not None]
+        return max(times) if len(times) == len(self.ranks) else None
+
+    @property
+    def reference_prefill_s(self) -> float | None:
+        """The slowest rank's prefill of the whole model alone; None when none was timed."""
+        times = [r.reference_prefill_s for r in self.ranks if r.reference_prefill_s is not None]
+        return max(times) if times else None
+
+    @property
+    def eager_reference(self) -> bool:
+        """Some rank's compiled run had no compiled whole copy beside it: its reference is the
+        eager model's step."""
+        return any(r.eager_reference for r in self.ranks)
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Every rank's timed steps replayed as CUDA graphs: the device, not the host, paced
+        them."""
+        return bool(self.ranks) and all(r.cuda_graphs for r in self.ranks)
+
+    @property
+    def graph_breaks(self) -> bool:
+        """Some rank's steps were compiled around its wrapper's hooks (compiled.py)."""
+        return any(r.graph_breaks for r in self.ranks)
+
+    @property
+    def work(self) -> Work | None:
+        """Per counter the busiest rank's work (what the slowest rank had to do); None when
+        some rank has no count."""
+        works = [r.work for r in self.ranks]
+        if not works or any(w is None for w in works):
+            return None
+        return busiest([w for w in works if w is not None])
+
+    @property
+    def host_cpu_per_token_s(self) -> float | None:
+        """The slowest rank's CPU time per new token in the timed repeats."""
+        return slowest(r.host_cpu_per_token_s for r in self.ranks)
+
+    @property
+    def device_time_per_token_s(self) -> float | None:
+        """The slowest rank's kernel time per decode token (CUDA); None on CPU."""
+        return slowest(r.device_time_per_token_s for r in self.ranks)
+
+    @property
+    def compile_s(self) -> float | None:
+        times = [r.compile_s for r in self.ranks if r.compile_s is not None]
+        return max(times) if times else None
+
+    @property
+    def run_queue_wait_per_token_s(self) -> float | None:
+        """The most any rank waited for a core per token: the slowest rank sets the pace."""
+        return slowest(r.run_queue_wait_per_token_s for r in self.ranks)
+
+    @property
+    def count_s(self) -> float | None:
+        """The slowest rank's counted generation: what counting the work added to the test."""
+        return slowest(r.count_s for r in self.ranks)
+
+    @property
+    def harness_s(self) -> float | None:
+        """What the launch cost beyond the test's own work: starting ranks, messages, waits."""
+        return None if self.work_s is None else max(self.launch_s - self.work_s, 0.0)
+
+    def per_rank(self, name: str) -> tuple[float, ...] | None:
+        """Every rank's figure `name`, in rank order; None where some rank has none."""
+        values = [getattr(r, name) for r in sorted(self.ranks, key=lambda r: r.rank)]
+        return None if any(v is None for v in values) else tuple(values)
+
+    @property
+    def reference_token_s(self) -> float | None:
+        """The slowest rank's per-token time of the whole model run alone (no collectives)."""
+        times = [r.reference_token_s for r in self.ranks if r.reference_token_s is not None]
+        return max(times) if times else None
+
+    @property
+    def relative_speed_samples(self) -> tuple[float, ...]:
+        """Per repeat: the bare model's generation time over the wrapped one's (repeats.py). A
+        host whose speed drifts moves both alike."""
+        return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank)
+
+    @property
+    def relative_speed_unqueued_samples(self) -> tuple[float, ...]:
+        """The same with each side's wait for a core taken out of its time."""
+        return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank, unqueued)
+
+    @property
+    def relative_speed(self) -> float | None:
+        samples = self.relative_speed_samples
+        return statistics.median(samples) if samples else None
+
+    @property
+    def off_cpu_share(self) -> float | None:
+        shares = off_cpu_shares(self._per_rank)
+        return statistics.median(shares) if shares else None
+
+    @property
+    def host_loop_samples(self) -> tuple[float, ...]:
+        """Per repeat, the slowest rank's time for the host-speed loop (hostspeed.py): the
+        speed of the machine itself beside each sample; empty when some rank has none."""
+        return slowest_per_repeat_of([r.host_loop_s for r in self.ranks], self.spec.repeats)
+
+    @property
+    def host_loop_cpu_samples(self) -> tuple[float, ...]:
+        """Per repeat, the slowest rank's CPU time for that loop: how fast its core ran when
+        it ran (a neighbour on a shared core slows it too); empty when some rank has none."""
+        return slowest_per_repeat_of([r.host_loop_cpu_s for r in self.ranks], self.spec.repeats)
+
+    @property
+    def _per_rank(self) -> list[tuple[Sample, ...]]:
+        return [r.samples for r in self.ranks]
+
+    @property
+    def calibration(self) -> Any:
+        return self.ranks[0].calibration
+
+    @property
+    def implementation(self) -> Implementation:
+        return self.ranks[0].implementation
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return self.ranks[0].versions
+
+    @property
+    def tokens(self) -> tuple[tuple[int, ...], ...]:
+        return self.ranks[0].tokens
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-able row for reports: every figure that figures.py declares for the JSON
+        report and computes from the run, under the same keys as --distperf-json, then
+        `extras`."""
+        return {**run_row(self), **self.extras}
