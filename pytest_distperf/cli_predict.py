@@ -1,4 +1,5 @@
-"""`distperf predict --mode train`: the predicted training step of every strategy that can train.
+"""`distperf predict`'s output: the decode predictions as cli.py computed them, and with
+`--mode train` the predicted training step of every strategy that can train.
 
     distperf predict --model NAME --devices N --mode train [--seq-length N] [--batch-size B]
                      [--precision fp32|bf16|fp16|bf16-mixed]
@@ -209,6 +210,69 @@ def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, lin
         print(f"{name:<16}cannot train: {why}")
     print()
     print("terms (ms per step):")
+    for p in predictions:
+        terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
+        print(f"  {p.strategy:<16}{p.implementation}: {terms}")
+    print()
+    print("assumptions:")
+    for text in shared_assumptions(predictions):
+        print(f"  - {text}")
+    return 0
+
+
+def print_decode(
+    args: argparse.Namespace, topo: Topology, links: Links, predictions: Sequence[Prediction]
+) -> int:
+    """The decode predictions of every strategy asked, as a table or JSON."""
+    workload = {
+        "model": args.model,
+        "devices": args.devices,
+        "precision": args.precision,
+        "batch_size": args.batch_size,
+        "prompt_length": args.prompt_length,
+        "max_new_tokens": args.max_new_tokens,
+    }
+    if args.json:
+        out = {
+            "workload": workload,
+            "topology": {
+                "key": topo.key(),
+                "source": topo.source,
+                "pairs": [
+                    {"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links
+                ],
+            },
+            "link_class": links.link_class,
+            "bus_bandwidth_gbps": links.busbw / GB,
+            "measured_links": links.measured,
+            "predictions": [p.to_dict() for p in predictions],
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    kind = "measured" if links.measured else "nominal"
+    print(
+        f"{args.model} on {args.devices} {topo.accelerator} device(s), {args.precision}, batch "
+        f"{args.batch_size}, {args.prompt_length}-token prompt + {args.max_new_tokens} new tokens"
+    )
+    print(
+        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
+        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
+    )
+    print()
+    # a step decodes one token of every batch row
+    per = "token" if args.batch_size == 1 else "step"
+    header = f"{'strategy':<16}{'tok/s':>9}{'ms/' + per:>10}  {'bound':<52}{'MB/token':>9}"
+    print(header)
+    print("-" * len(header))
+    for p in predictions:
+        received = p.bytes_per_token.get("all_gather_received", 0.0) / MB
+        bound = f"{p.bound}: {p.bound_description}"
+        print(
+            f"{p.strategy:<16}{p.tokens_per_sec:>9.3g}{p.time_per_token_s * 1e3:>10.4g}  "
+            f"{bound:<52}{received:>9.4g}"
+        )
+    print()
+    print(f"terms (ms per {per}):")
     for p in predictions:
         terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
         print(f"  {p.strategy:<16}{p.implementation}: {terms}")

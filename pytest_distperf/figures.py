@@ -13,204 +13,64 @@ ttft): the JSON row says null, the table "-", and JUnit and `extra_info` leave i
 means the run has nothing to report under that name (a check that did not run): the JSON row
 leaves the key out as well.
 
-Pure: no torch, no pytest. A reduction reads the RunResult or the judged record by attribute,
-so this module imports neither (spec.py and judge/record.py import it).
+What a figure is, how it is reduced and where it is reported: reductions.py. Pure: no torch,
+no pytest. A reduction reads the RunResult or the judged record by attribute, so this module
+imports neither (measured.py and judge/record.py import it).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER
+from pytest_distperf.reductions import (
+    ABSENT,
+    BENCHMARK_EXTRA,
+    JUNIT,
+    MARKDOWN,
+    REPORT_JSON,
+    SCALAR,
+    TABLE,
+    Absent,
+    Figure,
+    JUnitName,
+    MarkdownColumn,
+    Reduction,
+    Report,
+    Source,
+    TableColumn,
+    first_rank,
+    from_result,
+    from_spec,
+    json_value,
+    judged,
+    per_rank,
+    slowest_rank,
+)
 from pytest_distperf.repeats import slowest_phases
 from pytest_distperf.work import work_cell
 
-
-class Absent(enum.Enum):
-    ABSENT = "absent"
-
-
-#: What a reduction returns when the run has nothing under that name: the key is left out.
-ABSENT = Absent.ABSENT
-
-
-class Report(enum.Flag):
-    """Where a figure is reported."""
-
-    JSON = enum.auto()  # the --distperf-json row; RunResult.summary() for a run's own figures
-    JUNIT = enum.auto()  # the test report's user_properties, `distperf_<name>` (JUnit XML)
-    BENCHMARK_EXTRA = enum.auto()  # pytest-benchmark's extra_info
-    MARKDOWN = enum.auto()  # the Markdown summary: a column, or the line of facts above it
-    TABLE = enum.auto()  # a column of the terminal table
-
-
-REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = (
-    Report.JSON,
-    Report.JUNIT,
-    Report.BENCHMARK_EXTRA,
-    Report.MARKDOWN,
-    Report.TABLE,
-)
-_SCALAR = REPORT_JSON | JUNIT | BENCHMARK_EXTRA  # what CI scripts and saved benchmarks read
-
-
-class Source(enum.Enum):
-    """What a reduction reads."""
-
-    RUN = "run"  # the RunResult (every rank's results), when the run is recorded
-    JUDGE = "judge"  # the judged record (judge/record.py): prediction, checks, baseline
-
-
-@dataclass(frozen=True)
-class Reduction:
-    """How a figure's value comes about: in words, and as a function of its source."""
-
-    how: str  # "median of repeats", "slowest rank", "rank 0's", "as asked", ...
-    source: Source
-    compute: Callable[[Any], Any]  # RunResult (RUN) or JudgedRun (JUDGE) -> value or ABSENT
-
-
-def from_result(attribute: str, how: str) -> Reduction:
-    """A RunResult property, which holds the arithmetic (spec.py)."""
-    return Reduction(how, Source.RUN, lambda result: getattr(result, attribute))
-
-
-def from_spec(attribute: str) -> Reduction:
-    """What the test asked for (`RunSpec`)."""
-    return Reduction("as asked", Source.RUN, lambda result: getattr(result.spec, attribute))
-
-
-def first_rank(field: str) -> Reduction:
-    """Rank 0's value: the same on every rank (the device's name, the implementation)."""
-    return Reduction("rank 0's", Source.RUN, lambda result: getattr(result.ranks[0], field))
-
-
-def per_rank(field: str) -> Reduction:
-    """Every rank's value, in rank order."""
-    return Reduction(
-        "each rank's", Source.RUN, lambda result: tuple(getattr(r, field) for r in result.ranks)
-    )
-
-
-def slowest_rank(field: str) -> Reduction:
-    """The largest value of the ranks that report one (a time: the slowest rank's); None when
-    no rank does."""
-
-    def compute(result: Any) -> Any:
-        values = [getattr(r, field) for r in result.ranks if getattr(r, field) is not None]
-        return max(values) if values else None
-
-    return Reduction("slowest rank", Source.RUN, compute)
-
-
-def judged(path: str, how: str = "the gate's") -> Reduction:
-    """A dotted path on the judged record (`threshold.bound`); ABSENT where a step on the way
-    is None or missing (no threshold figures: the check had no prediction)."""
-
-    def compute(record: Any) -> Any:
-        value = record
-        for step in path.split("."):
-            if value is None:
-                return ABSENT
-            value = value.get(step) if isinstance(value, Mapping) else getattr(value, step)
-        return value
-
-    return Reduction(how, Source.JUDGE, compute)
-
-
-def _width(spec: str) -> int:
-    return int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-
-
-@dataclass(frozen=True)
-class TableColumn:
-    """The figure's column in the terminal table."""
-
-    header: str
-    at: int  # position among the table's columns, left to right
-    spec: str = ""  # format spec of the value: width, "<" for left-aligned, precision
-    scale: float = 1.0  # shown as value x scale (seconds as milliseconds)
-    sep: str = " "  # text before the column
-    # (record, outcome) -> the value shown, when it is not the figure's own value alone
-    cell: Callable[[Any, str], Any] | None = None
-
-    def heading(self) -> str:
-        return format(self.header, ("<" if self.spec.startswith("<") else ">") + str(self.width))
-
-    @property
-    def width(self) -> int:
-        return _width(self.spec)
-
-    def text(self, value: Any) -> str:
-        """The value as the table shows it; "-" where the run has none."""
-        if value is None or value is ABSENT:
-            return "-".ljust(self.width) if self.spec.startswith("<") else "-".rjust(self.width)
-        return format(value * self.scale if self.scale != 1 else value, self.spec)
-
-
-#: How the Markdown summary can write a value (output/markdown.py renders each).
-MARKDOWN_STYLES = ("code", "text", "count", "rate", "change", "ratio", "verdict")
-
-
-@dataclass(frozen=True)
-class MarkdownColumn:
-    """The figure's column in the Markdown summary."""
-
-    header: str
-    at: int  # position among the summary's columns, left to right
-    style: str  # one of MARKDOWN_STYLES
-
-
-@dataclass(frozen=True)
-class JUnitName:
-    """A JUnit property named and scaled apart from the figure (ttft_s as `distperf_ttft_ms`)."""
-
-    name: str
-    scale: float = 1.0
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One figure of a run, and everywhere it is reported."""
-
-    name: str  # the JSON key: never renamed (users' scripts and CI templates read it)
-    unit: str  # "tok/s", "s", "bytes", ... ; "" for a ratio, a word or a record
-    reduce: Reduction
-    description: str
-    reports: Report = REPORT_JSON
-    table: TableColumn | None = None  # with TABLE
-    markdown: MarkdownColumn | None = None  # with MARKDOWN; None: the facts line reads it
-    junit_as: JUnitName | None = None  # with JUNIT, when the property is not `distperf_<name>`
-    # What a saved report's value must be, where one is read back (the Markdown summary, charts).
-    json_type: type | tuple[type, ...] | None = None
-
-    def __post_init__(self) -> None:
-        if (self.table is not None) != bool(self.reports & TABLE):
-            raise ValueError(f"figure {self.name!r}: a table column goes with Report.TABLE")
-        if self.markdown is not None and not self.reports & MARKDOWN:
-            raise ValueError(f"figure {self.name!r}: a Markdown column needs Report.MARKDOWN")
-        if self.junit_as is not None and not self.reports & JUNIT:
-            raise ValueError(f"figure {self.name!r}: junit_as needs Report.JUNIT")
-
-    @property
-    def source(self) -> Source:
-        return self.reduce.source
-
-    @property
-    def junit_name(self) -> str:
-        return "distperf_" + (self.junit_as.name if self.junit_as else self.name)
-
-    def junit_value(self, value: Any) -> Any:
-        plain = json_value(value)
-        if isinstance(plain, dict | list):  # a JUnit property holds text: a record as JSON
-            return json.dumps(plain, sort_keys=True, separators=(",", ":"))
-        scale = self.junit_as.scale if self.junit_as else 1.0
-        return plain if scale == 1 else plain * scale
+__all__ = [
+    "ABSENT",
+    "BENCHMARK_EXTRA",
+    "JUNIT",
+    "MARKDOWN",
+    "REPORT_JSON",
+    "RUN_FIGURES",
+    "TABLE",
+    "Absent",
+    "Figure",
+    "JUnitName",
+    "MarkdownColumn",
+    "Reduction",
+    "Report",
+    "Source",
+    "TableColumn",
+    "declared",
+    "figure",
+    "json_value",
+    "run_row",
+]
 
 
 def _check_outcomes(check: str) -> tuple[Figure, Figure]:
@@ -250,84 +110,84 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("tokens_per_sec", "tok/s", from_result("tokens_per_sec", f"median of repeats, {_S}"),
            "new tokens of one rank's generation over its wall time, prefill included; "
            "training: one step's tokens over every data-parallel replica over its time",
-           _SCALAR | MARKDOWN | TABLE, TableColumn("tok/s", 10, "10.2f"),
+           SCALAR | MARKDOWN | TABLE, TableColumn("tok/s", 10, "10.2f"),
            MarkdownColumn("tok/s", 30, "rate"), json_type=NUMBER),
     Figure("decode_tokens_per_sec", "tok/s",
            from_result("decode_tokens_per_sec", f"median of repeats, {_S}"),
-           "decode steps' tokens over decode time, prefill left out", _SCALAR | TABLE,
+           "decode steps' tokens over decode time, prefill left out", SCALAR | TABLE,
            TableColumn("decode", 20, "9.2f")),
     Figure("strategy", "", from_spec("strategy"), "the parallel strategy",
-           _SCALAR | MARKDOWN | TABLE, TableColumn("strategy", 40, "<15"),
+           SCALAR | MARKDOWN | TABLE, TableColumn("strategy", 40, "<15"),
            MarkdownColumn("Strategy", 10, "text"), json_type=str),
     Figure("devices", "ranks", from_spec("devices"), "ranks (devices) the run used",
-           _SCALAR | MARKDOWN | TABLE,
+           SCALAR | MARKDOWN | TABLE,
            TableColumn("ranks", 50, "<9", cell=_ranks_cell),
            MarkdownColumn("Devices", 20, "count"), json_type=int),
-    Figure("accelerator", "", from_spec("accelerator"), '"cpu" or "cuda"', _SCALAR | MARKDOWN,
+    Figure("accelerator", "", from_spec("accelerator"), '"cpu" or "cuda"', SCALAR | MARKDOWN,
            json_type=str),
     Figure("topology_key", "", judged("topology_key"), "the machine's topology: baselines' key",
-           _SCALAR | MARKDOWN, json_type=str),
+           SCALAR | MARKDOWN, json_type=str),
     Figure("predicted_tokens_per_sec", "tok/s", judged("threshold.predicted_tokens_per_sec"),
-           "the rate the threshold judged by: re-timed or modelled", _SCALAR | TABLE,
+           "the rate the threshold judged by: re-timed or modelled", SCALAR | TABLE,
            TableColumn("predicted", 60, "9.2f"), json_type=NUMBER),
     Figure("threshold_tokens_per_sec", "tok/s", judged("threshold.threshold_tokens_per_sec"),
-           "the rate the run must reach: efficiency x predicted", _SCALAR, json_type=NUMBER),
+           "the rate the run must reach: efficiency x predicted", SCALAR, json_type=NUMBER),
     Figure("bound", "", judged("threshold.bound"), "the term that bounds the predicted rate",
-           _SCALAR | TABLE, TableColumn("bound", 70, "<13"), json_type=str),
+           SCALAR | TABLE, TableColumn("bound", 70, "<13"), json_type=str),
     Figure("threshold_check", "", judged("threshold.check"),
            '"re-timing" (the step timed again) or "model" (links, calibration)', json_type=str),
     Figure("baseline_tokens_per_sec", "tok/s", judged("baseline.baseline_tokens_per_sec"),
-           "the recorded baseline's level", _SCALAR | MARKDOWN | TABLE,
+           "the recorded baseline's level", SCALAR | MARKDOWN | TABLE,
            TableColumn("baseline", 80, "9.2f"), MarkdownColumn("Baseline tok/s", 40, "rate"),
            json_type=NUMBER),
     Figure("change", "", judged("baseline.change"), "tok/s / baseline - 1",
-           _SCALAR | MARKDOWN | TABLE, TableColumn("change", 90, "+7.1%"),
+           SCALAR | MARKDOWN | TABLE, TableColumn("change", 90, "+7.1%"),
            MarkdownColumn("Change", 50, "change"), json_type=NUMBER),
     Figure("tolerance", "", judged("baseline.tolerance"), "the drop the baseline check allows",
-           _SCALAR),
+           SCALAR),
     Figure("detectable_drop", "", judged("detectable.detectable_drop"),
-           "the smallest drop the baseline check catches", _SCALAR | TABLE,
+           "the smallest drop the baseline check catches", SCALAR | TABLE,
            TableColumn("detect", 100, "6.0%")),
     Figure("relative_speed", "", from_result("relative_speed", f"median of repeats, {_S}"),
-           "the bare model's generation time over the wrapped one's", _SCALAR | MARKDOWN,
+           "the bare model's generation time over the wrapped one's", SCALAR | MARKDOWN,
            markdown=MarkdownColumn("Relative speed", 60, "ratio"), json_type=NUMBER),
     Figure("relative_speed_change", "", judged("relative_speed.change"),
-           "relative speed / its baseline - 1", _SCALAR | MARKDOWN | TABLE,
+           "relative speed / its baseline - 1", SCALAR | MARKDOWN | TABLE,
            TableColumn("rel.chg", 110, "+7.1%"), MarkdownColumn("Rel. change", 70, "change"),
            json_type=NUMBER),
     Figure("relative_speed_detectable_drop", "", judged("relative_speed.detectable_drop"),
-           "the smallest relative-speed drop caught", _SCALAR | TABLE,
+           "the smallest relative-speed drop caught", SCALAR | TABLE,
            TableColumn("detect", 120, "6.0%")),
     Figure("bare_change", "", judged("baseline.machine.bare_change"),
-           "the bare model's change against the baseline's", _SCALAR),
+           "the bare model's change against the baseline's", SCALAR),
     Figure("host_change", "", judged("baseline.machine.host_change"),
-           "the host-speed loop's change against the baseline's", _SCALAR),
+           "the host-speed loop's change against the baseline's", SCALAR),
     Figure("change_beyond_host", "", judged("baseline.machine.change_beyond_host"),
-           "the change with the host's taken out", _SCALAR),
+           "the change with the host's taken out", SCALAR),
     Figure("verdict", "", judged("decision.verdict"), "the worst outcome of any check",
-           _SCALAR | MARKDOWN | TABLE,
+           SCALAR | MARKDOWN | TABLE,
            TableColumn("verdict", 130, "<18", sep="  ", cell=_verdict_cell),
            MarkdownColumn("Verdict", 80, "verdict"), json_type=str),
     Figure("peak_memory_bytes", "bytes", from_result("peak_memory_bytes", "max over ranks"),
-           "peak memory of the busiest rank", _SCALAR),
+           "peak memory of the busiest rank", SCALAR),
     Figure("tokens_per_sec_samples", "tok/s", from_result("tokens_per_sec_samples", _S),
            "tokens_per_sec of each repeat", REPORT_JSON | BENCHMARK_EXTRA),
     Figure("aggregate_tokens_per_sec", "tok/s",
            from_result("aggregate_tokens_per_sec", "replicas x tokens_per_sec"),
            "every independent stream's tokens", REPORT_JSON | BENCHMARK_EXTRA),
     Figure("ttft_s", "s", from_result("ttft_s", f"median of repeats, {_S}"),
-           "time to the first new token (prefill)", _SCALAR | TABLE,
+           "time to the first new token (prefill)", SCALAR | TABLE,
            TableColumn("ttft ms", 30, "8.1f", scale=1000), junit_as=JUnitName("ttft_ms", 1000)),
     Figure("work", "", from_result("work", "max over ranks, counter by counter"),
            "the counted generation's collectives, ops, FLOPs and kernels per decode token and "
            "per prefill", REPORT_JSON | JUNIT | BENCHMARK_EXTRA | TABLE,
            TableColumn("work", 75, "<13", cell=_work_cell)),
     Figure("host_cpu_per_token_s", "s", from_result("host_cpu_per_token_s", "slowest rank"),
-           "process CPU time over the timed repeats per new token", _SCALAR),
+           "process CPU time over the timed repeats per new token", SCALAR),
     Figure("run_queue_wait_per_token_s", "s",
            from_result("run_queue_wait_per_token_s", "slowest rank"),
            "time a rank's threads waited for a core over the timed repeats, per new token "
-           "(Linux run-queue delay): what another process took", _SCALAR),
+           "(Linux run-queue delay): what another process took", SCALAR),
     Figure("steal_per_token_s", "s", slowest_rank("steal_per_token_s"),
            "the host's steal time per CPU over the timed repeats, per new token (/proc/stat): "
            "what a VM's hypervisor gave another guest"),
@@ -339,16 +199,16 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "share of a timed repeat a rank's timing thread was off the CPU by its own doing"),
     Figure("device_time_per_token_s", "s",
            from_result("device_time_per_token_s", "slowest rank"),
-           "summed kernel time per decode token of the counted generation (CUDA)", _SCALAR),
+           "summed kernel time per decode token of the counted generation (CUDA)", SCALAR),
     Figure("mode", "", Reduction("as asked", Source.RUN, lambda r: r.spec.workload.mode),
-           '"generate" or "train"', _SCALAR, json_type=str),
+           '"generate" or "train"', SCALAR, json_type=str),
     Figure("step_time_s", "s", from_result("step_time_s", f"median of repeats, {_S}"),
-           "training: one optimizer step (forward, backward, AdamW)", _SCALAR),
+           "training: one optimizer step (forward, backward, AdamW)", SCALAR),
     Figure("mfu", "", from_result("mfu", "model FLOPs per second / summed matmul rate"),
            "training: model FLOPs utilisation against the ranks' measured matmul rate",
-           _SCALAR),
+           SCALAR),
     Figure("loss", "", from_result("loss", "rank 0's"),
-           "training: the first step's loss on data-parallel rank 0's batch", _SCALAR),
+           "training: the first step's loss on data-parallel rank 0's batch", SCALAR),
     Figure("reference_loss", "", from_result("reference_loss", "rank 0's"),
            "training: the same weights' and batch's loss in one process, before wrapping"),
     Figure("reference_step_s", "s", from_result("reference_step_s", "slowest rank"),
@@ -457,23 +317,6 @@ def figure(name: str) -> Figure:
         if declared_figure.name == name:
             return declared_figure
     raise KeyError(f"no declared figure {name!r}")
-
-
-def json_value(value: Any) -> Any:
-    """A figure's value as plain JSON: records as objects, tuples as lists, enums as words."""
-    if isinstance(value, enum.Enum):
-        return value.value
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if callable(getattr(value, "to_dict", None)):
-        return value.to_dict()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Mapping):
-        return {key: json_value(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_value(item) for item in value]
-    return value
 
 
 def run_row(result: Any) -> dict[str, Any]:

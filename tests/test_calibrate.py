@@ -11,12 +11,12 @@ from distperf_model.config import PRESETS
 from helpers import spawn_gloo_ranks
 
 from pytest_distperf.perfmodel import Calibration, bus_factor
-from pytest_distperf.ranks.calibrate import (
+from pytest_distperf.ranks.calibrate import calibrate
+from pytest_distperf.ranks.probes import (
     OVERLAP_PROBE_MAX_S,
-    _median_time,
-    _probe_index,
-    calibrate,
+    median_time,
     overlap_fraction,
+    probe_index,
 )
 from pytest_distperf.strategies import message_sizes_for
 
@@ -145,7 +145,7 @@ def test_a_slow_call_is_timed_once_after_its_warm_up(slow_call_s: float, calls: 
         agreed.append(seconds)
         return seconds
 
-    median = _median_time(op, lambda: None, lambda: None, 2, 5, agree, slow_call_s=slow_call_s)
+    median = median_time(op, lambda: None, lambda: None, 2, 5, agree, slow_call_s=slow_call_s)
     assert len(made) == calls
     assert len(agreed) == 1 and agreed[0] >= 0.002  # the last warm-up call, asked once
     assert median >= 0.002
@@ -163,4 +163,4 @@ def test_the_overlap_probe_uses_the_largest_quick_all_gather(
     times: tuple[float, ...], expected: int
 ) -> None:
     assert OVERLAP_PROBE_MAX_S < 0.9  # the cases above straddle it
-    assert _probe_index(times) == expected
+    assert probe_index(times) == expected

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_distperf import figures
+from pytest_distperf import figures, reductions
 from pytest_distperf.figures import (
     BENCHMARK_EXTRA,
     JUNIT,
@@ -258,8 +258,8 @@ def test_the_declaration_is_consistent() -> None:
         assert len(positions) == len(set(positions)), column
     for f in declared(MARKDOWN):  # read back from saved reports
         assert f.json_type is not None, f.name
-        assert f.markdown is None or f.markdown.style in figures.MARKDOWN_STYLES
-    assert set(figures.MARKDOWN_STYLES) == set(markdown._STYLES)
+        assert f.markdown is None or f.markdown.style in reductions.MARKDOWN_STYLES
+    assert set(reductions.MARKDOWN_STYLES) == set(markdown._STYLES)
     assert all(f.unit is not None and f.description for f in figures.RUN_FIGURES)
 
 

@@ -42,6 +42,7 @@ FORBIDDEN_AT_IMPORT = {
     "calibrations": ("torch",),
     "options": ("torch",),
     "plugin": ("torch",),
+    "fixture": ("torch",),
     "markers": ("torch",),
     "models": ("torch",),
     "launch": ("torch",),
@@ -50,6 +51,7 @@ FORBIDDEN_AT_IMPORT = {
     "collection": ("torch",),
     "items": ("torch",),
     "figures": ("torch",),
+    "reductions": ("torch", "pytest"),
     "header": ("torch",),
     "progress": ("torch",),
     "xdist": ("torch", "xdist"),
@@ -59,6 +61,7 @@ FORBIDDEN_AT_IMPORT = {
 }
 PYTEST_SIDE = (
     "plugin",
+    "fixture",
     "options",
     "markers",
     "collection",

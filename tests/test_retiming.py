@@ -1,5 +1,5 @@
 """The threshold where ranks time themselves (CPU ranks, one CUDA device): the re-timing check
-against the same step timed again after the repeats (judge/retiming.py, ranks/retime.py), which
+against the same step timed again after the repeats (judge/threshold.py, ranks/retime.py), which
 judges in place of the modelled prediction, the figures it reports, the busy excuse beside it,
 and how many times the ranks re-time. Pure: made-up figures, no ranks."""
 
@@ -13,7 +13,7 @@ import torch
 
 from pytest_distperf.judge.checks import CheckStatus, GateSettings
 from pytest_distperf.judge.gate import Gate, _waited_for_a_core
-from pytest_distperf.judge.retiming import retiming_check
+from pytest_distperf.judge.threshold import retiming_check
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.store.store import BaselineStore

@@ -29,9 +29,9 @@ from pytest_distperf.judge.checks import (
     memory_check,
     relative_speed_check,
     skipped_check,
-    threshold_check,
 )
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
+from pytest_distperf.judge.threshold import threshold_check
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.perfmodel import Prediction
 from pytest_distperf.spec import RunSpec, Workload

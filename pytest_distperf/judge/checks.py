@@ -24,7 +24,6 @@ from pytest_distperf.judge.tolerance import (
     RUNS_FOR_SETTLED_FLOOR,
     detectable_drop,
 )
-from pytest_distperf.perfmodel import Prediction, failure_message, threshold
 from pytest_distperf.store.entry import BaselineEntry
 
 
@@ -237,32 +236,6 @@ class GateSettings:
     # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower
     # run (judge/waits.py): an idle CPU rank's share moves by well under it (docs/gates.md).
     wait_share_floor: float = 0.05
-
-
-def threshold_check(
-    prediction: Prediction | None, measured: float, efficiency: float, why_none: str = ""
-) -> Check:
-    if prediction is None:
-        because = f": {why_none}" if why_none else ""
-        return Check("threshold", CheckStatus.NOTE, f"no prediction for this run{because}")
-    floor = threshold(prediction, efficiency)
-    figures = ThresholdFigures(
-        predicted_tokens_per_sec=prediction.tokens_per_sec,
-        threshold_tokens_per_sec=floor,
-        efficiency=efficiency,
-        bound=prediction.bound,
-        bound_description=prediction.bound_description,
-        link_class=prediction.link_class,
-        ratio_to_predicted=measured / prediction.tokens_per_sec,
-    )
-    if measured < floor:
-        message = failure_message(prediction, measured, efficiency)
-        return Check("threshold", CheckStatus.FAIL, message, figures)
-    message = (
-        f"{measured:.4g} tok/s >= {efficiency:.0%} of the modelled {prediction.tokens_per_sec:.4g} "
-        f"tok/s (bound: {prediction.bound_description})"
-    )
-    return Check("threshold", CheckStatus.OK, message, figures)
 
 
 def baseline_check(

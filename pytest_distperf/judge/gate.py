@@ -27,11 +27,10 @@ from pytest_distperf.judge.checks import (
     memory_check,
     relative_speed_check,
     skipped_check,
-    threshold_check,
 )
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.judge.retiming import retiming_check
+from pytest_distperf.judge.threshold import retiming_check, threshold_check
 from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.judge.waits import waits_check
 from pytest_distperf.measured import RunResult

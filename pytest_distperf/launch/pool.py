@@ -18,7 +18,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -35,7 +35,7 @@ from pytest_distperf.launch.failures import (
     where,
 )
 from pytest_distperf.launch.guard import refuse_ranks
-from pytest_distperf.launch.signals import HANDLED_SIGNALS, SessionStopped
+from pytest_distperf.launch.signals import stopping_signals
 from pytest_distperf.measured import RankResult, RunResult
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RunSpec
@@ -204,7 +204,7 @@ class RankPool:
         replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
         pending = dict(enumerate(self._connections))
         deadline = time.monotonic() + timeout
-        with _stopping_signals():
+        with stopping_signals():
             while pending:
                 # Once one rank has failed, the others are likely stuck in a collective with it.
                 if any(kind != expect for kind, _ in replies.values()):
@@ -371,28 +371,6 @@ def _surroundings() -> tuple[str, tuple[tuple[str, str], ...]]:
     the variable pytest sets for every test phase)."""
     environ = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
     return os.getcwd(), environ
-
-
-@contextlib.contextmanager
-def _stopping_signals() -> Iterator[None]:
-    """While a test's ranks run, SIGTERM, SIGHUP and SIGQUIT end the session (SessionStopped);
-    SIGINT keeps pytest's KeyboardInterrupt."""
-
-    def stop(signum: int, frame: object) -> None:
-        raise SessionStopped(signum)
-
-    stopping = [s for s in HANDLED_SIGNALS if s != signal.SIGINT]
-    saved = {s: signal.getsignal(s) for s in stopping}
-    try:
-        for sig in stopping:
-            signal.signal(sig, stop)
-    except ValueError:  # not the main thread: leave the handlers alone
-        saved = {}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
 class Pools:

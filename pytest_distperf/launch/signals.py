@@ -56,3 +56,25 @@ def own_signals(signals: set[int] | None = None) -> Iterator[None]:
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stopping_signals() -> Iterator[None]:
+    """While a test's ranks run, SIGTERM, SIGHUP and SIGQUIT end the session (SessionStopped);
+    SIGINT keeps pytest's KeyboardInterrupt."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SessionStopped(signum)
+
+    stopping = [s for s in HANDLED_SIGNALS if s != signal.SIGINT]
+    saved = {s: signal.getsignal(s) for s in stopping}
+    try:
+        for sig in stopping:
+            signal.signal(sig, stop)
+    except ValueError:  # not the main thread: leave the handlers alone
+        saved = {}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

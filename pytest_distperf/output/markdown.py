@@ -204,7 +204,7 @@ def _is_finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-# How each of figures.MARKDOWN_STYLES writes a value, and aligns its column.
+# How each of reductions.MARKDOWN_STYLES writes a value, and aligns its column.
 _STYLES: dict[str, Callable[[Any], str]] = {
     "code": _code,
     "text": _text,

@@ -2,7 +2,7 @@
 timed repeats, the same wrapped generation or training step timed again the way they were
 timed (each fenced), with the knobs off (no slow-down, comm_delay's sleeps paused), each with
 the bare model's generation beside it where the repeats had one: this host's speed drifts
-between seconds, and the pair drifts alike. The judge's re-timing check (judge/retiming.py)
+between seconds, and the pair drifts alike. The judge's re-timing check (judge/threshold.py)
 compares the repeats with it. Several GPUs keep the modelled prediction."""
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""The threshold where ranks time themselves (CPU ranks, one CUDA device): the re-timing check.
+"""The threshold, one of two named checks: where ranks time themselves (CPU ranks, one CUDA
+device) the re-timing check; where they cannot (several GPUs) the modelled one, the rate the
+links and the calibration predict (perfmodel/), which `distperf predict` shows too.
 
-There no collective crosses a link that a model could charge, so the floor is the run's own
-step timed again just after its repeats, the same way, with the knobs off (ranks/retime.py).
+Where ranks time themselves no collective crosses a link that a model could charge, so the
+floor is the run's own step timed again just after its repeats, the same way, with the knobs
+off (ranks/retime.py).
 Where the bare model ran beside each repeat it ran beside each re-timing too, and the two are
 compared as speeds relative to it: this host's speed drifts between seconds, the pair alike.
 Its job is to catch a run slowed or disturbed while it was timed; a slower strategy or model is
@@ -14,6 +17,7 @@ import statistics
 
 from pytest_distperf.judge.checks import Check, CheckStatus, ThresholdFigures
 from pytest_distperf.measured import RunResult
+from pytest_distperf.perfmodel import Prediction, failure_message, threshold
 
 RETIMING = "re-timing"
 MODELLED = "model"
@@ -76,3 +80,29 @@ def retiming_check(result: RunResult, efficiency: float, link_class: str = "") -
         "by its measured wait for a core: docs/gates.md)."
     )
     return Check("threshold", CheckStatus.FAIL, message, figures)
+
+
+def threshold_check(
+    prediction: Prediction | None, measured: float, efficiency: float, why_none: str = ""
+) -> Check:
+    if prediction is None:
+        because = f": {why_none}" if why_none else ""
+        return Check("threshold", CheckStatus.NOTE, f"no prediction for this run{because}")
+    floor = threshold(prediction, efficiency)
+    figures = ThresholdFigures(
+        predicted_tokens_per_sec=prediction.tokens_per_sec,
+        threshold_tokens_per_sec=floor,
+        efficiency=efficiency,
+        bound=prediction.bound,
+        bound_description=prediction.bound_description,
+        link_class=prediction.link_class,
+        ratio_to_predicted=measured / prediction.tokens_per_sec,
+    )
+    if measured < floor:
+        message = failure_message(prediction, measured, efficiency)
+        return Check("threshold", CheckStatus.FAIL, message, figures)
+    message = (
+        f"{measured:.4g} tok/s >= {efficiency:.0%} of the modelled {prediction.tokens_per_sec:.4g} "
+        f"tok/s (bound: {prediction.bound_description})"
+    )
+    return Check("threshold", CheckStatus.OK, message, figures)

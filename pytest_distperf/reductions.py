@@ -1,0 +1,211 @@
+"""What a figure is (figures.py declares them all): how it is reduced from a run (`Reduction`
+and the functions that make one), which reports show it (`Report`), its table, Markdown and
+JUnit columns, and its value as plain JSON. Pure: no torch, no pytest."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class Absent(enum.Enum):
+    ABSENT = "absent"
+
+
+#: What a reduction returns when the run has nothing under that name: the key is left out.
+ABSENT = Absent.ABSENT
+
+
+class Report(enum.Flag):
+    """Where a figure is reported."""
+
+    JSON = enum.auto()  # the --distperf-json row; RunResult.summary() for a run's own figures
+    JUNIT = enum.auto()  # the test report's user_properties, `distperf_<name>` (JUnit XML)
+    BENCHMARK_EXTRA = enum.auto()  # pytest-benchmark's extra_info
+    MARKDOWN = enum.auto()  # the Markdown summary: a column, or the line of facts above it
+    TABLE = enum.auto()  # a column of the terminal table
+
+
+REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = (
+    Report.JSON,
+    Report.JUNIT,
+    Report.BENCHMARK_EXTRA,
+    Report.MARKDOWN,
+    Report.TABLE,
+)
+SCALAR = REPORT_JSON | JUNIT | BENCHMARK_EXTRA  # what CI scripts and saved benchmarks read
+
+
+class Source(enum.Enum):
+    """What a reduction reads."""
+
+    RUN = "run"  # the RunResult (every rank's results), when the run is recorded
+    JUDGE = "judge"  # the judged record (judge/record.py): prediction, checks, baseline
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a figure's value comes about: in words, and as a function of its source."""
+
+    how: str  # "median of repeats", "slowest rank", "rank 0's", "as asked", ...
+    source: Source
+    compute: Callable[[Any], Any]  # RunResult (RUN) or JudgedRun (JUDGE) -> value or ABSENT
+
+
+def from_result(attribute: str, how: str) -> Reduction:
+    """A RunResult property, which holds the arithmetic (spec.py)."""
+    return Reduction(how, Source.RUN, lambda result: getattr(result, attribute))
+
+
+def from_spec(attribute: str) -> Reduction:
+    """What the test asked for (`RunSpec`)."""
+    return Reduction("as asked", Source.RUN, lambda result: getattr(result.spec, attribute))
+
+
+def first_rank(field: str) -> Reduction:
+    """Rank 0's value: the same on every rank (the device's name, the implementation)."""
+    return Reduction("rank 0's", Source.RUN, lambda result: getattr(result.ranks[0], field))
+
+
+def per_rank(field: str) -> Reduction:
+    """Every rank's value, in rank order."""
+    return Reduction(
+        "each rank's", Source.RUN, lambda result: tuple(getattr(r, field) for r in result.ranks)
+    )
+
+
+def slowest_rank(field: str) -> Reduction:
+    """The largest value of the ranks that report one (a time: the slowest rank's); None when
+    no rank does."""
+
+    def compute(result: Any) -> Any:
+        values = [getattr(r, field) for r in result.ranks if getattr(r, field) is not None]
+        return max(values) if values else None
+
+    return Reduction("slowest rank", Source.RUN, compute)
+
+
+def judged(path: str, how: str = "the gate's") -> Reduction:
+    """A dotted path on the judged record (`threshold.bound`); ABSENT where a step on the way
+    is None or missing (no threshold figures: the check had no prediction)."""
+
+    def compute(record: Any) -> Any:
+        value = record
+        for step in path.split("."):
+            if value is None:
+                return ABSENT
+            value = value.get(step) if isinstance(value, Mapping) else getattr(value, step)
+        return value
+
+    return Reduction(how, Source.JUDGE, compute)
+
+
+def _width(spec: str) -> int:
+    return int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
+
+
+@dataclass(frozen=True)
+class TableColumn:
+    """The figure's column in the terminal table."""
+
+    header: str
+    at: int  # position among the table's columns, left to right
+    spec: str = ""  # format spec of the value: width, "<" for left-aligned, precision
+    scale: float = 1.0  # shown as value x scale (seconds as milliseconds)
+    sep: str = " "  # text before the column
+    # (record, outcome) -> the value shown, when it is not the figure's own value alone
+    cell: Callable[[Any, str], Any] | None = None
+
+    def heading(self) -> str:
+        return format(self.header, ("<" if self.spec.startswith("<") else ">") + str(self.width))
+
+    @property
+    def width(self) -> int:
+        return _width(self.spec)
+
+    def text(self, value: Any) -> str:
+        """The value as the table shows it; "-" where the run has none."""
+        if value is None or value is ABSENT:
+            return "-".ljust(self.width) if self.spec.startswith("<") else "-".rjust(self.width)
+        return format(value * self.scale if self.scale != 1 else value, self.spec)
+
+
+#: How the Markdown summary can write a value (output/markdown.py renders each).
+MARKDOWN_STYLES = ("code", "text", "count", "rate", "change", "ratio", "verdict")
+
+
+@dataclass(frozen=True)
+class MarkdownColumn:
+    """The figure's column in the Markdown summary."""
+
+    header: str
+    at: int  # position among the summary's columns, left to right
+    style: str  # one of MARKDOWN_STYLES
+
+
+@dataclass(frozen=True)
+class JUnitName:
+    """A JUnit property named and scaled apart from the figure (ttft_s as `distperf_ttft_ms`)."""
+
+    name: str
+    scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a run, and everywhere it is reported."""
+
+    name: str  # the JSON key: never renamed (users' scripts and CI templates read it)
+    unit: str  # "tok/s", "s", "bytes", ... ; "" for a ratio, a word or a record
+    reduce: Reduction
+    description: str
+    reports: Report = REPORT_JSON
+    table: TableColumn | None = None  # with TABLE
+    markdown: MarkdownColumn | None = None  # with MARKDOWN; None: the facts line reads it
+    junit_as: JUnitName | None = None  # with JUNIT, when the property is not `distperf_<name>`
+    # What a saved report's value must be, where one is read back (the Markdown summary, charts).
+    json_type: type | tuple[type, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.table is not None) != bool(self.reports & TABLE):
+            raise ValueError(f"figure {self.name!r}: a table column goes with Report.TABLE")
+        if self.markdown is not None and not self.reports & MARKDOWN:
+            raise ValueError(f"figure {self.name!r}: a Markdown column needs Report.MARKDOWN")
+        if self.junit_as is not None and not self.reports & JUNIT:
+            raise ValueError(f"figure {self.name!r}: junit_as needs Report.JUNIT")
+
+    @property
+    def source(self) -> Source:
+        return self.reduce.source
+
+    @property
+    def junit_name(self) -> str:
+        return "distperf_" + (self.junit_as.name if self.junit_as else self.name)
+
+    def junit_value(self, value: Any) -> Any:
+        plain = json_value(value)
+        if isinstance(plain, dict | list):  # a JUnit property holds text: a record as JSON
+            return json.dumps(plain, sort_keys=True, separators=(",", ":"))
+        scale = self.junit_as.scale if self.junit_as else 1.0
+        return plain if scale == 1 else plain * scale
+
+
+def json_value(value: Any) -> Any:
+    """A figure's value as plain JSON: records as objects, tuples as lists, enums as words."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if callable(getattr(value, "to_dict", None)):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {key: json_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    return value
