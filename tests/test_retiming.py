@@ -115,13 +115,27 @@ def test_a_host_that_sped_up_after_the_repeats_is_not_read_as_slowed_repeats() -
     check = retiming_check(_paired((0.2, 0.1), (0.1, 0.05)), 0.7)
     assert check is not None and check.status is CheckStatus.OK
     assert check.figures.ratio_to_predicted == pytest.approx(1.0)  # type: ignore[union-attr]
-    assert "0.5 x bare in the repeats, 0.5 x bare re-timed (100 tok/s as re-timed" in check.message
+    assert "ran at 50% of the same step timed again just after them (50 vs 100 tok/s)" in (
+        check.message
+    )
+    assert "at 100% of it against the bare model beside each (0.5 x bare in the repeats" in (
+        check.message
+    )
+
+
+def test_a_bare_model_slowed_by_noise_alone_does_not_fail_healthy_repeats() -> None:
+    check = retiming_check(_paired((0.1, 0.1), (0.1, 0.2)), 0.7)  # 1.0 x bare, then 2.0 x
+    assert check is not None and check.status is CheckStatus.OK
+    assert check.figures.ratio_to_predicted == pytest.approx(1.0)  # type: ignore[union-attr]
 
 
 def test_repeats_slowed_beside_an_unslowed_bare_model_fail() -> None:
     check = retiming_check(_paired((0.2, 0.1), (0.1, 0.1)), 0.7)  # 0.5 x bare, then 1.0 x
     assert check is not None and check.status is CheckStatus.FAIL
     assert check.figures.ratio_to_predicted == pytest.approx(0.5)  # type: ignore[union-attr]
+    assert "beside each (0.5 x bare in the repeats, 1 x bare re-timed), both below 70%" in (
+        check.message
+    )
 
 
 def test_without_a_retimed_step_the_model_judges(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ Where ranks time themselves no collective crosses a link that a model could char
 floor is the run's own step timed again just after its repeats, the same way, with the knobs
 off (ranks/retime.py).
 Where the bare model ran beside each repeat it ran beside each re-timing too, and the two are
-compared as speeds relative to it: this host's speed drifts between seconds, the pair alike.
+also compared as speeds relative to it: this host's speed drifts between seconds, the pair
+alike; a run fails only where both comparisons say its repeats ran slow.
 Its job is to catch a run slowed or disturbed while it was timed; a slower strategy or model is
 the baseline's and the work gate's to catch. With several GPUs the modelled prediction judges.
 """
@@ -14,6 +15,7 @@ the baseline's and the work gate's to catch. With several GPUs the modelled pred
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from pytest_distperf.judge.checks import Check, CheckStatus, ThresholdFigures
 from pytest_distperf.measured import RunResult
@@ -25,55 +27,76 @@ RETIMED_BOUND = "retimed"
 RETIMED_WORDS = "the same step timed again just after the repeats"
 
 
-def retimed_rate(result: RunResult) -> tuple[float, str] | None:
-    """The re-timed step's rate at the repeats' host speed, and how it was had: the repeats'
-    rate over their speed relative to the bare model as a share of the re-timing's, where
-    both had the bare model beside them, else the re-timed rate itself; None where the ranks
-    did not re-time."""
-    retimed = result.retimed_tokens_per_sec
-    if not retimed:
+@dataclass(frozen=True)
+class Retimed:
+    """The repeats against the re-timed step, two ways: as timed (`plain`, the repeats' rate
+    over the re-timed rate) and each against the bare model beside it (`beside_bare`, the
+    repeats' speed relative to it over the re-timing's; None where either had none)."""
+
+    rate: float  # the re-timed rate, tokens/sec
+    plain: float
+    beside_bare: float | None
+    during: float | None = None  # the repeats' median speed relative to the bare model
+    after: float | None = None  # the re-timing's
+
+    @property
+    def ratio(self) -> float:
+        """What the check judges: a run fails only where both views say its repeats ran slow
+        (the host's drift moves the plain one, a short bare model's noise the other)."""
+        return max(self.plain, self.beside_bare or 0.0)
+
+    def words(self, measured: float) -> str:
+        said = (
+            f"the timed repeats ran at {self.plain:.0%} of the same step timed again just "
+            f"after them ({measured:.4g} vs {self.rate:.4g} tok/s)"
+        )
+        if self.beside_bare is None:
+            return said
+        return (
+            f"{said}, and at {self.beside_bare:.0%} of it against the bare model beside each "
+            f"({self.during:.3g} x bare in the repeats, {self.after:.3g} x bare re-timed)"
+        )
+
+
+def retimed(result: RunResult) -> Retimed | None:
+    """The repeats against the step re-timed after them; None where the ranks did not re-time."""
+    rate = result.retimed_tokens_per_sec
+    if not rate:
         return None
+    plain = result.tokens_per_sec / rate
     during, after = result.relative_speed_samples, result.retimed_relative_speed_samples
     if not during or not after:
-        return retimed, ""
-    share = statistics.median(during) / statistics.median(after)
-    how = (
-        f"; each against the bare model beside it: {statistics.median(during):.3g} x bare in "
-        f"the repeats, {statistics.median(after):.3g} x bare re-timed ({retimed:.4g} tok/s as "
-        "re-timed, the host's speed then)"
-    )
-    return result.tokens_per_sec / share, how
+        return Retimed(rate, plain, None)
+    during_s, after_s = statistics.median(during), statistics.median(after)
+    return Retimed(rate, plain, during_s / after_s, during_s, after_s)
 
 
 def retiming_check(result: RunResult, efficiency: float, link_class: str = "") -> Check | None:
-    """The timed repeats' rate against the re-timed step's; None where the ranks did not
-    re-time it (several GPUs, or re-timing off): the modelled prediction judges there."""
-    rate = retimed_rate(result)
-    if rate is None:
+    """The timed repeats against the re-timed step; None where the ranks did not re-time it
+    (several GPUs, or re-timing off): the modelled prediction judges there."""
+    seen = retimed(result)
+    if seen is None:
         return None
-    retimed, how = rate
     measured = result.tokens_per_sec
-    ratio = measured / retimed
+    judged_rate = measured / seen.ratio
     figures = ThresholdFigures(
-        predicted_tokens_per_sec=retimed,
-        threshold_tokens_per_sec=efficiency * retimed,
+        predicted_tokens_per_sec=judged_rate,
+        threshold_tokens_per_sec=efficiency * judged_rate,
         efficiency=efficiency,
         bound=RETIMED_BOUND,
         bound_description=RETIMED_WORDS,
         link_class=link_class,
-        ratio_to_predicted=ratio,
+        ratio_to_predicted=seen.ratio,
         check=RETIMING,
     )
-    said = (
-        f"the timed repeats ran at {ratio:.0%} of the same step timed again just after them "
-        f"({measured:.4g} vs {retimed:.4g} tok/s{how})"
-    )
-    if ratio >= efficiency:
+    said = seen.words(measured)
+    if seen.ratio >= efficiency:
         message = f"re-timing check: {said}; it fails below {efficiency:.0%}"
         return Check("threshold", CheckStatus.OK, message, figures)
     what = "step" if result.training else "generation"
+    both = "both " if seen.beside_bare is not None else ""
     message = (
-        f"{result.strategy} on {result.devices} device(s), re-timing check: {said}, below "
+        f"{result.strategy} on {result.devices} device(s), re-timing check: {said}, {both}below "
         f"{efficiency:.0%}.\n    The same wrapped {what} ran faster when timed again the same "
         "way with the knobs off (slowdown, comm_delay): the repeats were slowed while they were "
         "timed, by the timed loop itself or by the host then (a busy neighbour is excused only "
