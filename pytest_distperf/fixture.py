@@ -76,7 +76,12 @@ class DistperfRun:
             sys_path=tuple(sys.path),  # what the test can import, its ranks can
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
             count_work=settings.count,
+            # the re-timing serves the threshold alone: a run with the gates off skips it
+            retime=settings.gate_value("gates", self._marker_gates()),
         )
+
+    def _marker_gates(self) -> dict[str, object]:
+        return gate_from_marker(markers.marker_kwargs(self._item), self._item.nodeid)
 
     def run(self) -> RunResult:
         """Launch the ranks, then judge the result; a failed gate fails the test here."""
@@ -132,7 +137,7 @@ class DistperfRun:
         self.results.append(result)
         settings = plugin.settings
         gate = plugin.gate()
-        overrides = gate_from_marker(markers.marker_kwargs(self._item), self._item.nodeid)
+        overrides = self._marker_gates()
         gate_settings = GateSettings(
             efficiency=settings.gate_value("efficiency", overrides),
             tolerance=settings.gate_value("tolerance", overrides),

@@ -110,3 +110,11 @@ class RunSpec:
     # The step timed again after the timed ones, for the re-timing check (CPU ranks, one GPU:
     # ranks/retime.py); False where only the tokens matter (the suite's own checks).
     retime: bool = True
+
+
+def ranks_time_themselves(accelerator: str, devices: int) -> bool:
+    """Where a run's threshold is the re-timing check (the ranks time their step again after
+    the repeats) rather than the modelled prediction: 2 or more CPU ranks (no link a model could
+    charge: the collectives share the compute's cores) and one CUDA device (no collective).
+    Several GPUs keep the model: their collectives cross links."""
+    return devices >= 2 if accelerator == "cpu" else devices == 1

@@ -105,6 +105,13 @@ def retiming_check(result: RunResult, efficiency: float, link_class: str = "") -
     return Check("threshold", CheckStatus.FAIL, message, figures)
 
 
+def not_retimed(result: RunResult) -> Check:
+    """Where ranks time themselves but did not re-time (the gates off, or a generation of one
+    token): nothing judged, and the note says why; the modelled rate is never the floor there."""
+    why = "the gates are off" if not result.spec.retime else "no rank re-timed its step"
+    return Check("threshold", CheckStatus.NOTE, f"re-timing check not run: {why}")
+
+
 def threshold_check(
     prediction: Prediction | None, measured: float, efficiency: float, why_none: str = ""
 ) -> Check:

@@ -14,6 +14,7 @@ from torch.distributed import Store
 
 from pytest_distperf.ranks import allocator
 from pytest_distperf.ranks.fabric import fabric_version
+from pytest_distperf.spec import ranks_time_themselves
 
 
 def rank_device(accelerator: str) -> torch.device:
@@ -65,11 +66,8 @@ def all_ranks_done(device: torch.device) -> Callable[[bool], bool]:
 
 
 def measures_itself(device: torch.device, devices: int) -> bool:
-    """Whether a run's ranks time their own step again beside the timed ones, which the
-    prediction then takes over the modelled terms: 2 or more CPU ranks (the compute and the
-    collectives share the cores) and one CUDA device (the wrapper's own host work). Several
-    GPUs keep the modelled terms: their collectives run on their own streams."""
-    return devices >= 2 if device.type == "cpu" else devices == 1
+    """Whether this rank times its step again after the repeats (spec.ranks_time_themselves)."""
+    return ranks_time_themselves(device.type, devices)
 
 
 def global_rank() -> int:
