@@ -208,15 +208,7 @@ def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, lin
         )
     for name, why in refused:
         print(f"{name:<16}cannot train: {why}")
-    print()
-    print("terms (ms per step):")
-    for p in predictions:
-        terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
-        print(f"  {p.strategy:<16}{p.implementation}: {terms}")
-    print()
-    print("assumptions:")
-    for text in shared_assumptions(predictions):
-        print(f"  - {text}")
+    print_terms(predictions, "step")
     return 0
 
 
@@ -271,6 +263,12 @@ def print_decode(
             f"{p.strategy:<16}{p.tokens_per_sec:>9.3g}{p.time_per_token_s * 1e3:>10.4g}  "
             f"{bound:<52}{received:>9.4g}"
         )
+    print_terms(predictions, per)
+    return 0
+
+
+def print_terms(predictions: Sequence[Prediction], per: str) -> None:
+    """Each prediction's terms in ms per `per`, then the assumptions they share."""
     print()
     print(f"terms (ms per {per}):")
     for p in predictions:
@@ -280,4 +278,3 @@ def print_decode(
     print("assumptions:")
     for text in shared_assumptions(predictions):
         print(f"  - {text}")
-    return 0
