@@ -109,9 +109,14 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
     )
 
 
+def fsdp_is_fsdp1(accelerator: str) -> bool:
+    """What `fsdp` runs, decided here alone: FSDP1 on CUDA, FSDP2 elsewhere (Lightning Fabric's
+    FSDPStrategy refuses CPU ranks)."""
+    return accelerator == "cuda"
+
+
 def _fsdp_cost(x: StrategyInput) -> StrategyCost:
-    # As the rank half builds it: FSDP1 on CUDA, FSDP2 elsewhere.
-    return _fsdp1_full_shard(x) if x.device_type == "cuda" else _fsdp2(True, x)
+    return _fsdp1_full_shard(x) if fsdp_is_fsdp1(x.device_type) else _fsdp2(True, x)
 
 
 # --------------------------------------------------------------------------- training step
@@ -221,7 +226,7 @@ def _fsdp2_train(reshard: bool, x: TrainInput) -> StrategyCost:
 
 
 def _fsdp_train(x: TrainInput) -> StrategyCost:
-    return _fsdp1_train(x) if x.device_type == "cuda" else _fsdp2_train(True, x)
+    return _fsdp1_train(x) if fsdp_is_fsdp1(x.device_type) else _fsdp2_train(True, x)
 
 
 def _train_message_sizes(

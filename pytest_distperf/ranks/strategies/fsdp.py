@@ -11,6 +11,7 @@ from distperf_model.parallelize import fully_shard_blocks
 
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
+from pytest_distperf.strategies.fsdp import fsdp_is_fsdp1
 
 
 def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
@@ -28,7 +29,7 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
 
 
 def _build_fsdp(context: BuildContext) -> Any:
-    if context.accelerator != "cuda":  # Fabric's FSDP refuses CPU
+    if not fsdp_is_fsdp1(context.accelerator):
         return _build_fsdp2(True, context)
     policy = partial(_wrap_blocks, context.wrap_units)
     return fabric_module("strategies").FSDPStrategy(
