@@ -79,6 +79,9 @@ def test_each_strategy_splits_the_model_as_asked(comm: dict[str, Session]) -> No
 def test_every_run_is_judged_by_its_retimed_generation(comm: dict[str, Session]) -> None:
     # CPU ranks time the generation again after the repeats (ranks/retime.py)
     for name, row in comm["healthy"].rows().items():
+        if "own_plan" in name:  # its gates are off: nothing re-timed
+            assert row["threshold_message"] == "re-timing check not run: the gates are off"
+            continue
         assert row["threshold_check"] == "re-timing" and row["retimed_tokens_per_sec"] > 0, name
 
 

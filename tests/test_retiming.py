@@ -241,3 +241,44 @@ def test_comm_delays_are_paused_while_retiming() -> None:
 
     retimed(once, torch.device("cpu"))
     assert seen == [False] and parallelize._delays["on"]
+
+
+def test_a_compiled_run_retimes_its_compiled_steps_with_the_bare_copy_beside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """phases.retime runs what the timed repeats ran: the compiled steps' override, the
+    strategy's sampling, the repeats' fences, and the bare copy after each."""
+    from types import SimpleNamespace
+
+    from pytest_distperf.ranks import phases
+
+    seen: list[dict[str, object]] = []
+
+    def timed(model: object, prompt: object, tokens: int, fences: object, **kw: object) -> tuple:
+        seen.append({"model": model, "tokens": tokens, "fences": fences, **kw})
+        return _sample(0.01), None
+
+    monkeypatch.setattr(phases, "timed_generation", timed)
+    steps, bare_runs = object(), []
+    ctx = SimpleNamespace(
+        spec=SimpleNamespace(devices=2, retime=True),
+        device=torch.device("cpu"),
+        wrapped="wrapped",
+        prompt="prompt",
+        workload=SimpleNamespace(max_new_tokens=6),
+        fences="fences",
+        generate=None,
+        half=SimpleNamespace(next_token="sampler"),
+        wrapped_steps=SimpleNamespace(override=lambda: steps),
+        bare=SimpleNamespace(generation=lambda: bare_runs.append(1) or _sample(0.01)),
+        bare_samples=[_sample(0.01)],
+    )
+    phases.retime(ctx)  # type: ignore[arg-type]
+    assert len(ctx.retimed) == len(ctx.retimed_bare) == len(seen) == len(bare_runs) == 5
+    assert {(s["model"], s["steps"], s["next_token"], s["fences"]) for s in seen} == {
+        ("wrapped", steps, "sampler", "fences")
+    }
+    ctx.spec.retime = False  # the gates off
+    ctx.retimed = ()
+    phases.retime(ctx)  # type: ignore[arg-type]
+    assert ctx.retimed == ()

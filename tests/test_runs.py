@@ -142,7 +142,7 @@ def test_two_strategies_report_results(runs: Session) -> None:
             "*distperf results*",
             "topology cpu_*",
             "*tok/s*decode*ttft*strategy*predicted*bound*baseline*change*verdict*test",
-            "*auto*2 x cpu*retimed*off*test_throughput[[]auto-2cpu[]]",
+            "*auto*2 x cpu*off*test_throughput[[]auto-2cpu[]]",
             "*fsdp*2 x cpu*off*test_throughput[[]fsdp-2cpu[]]",
         ]
     )
