@@ -229,9 +229,15 @@ class DistperfPlugin:
         if not self.settings.topology:  # a bad topology file is a usage error before any rank
             start_first_pool(self, session.config, first)
         from pytest_distperf.judge.gate import session_message_sizes
+        from pytest_distperf.perfmodel.calibration import calibration_cap
+        from pytest_distperf.spec import ranks_time_themselves
 
+        accelerator = self.resolve().accelerator
         self.calibration_sizes = {
-            count: session_message_sizes(pairs, count) for count, pairs in workloads.items()
+            count: session_message_sizes(
+                pairs, count, calibration_cap(ranks_time_themselves(accelerator, count))
+            )
+            for count, pairs in workloads.items()
         }
         if not xdist.is_worker(session.config):  # a worker may run none of them: on first use
             self.gate()  # a bad --distperf-topology is a usage error before any rank starts

@@ -322,10 +322,11 @@ def default_baseline_dir(rootpath: Path) -> Path:
 
 
 def session_message_sizes(
-    workloads: list[tuple[str, Workload]], devices: int
+    workloads: list[tuple[str, Workload]], devices: int, max_bytes: int | None = None
 ) -> MessageSizes | None:
-    """Union of the message sizes every collected (strategy, workload) really uses; a
-    builder's model is calibrated in its ranks once built (RunSpec.calibrate_model)."""
+    """Union of the message sizes every collected (strategy, workload) really uses, up to
+    `max_bytes`; a builder's model is calibrated in its ranks once built
+    (RunSpec.calibrate_model)."""
     from pytest_distperf.models import shape_of
 
     gather: set[int] = set()
@@ -347,4 +348,5 @@ def session_message_sizes(
         p2p.update(sizes.p2p)
     if not gather:
         return None
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))
+    sizes = MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))
+    return sizes.up_to(max_bytes)

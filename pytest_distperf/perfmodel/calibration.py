@@ -276,7 +276,26 @@ class MessageSizes:
     all_reduce: tuple[int, ...]
     p2p: tuple[int, ...] = ()
 
+    def up_to(self, max_bytes: int | None) -> MessageSizes:
+        """The sizes of at most `max_bytes` (None: all), each kind keeping its smallest."""
+        if max_bytes is None:
+            return self
 
+        def kept(sizes: tuple[int, ...]) -> tuple[int, ...]:
+            small = tuple(s for s in sizes if s <= max_bytes)
+            return small or tuple(sorted(sizes)[:1])
+
+        return MessageSizes(kept(self.all_gather), kept(self.all_reduce), kept(self.p2p))
+
+
+def calibration_cap(ranks_time_themselves: bool) -> int | None:
+    """The largest message worth calibrating: where ranks time themselves the calibration only
+    informs the modelled rate reported beside the re-timing check, and the collectives of a
+    model's real sizes over loopback took most of a cold session's first half-minute."""
+    return RETIMED_CALIBRATION_MAX_BYTES if ranks_time_themselves else None
+
+
+RETIMED_CALIBRATION_MAX_BYTES = 4 << 20
 NO_MESSAGES = MessageSizes((), ())
 LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
 

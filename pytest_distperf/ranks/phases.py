@@ -15,7 +15,7 @@ import torch
 from distperf_model.generate import make_prompt
 
 from pytest_distperf.measured import Implementation, RankResult, Sample
-from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes
+from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes, calibration_cap
 from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
@@ -406,4 +406,5 @@ def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:
             tuple(sorted({*sizes.all_reduce, *own.all_reduce})),
             tuple(sorted({*sizes.p2p, *own.p2p})),
         )
+    sizes = sizes.up_to(calibration_cap(environment.measures_itself(ctx.device, spec.devices)))
     return measure(sizes.all_gather, sizes.all_reduce, ctx.device, ctx.dtype, sizes_p2p=sizes.p2p)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_distperf.measured import RankResult, Sample
-from pytest_distperf.perfmodel.calibration import MessageSizes
+from pytest_distperf.perfmodel.calibration import MessageSizes, calibration_cap
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
@@ -146,6 +146,7 @@ def calibrate(ctx: RankContext) -> None:
             tuple(sorted({*session.all_reduce, *sizes.all_reduce})),
             tuple(session.p2p),
         )
+    sizes = sizes.up_to(calibration_cap(environment.measures_itself(ctx.device, ctx.spec.devices)))
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session is not None):
         if ctx.device.type == "cpu":  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
