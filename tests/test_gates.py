@@ -8,11 +8,13 @@ the tests read what those three sessions left. A test without a baseline under
 from __future__ import annotations
 
 import json
+import statistics
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
-from helpers import FAKE_LAUNCH_CONFTEST, Session, run_session, write_files
+from helpers import FAKE_LAUNCH_CONFTEST, run_session, write_files
 
 # `auto` is predicted from the bare model timed beside each repeat (more than 8 new tokens);
 # pythia-14m, whose head sets most of its compute: tiny's rate is set by per-call overheads that
@@ -34,10 +36,15 @@ def _baseline_files(root: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
+def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     path = tmp_path_factory.mktemp("gated")
     write_files(path, test_rate=TEST_RATE)
-    sessions = {"recorded": run_session(path, RANKS, "--distperf-update-baselines")}
+    sessions: dict[str, Any] = {"recorded": run_session(path, RANKS, "--distperf-update-baselines")}
+    sessions["first entry"] = json.loads(_baseline_files(path)[0].read_text())
+    # Two more recorded sessions: this VM's core speed moved by up to 30% between sessions a
+    # few seconds apart, which one recorded run's tolerance (its repeats' noise) cannot hold.
+    for _ in range(2):
+        run_session(path, RANKS, "--distperf-update-baselines")
     sessions["same"] = run_session(path, RANKS, "--junitxml=junit.xml", "--distperf-strict")
     # A tenth of the rate, against a tolerance fixed at 60%: the default one comes from the
     # recorded run's noise, which on two busy shared cores can reach 90% for the relative speed.
@@ -47,11 +54,10 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
 
 
 @pytest.mark.slow
-def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Session]) -> None:
+def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Any]) -> None:
     recorded = gated["recorded"]
     recorded.result.assert_outcomes(passed=1)
-    [baseline] = _baseline_files(recorded.path)
-    [(test_id, entry)] = json.loads(baseline.read_text())["entries"].items()
+    [(test_id, entry)] = gated["first entry"]["entries"].items()
     assert test_id.startswith("test_rate.py::test_rate[auto-2cpu] [")
     assert "model=pythia-14m" in test_id and "slowdown" not in test_id
     assert len(entry["samples"]) == 5
@@ -61,10 +67,10 @@ def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Session]) ->
 
 
 @pytest.mark.slow
-def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session]) -> None:
+def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Any]) -> None:
     same = gated["same"]
     same.result.assert_outcomes(passed=1)  # with --distperf-strict: it has a baseline
-    # at the default tolerance, from the recorded run's own noise
+    # at the default tolerance, from the three recorded runs' noise and drift
     same.result.stdout.fnmatch_lines(["*auto*2 x cpu*retimed*[+-]*%*test_rate[[]auto-2cpu[]]"])
     [baseline] = _baseline_files(same.path)
     [entry] = json.loads(baseline.read_text())["entries"].values()
@@ -72,14 +78,17 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Session])
     [case] = [c for c in junit.iter("testcase") if c.get("name") == "test_rate[auto-2cpu]"]
     properties = {p.get("name"): p.get("value") for p in case.iter("property")}
     assert float(properties["distperf_tokens_per_sec"]) > 0
-    assert float(properties["distperf_baseline_tokens_per_sec"]) == entry["median"]
+    # from three recorded runs the level is their runs' median (judge/tolerance.py)
+    level = statistics.median(entry["run_medians"])
+    assert len(entry["run_medians"]) == 3
+    assert float(properties["distperf_baseline_tokens_per_sec"]) == pytest.approx(level)
     assert properties["distperf_topology_key"] == baseline.stem
     assert float(properties["distperf_relative_speed"]) > 0
 
 
 @pytest.mark.slow
 def test_a_slowed_run_fails_its_threshold_baseline_and_relative_speed(
-    gated: dict[str, Session],
+    gated: dict[str, Any],
 ) -> None:
     slowed = gated["slowed"]
     slowed.result.assert_outcomes(failed=1)
@@ -95,10 +104,12 @@ def test_a_slowed_run_fails_its_threshold_baseline_and_relative_speed(
         [
             "*distperf baseline check failed:*",
             "*throughput regression: measured median * tok/s (n=5) vs baseline median "
-            "* tok/s (n=5); change -*% (tolerance *%)*smallest detectable drop*",
+            "* tok/s (n=5, the median of 3 recorded runs); change -*% (tolerance *%)*smallest "
+            "detectable drop*",
             "*distperf relative_speed check failed:*",
             "*relative speed regression: measured median * x bare (n=5) vs baseline median "
-            "* x bare (n=5); change -*%*the host's own speed cancels out)",
+            "* x bare (n=5, the median of 3 recorded runs); change -*%*the host's own speed "
+            "cancels out)",
         ]
     )
 
