@@ -23,11 +23,10 @@ class SessionPlugin(Protocol):
     slowdown: float | None
     settings: Settings
     records: list[Any]
+    started_at: float
 
     @property
     def writes_files(self) -> bool: ...
-
-    started_at: float
 
     def resolve(self) -> Any: ...
 

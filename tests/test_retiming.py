@@ -149,6 +149,11 @@ def test_without_a_retimed_step_the_model_judges(tmp_path: Path) -> None:
     # the re-timing judges with or without a model, and the model's figures stay beside it
     retimed = gate.decide(_run(0.1, (0.1,)), settings, None).threshold
     assert retimed.figures.check == "re-timing"  # type: ignore[union-attr]
+    # several GPUs time no step again: the modelled check judges (here with no prediction)
+    gpus = _run(0.1, ())
+    gpus = replace(gpus, spec=replace(gpus.spec, accelerator="cuda"))
+    modelled = gate.decide(gpus, settings, None, "no shape").threshold
+    assert modelled.message == "no prediction for this run: no shape"
 
 
 def test_a_busy_neighbour_is_excused_only_beyond_the_retimed_steps_own_wait(

@@ -67,6 +67,11 @@ MACHINE_SLOWER: BaselineVerdict = "machine slower"
 MACHINE_BUSY: BaselineVerdict = "machine busy"
 
 
+# Which check judged a threshold (judge/threshold.py): the run's step timed again, or the model.
+RETIMING = "re-timing"
+MODELLED = "model"
+
+
 @dataclass(frozen=True)
 class ThresholdFigures:
     predicted_tokens_per_sec: float
@@ -76,7 +81,7 @@ class ThresholdFigures:
     bound_description: str
     link_class: str
     ratio_to_predicted: float
-    check: str = "model"  # or "re-timing" (judge/retiming.py): which one judged
+    check: str = MODELLED  # or RETIMING: which one judged
 
 
 @dataclass(frozen=True)

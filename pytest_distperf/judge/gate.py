@@ -30,7 +30,7 @@ from pytest_distperf.judge.checks import (
 )
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.judge.threshold import not_retimed, retiming_check, threshold_check
+from pytest_distperf.judge.threshold import threshold_check_of
 from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.judge.waits import waits_check
 from pytest_distperf.measured import RunResult
@@ -44,7 +44,7 @@ from pytest_distperf.perfmodel import (
     run_links,
 )
 from pytest_distperf.repeats import off_cpu_shares
-from pytest_distperf.spec import PRECISION_BYTES, Workload, ranks_time_themselves
+from pytest_distperf.spec import PRECISION_BYTES, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.strategies import message_sizes_for, predict_for
@@ -157,14 +157,7 @@ class Gate:
         prediction: Prediction | None,
         why_none: str = "",
     ) -> Decision:
-        links = prediction.link_class if prediction else ""
-        threshold = retiming_check(result, settings.efficiency, links)
-        if threshold is None and ranks_time_themselves(result.spec.accelerator, result.devices):
-            threshold = not_retimed(result)
-        elif threshold is None:
-            threshold = threshold_check(
-                prediction, result.tokens_per_sec, settings.efficiency, why_none
-            )
+        threshold = threshold_check_of(result, prediction, settings.efficiency, why_none)
         if self.update:
             why = "not compared: this run records the baseline (--distperf-update-baselines)"
             return Decision(

@@ -17,12 +17,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from pytest_distperf.judge.checks import Check, CheckStatus, ThresholdFigures
+from pytest_distperf.judge.checks import RETIMING, Check, CheckStatus, ThresholdFigures
 from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel import Prediction, failure_message, threshold
+from pytest_distperf.spec import ranks_time_themselves
 
-RETIMING = "re-timing"
-MODELLED = "model"
 RETIMED_BOUND = "retimed"
 RETIMED_WORDS = "the same step timed again just after the repeats"
 
@@ -71,6 +70,20 @@ def retimed(result: RunResult) -> Retimed | None:
     return Retimed(rate, plain, during_s / after_s, during_s, after_s)
 
 
+def threshold_check_of(
+    result: RunResult, prediction: Prediction | None, efficiency: float, why_none: str = ""
+) -> Check:
+    """The run's threshold: the re-timing check where its ranks time themselves (a note where
+    they did not re-time: never the modelled rate in its place), else the modelled one."""
+    link_class = prediction.link_class if prediction else ""
+    check = retiming_check(result, efficiency, link_class)
+    if check is not None:
+        return check
+    if ranks_time_themselves(result.spec.accelerator, result.devices):
+        return not_retimed(result)
+    return threshold_check(prediction, result.tokens_per_sec, efficiency, why_none)
+
+
 def retiming_check(result: RunResult, efficiency: float, link_class: str = "") -> Check | None:
     """The timed repeats against the re-timed step; None where the ranks did not re-time it
     (several GPUs, or re-timing off): the modelled prediction judges there."""
@@ -106,8 +119,8 @@ def retiming_check(result: RunResult, efficiency: float, link_class: str = "") -
 
 
 def not_retimed(result: RunResult) -> Check:
-    """Where ranks time themselves but did not re-time (the gates off, or a generation of one
-    token): nothing judged, and the note says why; the modelled rate is never the floor there."""
+    """Where ranks time themselves but did not re-time (the gates off, or re-timing turned off
+    in the RunSpec): nothing judged, and the note says why."""
     why = "the gates are off" if not result.spec.retime else "no rank re-timed its step"
     return Check("threshold", CheckStatus.NOTE, f"re-timing check not run: {why}")
 

@@ -267,6 +267,11 @@ def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], wh
     return value
 
 
+# Where ranks time themselves the calibration only informs the modelled rate reported beside
+# the re-timing check: messages up to this size (calibration_cap).
+RETIMED_CALIBRATION_MAX_BYTES = 4 << 20
+
+
 @dataclass(frozen=True)
 class MessageSizes:
     """Byte sizes to calibrate: all-gather OUTPUT sizes, all-reduce sizes and point-to-point
@@ -295,7 +300,6 @@ def calibration_cap(ranks_time_themselves: bool) -> int | None:
     return RETIMED_CALIBRATION_MAX_BYTES if ranks_time_themselves else None
 
 
-RETIMED_CALIBRATION_MAX_BYTES = 4 << 20
 NO_MESSAGES = MessageSizes((), ())
 LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
 
