@@ -11,7 +11,7 @@ from typing import Any
 import numpy.fft  # noqa: F401
 import pytest
 import torch  # noqa: F401
-from helpers import TAG_VARIABLE, wait_until_gone
+from helpers import SHARED_CACHE_VARIABLE, TAG_VARIABLE, wait_until_gone
 
 from pytest_distperf.launch.guard import FORBID_RANKS
 
@@ -31,6 +31,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             os.environ.pop(FORBID_RANKS, None)
         else:
             os.environ[FORBID_RANKS] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One pytest cache for the pytest sessions the suite runs: the first session of a rank
+    count calibrates the collectives, later ones reuse them (the calibration's own tests keep
+    their own caches)."""
+    saved = os.environ.get(SHARED_CACHE_VARIABLE)
+    os.environ[SHARED_CACHE_VARIABLE] = str(tmp_path_factory.mktemp("shared-cache"))
+    yield
+    if saved is None:
+        os.environ.pop(SHARED_CACHE_VARIABLE, None)
+    else:
+        os.environ[SHARED_CACHE_VARIABLE] = saved
 
 
 @pytest.fixture

@@ -24,6 +24,15 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 TAG_VARIABLE = "DISTPERF_TEST_TAG"  # ranks inherit it: their pids can be found from it
+# Set by conftest.py for the suite: the pytest cache its sessions share, so that only the first
+# session of a rank count calibrates its collectives (calibrations.py keeps them there).
+SHARED_CACHE_VARIABLE = "DISTPERF_TEST_SHARED_CACHE"
+
+
+def shared_cache() -> tuple[str, ...]:
+    """Arguments that give a pytest session the suite's shared cache (none outside the suite)."""
+    directory = os.environ.get(SHARED_CACHE_VARIABLE)
+    return ("-o", f"cache_dir={directory}") if directory else ("-p", "no:cacheprovider")
 
 
 def free_port() -> int:
@@ -164,15 +173,15 @@ def run_session(
     tag: bool = True,
 ) -> Session:
     """Run pytest in a fresh interpreter in `path` (as pytester.runpytest_subprocess does),
-    with `env` added to this process's environment; `tag`: the processes it starts carry a
-    tag, and any left 15 s after it ends are reported."""
+    with the suite's shared cache and `env` added to this process's environment; `tag`: the
+    processes it starts carry a tag, and any left 15 s after it ends are reported."""
 
     environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     environ.update(env or {})
     value = uuid.uuid4().hex if tag else None
     if value is not None:
         environ[TAG_VARIABLE] = value
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+    command = [sys.executable, "-m", "pytest", *shared_cache(), *args]
     start = time.monotonic()
     done = subprocess.run(
         command, cwd=path, env=environ, capture_output=True, text=True, timeout=timeout

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import shared_cache
 
 from pytest_distperf.judge.checks import (
     Check,
@@ -161,7 +162,7 @@ def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     def run(*args: str, **env: str) -> pytest.RunResult:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+        return pytester.runpytest_subprocess(*shared_cache(), *args)
 
     return run
 

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from helpers import shared_cache
 
 from pytest_distperf.cli import main
 from pytest_distperf.judge.stats import compare_to_recorded_runs
@@ -207,7 +208,9 @@ def test_charts_of_real_runs(pytester: pytest.Pytester) -> None:
         "--distperf-update-baselines",
     )
     for run in (1, 2):
-        result = pytester.runpytest_subprocess(*args, f"--distperf-json=report{run}.json")
+        result = pytester.runpytest_subprocess(
+            *shared_cache(), *args, f"--distperf-json=report{run}.json"
+        )
         result.assert_outcomes(passed=2)
     assert main(["plot", "report2.json", "-o", "charts/results.png"]) == 0
     assert main(["plot", "--history", str(baselines), "-o", "charts/history.png"]) == 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import shared_cache
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
     )
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-repeats=2", f"--distperf-json={report}"
+        *shared_cache(), "--distperf-devices=2", "--distperf-repeats=2", f"--distperf-json={report}"
     )
     result.assert_outcomes(passed=2)
     eager = json.loads((pytester.path / "eager.json").read_text())

@@ -11,6 +11,7 @@ import torch
 from distperf_model.config import Config
 from distperf_model.generate import make_prompt
 from distperf_model.model import build_model
+from helpers import shared_cache
 
 from pytest_distperf.launch.pool import RankPool
 from pytest_distperf.progress import ProgressLine
@@ -126,7 +127,7 @@ def test_verbose_run_logs_progress(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(TEST_TINY)
     common = ("--distperf-accelerator=cpu", "--distperf-devices=2", "--distperf-repeats=2")
     common = (*common, "--distperf-count=off")  # the lines of the timed repeats
-    verbose = pytester.runpytest_subprocess("-v", *common)
+    verbose = pytester.runpytest_subprocess(*shared_cache(), "-v", *common)
     verbose.assert_outcomes(passed=1)
     verbose.stdout.fnmatch_lines(
         [

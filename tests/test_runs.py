@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from helpers import BUILDERS, Session, processes_tagged, run_session, write_files
+from helpers import BUILDERS, Session, processes_tagged, run_session, shared_cache, write_files
 
 # The ranks do the torch work; the pytest process stays without torch (seconds of import).
 NO_TORCH_CONFTEST = """
@@ -224,7 +224,7 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
     # The timeout covers a test's work in its ranks (not their start): a few seconds more than
     # test_b_runs needs on a busy machine, and than rank 1 needs to reach its sleep.
     result = pytester.runpytest_subprocess(
-        "--distperf-devices=2", "--distperf-timeout=4", "--distperf-repeats=1"
+        *shared_cache(), "--distperf-devices=2", "--distperf-timeout=4", "--distperf-repeats=1"
     )
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
