@@ -73,6 +73,8 @@ def join(ctx: RankContext) -> None:
 
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the session's sizes, before the model takes any memory."""
+    if _calibrates_late(ctx):
+        return
     if ctx.spec.calibration_sizes is not None and not ctx.spec.calibrate_model:
         _calibrate_outside_the_peak(ctx, None)
 
@@ -97,8 +99,20 @@ def build(ctx: RankContext) -> None:
 def calibrate_model(ctx: RankContext) -> None:
     """Collectives at every size any strategy would use for this model: a builder's message
     sizes are known only once it is built."""
-    if ctx.spec.calibrate_model:
+    if ctx.spec.calibrate_model and not _calibrates_late(ctx):
         _calibrate_outside_the_peak(ctx, ctx.model.shape)
+
+
+def calibrate_late(ctx: RankContext) -> None:
+    """Where ranks time themselves the calibration only informs the modelled rate reported
+    beside the re-timing check: measured after the test's timed work, not before its first token."""
+    spec = ctx.spec
+    if _calibrates_late(ctx) and (spec.calibration_sizes is not None or spec.calibrate_model):
+        ctx.calibration = _calibrate(ctx, ctx.model.shape if spec.calibrate_model else None)
+
+
+def _calibrates_late(ctx: RankContext) -> bool:
+    return environment.measures_itself(ctx.device, ctx.spec.devices)
 
 
 def check(ctx: RankContext) -> None:
