@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Generator, Iterator
 from typing import Any
@@ -11,7 +14,7 @@ from typing import Any
 import numpy.fft  # noqa: F401
 import pytest
 import torch  # noqa: F401
-from helpers import SHARED_CACHE_VARIABLE, TAG_VARIABLE, wait_until_gone
+from helpers import SHARED_CACHE_VARIABLE, TAG_VARIABLE, TESTS, wait_until_gone
 
 from pytest_distperf.launch.guard import FORBID_RANKS
 
@@ -45,6 +48,28 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop(SHARED_CACHE_VARIABLE, None)
     else:
         os.environ[SHARED_CACHE_VARIABLE] = saved
+
+
+@pytest.fixture(scope="session")
+def shared_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of ranks that several of the suite's sessions share (tests/shared_pool.py),
+    started with the first session that asks; stopped, and none of its processes left, at the
+    end."""
+    address = str(tmp_path_factory.mktemp("shared-pool") / "socket")
+    value = uuid.uuid4().hex
+    environ = {**os.environ, TAG_VARIABLE: value}
+    environ.pop(FORBID_RANKS, None)
+    host = subprocess.Popen([sys.executable, str(TESTS / "shared_pool.py"), address], env=environ)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(address) and host.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(address), f"the shared pool's host did not start (exit {host.poll()})"
+    yield address
+    from shared_pool import stop
+
+    stop(address)
+    host.wait(timeout=30)
+    assert wait_until_gone(value) == []
 
 
 @pytest.fixture

@@ -171,13 +171,18 @@ def run_session(
     env: Mapping[str, str] | None = None,
     timeout: float = 600.0,
     tag: bool = True,
+    pool: str | None = None,
 ) -> Session:
     """Run pytest in a fresh interpreter in `path` (as pytester.runpytest_subprocess does),
     with the suite's shared cache and `env` added to this process's environment; `tag`: the
-    processes it starts carry a tag, and any left 15 s after it ends are reported."""
+    processes it starts carry a tag, and any left 15 s after it ends are reported; `pool`: the
+    address of the suite's shared ranks (tests/shared_pool.py) to run the tests in."""
 
     environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     environ.update(env or {})
+    if pool is not None:
+        environ.update(DISTPERF_TEST_SHARED_POOL=pool, PYTHONPATH=_with_tests(environ))
+        args = ("-p", "shared_pool", *args)
     value = uuid.uuid4().hex if tag else None
     if value is not None:
         environ[TAG_VARIABLE] = value
@@ -192,6 +197,19 @@ def run_session(
     )  # fmt: skip
     left = tuple(wait_until_gone(value)) if value is not None else ()
     return Session(path, result, left)
+
+
+def use_shared_pool(monkeypatch: pytest.MonkeyPatch, address: str) -> tuple[str, ...]:
+    """Arguments (and environment) that run a pytester subprocess session's tests in the suite's
+    shared ranks (tests/shared_pool.py)."""
+    monkeypatch.setenv("DISTPERF_TEST_SHARED_POOL", address)
+    monkeypatch.setenv("PYTHONPATH", _with_tests(os.environ))
+    return ("-p", "shared_pool")
+
+
+def _with_tests(environ: Mapping[str, str]) -> str:
+    """PYTHONPATH with this directory added (for `-p shared_pool`)."""
+    return os.pathsep.join(p for p in (str(TESTS), environ.get("PYTHONPATH", "")) if p)
 
 
 def write_files(path: Path, **files: str) -> None:

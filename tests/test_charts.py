@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from helpers import shared_cache
+from helpers import shared_cache, use_shared_pool
 
 from pytest_distperf.cli import main
 from pytest_distperf.judge.stats import compare_to_recorded_runs
@@ -195,7 +195,9 @@ def test_throughput(distperf):
 
 
 @pytest.mark.slow
-def test_charts_of_real_runs(pytester: pytest.Pytester) -> None:
+def test_charts_of_real_runs(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, shared_pool: str
+) -> None:
     pytest.importorskip("matplotlib")
     pytester.makepyfile(SUITE)
     baselines = pytester.path / "baselines"
@@ -207,9 +209,10 @@ def test_charts_of_real_runs(pytester: pytest.Pytester) -> None:
         f"--distperf-baseline-dir={baselines}",
         "--distperf-update-baselines",
     )
+    pool = use_shared_pool(monkeypatch, shared_pool)
     for run in (1, 2):
         result = pytester.runpytest_subprocess(
-            *shared_cache(), *args, f"--distperf-json=report{run}.json"
+            *shared_cache(), *pool, *args, f"--distperf-json=report{run}.json"
         )
         result.assert_outcomes(passed=2)
     assert main(["plot", "report2.json", "-o", "charts/results.png"]) == 0

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import shared_cache
+from helpers import shared_cache, use_shared_pool
 
 pytestmark = pytest.mark.slow
 
 
 def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, shared_pool: str
 ) -> None:
     pytester.makepyfile(
         """
@@ -35,9 +35,9 @@ def test_compiled_decode_gives_eager_tokens_and_reports_compile_time(
         """
     )
     report = pytester.path / "report.json"
-    result = pytester.runpytest_subprocess(
-        *shared_cache(), "--distperf-devices=2", "--distperf-repeats=2", f"--distperf-json={report}"
-    )
+    pool = use_shared_pool(monkeypatch, shared_pool)
+    args = ("--distperf-devices=2", "--distperf-repeats=2", f"--distperf-json={report}")
+    result = pytester.runpytest_subprocess(*shared_cache(), *pool, *args)
     result.assert_outcomes(passed=2)
     eager = json.loads((pytester.path / "eager.json").read_text())
     compiled = json.loads((pytester.path / "compiled.json").read_text())

@@ -308,11 +308,11 @@ def test_second(distperf):
 
 
 @pytest.fixture(scope="module")
-def counted(tmp_path_factory: pytest.TempPathFactory) -> Session:
+def counted(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> Session:
     path = tmp_path_factory.mktemp("work")
     write_files(path, test_work=WORK)
     args = ("--distperf-devices=2", "--distperf-repeats=2", "--distperf-json=report.json")
-    return run_session(path, *args)
+    return run_session(path, *args, pool=shared_pool)
 
 
 @pytest.mark.slow

@@ -36,20 +36,24 @@ def _baseline_files(root: Path) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[str, Any]:
     path = tmp_path_factory.mktemp("gated")
     write_files(path, test_rate=TEST_RATE)
-    sessions: dict[str, Any] = {"recorded": run_session(path, RANKS, "--distperf-update-baselines")}
+    record = (RANKS, "--distperf-update-baselines")
+    sessions: dict[str, Any] = {"recorded": run_session(path, *record, pool=shared_pool)}
     sessions["first entry"] = json.loads(_baseline_files(path)[0].read_text())
     # Two more recorded sessions: this VM's core speed moved by up to 30% between sessions a
     # few seconds apart, which one recorded run's tolerance (its repeats' noise) cannot hold.
     for _ in range(2):
-        run_session(path, RANKS, "--distperf-update-baselines")
-    sessions["same"] = run_session(path, RANKS, "--junitxml=junit.xml", "--distperf-strict")
+        run_session(path, *record, pool=shared_pool)
+    same = (RANKS, "--junitxml=junit.xml", "--distperf-strict")
+    sessions["same"] = run_session(path, *same, pool=shared_pool)
     # A tenth of the rate, against a tolerance fixed at 60%: the default one comes from the
     # recorded run's noise, which on two busy shared cores can reach 90% for the relative speed.
     slowed = (RANKS, "--distperf-tolerance=0.6", "test_rate.py")
-    sessions["slowed"] = run_session(path, *slowed, env={"DISTPERF_SLOWDOWN": "0.9"})
+    sessions["slowed"] = run_session(
+        path, *slowed, env={"DISTPERF_SLOWDOWN": "0.9"}, pool=shared_pool
+    )
     return sessions
 
 

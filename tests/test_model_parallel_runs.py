@@ -49,7 +49,7 @@ def mlp_only(model, tp_mesh):
 
 
 @pytest.fixture(scope="module")
-def comm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
+def comm(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[str, Session]:
     """The healthy runs, then with 30 ms in each message: tp sleeps through 2 x 6 all-reduces
     a token. The slowed runs time one generation and count none: only their rate matters."""
     sessions = {}
@@ -58,7 +58,7 @@ def comm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
         path = tmp_path_factory.mktemp(name)
         write_files(path, plans=PLANS, test_comm=TEST_COMM.format(delay=delay))
         common = ("-v", "--distperf-devices=2", "--distperf-json=report.json")
-        sessions[name] = run_session(path, *common, *args)
+        sessions[name] = run_session(path, *common, *args, pool=shared_pool)
     return sessions
 
 

@@ -276,13 +276,17 @@ LITGPT = int(importlib.util.find_spec("litgpt") is not None)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Session:
+def trained(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> Session:
     path = tmp_path_factory.mktemp("trained")
     write_files(path, test_train=TEST_TRAIN)
     # Three timed steps suffice: a CPU warm-up runs until the heap stops growing, so that the
     # timed steps do not page-fault (ranks/training.py).
     return run_session(
-        path, "--distperf-devices=2", "--distperf-repeats=3", "--distperf-json=report.json"
+        path,
+        "--distperf-devices=2",
+        "--distperf-repeats=3",
+        "--distperf-json=report.json",
+        pool=shared_pool,
     )
 
 
