@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_distperf.repeats import slowest
+
 
 class Absent(enum.Enum):
     ABSENT = "absent"
@@ -57,7 +59,7 @@ class Reduction:
 
 
 def from_result(attribute: str, how: str) -> Reduction:
-    """A RunResult property, which holds the arithmetic (spec.py)."""
+    """A RunResult property that holds the arithmetic (per repeat, then over repeats)."""
     return Reduction(how, Source.RUN, lambda result: getattr(result, attribute))
 
 
@@ -71,22 +73,34 @@ def first_rank(field: str) -> Reduction:
     return Reduction("rank 0's", Source.RUN, lambda result: getattr(result.ranks[0], field))
 
 
-def per_rank(field: str) -> Reduction:
-    """Every rank's value, in rank order."""
+def each_rank(field: str) -> Reduction:
+    """Every rank's value, in rank order, None for a rank without one."""
     return Reduction(
         "each rank's", Source.RUN, lambda result: tuple(getattr(r, field) for r in result.ranks)
     )
 
 
-def slowest_rank(field: str) -> Reduction:
-    """The largest value of the ranks that report one (a time: the slowest rank's); None when
-    no rank does."""
+def slowest_rank(
+    field: str, how: str = "slowest rank", largest: Callable[[list[Any]], Any] = max
+) -> Reduction:
+    """The slowest rank's value (repeats.slowest): the largest of every rank's, `largest` saying
+    how for a record; None when some rank has none."""
+    return Reduction(
+        how, Source.RUN, lambda result: slowest((getattr(r, field) for r in result.ranks), largest)
+    )
 
-    def compute(result: Any) -> Any:
-        values = [getattr(r, field) for r in result.ranks if getattr(r, field) is not None]
-        return max(values) if values else None
 
-    return Reduction("slowest rank", Source.RUN, compute)
+def any_rank(field: str) -> Reduction:
+    return Reduction("any rank", Source.RUN, lambda run: any(getattr(r, field) for r in run.ranks))
+
+
+def every_rank(field: str) -> Reduction:
+    """True where every rank's is (and there are ranks)."""
+    return Reduction(
+        "every rank",
+        Source.RUN,
+        lambda run: bool(run.ranks) and all(getattr(r, field) for r in run.ranks),
+    )
 
 
 def judged(path: str, how: str = "the gate's") -> Reduction:

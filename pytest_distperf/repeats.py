@@ -6,7 +6,7 @@ Each repeat is as slow as its slowest rank: the ranks advance in lock-step throu
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Timed(Protocol):
@@ -15,12 +15,12 @@ class Timed(Protocol):
     off_cpu_s: float | None
 
 
-def slowest(values: Iterable[float | None]) -> float | None:
-    """The largest of the ranks' figures; None when some rank has none."""
+def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) -> Any:
+    """The slowest rank's value, the one definition: the largest of every rank's (`largest` says
+    how for a record); None when some rank has none, since that rank may have been the
+    slowest."""
     known = list(values)
-    if not known or None in known:
-        return None
-    return max(v for v in known if v is not None)
+    return None if not known or None in known else largest(known)
 
 
 def slowest_per_repeat(per_rank: Iterable[Sequence[Timed]]) -> tuple[Timed, ...]:

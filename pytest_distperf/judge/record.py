@@ -175,11 +175,6 @@ class JudgedRun:
         figures = None if check is None else check.figures
         return figures if isinstance(figures, BaselineFigures | DetectableFigures) else None
 
-    @property
-    def detectable_drop(self) -> float | None:
-        detectable = self.detectable
-        return None if detectable is None else detectable.detectable_drop
-
     def value(self, declared_figure: Figure | str) -> Any:
         """A declared figure's value for this run: None where the run has none, ABSENT where
         it has nothing to report under that name (a check that did not run)."""

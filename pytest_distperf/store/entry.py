@@ -284,14 +284,7 @@ class BaselineEntry:
             "commit": self.commit,
             "versions": dict(self.versions),
             "extra": json.loads(json.dumps(dict(self.extra))),
-            "run_medians": list(self.run_medians),
-            "relative_samples": list(self.relative_samples),
-            "off_cpu_share_samples": list(self.off_cpu_share_samples),
-            "relative_run_medians": list(self.relative_run_medians),
-            "host_loop_run_medians": list(self.host_loop_run_medians),
-            "host_cpu_run_medians": list(self.host_cpu_run_medians),
-            "device_time_run_medians": list(self.device_time_run_medians),
-            **{name: list(getattr(self, name)) for name in _WAIT_FIELDS},
+            **{name: list(getattr(self, name)) for name in _LIST_FIELDS},
             # left out when not counted: an entry without it reads as before schema 5
             **({} if self.work is None else {"work": self.work.to_json()}),
         }
@@ -305,6 +298,8 @@ class BaselineEntry:
         if missing or unknown:
             raise ValueError(f"entry fields: missing {missing}, unknown {unknown}")
         lists = {name: get_field(data, name, list, default=[]) for name in _LIST_FIELDS}
+        shares = _shares(lists["off_cpu_share_samples"], data["test_id"])
+        lists["off_cpu_share_samples"] = list(shares)
         work = data.get("work")
         if work is not None:
             work = Work.from_json(work, f"baseline entry {data.get('test_id')!r}: work")
@@ -320,15 +315,8 @@ class BaselineEntry:
             commit=data["commit"],
             versions=get_field(data, "versions", Mapping),
             extra=get_field(data, "extra", Mapping),
-            run_medians=tuple(lists["run_medians"]),
-            relative_samples=tuple(lists["relative_samples"]),
-            off_cpu_share_samples=_shares(lists["off_cpu_share_samples"], data["test_id"]),
-            relative_run_medians=tuple(lists["relative_run_medians"]),
-            host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
             work=work,
-            host_cpu_run_medians=tuple(lists["host_cpu_run_medians"]),
-            device_time_run_medians=tuple(lists["device_time_run_medians"]),
-            **{name: tuple(lists[name]) for name in _WAIT_FIELDS},
+            **{name: tuple(values) for name, values in lists.items()},
         )
 
 
