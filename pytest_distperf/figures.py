@@ -46,9 +46,9 @@ from pytest_distperf.reductions import (
     from_spec,
     json_value,
     judged,
+    slowest_phases,
     slowest_rank,
 )
-from pytest_distperf.repeats import slowest_phases
 from pytest_distperf.work import busiest, work_cell
 
 

@@ -2,36 +2,21 @@
 (`Sample`), one rank's figures (`RankResult`), every rank's reduced to one row (`RunResult`).
 Plain frozen dataclasses (picklable, no torch), so the plugin can read results without torch.
 
-How tokens/sec is counted
--------------------------
-* `tokens_per_sec` is the seed issue's figure: the new tokens of one rank's generation
-  (batch_size x max_new_tokens, the first one from the prefill included) over the wall time of
-  that generation, prefill included. Each repeat's time is the slowest rank's, since the ranks
-  advance in lock-step through collectives; the reported figure is the median over repeats.
-* `decode_tokens_per_sec` leaves the prefill out: (max_new_tokens - 1) x batch over decode time.
-* `aggregate_tokens_per_sec` counts every independent stream: with data-parallel strategies
-  (auto, ddp, and the fsdp family, which shard storage but still give every rank its own batch)
-  each rank decodes its own stream, so the aggregate is `replicas x tokens_per_sec`. A
-  model-parallel strategy (tensor or pipeline parallel) decodes one stream across its
-  group, so its `replicas` is devices / group size.
+Each repeat's time is the slowest rank's, since the ranks advance in lock-step through
+collectives; a rate is the median over repeats. What each figure counts: figures.py and
+docs/running.md ("What is measured"); `replicas` is the run's independent decode streams
+(every rank's under data parallelism, devices / group size under tensor or pipeline parallelism).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_distperf.figures import Figure, Source, figure, run_row
-from pytest_distperf.repeats import (
-    bare_over_wrapped,
-    off_cpu_shares,
-    slowest,
-    slowest_per_repeat,
-    slowest_per_repeat_of,
-    unqueued,
-)
+from pytest_distperf.reductions import slowest
 from pytest_distperf.spec import RunSpec
 from pytest_distperf.work import Work
 
@@ -70,7 +55,7 @@ class RankResult:
     versions: dict[str, str]
     device_name: str
     tokens: tuple[tuple[int, ...], ...]  # tokens of the last generation, per batch row
-    replicas: int  # independent decode streams in the run (see module docstring)
+    replicas: int  # independent decode streams in the run
     timed_from: float  # epoch seconds when this rank began its timed generations
     reference_token_s: float | None = None  # see workload.reference_token_time
     # The bare model's generation run right after each timed one (worker.py), when it has one.
@@ -144,7 +129,7 @@ class RunResult:
     @property
     def samples(self) -> tuple[Sample, ...]:
         """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
-        return slowest_per_repeat(self._per_rank)  # type: ignore[return-value]
+        return slowest_per_repeat(self._per_rank)
 
     @property
     def training(self) -> bool:
@@ -249,8 +234,8 @@ class RunResult:
 
     @property
     def relative_speed_samples(self) -> tuple[float, ...]:
-        """Per repeat: the bare model's generation time over the wrapped one's (repeats.py). A
-        host whose speed drifts moves both alike."""
+        """Per repeat: the bare model's generation time over the wrapped one's. A host whose
+        speed drifts moves both alike."""
         return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank)
 
     @property
@@ -308,3 +293,47 @@ def _figure(name: str) -> Figure | None:
     except KeyError:
         return None
     return declared if declared.source is Source.RUN else None
+
+
+def slowest_per_repeat(per_rank: Iterable[Sequence[Sample]]) -> tuple[Sample, ...]:
+    """Per repeat, the slowest rank's sample: the ranks advance in lock-step."""
+    return tuple(max(group, key=lambda s: s.total_s) for group in zip(*per_rank, strict=True))
+
+
+def unqueued(sample: Sample) -> float:
+    """The time without its wait for a core: what a busy neighbour cannot have added."""
+    return sample.total_s - (sample.queued_s or 0.0)
+
+
+def bare_over_wrapped(
+    bare: Sequence[Sequence[Sample]],
+    wrapped: Sequence[Sequence[Sample]],
+    time: Callable[[Sample], float] = lambda sample: sample.total_s,
+) -> tuple[float, ...]:
+    """Per repeat, the bare model's time over the wrapped one's (slowest rank's of each):
+    0.3 = the strategy runs at 30% of the bare model's speed; empty when some rank had no
+    bare model."""
+    if not all(bare):
+        return ()
+    pairs = zip(slowest_per_repeat(bare), slowest_per_repeat(wrapped), strict=True)
+    return tuple(time(b) / time(w) for b, w in pairs)
+
+
+def off_cpu_shares(per_rank: Sequence[Sequence[Sample]]) -> tuple[float, ...]:
+    """Per repeat, the largest share of a rank's timed generation its timing thread spent off
+    the CPU by its own doing (a sleep, a sync, I/O, a lock, a peer): the rank that waited
+    most; empty where some rank has no such figure."""
+    if not per_rank or any(s.off_cpu_s is None for rank in per_rank for s in rank):
+        return ()
+    return tuple(
+        max((s.off_cpu_s or 0.0) / s.total_s for s in repeat)
+        for repeat in zip(*per_rank, strict=True)
+    )
+
+
+def slowest_per_repeat_of(per_rank: Sequence[Sequence[float]], repeats: int) -> tuple[float, ...]:
+    """Per repeat, the largest of the ranks' values; empty when some rank has not one per
+    repeat."""
+    if not all(len(values) == repeats for values in per_rank):
+        return ()
+    return tuple(max(values) for values in zip(*per_rank, strict=True))

@@ -7,11 +7,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from pytest_distperf.repeats import slowest
 
 
 class Absent(enum.Enum):
@@ -32,13 +30,7 @@ class Report(enum.Flag):
     TABLE = enum.auto()  # a column of the terminal table
 
 
-REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = (
-    Report.JSON,
-    Report.JUNIT,
-    Report.BENCHMARK_EXTRA,
-    Report.MARKDOWN,
-    Report.TABLE,
-)
+REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = Report  # its flags, in order
 SCALAR = REPORT_JSON | JUNIT | BENCHMARK_EXTRA  # what CI scripts and saved benchmarks read
 
 
@@ -56,6 +48,23 @@ class Reduction:
     how: str  # "median of repeats", "slowest rank", "rank 0's", "as asked", ...
     source: Source
     compute: Callable[[Any], Any]  # RunResult (RUN) or JudgedRun (JUDGE) -> value or ABSENT
+
+
+def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) -> Any:
+    """The slowest rank's value, the one definition: the largest of every rank's (`largest` says
+    how for a record); None when some rank has none, since that rank may have been the
+    slowest."""
+    known = list(values)
+    return None if not known or None in known else largest(known)
+
+
+def slowest_phases(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Seconds of each phase of a test, the slowest rank's (RankResult.phase_s); {} where some
+    rank reported none."""
+    if not per_rank or not all(per_rank):
+        return {}
+    names = dict.fromkeys(name for phases in per_rank for name in phases)
+    return {name: max(phases.get(name, 0.0) for phases in per_rank) for name in names}
 
 
 def from_result(attribute: str, how: str) -> Reduction:

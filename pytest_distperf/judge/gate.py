@@ -33,7 +33,7 @@ from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.judge.threshold import threshold_check_of
 from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.judge.waits import waits_check
-from pytest_distperf.measured import RunResult
+from pytest_distperf.measured import RunResult, off_cpu_shares
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -43,7 +43,6 @@ from pytest_distperf.perfmodel import (
     measured_network,
     run_links,
 )
-from pytest_distperf.repeats import off_cpu_shares
 from pytest_distperf.spec import PRECISION_BYTES, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore

@@ -13,7 +13,7 @@ import math
 import numbers
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
@@ -32,21 +32,6 @@ READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 # the window is ignored, and one in more widens the tolerance until it leaves).
 RUN_HISTORY = 10
 
-_ENTRY_FIELDS = frozenset(
-    {
-        "test_id",
-        "samples",
-        "median",
-        "dispersion",
-        "stdev",
-        "n",
-        "peak_memory_bytes",
-        "recorded_at",
-        "commit",
-        "versions",
-        "extra",
-    }
-)
 # Absent from older files: run_medians before schema 2, the relative speed before schema 3,
 # the host loop before schema 4, the counted work and per-token times before schema 5, the
 # waits (for a core, the steal, off the CPU) before schema 6.
@@ -137,7 +122,7 @@ class BaselineEntry:
     run_queue_wait_run_medians: tuple[float, ...] = ()
     steal_run_medians: tuple[float, ...] = ()
     #: Of the same runs, the largest share of a rank's generation time spent off the CPU by its
-    #: own doing (repeats.off_cpu_shares, median): what its waits were (judge/waits.py); and
+    #: own doing (measured.off_cpu_shares, median): what its waits were (judge/waits.py); and
     #: that share per repeat of the latest run, whose spread is the waits' own noise.
     off_cpu_share_run_medians: tuple[float, ...] = ()
     off_cpu_share_samples: tuple[float, ...] = ()
@@ -318,6 +303,10 @@ class BaselineEntry:
             work=work,
             **{name: tuple(values) for name, values in lists.items()},
         )
+
+
+# What every file's entry holds: the rest came with later schemas.
+_ENTRY_FIELDS = frozenset(f.name for f in fields(BaselineEntry)) - _OPTIONAL_ENTRY_FIELDS
 
 
 def _one_run(value: float | None, test_id: str, name: str) -> tuple[float, ...]:
