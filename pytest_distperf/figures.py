@@ -1,21 +1,15 @@
 """Every figure of a run, declared once: name, unit, how it is reduced from the ranks' results,
-and which reports show it.
+and which reports show it (reductions.py says what each part means; docs/extending.md, "Adding
+a figure"). The outputs (judge/record.py, output/*.py) go through `declared(...)` in the order
+of `RUN_FIGURES` and name no figure themselves; a run's figure is also an attribute of its
+`RunResult`, reduced as declared here.
 
 A figure's `name` is its key in the JSON report (--distperf-json) and in `RunResult.summary()`,
 its pytest-benchmark `extra_info` key, and its JUnit property after "distperf_" (unless
-`junit_as` renames it); the terminal table and the Markdown summary show a column where the
-figure declares one. The outputs (judge/record.py, output/*.py) go through `declared(...)` in
-the order of `RUN_FIGURES` and name no figure themselves: adding a figure is one `Figure` here
-plus its computation (docs/extending.md, "Adding a figure").
-
-A figure's value is None where the run has no such figure (a user's own generation loop has no
-ttft): the JSON row says null, the table "-", and JUnit and `extra_info` leave it out. `ABSENT`
-means the run has nothing to report under that name (a check that did not run): the JSON row
-leaves the key out as well.
-
-What a figure is, how it is reduced and where it is reported: reductions.py. Pure: no torch,
-no pytest. A reduction reads the RunResult or the judged record by attribute, so this module
-imports neither (measured.py and judge/record.py import it).
+`junit_as` renames it). Its value is None where the run has no such figure (no ttft for a
+user's own generation loop): the JSON row says null, the table "-", and JUnit and
+`extra_info` leave it out. `ABSENT` (a check that did not run) leaves the JSON key out too.
+Pure: no torch, no pytest; a reduction reads the RunResult or the judged record by attribute.
 """
 
 from __future__ import annotations

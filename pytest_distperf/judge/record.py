@@ -76,10 +76,6 @@ class FigureValues(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._values!r})"
 
-    def with_values(self, **changes: Any) -> Any:
-        """A copy with these figures replaced or added."""
-        return type(self)({**self._values, **changes})
-
 
 def _frozen(value: Any) -> Any:
     if isinstance(value, list):

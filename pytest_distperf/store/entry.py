@@ -32,9 +32,7 @@ READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 # the window is ignored, and one in more widens the tolerance until it leaves).
 RUN_HISTORY = 10
 
-# Absent from older files: run_medians before schema 2, the relative speed before schema 3,
-# the host loop before schema 4, the counted work and per-token times before schema 5, the
-# waits (for a core, the steal, off the CPU) before schema 6.
+# Absent from older files (SCHEMA says since when), read as empty.
 _LIST_FIELDS = (
     "run_medians",
     "relative_samples",
