@@ -127,10 +127,6 @@ def judged(path: str, how: str = "the gate's") -> Reduction:
     return Reduction(how, Source.JUDGE, compute)
 
 
-def _width(spec: str) -> int:
-    return int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
-
-
 @dataclass(frozen=True)
 class TableColumn:
     """The figure's column in the terminal table."""
@@ -148,7 +144,7 @@ class TableColumn:
 
     @property
     def width(self) -> int:
-        return _width(self.spec)
+        return int("".join(c for c in self.spec.split(".")[0] if c.isdigit()) or 0)
 
     def text(self, value: Any) -> str:
         """The value as the table shows it; "-" where the run has none."""
