@@ -47,6 +47,8 @@ class Implementation:
 
 @dataclass(frozen=True)
 class RankResult:
+    """One rank's figures; one reported under its own name is described in figures.py."""
+
     rank: int
     samples: tuple[Sample, ...]
     peak_memory_bytes: int
@@ -65,9 +67,7 @@ class RankResult:
     # Its thread CPU seconds: the core's own speed, without the waits for a core.
     host_loop_cpu_s: tuple[float, ...] = ()
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
-    # Seconds this rank spent on the test itself (build, calibration, warm-up, timed and bare
-    # generations); what a launch costs beyond it is the harness's own cost.
-    work_s: float | None = None
+    work_s: float | None = None  # on the test itself: build, calibration, timed, bare, ...
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
     count_s: float | None = None  # the counted generation after the timed ones (not timed)
     reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
@@ -78,22 +78,14 @@ class RankResult:
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
     # The counted generation's work per token (ranks/counting.py); None when off or failed.
     work: Work | None = None
-    # This process's CPU seconds in the timed repeats per new token: a busy neighbour takes
-    # wall time from a rank, not CPU time.
+    # A busy neighbour takes wall time from a rank, not CPU time; the waits say who took it.
     host_cpu_per_token_s: float | None = None
-    # Seconds per new token this rank's threads waited runnable for a core in the timed repeats
-    # (Linux run-queue delay): what a busy neighbour took; None where the kernel keeps none.
-    run_queue_wait_per_token_s: float | None = None
-    # The host's steal per CPU over the timed repeats, per new token (a VM's hypervisor ran
-    # another guest).
+    run_queue_wait_per_token_s: float | None = None  # None where the kernel keeps none
     steal_per_token_s: float | None = None
-    # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
-    device_time_per_token_s: float | None = None
-    # Training (None otherwise): the first optimizer step's loss, and the loss of the same
-    # weights and batch in this process before wrapping (the correctness check).
+    device_time_per_token_s: float | None = None  # CUDA; None on CPU
+    # Training (None otherwise): the first step's loss, the loss before wrapping, the step alone.
     loss: float | None = None
     reference_loss: float | None = None
-    # Training: one step of the whole model alone, before wrapping (the compute term).
     reference_step_s: float | None = None
     # Training: this rank's measured dense matmul rate (FLOP/s) and how it was measured.
     matmul_flops_per_s: float | None = None
