@@ -1,21 +1,15 @@
 """Every figure of a run, declared once: name, unit, how it is reduced from the ranks' results,
-and which reports show it.
+and which reports show it (reductions.py says what each part means; docs/extending.md, "Adding
+a figure"). The outputs (judge/record.py, output/*.py) go through `declared(...)` in the order
+of `RUN_FIGURES` and name no figure themselves; a run's figure is also an attribute of its
+`RunResult`, reduced as declared here.
 
 A figure's `name` is its key in the JSON report (--distperf-json) and in `RunResult.summary()`,
 its pytest-benchmark `extra_info` key, and its JUnit property after "distperf_" (unless
-`junit_as` renames it); the terminal table and the Markdown summary show a column where the
-figure declares one. The outputs (judge/record.py, output/*.py) go through `declared(...)` in
-the order of `RUN_FIGURES` and name no figure themselves: adding a figure is one `Figure` here
-plus its computation (docs/extending.md, "Adding a figure").
-
-A figure's value is None where the run has no such figure (a user's own generation loop has no
-ttft): the JSON row says null, the table "-", and JUnit and `extra_info` leave it out. `ABSENT`
-means the run has nothing to report under that name (a check that did not run): the JSON row
-leaves the key out as well.
-
-What a figure is, how it is reduced and where it is reported: reductions.py. Pure: no torch,
-no pytest. A reduction reads the RunResult or the judged record by attribute, so this module
-imports neither (measured.py and judge/record.py import it).
+`junit_as` renames it). Its value is None where the run has no such figure (no ttft for a
+user's own generation loop): the JSON row says null, the table "-", and JUnit and
+`extra_info` leave it out. `ABSENT` (a check that did not run) leaves the JSON key out too.
+Pure: no torch, no pytest; a reduction reads the RunResult or the judged record by attribute.
 """
 
 from __future__ import annotations
@@ -31,7 +25,6 @@ from pytest_distperf.reductions import (
     REPORT_JSON,
     SCALAR,
     TABLE,
-    Absent,
     Figure,
     JUnitName,
     MarkdownColumn,
@@ -39,38 +32,18 @@ from pytest_distperf.reductions import (
     Report,
     Source,
     TableColumn,
+    any_rank,
+    each_rank,
+    every_rank,
     first_rank,
     from_result,
     from_spec,
     json_value,
     judged,
-    per_rank,
+    slowest_phases,
     slowest_rank,
 )
-from pytest_distperf.repeats import slowest_phases
-from pytest_distperf.work import work_cell
-
-__all__ = [
-    "ABSENT",
-    "BENCHMARK_EXTRA",
-    "JUNIT",
-    "MARKDOWN",
-    "REPORT_JSON",
-    "RUN_FIGURES",
-    "TABLE",
-    "Absent",
-    "Figure",
-    "JUnitName",
-    "MarkdownColumn",
-    "Reduction",
-    "Report",
-    "Source",
-    "TableColumn",
-    "declared",
-    "figure",
-    "json_value",
-    "run_row",
-]
+from pytest_distperf.work import busiest, work_cell
 
 
 def _check_outcomes(check: str) -> tuple[Figure, Figure]:
@@ -89,6 +62,10 @@ def _verdict_cell(record: Any, outcome: str) -> Any:
 
 def _ranks_cell(record: Any, outcome: str) -> str:
     return f"{record.value('devices')} x {record.value('accelerator')}"
+
+
+def _matmul_source(run: Any) -> str | None:
+    return run.ranks[0].matmul_source if run.spec.workload.training else None
 
 
 def _work_cell(record: Any, outcome: str) -> str | None:
@@ -168,7 +145,7 @@ RUN_FIGURES: tuple[Figure, ...] = (
            SCALAR | MARKDOWN | TABLE,
            TableColumn("verdict", 130, "<18", sep="  ", cell=_verdict_cell),
            MarkdownColumn("Verdict", 80, "verdict"), json_type=str),
-    Figure("peak_memory_bytes", "bytes", from_result("peak_memory_bytes", "max over ranks"),
+    Figure("peak_memory_bytes", "bytes", slowest_rank("peak_memory_bytes", "max over ranks"),
            "peak memory of the busiest rank", SCALAR),
     Figure("tokens_per_sec_samples", "tok/s", from_result("tokens_per_sec_samples", _S),
            "tokens_per_sec of each repeat", REPORT_JSON | BENCHMARK_EXTRA),
@@ -178,27 +155,24 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("ttft_s", "s", from_result("ttft_s", f"median of repeats, {_S}"),
            "time to the first new token (prefill)", SCALAR | TABLE,
            TableColumn("ttft ms", 30, "8.1f", scale=1000), junit_as=JUnitName("ttft_ms", 1000)),
-    Figure("work", "", from_result("work", "max over ranks, counter by counter"),
+    Figure("work", "", slowest_rank("work", "max over ranks, counter by counter", busiest),
            "the counted generation's collectives, ops, FLOPs and kernels per decode token and "
            "per prefill", REPORT_JSON | JUNIT | BENCHMARK_EXTRA | TABLE,
            TableColumn("work", 75, "<13", cell=_work_cell)),
-    Figure("host_cpu_per_token_s", "s", from_result("host_cpu_per_token_s", "slowest rank"),
+    Figure("host_cpu_per_token_s", "s", slowest_rank("host_cpu_per_token_s"),
            "process CPU time over the timed repeats per new token", SCALAR),
-    Figure("run_queue_wait_per_token_s", "s",
-           from_result("run_queue_wait_per_token_s", "slowest rank"),
+    Figure("run_queue_wait_per_token_s", "s", slowest_rank("run_queue_wait_per_token_s"),
            "time a rank's threads waited for a core over the timed repeats, per new token "
            "(Linux run-queue delay): what another process took", SCALAR),
     Figure("steal_per_token_s", "s", slowest_rank("steal_per_token_s"),
            "the host's steal time per CPU over the timed repeats, per new token (/proc/stat): "
            "what a VM's hypervisor gave another guest"),
-    Figure("phase_s", "s", Reduction("slowest rank", Source.RUN,
-           lambda run: slowest_phases([r.phase_s for r in run.ranks])),
+    Figure("phase_s", "s", slowest_rank("phase_s", largest=slowest_phases),
            "seconds of each phase of the test (join, calibrate, build, reference, wrap, compile, "
            "warmup, timed, bare, measure, count, result)"),
     Figure("off_cpu_share", "", from_result("off_cpu_share", "the rank that waited most"),
            "share of a timed repeat a rank's timing thread was off the CPU by its own doing"),
-    Figure("device_time_per_token_s", "s",
-           from_result("device_time_per_token_s", "slowest rank"),
+    Figure("device_time_per_token_s", "s", slowest_rank("device_time_per_token_s"),
            "summed kernel time per decode token of the counted generation (CUDA)", SCALAR),
     Figure("mode", "", Reduction("as asked", Source.RUN, lambda r: r.spec.workload.mode),
            '"generate" or "train"', SCALAR, json_type=str),
@@ -207,11 +181,11 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("mfu", "", from_result("mfu", "model FLOPs per second / summed matmul rate"),
            "training: model FLOPs utilisation against the ranks' measured matmul rate",
            SCALAR),
-    Figure("loss", "", from_result("loss", "rank 0's"),
+    Figure("loss", "", first_rank("loss"),
            "training: the first step's loss on data-parallel rank 0's batch", SCALAR),
-    Figure("reference_loss", "", from_result("reference_loss", "rank 0's"),
+    Figure("reference_loss", "", first_rank("reference_loss"),
            "training: the same weights' and batch's loss in one process, before wrapping"),
-    Figure("reference_step_s", "s", from_result("reference_step_s", "slowest rank"),
+    Figure("reference_step_s", "s", slowest_rank("reference_step_s"),
            "training: the whole model's step alone, before wrapping"),
     Figure("model_flops_per_step", "FLOP",
            from_result("model_flops_per_step", "replicas x one rank's batch"),
@@ -220,11 +194,11 @@ RUN_FIGURES: tuple[Figure, ...] = (
     Figure("peak_flops", "FLOP/s", from_result("peak_flops", "sum over ranks"),
            "training: MFU's denominator, the ranks' measured matmul rates",
            REPORT_JSON | BENCHMARK_EXTRA),
-    Figure("peak_flops_source", "", from_result("peak_flops_source", "rank 0's"),
+    Figure("peak_flops_source", "", Reduction("rank 0's", Source.RUN, _matmul_source),
            "training: how that rate was measured", REPORT_JSON | BENCHMARK_EXTRA),
     Figure("workload", "", from_spec("workload"), "the distperf marker's workload",
            REPORT_JSON | BENCHMARK_EXTRA),
-    Figure("implementation", "", from_result("implementation", "rank 0's"),
+    Figure("implementation", "", first_rank("implementation"),
            "what actually ran: Fabric strategy, sharding, backend, wrapper",
            REPORT_JSON | BENCHMARK_EXTRA),
     Figure("device_name", "", first_rank("device_name"), "the device's name",
@@ -238,15 +212,15 @@ RUN_FIGURES: tuple[Figure, ...] = (
     # the JSON report's alone
     Figure("repeats", "", from_spec("repeats"), "timed generations"),
     Figure("warmup", "", from_spec("warmup"), "untimed generations before them"),
-    Figure("nodes", "", from_result("nodes", "the launched job's; 1 outside a job"),
+    Figure("nodes", "", from_spec("nodes"),
            "hosts the ranks ran on"),
-    Figure("peak_memory_per_rank", "bytes", per_rank("peak_memory_bytes"), "each rank's peak"),
+    Figure("peak_memory_per_rank", "bytes", each_rank("peak_memory_bytes"), "each rank's peak"),
     Figure("memory_kind", "", first_rank("memory_kind"), "what the peak measures"),
-    Figure("versions", "", from_result("versions", "rank 0's"), "package versions in the ranks"),
+    Figure("versions", "", first_rank("versions"), "package versions in the ranks"),
     Figure("launch_s", "s", from_result("launch_s", "the launcher's"), "process start to exit"),
     Figure("startup_s", "s", from_result("startup_s", "slowest rank"),
            "launch to the first timed token"),
-    Figure("reference_token_s", "s", from_result("reference_token_s", "slowest rank"),
+    Figure("reference_token_s", "s", slowest_rank("reference_token_s"),
            "per-token time of the whole model alone"),
     Figure("retimed_tokens_per_sec", "tok/s", from_result("retimed_tokens_per_sec", _S),
            "CPU ranks, one GPU: the same step timed again after the repeats, knobs off"),
@@ -256,16 +230,16 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "the host-speed loop beside each repeat"),
     Figure("host_loop_cpu_samples", "s", from_result("host_loop_cpu_samples", _S),
            "that loop's CPU time: its core's own speed, without waits for a core"),
-    Figure("work_s", "s", from_result("work_s", "slowest rank"), "a rank's time on the test"),
+    Figure("work_s", "s", slowest_rank("work_s"), "a rank's time on the test"),
     Figure("harness_s", "s", from_result("harness_s", "launch_s - work_s"),
            "what the launch cost beyond the test"),
-    Figure("compile_s", "s", from_result("compile_s", "slowest rank"), "compiling the step"),
-    Figure("count_s", "s", from_result("count_s", "slowest rank"),
+    Figure("compile_s", "s", slowest_rank("compile_s"), "compiling the step"),
+    Figure("count_s", "s", slowest_rank("count_s"),
            "the counted generation after the timed ones"),
     Figure("compiled", "", first_rank("compiled"), 'how the step was compiled; "" eager'),
-    Figure("cuda_graphs", "", from_result("cuda_graphs", "every rank"),
+    Figure("cuda_graphs", "", every_rank("cuda_graphs"),
            "the timed steps replayed as CUDA graphs"),
-    Figure("graph_breaks", "", from_result("graph_breaks", "any rank"),
+    Figure("graph_breaks", "", any_rank("graph_breaks"),
            "steps compiled around the wrapper's hooks"),
     Figure("bandwidth_utilization", "", judged("bandwidth_utilization"),
            "weights read per second over the measured copy bandwidth"),

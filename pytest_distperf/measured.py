@@ -2,37 +2,23 @@
 (`Sample`), one rank's figures (`RankResult`), every rank's reduced to one row (`RunResult`).
 Plain frozen dataclasses (picklable, no torch), so the plugin can read results without torch.
 
-How tokens/sec is counted
--------------------------
-* `tokens_per_sec` is the seed issue's figure: the new tokens of one rank's generation
-  (batch_size x max_new_tokens, the first one from the prefill included) over the wall time of
-  that generation, prefill included. Each repeat's time is the slowest rank's, since the ranks
-  advance in lock-step through collectives; the reported figure is the median over repeats.
-* `decode_tokens_per_sec` leaves the prefill out: (max_new_tokens - 1) x batch over decode time.
-* `aggregate_tokens_per_sec` counts every independent stream: with data-parallel strategies
-  (auto, ddp, and the fsdp family, which shard storage but still give every rank its own batch)
-  each rank decodes its own stream, so the aggregate is `replicas x tokens_per_sec`. A
-  model-parallel strategy (tensor or pipeline parallel) decodes one stream across its
-  group, so its `replicas` is devices / group size.
+Each repeat's time is the slowest rank's, since the ranks advance in lock-step through
+collectives; a rate is the median over repeats. What each figure counts: figures.py and
+docs/running.md ("What is measured"); `replicas` is the run's independent decode streams
+(every rank's under data parallelism, devices / group size under tensor or pipeline parallelism).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_distperf.figures import run_row
-from pytest_distperf.repeats import (
-    bare_over_wrapped,
-    off_cpu_shares,
-    slowest,
-    slowest_per_repeat,
-    slowest_per_repeat_of,
-    unqueued,
-)
+from pytest_distperf.figures import Figure, Source, figure, run_row
+from pytest_distperf.reductions import slowest
 from pytest_distperf.spec import RunSpec
-from pytest_distperf.work import Work, busiest
+from pytest_distperf.work import Work
 
 
 @dataclass(frozen=True)
@@ -61,6 +47,8 @@ class Implementation:
 
 @dataclass(frozen=True)
 class RankResult:
+    """One rank's figures; one reported under its own name is described in figures.py."""
+
     rank: int
     samples: tuple[Sample, ...]
     peak_memory_bytes: int
@@ -69,7 +57,7 @@ class RankResult:
     versions: dict[str, str]
     device_name: str
     tokens: tuple[tuple[int, ...], ...]  # tokens of the last generation, per batch row
-    replicas: int  # independent decode streams in the run (see module docstring)
+    replicas: int  # independent decode streams in the run
     timed_from: float  # epoch seconds when this rank began its timed generations
     reference_token_s: float | None = None  # see workload.reference_token_time
     # The bare model's generation run right after each timed one (worker.py), when it has one.
@@ -79,9 +67,7 @@ class RankResult:
     # Its thread CPU seconds: the core's own speed, without the waits for a core.
     host_loop_cpu_s: tuple[float, ...] = ()
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
-    # Seconds this rank spent on the test itself (build, calibration, warm-up, timed and bare
-    # generations); what a launch costs beyond it is the harness's own cost.
-    work_s: float | None = None
+    work_s: float | None = None  # on the test itself: build, calibration, timed, bare, ...
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
     count_s: float | None = None  # the counted generation after the timed ones (not timed)
     reference_prefill_s: float | None = None  # the bare model's prefill (median of its runs)
@@ -92,22 +78,14 @@ class RankResult:
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
     # The counted generation's work per token (ranks/counting.py); None when off or failed.
     work: Work | None = None
-    # This process's CPU seconds in the timed repeats per new token: a busy neighbour takes
-    # wall time from a rank, not CPU time.
+    # A busy neighbour takes wall time from a rank, not CPU time; the waits say who took it.
     host_cpu_per_token_s: float | None = None
-    # Seconds per new token this rank's threads waited runnable for a core in the timed repeats
-    # (Linux run-queue delay): what a busy neighbour took; None where the kernel keeps none.
-    run_queue_wait_per_token_s: float | None = None
-    # The host's steal per CPU over the timed repeats, per new token (a VM's hypervisor ran
-    # another guest).
+    run_queue_wait_per_token_s: float | None = None  # None where the kernel keeps none
     steal_per_token_s: float | None = None
-    # CUDA: the counted generation's summed kernel time per decode token; None on CPU.
-    device_time_per_token_s: float | None = None
-    # Training (None otherwise): the first optimizer step's loss, and the loss of the same
-    # weights and batch in this process before wrapping (the correctness check).
+    device_time_per_token_s: float | None = None  # CUDA; None on CPU
+    # Training (None otherwise): the first step's loss, the loss before wrapping, the step alone.
     loss: float | None = None
     reference_loss: float | None = None
-    # Training: one step of the whole model alone, before wrapping (the compute term).
     reference_step_s: float | None = None
     # Training: this rank's measured dense matmul rate (FLOP/s) and how it was measured.
     matmul_flops_per_s: float | None = None
@@ -123,7 +101,9 @@ class RankResult:
 
 @dataclass(frozen=True)
 class RunResult:
-    """What `distperf.run()` returns: every rank's figures reduced to one row."""
+    """What `distperf.run()` returns: every rank's figures reduced to one row. Each figure that
+    figures.py declares from the run is an attribute (`result.peak_memory_bytes`), reduced as
+    declared there; the properties here hold the arithmetic those declarations read."""
 
     spec: RunSpec
     ranks: tuple[RankResult, ...]
@@ -131,23 +111,17 @@ class RunResult:
     launched_at: float  # epoch seconds when the launch began
     extras: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def strategy(self) -> str:
-        return self.spec.strategy
-
-    @property
-    def devices(self) -> int:
-        return self.spec.devices
-
-    @property
-    def nodes(self) -> int:
-        """Hosts the ranks ran on: more than 1 only in a multi-node torchrun or SLURM job."""
-        return self.spec.nodes
+    def __getattr__(self, name: str) -> Any:
+        # Only for a name that is no field or property: a property's own AttributeError stays.
+        declared = None if name.startswith("_") or hasattr(type(self), name) else _figure(name)
+        if declared is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute or figure {name!r}")
+        return declared.reduce.compute(self)
 
     @property
     def samples(self) -> tuple[Sample, ...]:
         """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
-        return slowest_per_repeat(self._per_rank)  # type: ignore[return-value]
+        return slowest_per_repeat(self._per_rank)
 
     @property
     def training(self) -> bool:
@@ -191,14 +165,12 @@ class RunResult:
     def decode_tokens_per_sec(self) -> float | None:
         steps = (self.spec.workload.max_new_tokens - 1) * self.spec.workload.batch_size
         decode = [s.decode_s for s in self.samples]
-        if steps == 0 or None in decode:
-            return None
-        return statistics.median(steps / s for s in decode if s is not None)
+        return _median([steps / s for s in decode] if steps and None not in decode else None)
 
     @property
     def ttft_s(self) -> float | None:
         ttft = [s.ttft_s for s in self.samples]
-        return None if None in ttft else statistics.median(t for t in ttft if t is not None)
+        return _median(None if None in ttft else ttft)
 
     @property
     def aggregate_tokens_per_sec(self) -> float:
@@ -209,36 +181,13 @@ class RunResult:
     @property
     def step_time_s(self) -> float | None:
         """Training: the median over repeats of the slowest rank's optimizer step."""
-        if not self.training:
-            return None
-        return statistics.median(s.total_s for s in self.samples)
-
-    @property
-    def loss(self) -> float | None:
-        """Training: the first step's loss on data-parallel rank 0's batch."""
-        return self.ranks[0].loss
-
-    @property
-    def reference_loss(self) -> float | None:
-        """Training: the same weights' and batch's loss in one process, before wrapping."""
-        return self.ranks[0].reference_loss
-
-    @property
-    def reference_step_s(self) -> float | None:
-        """Training: the slowest rank's step of the whole model alone, before wrapping."""
-        return slowest(r.reference_step_s for r in self.ranks)
+        return _median([s.total_s for s in self.samples] if self.training else None)
 
     @property
     def peak_flops(self) -> float | None:
         """Training: the summed dense matmul rate the ranks measured (MFU's denominator)."""
         rates = [r.matmul_flops_per_s for r in self.ranks]
-        if not rates or None in rates:
-            return None
-        return float(sum(r for r in rates if r is not None))
-
-    @property
-    def peak_flops_source(self) -> str | None:
-        return self.ranks[0].matmul_source if self.training else None
+        return None if not rates or None in rates else float(sum(rates))  # type: ignore[arg-type]
 
     @property
     def model_flops_per_step(self) -> float | None:
@@ -250,13 +199,7 @@ class RunResult:
     def mfu(self) -> float | None:
         """Training: model FLOPs per second over the ranks' summed measured matmul rate."""
         flops, peak, step = self.model_flops_per_step, self.peak_flops, self.step_time_s
-        if flops is None or not peak or not step:
-            return None
-        return flops / step / peak
-
-    @property
-    def peak_memory_bytes(self) -> int:
-        return max(r.peak_memory_bytes for r in self.ranks)
+        return None if flops is None or not peak or not step else flops / step / peak
 
     @property
     def startup_s(self) -> float:
@@ -265,16 +208,15 @@ class RunResult:
         return max(r.timed_from for r in self.ranks) - self.launched_at
 
     @property
-    def work_s(self) -> float | None:
-        """The slowest rank's time on the test itself; None from launchers that don't say."""
-        times = [r.work_s for r in self.ranks if r.work_s is not None]
-        return max(times) if len(times) == len(self.ranks) else None
+    def harness_s(self) -> float | None:
+        """What the launch cost beyond the test's own work: starting ranks, messages, waits."""
+        work_s = self.work_s
+        return None if work_s is None else max(self.launch_s - work_s, 0.0)
 
     @property
     def reference_prefill_s(self) -> float | None:
-        """The slowest rank's prefill of the whole model alone; None when none was timed."""
-        times = [r.reference_prefill_s for r in self.ranks if r.reference_prefill_s is not None]
-        return max(times) if times else None
+        """The slowest rank's prefill of the whole model alone; None when some rank timed none."""
+        return slowest(r.reference_prefill_s for r in self.ranks)
 
     @property
     def eager_reference(self) -> bool:
@@ -283,70 +225,9 @@ class RunResult:
         return any(r.eager_reference for r in self.ranks)
 
     @property
-    def cuda_graphs(self) -> bool:
-        """Every rank's timed steps replayed as CUDA graphs: the device, not the host, paced
-        them."""
-        return bool(self.ranks) and all(r.cuda_graphs for r in self.ranks)
-
-    @property
-    def graph_breaks(self) -> bool:
-        """Some rank's steps were compiled around its wrapper's hooks (compiled.py)."""
-        return any(r.graph_breaks for r in self.ranks)
-
-    @property
-    def work(self) -> Work | None:
-        """Per counter the busiest rank's work (what the slowest rank had to do); None when
-        some rank has no count."""
-        works = [r.work for r in self.ranks]
-        if not works or any(w is None for w in works):
-            return None
-        return busiest([w for w in works if w is not None])
-
-    @property
-    def host_cpu_per_token_s(self) -> float | None:
-        """The slowest rank's CPU time per new token in the timed repeats."""
-        return slowest(r.host_cpu_per_token_s for r in self.ranks)
-
-    @property
-    def device_time_per_token_s(self) -> float | None:
-        """The slowest rank's kernel time per decode token (CUDA); None on CPU."""
-        return slowest(r.device_time_per_token_s for r in self.ranks)
-
-    @property
-    def compile_s(self) -> float | None:
-        times = [r.compile_s for r in self.ranks if r.compile_s is not None]
-        return max(times) if times else None
-
-    @property
-    def run_queue_wait_per_token_s(self) -> float | None:
-        """The most any rank waited for a core per token: the slowest rank sets the pace."""
-        return slowest(r.run_queue_wait_per_token_s for r in self.ranks)
-
-    @property
-    def count_s(self) -> float | None:
-        """The slowest rank's counted generation: what counting the work added to the test."""
-        return slowest(r.count_s for r in self.ranks)
-
-    @property
-    def harness_s(self) -> float | None:
-        """What the launch cost beyond the test's own work: starting ranks, messages, waits."""
-        return None if self.work_s is None else max(self.launch_s - self.work_s, 0.0)
-
-    def per_rank(self, name: str) -> tuple[float, ...] | None:
-        """Every rank's figure `name`, in rank order; None where some rank has none."""
-        values = [getattr(r, name) for r in sorted(self.ranks, key=lambda r: r.rank)]
-        return None if any(v is None for v in values) else tuple(values)
-
-    @property
-    def reference_token_s(self) -> float | None:
-        """The slowest rank's per-token time of the whole model run alone (no collectives)."""
-        times = [r.reference_token_s for r in self.ranks if r.reference_token_s is not None]
-        return max(times) if times else None
-
-    @property
     def relative_speed_samples(self) -> tuple[float, ...]:
-        """Per repeat: the bare model's generation time over the wrapped one's (repeats.py). A
-        host whose speed drifts moves both alike."""
+        """Per repeat: the bare model's generation time over the wrapped one's. A host whose
+        speed drifts moves both alike."""
         return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank)
 
     @property
@@ -356,13 +237,11 @@ class RunResult:
 
     @property
     def relative_speed(self) -> float | None:
-        samples = self.relative_speed_samples
-        return statistics.median(samples) if samples else None
+        return _median(self.relative_speed_samples or None)
 
     @property
     def off_cpu_share(self) -> float | None:
-        shares = off_cpu_shares(self._per_rank)
-        return statistics.median(shares) if shares else None
+        return _median(off_cpu_shares(self._per_rank) or None)
 
     @property
     def host_loop_samples(self) -> tuple[float, ...]:
@@ -385,14 +264,6 @@ class RunResult:
         return self.ranks[0].calibration
 
     @property
-    def implementation(self) -> Implementation:
-        return self.ranks[0].implementation
-
-    @property
-    def versions(self) -> dict[str, str]:
-        return self.ranks[0].versions
-
-    @property
     def tokens(self) -> tuple[tuple[int, ...], ...]:
         return self.ranks[0].tokens
 
@@ -401,3 +272,60 @@ class RunResult:
         report and computes from the run, under the same keys as --distperf-json, then
         `extras`."""
         return {**run_row(self), **self.extras}
+
+
+def _median(values: Sequence[float] | None) -> float | None:
+    return None if values is None else statistics.median(values)
+
+
+def _figure(name: str) -> Figure | None:
+    """The figure of that name that figures.py reduces from the run; None for any other."""
+    try:
+        declared = figure(name)
+    except KeyError:
+        return None
+    return declared if declared.source is Source.RUN else None
+
+
+def slowest_per_repeat(per_rank: Iterable[Sequence[Sample]]) -> tuple[Sample, ...]:
+    """Per repeat, the slowest rank's sample: the ranks advance in lock-step."""
+    return tuple(max(group, key=lambda s: s.total_s) for group in zip(*per_rank, strict=True))
+
+
+def unqueued(sample: Sample) -> float:
+    """The time without its wait for a core: what a busy neighbour cannot have added."""
+    return sample.total_s - (sample.queued_s or 0.0)
+
+
+def bare_over_wrapped(
+    bare: Sequence[Sequence[Sample]],
+    wrapped: Sequence[Sequence[Sample]],
+    time: Callable[[Sample], float] = lambda sample: sample.total_s,
+) -> tuple[float, ...]:
+    """Per repeat, the bare model's time over the wrapped one's (slowest rank's of each):
+    0.3 = the strategy runs at 30% of the bare model's speed; empty when some rank had no
+    bare model."""
+    if not all(bare):
+        return ()
+    pairs = zip(slowest_per_repeat(bare), slowest_per_repeat(wrapped), strict=True)
+    return tuple(time(b) / time(w) for b, w in pairs)
+
+
+def off_cpu_shares(per_rank: Sequence[Sequence[Sample]]) -> tuple[float, ...]:
+    """Per repeat, the largest share of a rank's timed generation its timing thread spent off
+    the CPU by its own doing (a sleep, a sync, I/O, a lock, a peer): the rank that waited
+    most; empty where some rank has no such figure."""
+    if not per_rank or any(s.off_cpu_s is None for rank in per_rank for s in rank):
+        return ()
+    return tuple(
+        max((s.off_cpu_s or 0.0) / s.total_s for s in repeat)
+        for repeat in zip(*per_rank, strict=True)
+    )
+
+
+def slowest_per_repeat_of(per_rank: Sequence[Sequence[float]], repeats: int) -> tuple[float, ...]:
+    """Per repeat, the largest of the ranks' values; empty when some rank has not one per
+    repeat."""
+    if not all(len(values) == repeats for values in per_rank):
+        return ()
+    return tuple(max(values) for values in zip(*per_rank, strict=True))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +30,7 @@ class Report(enum.Flag):
     TABLE = enum.auto()  # a column of the terminal table
 
 
-REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = (
-    Report.JSON,
-    Report.JUNIT,
-    Report.BENCHMARK_EXTRA,
-    Report.MARKDOWN,
-    Report.TABLE,
-)
+REPORT_JSON, JUNIT, BENCHMARK_EXTRA, MARKDOWN, TABLE = Report  # its flags, in order
 SCALAR = REPORT_JSON | JUNIT | BENCHMARK_EXTRA  # what CI scripts and saved benchmarks read
 
 
@@ -56,8 +50,25 @@ class Reduction:
     compute: Callable[[Any], Any]  # RunResult (RUN) or JudgedRun (JUDGE) -> value or ABSENT
 
 
+def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) -> Any:
+    """The slowest rank's value, the one definition: the largest of every rank's (`largest` says
+    how for a record); None when some rank has none, since that rank may have been the
+    slowest."""
+    known = list(values)
+    return None if not known or None in known else largest(known)
+
+
+def slowest_phases(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Seconds of each phase of a test, the slowest rank's (RankResult.phase_s); {} where some
+    rank reported none."""
+    if not per_rank or not all(per_rank):
+        return {}
+    names = dict.fromkeys(name for phases in per_rank for name in phases)
+    return {name: max(phases.get(name, 0.0) for phases in per_rank) for name in names}
+
+
 def from_result(attribute: str, how: str) -> Reduction:
-    """A RunResult property, which holds the arithmetic (spec.py)."""
+    """A RunResult property that holds the arithmetic (per repeat, then over repeats)."""
     return Reduction(how, Source.RUN, lambda result: getattr(result, attribute))
 
 
@@ -71,22 +82,34 @@ def first_rank(field: str) -> Reduction:
     return Reduction("rank 0's", Source.RUN, lambda result: getattr(result.ranks[0], field))
 
 
-def per_rank(field: str) -> Reduction:
-    """Every rank's value, in rank order."""
+def each_rank(field: str) -> Reduction:
+    """Every rank's value, in rank order, None for a rank without one."""
     return Reduction(
         "each rank's", Source.RUN, lambda result: tuple(getattr(r, field) for r in result.ranks)
     )
 
 
-def slowest_rank(field: str) -> Reduction:
-    """The largest value of the ranks that report one (a time: the slowest rank's); None when
-    no rank does."""
+def slowest_rank(
+    field: str, how: str = "slowest rank", largest: Callable[[list[Any]], Any] = max
+) -> Reduction:
+    """The slowest rank's value (repeats.slowest): the largest of every rank's, `largest` saying
+    how for a record; None when some rank has none."""
+    return Reduction(
+        how, Source.RUN, lambda result: slowest((getattr(r, field) for r in result.ranks), largest)
+    )
 
-    def compute(result: Any) -> Any:
-        values = [getattr(r, field) for r in result.ranks if getattr(r, field) is not None]
-        return max(values) if values else None
 
-    return Reduction("slowest rank", Source.RUN, compute)
+def any_rank(field: str) -> Reduction:
+    return Reduction("any rank", Source.RUN, lambda run: any(getattr(r, field) for r in run.ranks))
+
+
+def every_rank(field: str) -> Reduction:
+    """True where every rank's is (and there are ranks)."""
+    return Reduction(
+        "every rank",
+        Source.RUN,
+        lambda run: bool(run.ranks) and all(getattr(r, field) for r in run.ranks),
+    )
 
 
 def judged(path: str, how: str = "the gate's") -> Reduction:
@@ -102,10 +125,6 @@ def judged(path: str, how: str = "the gate's") -> Reduction:
         return value
 
     return Reduction(how, Source.JUDGE, compute)
-
-
-def _width(spec: str) -> int:
-    return int("".join(c for c in spec.split(".")[0] if c.isdigit()) or 0)
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,7 @@ class TableColumn:
 
     @property
     def width(self) -> int:
-        return _width(self.spec)
+        return int("".join(c for c in self.spec.split(".")[0] if c.isdigit()) or 0)
 
     def text(self, value: Any) -> str:
         """The value as the table shows it; "-" where the run has none."""

@@ -324,9 +324,12 @@ def test_a_figure_none_for_this_run_is_null_in_json_and_left_out_elsewhere() -> 
 def test_reductions_over_ranks() -> None:
     result = _result()
     assert figures.first_rank("device_name").compute(result) == "gpu"
-    assert figures.per_rank("peak_memory_bytes").compute(result) == (1000, 1001)
+    assert figures.each_rank("peak_memory_bytes").compute(result) == (1000, 1001)
     assert figures.slowest_rank("peak_memory_bytes").compute(result) == 1001
     assert figures.slowest_rank("compile_s").compute(result) is None  # no rank reports one
+    one = replace(result, ranks=(replace(result.ranks[0], compile_s=2.0), *result.ranks[1:]))
+    assert figures.slowest_rank("compile_s").compute(one) is None  # the other may be slowest
+    assert result.peak_memory_bytes == 1001  # a declared figure is the run's attribute
     assert figures.judged("baseline.machine.bare_change").compute(_record()) == -0.3
     assert figures.judged("prediction.bound").compute(_record()) is figures.ABSENT
 

@@ -38,7 +38,6 @@ FORBIDDEN_AT_IMPORT = {
     "strategies": ("torch", "lightning", "lightning_fabric"),
     "spec": ("torch", "pytest"),
     "measured": ("torch", "pytest"),
-    "repeats": ("torch", "pytest"),
     "calibrations": ("torch",),
     "options": ("torch",),
     "plugin": ("torch",),

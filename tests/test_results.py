@@ -256,7 +256,7 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
         _record(),
         prediction=prediction,
         calibration=calibration,
-        run=_record().run.with_values(decode_tokens_per_sec=100.0 * batch),  # 100 forwards/s
+        run=RunFigures({**_record().run, "decode_tokens_per_sec": 100.0 * batch}),  # 100/s
     )
     assert record.bandwidth_utilization == pytest.approx(whole * share * 100 / 1e12)
 

@@ -16,8 +16,7 @@ from pytest_distperf.judge.checks import (
     baseline_check,
 )
 from pytest_distperf.judge.waits import wait_tolerance, waits_check
-from pytest_distperf.measured import Sample
-from pytest_distperf.repeats import off_cpu_shares
+from pytest_distperf.measured import Sample, off_cpu_shares
 from pytest_distperf.store.entry import BaselineEntry
 
 SETTINGS = GateSettings(efficiency=0.7, tolerance=None)

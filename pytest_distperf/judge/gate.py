@@ -33,7 +33,7 @@ from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.judge.threshold import threshold_check_of
 from pytest_distperf.judge.training import loss_check, train_prediction
 from pytest_distperf.judge.waits import waits_check
-from pytest_distperf.measured import RunResult
+from pytest_distperf.measured import RunResult, off_cpu_shares
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -43,7 +43,6 @@ from pytest_distperf.perfmodel import (
     measured_network,
     run_links,
 )
-from pytest_distperf.repeats import off_cpu_shares
 from pytest_distperf.spec import PRECISION_BYTES, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
@@ -185,7 +184,7 @@ class Gate:
         evidence = busy_evidence(
             entry,
             waited,
-            _slowest_rank(result, "steal_per_token_s"),
+            result.steal_per_token_s,
             result.host_loop_cpu_samples,
         )
         baseline, relative = busy_check(
@@ -239,7 +238,7 @@ class Gate:
             device_time_per_token_s=result.device_time_per_token_s,
             waits={
                 "run_queue_wait_run_medians": result.run_queue_wait_per_token_s,
-                "steal_run_medians": _slowest_rank(result, "steal_per_token_s"),
+                "steal_run_medians": result.steal_per_token_s,
                 "off_cpu_share_run_medians": result.off_cpu_share,
             },
             off_cpu_shares=off_cpu_shares([r.samples for r in result.ranks]),
@@ -271,11 +270,6 @@ def _unqueued_rate(result: RunResult) -> float | None:
     own_s = max((s.queued_s or 0.0 for r in result.ranks for s in r.retimed_samples), default=0)
     ran = [s.total_s - max((s.queued_s or 0.0) - own_s, 0.0) for s in samples]
     return result.new_tokens / statistics.median(ran)
-
-
-def _slowest_rank(result: RunResult, name: str) -> float | None:
-    values = result.per_rank(name)
-    return None if values is None else max(values)
 
 
 def _loss(result: RunResult) -> dict[str, Check]:

@@ -76,10 +76,6 @@ class FigureValues(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._values!r})"
 
-    def with_values(self, **changes: Any) -> Any:
-        """A copy with these figures replaced or added."""
-        return type(self)({**self._values, **changes})
-
 
 def _frozen(value: Any) -> Any:
     if isinstance(value, list):
@@ -174,11 +170,6 @@ class JudgedRun:
         check = self.ran.get("baseline")
         figures = None if check is None else check.figures
         return figures if isinstance(figures, BaselineFigures | DetectableFigures) else None
-
-    @property
-    def detectable_drop(self) -> float | None:
-        detectable = self.detectable
-        return None if detectable is None else detectable.detectable_drop
 
     def value(self, declared_figure: Figure | str) -> Any:
         """A declared figure's value for this run: None where the run has none, ABSENT where

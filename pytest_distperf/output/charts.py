@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,36 +64,30 @@ def report_bars(document: object, source: str = "report") -> list[ResultBar]:
         raw = document if isinstance(document, list) else json_object(document, source)["results"]
         bars = []
         for i, (row, data) in enumerate(zip(rows, raw, strict=True)):
-            where = f"{source}: results[{i}]"
             rate = row.tokens_per_sec
             if rate is None or not math.isfinite(rate):
                 continue  # a run that measured nothing has no bar
-
-            def read(name: str, data: Mapping[str, Any] = data, where: str = where) -> Any:
-                # checked against the declared figure's JSON type (figures.py)
-                return get_field(data, name, _json_type(name), where, optional=True)
-
-            verdict = row.verdict or ""
+            where = f"{source}: results[{i}]"
+            marks = {  # checked against the declared figure's JSON type (figures.py)
+                name: get_field(data, name, figure(name).json_type or object, where, optional=True)
+                for name in ("predicted_tokens_per_sec", "threshold_tokens_per_sec", "bound")
+            }
             bars.append(
                 ResultBar(
                     test=row.test_id.split("[", 1)[0],
                     strategy=row.strategy or "?",
                     devices=row.devices,
                     tokens_per_sec=rate,
-                    predicted=read("predicted_tokens_per_sec"),
-                    threshold=read("threshold_tokens_per_sec"),
-                    bound=read("bound"),
-                    failed=verdict.upper().startswith("FAIL"),
+                    predicted=marks["predicted_tokens_per_sec"],
+                    threshold=marks["threshold_tokens_per_sec"],
+                    bound=marks["bound"],
+                    failed=(row.verdict or "").upper().startswith("FAIL"),
                     topology_key=row.topology_key,
                 )
             )
     except (ReportError, ValueError, KeyError) as error:
         raise ChartError(str(error)) from None
     return bars
-
-
-def _json_type(name: str) -> type | tuple[type, ...]:
-    return figure(name).json_type or object
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def render_markdown(rows: Sequence[SummaryRow | JudgedRun], title: str = "") -> 
     lines.append("| " + " | ".join(column.header for _, column in columns) + " |")
     lines.append("|" + "|".join(_ALIGN[column.style] for _, column in columns) + "|")
     for row in summary:
-        cells = [_STYLES[column.style](row.figures[f.name]) for f, column in columns]
+        cells = [_written(row.figures[f.name], column.style) for f, column in columns]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
 
     telling = [
@@ -172,51 +172,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _text(value: object) -> str:
-    return _MISSING if value is None else str(value)
-
-
-def _code(value: object) -> str:
-    return _MISSING if value is None else f"`{value}`"
-
-
-def _rate(value: float | None) -> str:
-    if not _is_finite(value):
-        return _MISSING
+def _rate(value: float) -> str:
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
-def _ratio(value: float | None) -> str:
-    return f"{value:.3f}" if _is_finite(value) else _MISSING
-
-
-def _change(value: float | None) -> str:
-    return f"{value:+.1%}" if _is_finite(value) else _MISSING
-
-
-def _verdict(value: str | None) -> str:
-    if value is None:
-        return _MISSING
+def _verdict(value: str) -> str:
     return value if value.lower() in _PASSING else f"**{value}**"
-
-
-def _is_finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
 
 
 # How each of reductions.MARKDOWN_STYLES writes a value, and aligns its column.
 _STYLES: dict[str, Callable[[Any], str]] = {
-    "code": _code,
-    "text": _text,
-    "count": _text,
+    "code": "`{}`".format,
+    "text": str,
+    "count": str,
     "rate": _rate,
-    "change": _change,
-    "ratio": _ratio,
+    "change": "{:+.1%}".format,
+    "ratio": "{:.3f}".format,
     "verdict": _verdict,
 }
 _ALIGN = {
     style: "--:" if style in ("count", "rate", "change", "ratio") else "---" for style in _STYLES
 }
+
+
+def _written(value: Any, style: str) -> str:
+    """The value in its style; a dash where the run has none (None, or not a finite number)."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return _MISSING
+    return _STYLES[style](value)
 
 
 def _cell(text: str) -> str:

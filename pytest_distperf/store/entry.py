@@ -13,7 +13,7 @@ import math
 import numbers
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
@@ -32,24 +32,7 @@ READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 # the window is ignored, and one in more widens the tolerance until it leaves).
 RUN_HISTORY = 10
 
-_ENTRY_FIELDS = frozenset(
-    {
-        "test_id",
-        "samples",
-        "median",
-        "dispersion",
-        "stdev",
-        "n",
-        "peak_memory_bytes",
-        "recorded_at",
-        "commit",
-        "versions",
-        "extra",
-    }
-)
-# Absent from older files: run_medians before schema 2, the relative speed before schema 3,
-# the host loop before schema 4, the counted work and per-token times before schema 5, the
-# waits (for a core, the steal, off the CPU) before schema 6.
+# Absent from older files (SCHEMA says since when), read as empty.
 _LIST_FIELDS = (
     "run_medians",
     "relative_samples",
@@ -68,7 +51,10 @@ _LIST_FIELDS = (
 )
 _OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
 # Lists where zero is a value (no wait at all), not a missing measure.
-_NON_NEGATIVE = frozenset({*_WAIT_FIELDS, "off_cpu_share_samples"})
+_SHARES = "off_cpu_share_samples"  # shares of a wall time, each in [0, 1]
+# What `_rounded` holds a list's values to, as its message says it.
+_POSITIVE, _NON_NEGATIVE_NUMBERS, _IN_0_1 = "positive numbers", "non-negative numbers", "in [0, 1]"
+_NON_NEGATIVE = frozenset({*_WAIT_FIELDS, _SHARES})
 # One value per recorded run, extended by every refresh (`following`).
 _HISTORIES = (
     "relative_run_medians",
@@ -137,7 +123,7 @@ class BaselineEntry:
     run_queue_wait_run_medians: tuple[float, ...] = ()
     steal_run_medians: tuple[float, ...] = ()
     #: Of the same runs, the largest share of a rank's generation time spent off the CPU by its
-    #: own doing (repeats.off_cpu_shares, median): what its waits were (judge/waits.py); and
+    #: own doing (measured.off_cpu_shares, median): what its waits were (judge/waits.py); and
     #: that share per repeat of the latest run, whose spread is the waits' own noise.
     off_cpu_share_run_medians: tuple[float, ...] = ()
     off_cpu_share_samples: tuple[float, ...] = ()
@@ -223,11 +209,11 @@ class BaselineEntry:
         """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
         time of each, when known, and the run's counted work and per-token times), computing
         the summary statistics."""
-        rounded = _rounded_samples(samples, test_id, "samples")
+        rounded = _rounded(samples, test_id, "samples")
         if not rounded:
             raise ValueError(f"{test_id}: no samples")
-        relative = _rounded_samples(relative_samples, test_id, "relative_samples")
-        host = _rounded_samples(host_loop_samples, test_id, "host_loop_samples")
+        relative = _rounded(relative_samples, test_id, "relative_samples")
+        host = _rounded(host_loop_samples, test_id, "host_loop_samples")
         when = datetime.now(timezone.utc) if now is None else now
         if when.tzinfo is None:
             raise ValueError("now must be timezone-aware (baselines record UTC)")
@@ -245,7 +231,7 @@ class BaselineEntry:
             extra=dict(extra or {}),
             run_medians=(_round(statistics.median(rounded)),),
             relative_samples=relative,
-            off_cpu_share_samples=_shares(off_cpu_shares, test_id),
+            off_cpu_share_samples=_rounded(off_cpu_shares, test_id, _SHARES, _IN_0_1),
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
             host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
             work=work,
@@ -284,14 +270,7 @@ class BaselineEntry:
             "commit": self.commit,
             "versions": dict(self.versions),
             "extra": json.loads(json.dumps(dict(self.extra))),
-            "run_medians": list(self.run_medians),
-            "relative_samples": list(self.relative_samples),
-            "off_cpu_share_samples": list(self.off_cpu_share_samples),
-            "relative_run_medians": list(self.relative_run_medians),
-            "host_loop_run_medians": list(self.host_loop_run_medians),
-            "host_cpu_run_medians": list(self.host_cpu_run_medians),
-            "device_time_run_medians": list(self.device_time_run_medians),
-            **{name: list(getattr(self, name)) for name in _WAIT_FIELDS},
+            **{name: list(getattr(self, name)) for name in _LIST_FIELDS},
             # left out when not counted: an entry without it reads as before schema 5
             **({} if self.work is None else {"work": self.work.to_json()}),
         }
@@ -305,6 +284,7 @@ class BaselineEntry:
         if missing or unknown:
             raise ValueError(f"entry fields: missing {missing}, unknown {unknown}")
         lists = {name: get_field(data, name, list, default=[]) for name in _LIST_FIELDS}
+        shares = _rounded(lists.pop(_SHARES), data["test_id"], _SHARES, _IN_0_1)
         work = data.get("work")
         if work is not None:
             work = Work.from_json(work, f"baseline entry {data.get('test_id')!r}: work")
@@ -320,33 +300,27 @@ class BaselineEntry:
             commit=data["commit"],
             versions=get_field(data, "versions", Mapping),
             extra=get_field(data, "extra", Mapping),
-            run_medians=tuple(lists["run_medians"]),
-            relative_samples=tuple(lists["relative_samples"]),
-            off_cpu_share_samples=_shares(lists["off_cpu_share_samples"], data["test_id"]),
-            relative_run_medians=tuple(lists["relative_run_medians"]),
-            host_loop_run_medians=tuple(lists["host_loop_run_medians"]),
             work=work,
-            host_cpu_run_medians=tuple(lists["host_cpu_run_medians"]),
-            device_time_run_medians=tuple(lists["device_time_run_medians"]),
-            **{name: tuple(lists[name]) for name in _WAIT_FIELDS},
+            off_cpu_share_samples=shares,
+            **{name: tuple(values) for name, values in lists.items()},
         )
+
+
+# What every file's entry holds: the rest came with later schemas.
+_ENTRY_FIELDS = frozenset(f.name for f in fields(BaselineEntry)) - _OPTIONAL_ENTRY_FIELDS
 
 
 def _one_run(value: float | None, test_id: str, name: str) -> tuple[float, ...]:
     """A run's one value as the start of its history; () when the run has none (a zero, as a
     profile without kernels gives, is no level to compare with either)."""
-    return () if value is None or value == 0 else _rounded_samples((value,), test_id, name)
+    return () if value is None or value == 0 else _rounded((value,), test_id, name)
 
 
 def _one_wait(value: float | None, test_id: str, name: str) -> tuple[float, ...]:
     """A run's wait per token as the start of its history (zero included); () when unknown."""
     if name not in _WAIT_FIELDS:
         raise ValueError(f"{test_id}: {name!r} is no wait of a baseline entry ({_WAIT_FIELDS})")
-    if value is None:
-        return ()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
-        raise ValueError(f"{test_id}: {name} must be a non-negative number, got {value!r}")
-    return (_round(float(value)),)
+    return () if value is None else _rounded((value,), test_id, name, _NON_NEGATIVE_NUMBERS)
 
 
 def _extended(history: tuple[float, ...], own: tuple[float, ...]) -> tuple[float, ...]:
@@ -355,25 +329,20 @@ def _extended(history: tuple[float, ...], own: tuple[float, ...]) -> tuple[float
     return (*history, own[-1])[-RUN_HISTORY:] if own else ()
 
 
-def _rounded_samples(values: Iterable[float], test_id: str, name: str) -> tuple[float, ...]:
+def _rounded(
+    values: Iterable[float], test_id: str, name: str, kind: str = _POSITIVE
+) -> tuple[float, ...]:
+    """The values rounded; ValueError naming the first that is no real number of that kind."""
     result = []
     for value in values:
         # numbers.Real admits numpy scalars but not strings, which float() would accept.
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"{test_id}: {name} must be numbers, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"{test_id}: {name} must be positive numbers, got {value!r}")
+        high = 1.0 if kind == _IN_0_1 else math.inf
+        if not (0 <= value <= high and math.isfinite(value)) or (kind == _POSITIVE and not value):
+            raise ValueError(f"{test_id}: {name} must be {kind}, got {value!r}")
         result.append(_round(float(value)))
     return tuple(result)
-
-
-def _shares(values: Iterable[float], test_id: str) -> tuple[float, ...]:
-    """Shares of a wall time, each in [0, 1]."""
-    shares = tuple(values)
-    for value in shares:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
-            raise ValueError(f"{test_id}: off_cpu_share_samples must be in [0, 1], got {value!r}")
-    return tuple(_round(float(value)) for value in shares)
 
 
 def _round(value: float) -> float:

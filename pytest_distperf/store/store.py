@@ -94,13 +94,11 @@ class BaselineStore:
 
     def load(self, topology_key: str) -> dict[str, BaselineEntry]:
         """All entries for ``topology_key``; empty when there is no file yet."""
-        document = self._read(self.path(topology_key), topology_key)
-        return {} if document is None else document[1]
+        return self._read(topology_key)[1]
 
     def topology(self, topology_key: str) -> dict[str, Any] | None:
         """The stored description of the topology, or None when there is no file yet."""
-        document = self._read(self.path(topology_key), topology_key)
-        return None if document is None else document[0]
+        return self._read(topology_key)[0]
 
     def get(self, topology_key: str, test_id: str) -> BaselineEntry | None:
         return self.load(topology_key).get(test_id)
@@ -149,10 +147,7 @@ class BaselineStore:
             ) from exc
         try:
             _remove_orphaned_temps(path)
-            try:
-                raw: bytes | None = path.read_bytes()
-            except FileNotFoundError:
-                raw = None
+            raw = _bytes(path)
             # Parsing inside the lock is what makes this a merge rather than last-writer-wins;
             # an unreadable file raises here, before anything is written.
             old_topology, merged = ({}, {}) if raw is None else _parse(path, raw, topology_key)
@@ -171,15 +166,11 @@ class BaselineStore:
             lock.release()
         return path
 
-    @staticmethod
-    def _read(
-        path: Path, topology_key: str
-    ) -> tuple[dict[str, Any], dict[str, BaselineEntry]] | None:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        return _parse(path, raw, topology_key)
+    def _read(self, topology_key: str) -> tuple[dict[str, Any] | None, dict[str, BaselineEntry]]:
+        """The stored topology and entries; (None, {}) when there is no file yet."""
+        path = self.path(topology_key)
+        raw = _bytes(path)
+        return (None, {}) if raw is None else _parse(path, raw, topology_key)
 
 
 # --- file format -------------------------------------------------------------------------------
@@ -193,6 +184,13 @@ def _render(topology_key: str, topology: dict[str, Any], entries: dict[str, Base
         "entries": {test_id: entry.to_dict() for test_id, entry in entries.items()},
     }
     return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 class _DuplicateKey(ValueError):
