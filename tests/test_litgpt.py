@@ -154,9 +154,10 @@ def test_other_cache(distperf):
 
 
 @pytest.fixture(scope="module")
-def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
-    """Every model recorded as a baseline at the default thresholds; then the builder's model
-    slowed by itself against its baseline, and a model whose cache distperf cannot drive."""
+def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[str, Session]:
+    """Every model recorded as a baseline at the default thresholds (in the suite's shared
+    ranks); then the builder's model slowed by itself against its baseline (in ranks of its own:
+    they read the spin from their environment), and a model whose cache distperf cannot drive."""
     pytest.importorskip("litgpt", reason=NO_LITGPT)
     path = tmp_path_factory.mktemp("litgpt")
     write_files(path, builders=BUILDERS, test_suite=SUITE, test_bad=BAD)
@@ -167,7 +168,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Session]:
     update = (*update, "test_suite.py")
     slowed = ("test_suite.py::test_builder[auto-2cpu]", "test_bad.py")
     return {
-        "recorded": run_session(path, *common, *update),
+        "recorded": run_session(path, *common, *update, pool=shared_pool),
         "slowed": run_session(
             path, *common, *slowed, env={"DISTPERF_TEST_ATTENTION_SPIN": "0.005"}
         ),
