@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_distperf.platform import Platform, platform_of
+
 # Bytes per stored parameter of each precision a workload may ask for; "bf16-mixed" (training
 # only) keeps float32 weights and computes in bfloat16 under autocast.
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4}
@@ -111,10 +113,11 @@ class RunSpec:
     # ranks/retime.py); False where only the tokens matter (the suite's own checks).
     retime: bool = True
 
+    @property
+    def platform(self) -> Platform:
+        return platform_of(self.accelerator)
+
 
 def ranks_time_themselves(accelerator: str, devices: int) -> bool:
-    """Where a run's threshold is the re-timing check (the ranks time their step again after
-    the repeats) rather than the modelled prediction: 2 or more CPU ranks (no link a model could
-    charge: the collectives share the compute's cores) and one CUDA device (no collective).
-    Several GPUs keep the model: their collectives cross links."""
-    return devices >= 2 if accelerator == "cpu" else devices == 1
+    """Where a run's threshold is the re-timing check (Platform.ranks_time_themselves)."""
+    return platform_of(accelerator).ranks_time_themselves(devices)

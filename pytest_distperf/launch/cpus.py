@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from pytest_distperf.platform import Platform
+
 
 def available_cpus() -> int:
     try:
@@ -16,3 +18,8 @@ def threads_per_rank(devices: int, cpus: int | None = None) -> int:
     # Ranks share the cores: give each an equal share (at least one) so N ranks never ask for
     # N x all cores, which makes every rank slower and the figures meaningless.
     return max(1, (cpus or available_cpus()) // devices)
+
+
+def rank_threads(platform: Platform, ranks: int) -> int:
+    """Threads of each rank: its share of the host's cores where ranks share them, else one."""
+    return threads_per_rank(ranks) if platform.shares_cores else 1

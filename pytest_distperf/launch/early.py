@@ -31,7 +31,7 @@ def start_first_pool(plugin: Any, config: Any, devices: int) -> None:
     if any(getattr(config.option, name, False) for name in NO_TEST_BODY):
         return
     resolved = plugin.resolve()
-    if resolved.accelerator == "cuda" and devices > resolved.visible_gpus:
+    if resolved.lacks_gpus(devices):
         return
     from pytest_distperf.launch.pool import PoolKey, Pools
 

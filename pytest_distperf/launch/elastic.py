@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.launch.cpus import threads_per_rank
+from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
     failed_headline,
@@ -58,8 +58,7 @@ def launch(spec: RunSpec) -> RunResult:
 
     from pytest_distperf.ranks.worker import run_rank
 
-    if spec.accelerator == "cpu":
-        spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+    spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
     binding = numa_options(spec)  # before anything is created: a bad setting fails cleanly
     log_dir = Path(tempfile.mkdtemp(prefix="distperf-"))
     config = LaunchConfig(
@@ -112,7 +111,7 @@ def numa_options(spec: RunSpec) -> Any:
     """torch's NUMA binding for the ranks (`torch.numa.binding.NumaOptions`), or None."""
     if spec.numa_binding is None:
         return None
-    if spec.accelerator != "cuda":
+    if not spec.platform.gpus:
         raise RunFailed(
             f"distperf: --distperf-numa-binding={spec.numa_binding} binds each rank to the CPUs "
             f"near its GPU; these ranks run on {spec.accelerator}"

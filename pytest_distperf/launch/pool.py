@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_distperf.launch.cpus import threads_per_rank
+from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
     failed_headline,
@@ -37,6 +37,7 @@ from pytest_distperf.launch.failures import (
 from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import stopping_signals
 from pytest_distperf.measured import RankResult, RunResult
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RunSpec
 
@@ -98,7 +99,7 @@ class RankPool:
         self._started_in = _surroundings()
         self._log_dir = Path(tempfile.mkdtemp(prefix="distperf-pool-"))
         context = multiprocessing.get_context("spawn")
-        threads = threads_per_rank(key.ranks) if key.accelerator == "cpu" else 1
+        threads = rank_threads(platform_of(key.accelerator), key.ranks)
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
@@ -400,8 +401,7 @@ class Pools:
         live: TextIO | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> RunResult:
-        if spec.accelerator == "cpu":
-            spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+        spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
         key = PoolKey.of(spec)
         pool = self._current
         if pool is not None and not pool.fits(key):

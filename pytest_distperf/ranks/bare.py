@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytest_distperf.measured import Sample
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks import memory
 from pytest_distperf.ranks.models import build
 from pytest_distperf.ranks.timing import Fences, GenerateFn, device_sync, timed_generation
@@ -57,7 +58,7 @@ class BareCopy:
     ) -> BareCopy:
         """A sharded rank's whole copy, built once wrapping has freed the unsharded weights."""
         device = prompt.device
-        rss = memory.peak(device)[0] if device.type == "cpu" else None
+        rss = None if platform_of(device.type).allocator_memory else memory.peak(device)[0]
         module, copy_bytes = _whole_copy(workload, device, dtype)
         return cls(module, prompt, workload.max_new_tokens, generate, copy_bytes, rss)
 
@@ -115,8 +116,8 @@ def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) ->
     the process RSS peak, which is read before it is built instead (the whole-model build before
     wrapping already set that peak).
     """
-    cuda = device.type == "cuda"
-    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+    exact = platform_of(device.type).allocator_memory
+    allocated = torch.cuda.memory_allocated(device) if exact else 0
     try:
         built = build(workload, device, dtype)
         built.setup_caches(
@@ -128,7 +129,7 @@ def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) ->
         copy = built.module
     except torch.cuda.OutOfMemoryError:
         copy = None
-    if not cuda:
+    if not exact:
         return copy, 0
     copy_bytes = torch.cuda.memory_allocated(device) - allocated
     if copy is not None and torch.cuda.mem_get_info(device)[0] < copy_bytes:

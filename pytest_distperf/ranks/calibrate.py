@@ -35,9 +35,8 @@ import torch
 import torch.distributed as dist
 
 from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.probes import (
-    CPU_COPY_BYTES,
-    GPU_COPY_BYTES,
     Group,
     Timer,
     barrier_after_sync,
@@ -99,7 +98,7 @@ def calibrate(
         with node_group(n // nodes) as node:
             within = measure(node)
     if copy_bytes is None:
-        copy_bytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
+        copy_bytes = platform_of(device.type).copy_probe_bytes
     copy_bytes = max(1, int(copy_bytes))
     copies = copy_times(copy_bytes, device, timer, warmup, iters)
     overlap_times = overlap_probe(measured["all_gather"], device, dtype, timer, warmup, iters)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.timing import StepOverride
 
 Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,10 +72,9 @@ def compile_decode_step(
     """The compiled steps for `wrapped` (what the strategy built around `inner`)."""
     if own_step:
         return CompiledStep(None, "eager: the strategy's own step sends and receives between ranks")
-    cuda = device.type == "cuda"
     if replicated:
         return compile_bare_step(inner, device)
-    mode = AROUND_HOOKS_CUDA if cuda else None
+    mode = AROUND_HOOKS_CUDA if platform_of(device.type).queues_kernels else None
     compiled = torch.compile(decode_one_token, mode=mode, dynamic=False)
     how = f"torch.compile {mode or 'default'}, graph breaks at the wrapper's hooks; prefill eager"
     return CompiledStep(compiled, how, graph_breaks=True)
@@ -86,8 +86,8 @@ def compile_bare_step(
     """A whole module's decode step and (`with_prefill`) prefill, whole-graph (CUDA graphs on
     CUDA): a replicated strategy's, and the bare model's the wrapper is measured against, whose
     prefill is compiled only where the wrapper's is (the prediction adds the bare prefill)."""
-    cuda = device.type == "cuda"
-    decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if cuda else (None, None)
+    graphs = platform_of(device.type).queues_kernels
+    decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if graphs else (None, None)
 
     def whole_graph(function: Step, mode: str | None) -> Step:
         compiled = torch.compile(function, mode=mode, fullgraph=True, dynamic=False)
@@ -98,7 +98,7 @@ def compile_bare_step(
         parts += f" and prefill ({prefill_mode or 'default'})"
     first = whole_graph(prefill, prefill_mode) if with_prefill else None
     how = f"torch.compile fullgraph, {parts}"
-    return CompiledStep(whole_graph(decode_one_token, decode_mode), how, first, cuda)
+    return CompiledStep(whole_graph(decode_one_token, decode_mode), how, first, graphs)
 
 
 def _graph_safe(step: Step) -> Step:

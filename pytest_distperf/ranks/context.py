@@ -14,6 +14,7 @@ import torch
 if TYPE_CHECKING:
     from pytest_distperf.measured import RankResult, Sample
     from pytest_distperf.perfmodel.calibration import Calibration
+    from pytest_distperf.platform import Platform
     from pytest_distperf.ranks.bare import BareCopy
     from pytest_distperf.ranks.compiled import CompiledStep
     from pytest_distperf.ranks.counting import Counted, DynamoMark
@@ -41,6 +42,7 @@ class RankContext:
     spec: RunSpec
     progress: Callable[[str], None] | None  # the live line (rank 0 of a pool only)
     device: torch.device
+    platform: Platform  # the device kind's policy (pytest_distperf/platform.py)
     dtype: torch.dtype
     record: StrategyRecord  # the strategy's pure half: checks, sharded, replicas
     half: RankStrategy  # its rank half (ranks/strategies): build, wrap, next_token

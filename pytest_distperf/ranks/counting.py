@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.timing import GenerateFn, NextTokenFn, StepOverride, marked_generation
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 
@@ -289,7 +290,8 @@ def count_work(
         generation(counter.mark)
     if counter.failure is not None:
         raise RuntimeError(f"counting the work failed at {counter.failure}")
-    profiled = profile_kernels(generation) if prompt.device.type == "cuda" else None
+    queued = platform_of(prompt.device.type).queues_kernels
+    profiled = profile_kernels(generation) if queued else None
     prefill = counter.phases["prefill"]
     prefill_kernels, prefill_s = profiled["prefill"] if profiled else (None, None)
     if split:

@@ -51,7 +51,7 @@ class JobGroup:
     def join(self, spec: RunSpec) -> None:
         """The default group of this generation, unless this rank is in it already."""
         group_store = dist.PrefixStore(f"group{self.generation}/", self.store)
-        device = environment.rank_device(spec.accelerator)
+        device = environment.rank_device(spec.platform)
         environment.join_group(device, group_store, self.rank, self.world)
 
     def leave_group(self, error: BaseException | None) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks import allocator
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -23,7 +24,7 @@ def reset_peak(device: torch.device) -> bool:
     """Start a new peak; False when only the lifetime peak can be read on this host. On CPU the
     freed heap goes back to the kernel first: the ranks' allocator keeps what it freed
     (ranks/allocator.py), which would otherwise count in the new peak."""
-    if device.type == "cuda":
+    if platform_of(device.type).allocator_memory:
         torch.cuda.reset_peak_memory_stats(device)
         return True
     allocator.release_heap()
@@ -36,7 +37,7 @@ def reset_peak(device: torch.device) -> bool:
 
 def peak(device: torch.device) -> tuple[int, str]:
     """(bytes, what they are) since the last reset_peak."""
-    if device.type == "cuda":
+    if platform_of(device.type).allocator_memory:
         return int(torch.cuda.max_memory_allocated(device)), "cuda allocator peak"
     high = _high_water_mark()
     if high is not None:

@@ -49,11 +49,12 @@ FABRIC_PRECISION = {
 def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
     """This rank's settings for the test and the strategy's two halves; nothing built yet."""
     fabric_module()  # imported before the test's import paths go in front of the rank's own
-    if spec.accelerator == "cpu":
+    platform = spec.platform
+    if platform.shares_cores:
         torch.set_num_threads(spec.threads_per_rank)
     use_import_paths(spec.sys_path)  # before any of the user's modules is imported
-    device = environment.rank_device(spec.accelerator)
-    if device.type == "cpu":
+    device = environment.rank_device(platform)
+    if not platform.allocator_memory:
         allocator.keep_heap()  # a fresh or job rank's (a pool's ranks set it when they start)
     environment.forget_compiled_code()
     memory.reset_peak(device)  # a pooled rank has run other tests before this one
@@ -61,8 +62,8 @@ def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
     reason = record.unsupported(spec.accelerator, spec.devices)
     if reason:
         raise ValueError(reason)
-    dtype = DTYPES[spec.workload.precision]
-    return RankContext(spec, progress, device, dtype, record, rank_strategy(spec.strategy))
+    dtype, half = DTYPES[spec.workload.precision], rank_strategy(spec.strategy)
+    return RankContext(spec, progress, device, platform, dtype, record, half)
 
 
 def join(ctx: RankContext) -> None:
@@ -118,7 +119,7 @@ def launch(ctx: RankContext) -> None:
     units); it finds the process group already joined."""
     spec, workload, model = ctx.spec, ctx.workload, ctx.model
     ctx.build_context = BuildContext(
-        spec.accelerator,
+        ctx.platform,
         spec.devices,
         wrap_units=model.units,
         rank=environment.global_rank(),
@@ -224,8 +225,8 @@ def time_generations(ctx: RankContext) -> None:
     """Warm-up, then the timed repeats; after each, the bare model's generation and the host's
     own speed (hostspeed.py), outside the timing."""
     spec, workload, bare = ctx.spec, ctx.workload, ctx.bare
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    if ctx.platform.allocator_memory:
+        memory.reset_peak(ctx.device)
 
     bare_s: list[float] = []
 
@@ -315,8 +316,7 @@ def retime(ctx: RankContext) -> None:
     """The wrapped generation timed again after the repeats, as they were, knobs off
     (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device; a compiled run with the
     compiled steps of its timed repeats."""
-    spec = ctx.spec
-    if not environment.measures_itself(ctx.device, spec.devices) or not spec.retime:
+    if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
         return
     steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
 
@@ -332,7 +332,7 @@ def retime(ctx: RankContext) -> None:
         )[0]
 
     bare = ctx.bare.generation if ctx.bare is not None and ctx.bare_samples else None
-    ctx.retimed, ctx.retimed_bare = retimed(once, ctx.device, bare)
+    ctx.retimed, ctx.retimed_bare = retimed(once, ctx.platform.retime_budget_s, bare)
 
 
 def result(ctx: RankContext) -> None:
@@ -406,5 +406,5 @@ def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:
             tuple(sorted({*sizes.all_reduce, *own.all_reduce})),
             tuple(sorted({*sizes.p2p, *own.p2p})),
         )
-    sizes = sizes.up_to(calibration_cap(environment.measures_itself(ctx.device, spec.devices)))
+    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(spec.devices)))
     return measure(sizes.all_gather, sizes.all_reduce, ctx.device, ctx.dtype, sizes_p2p=sizes.p2p)

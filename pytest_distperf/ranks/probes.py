@@ -210,12 +210,6 @@ def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(src).copy_(src)
 
 
-# A host-timed copy must last far longer than a launch and a sync: on a GPU, a small copy's time
-# is mostly that overhead and its bandwidth reads low (docs/benchmarks/h200-2026-12-01-compiled.md).
-GPU_COPY_BYTES = 1 << 30
-CPU_COPY_BYTES = 64 << 20
-
-
 def copy_bandwidth(nbytes: int, seconds: float) -> float:
     return 2 * nbytes / seconds if seconds > 0 else 0.0  # read + write, as the copy moves both
 

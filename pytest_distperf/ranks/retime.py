@@ -15,17 +15,17 @@ from distperf_model.parallelize import comm_delays_paused
 
 from pytest_distperf.measured import Sample
 
-# At most this many, as many as fit in the budget after the first (which counts: the model
-# is warm from the repeats); every rank runs as many as the slowest rank's first allows.
+# At most this many, as many as fit in the budget (Platform.retime_budget_s) after the first
+# (which counts: the model is warm from the repeats); every rank runs as many as the slowest
+# rank's first allows.
 MOST = 5
-BUDGET_S = {"cpu": 0.6, "cuda": 1.0}
 
 Retimed = tuple[tuple[Sample, ...], tuple[Sample, ...]]
 
 
 def retimed(
     timed_once: Callable[[], Sample],
-    device: torch.device,
+    budget_s: float,
     beside: Callable[[], Sample | None] | None = None,
 ) -> Retimed:
     """`timed_once` run again, knobs off, each time followed by `beside` (the bare model, where
@@ -41,8 +41,7 @@ def retimed(
         return wrapped[-1].total_s + (bare[-1].total_s if bare[-1] is not None else 0.0)
 
     first = pair()
-    budget = BUDGET_S.get(device.type, BUDGET_S["cpu"])
-    plan = torch.tensor([max(1, min(MOST, int(budget / max(first, 1e-9))))])
+    plan = torch.tensor([max(1, min(MOST, int(budget_s / max(first, 1e-9))))])
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
     for _ in range(int(plan) - 1):

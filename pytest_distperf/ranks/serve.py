@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.ranks import allocator
 from pytest_distperf.ranks.fabric import fabric_module
 
@@ -63,7 +64,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     os.environ.update(_rank_environment(place))
-    if place.accelerator == "cpu":
+    platform = platform_of(place.accelerator)
+    if not platform.allocator_memory:
         allocator.keep_heap()  # before torch and gloo start their threads
     try:
         _join_group(place, connection)
@@ -101,7 +103,7 @@ def serve(place: RankPlace, connection: Connection) -> None:
                 phase_s["calibrate"] = phase_s.get("calibrate", 0.0) + start - began
                 result = replace(result, calibration=calibration, phase_s=phase_s)
             # Inside the try: a CUDA error left pending by the test surfaces in its synchronize.
-            _free_test_state(place.accelerator)
+            _free_test_state(platform)
         except BaseException:
             connection.send((RAISED, traceback.format_exc()))
             # The group's state is unknown now: this pool is done. No interpreter shutdown,
@@ -119,14 +121,13 @@ def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
         return spec, None
     import faulthandler
 
-    import torch
-
     from pytest_distperf.ranks.calibrate import calibrate
     from pytest_distperf.ranks.context import DTYPES
+    from pytest_distperf.ranks.environment import rank_device
 
-    cuda = place.accelerator == "cuda"
-    device = torch.device("cuda", place.rank) if cuda else torch.device("cpu")
-    if not cuda:
+    platform = platform_of(place.accelerator)
+    device = rank_device(platform)  # LOCAL_RANK is the pool rank's
+    if not platform.allocator_memory:
         allocator.fault_in_heap(allocator.CALIBRATION_PAD)  # the next test's reset gives it back
     # The test's own watchdog (worker.run_rank) starts after this: a hung collective here must
     # leave its stack behind too.
@@ -178,6 +179,8 @@ def _join_group(place: RankPlace, connection: Connection) -> None:
     import torch
     import torch.distributed as dist
 
+    from pytest_distperf.ranks.environment import rank_device
+
     timeout = timedelta(seconds=STORE_TIMEOUT_S)
     if place.rank == 0:
         store = dist.TCPStore(
@@ -197,15 +200,16 @@ def _join_group(place: RankPlace, connection: Connection) -> None:
             raise RuntimeError(f"expected the store's port from the pytest process, got {kind!r}")
         store = dist.TCPStore("127.0.0.1", port, place.world_size, is_master=False, timeout=timeout)
     os.environ["MASTER_PORT"] = str(store.port)  # for whatever reads the rendezvous variables
-    if place.accelerator == "cpu":
-        torch.set_num_threads(place.threads)
-        dist.init_process_group("gloo", store=store, rank=place.rank, world_size=place.world_size)
-    else:
-        device = torch.device("cuda", place.rank)
+    platform = platform_of(place.accelerator)
+    device = rank_device(platform) if platform.gpus else None  # LOCAL_RANK is the pool rank's
+    if device is not None:
         torch.cuda.set_device(device)
-        dist.init_process_group(
-            "nccl", store=store, rank=place.rank, world_size=place.world_size, device_id=device
-        )
+    if platform.shares_cores:
+        torch.set_num_threads(place.threads)
+    dist.init_process_group(
+        platform.backend, store=store, rank=place.rank, world_size=place.world_size,
+        device_id=device,
+    )  # fmt: skip
     _reuse_device_meshes()
 
 
@@ -250,14 +254,14 @@ def _settings_of_one_test() -> Iterator[None]:
         torch.set_grad_enabled(grad)
 
 
-def _free_test_state(accelerator: str) -> None:
+def _free_test_state(platform: Platform) -> None:
     """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks, and
     freed heap that glibc would keep, so that the next test's RSS peak starts where a fresh
     rank's would."""
     import gc
 
     gc.collect()
-    if accelerator == "cuda":
+    if platform.allocator_memory:
         import torch
 
         torch.cuda.synchronize()

@@ -18,6 +18,7 @@ import torch
 from distperf_model.generate import decode_one_token, prefill
 
 from pytest_distperf.measured import Sample
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.hostspeed import host_times, thread_times
 from pytest_distperf.ranks.reference import step_seconds
 
@@ -63,9 +64,9 @@ class Fences:
 
 
 def device_sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
+    if platform_of(device.type).queues_kernels:
         return lambda: torch.cuda.synchronize(device)
-    return lambda: None  # CPU ops are synchronous
+    return lambda: None  # the host's ops are synchronous
 
 
 @torch.no_grad()

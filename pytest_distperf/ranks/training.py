@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from pytest_distperf.measured import RankResult, Sample
 from pytest_distperf.perfmodel.calibration import MessageSizes, calibration_cap
 from pytest_distperf.perfmodel.train import model_flops_per_step
+from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times, thread_times
@@ -39,8 +40,6 @@ from pytest_distperf.strategies import train_message_sizes_for
 # A small rate: the steps must run AdamW's real arithmetic without moving far from the seed's
 # weights, so that every repeat does the same work.
 LEARNING_RATE = 1e-4
-_MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}
-_MATMUL_REPEATS = {"cpu": 5, "cuda": 20}
 # A CPU warm-up goes on until no rank's heap grew in SETTLED_STEPS steps in a row, for at most
 # MAX_SETTLING steps beyond the warm-up asked for. A step that faulted in fewer than GROWN_PAGES
 # pages (a few MB: the interpreter's own, not a tensor's) did not grow it.
@@ -93,10 +92,10 @@ def make_step(
     return step
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) -> tuple[float, str]:
     """(FLOP/s, how it was measured) of a square matmul in `dtype` on this rank's device,
     with every other rank measuring at the same time: the rate the ranks reach together."""
-    n = _MATMUL_SIZE[device.type]
+    n = platform.matmul_size
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     sync = device_sync(device)
@@ -104,12 +103,12 @@ def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
         torch.mm(a, b)
     sync()
     times = []
-    for _ in range(_MATMUL_REPEATS[device.type]):
+    for _ in range(platform.matmul_repeats):
         start = time.perf_counter()
         torch.mm(a, b)
         sync()
         times.append(time.perf_counter() - start)
-    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
+    threads = f", {torch.get_num_threads()} thread(s)" if platform.shares_cores else ""
     how = (
         f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
         f"{environment.device_name(device)}{threads}"
@@ -146,14 +145,14 @@ def calibrate(ctx: RankContext) -> None:
             tuple(sorted({*session.all_reduce, *sizes.all_reduce})),
             tuple(session.p2p),
         )
-    sizes = sizes.up_to(calibration_cap(environment.measures_itself(ctx.device, ctx.spec.devices)))
+    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(ctx.spec.devices)))
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session is not None):
-        if ctx.device.type == "cpu":  # the reference's reset gives it back
+        if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
         ctx.calibration = measure(
             sizes.all_gather, sizes.all_reduce, ctx.device, compute_dtype(ctx), sizes_p2p=sizes.p2p
         )
-    rate, how = matmul_rate(ctx.device, compute_dtype(ctx))
+    rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
     ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
 
 
@@ -201,7 +200,7 @@ def reference(ctx: RankContext) -> None:
     finally:
         optimizer.zero_grad(set_to_none=True)
         del optimizer
-        if ctx.device.type == "cuda":
+        if ctx.platform.allocator_memory:
             torch.cuda.empty_cache()
     memory.reset_peak(ctx.device)  # the run's peak is the wrapped model's, not this one's
 
@@ -229,7 +228,7 @@ def time_steps(ctx: RankContext) -> None:
     say = ctx.progress or (lambda text: None)
     began = time.time()
     resident = memory.resident()
-    if _warm_up(ctx, step, say) and ctx.device.type == "cpu":
+    if _warm_up(ctx, step, say) and not ctx.platform.allocator_memory:
         # The steps' own peak, then a heap they will not fault in again (ranks/allocator.py).
         ctx.peak_memory = memory.peak(ctx.device)
         grown = ctx.peak_memory[0] - resident if resident is not None else 0
@@ -261,7 +260,7 @@ def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:
     row (at most MAX_SETTLING more): a step that grows the heap page-faults in what it grows
     (ranks/allocator.py). Returns the steps run; warmup=0 runs none."""
     spec, train = ctx.spec, ctx.train
-    settling = ctx.device.type == "cpu" and spec.warmup > 0
+    settling = not ctx.platform.allocator_memory and spec.warmup > 0
     all_done = environment.all_ranks_done(ctx.device) if settling else bool
     done = quiet = 0
     while done < spec.warmup or settling:
@@ -293,7 +292,7 @@ def count_step(ctx: RankContext) -> None:
         return
     started = time.perf_counter()
     try:
-        ctx.counted = counting.count_step(_wrapped_step(ctx), ctx.device.type == "cuda")
+        ctx.counted = counting.count_step(_wrapped_step(ctx), ctx.platform.queues_kernels)
     except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
         counting.warn(ctx.fabric.global_rank, error)
     ctx.count_s = time.perf_counter() - started
@@ -302,10 +301,10 @@ def count_step(ctx: RankContext) -> None:
 def retime(ctx: RankContext) -> None:
     """The wrapped step timed again after the timed ones, as they were, knobs off
     (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device."""
-    if not environment.measures_itself(ctx.device, ctx.spec.devices) or not ctx.spec.retime:
+    if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
         return
-    step, fences = _wrapped_step(ctx), ctx.fences
-    ctx.retimed, _ = retimed(lambda: _timed(step, fences, 0.0)[0], ctx.device)
+    step, fences, budget_s = _wrapped_step(ctx), ctx.fences, ctx.platform.retime_budget_s
+    ctx.retimed, _ = retimed(lambda: _timed(step, fences, 0.0)[0], budget_s)
 
 
 def result(ctx: RankContext) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pytest_distperf.platform import PLATFORMS
 
 SCHEMA = 1
 LOOPBACK = "LOOPBACK"
@@ -242,7 +244,7 @@ class Topology:
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
         parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]
         parts += [f"{_slug(c)}x{counts[c]}" for c in classes]
-        if self.accelerator == "cpu":
+        if self.accelerator in PLATFORMS and PLATFORMS[self.accelerator].shares_cores:
             parts.append(f"{self.host_cpus}cpus")
         if self.nodes > 1:
             parts.append(f"{self.nodes}nodes")
@@ -327,14 +329,14 @@ class Topology:
             network=_network(_get(data, "network", Mapping, "topology", default={})),
         )
 
-    def matrix(self) -> str:
-        """An nvidia-smi-like matrix; `parse_nvidia_smi_topo` reads it back for CUDA topologies."""
-        prefix = "GPU" if self.accelerator == "cuda" else self.accelerator.upper()
+    def matrix(self, cell: Callable[[int, int], str] | None = None, diagonal: str = " X") -> str:
+        """An nvidia-smi-like matrix of `cell(a, b)` (the link classes: `parse_nvidia_smi_topo`
+        reads it back for CUDA topologies)."""
+        known = PLATFORMS.get(self.accelerator)
+        prefix = known.label if known else self.accelerator.upper()
         labels = [f"{prefix}{i}" for i in self.indices]
-        cells = [
-            [" X" if a == b else self.link(a, b).link_class for b in self.indices]
-            for a in self.indices
-        ]
+        cell = cell or (lambda a, b: self.link(a, b).link_class)
+        cells = [[diagonal if a == b else cell(a, b) for b in self.indices] for a in self.indices]
         width = max([len(s) for s in labels] + [len(c) for row in cells for c in row] + [4]) + 2
         lines = [" " * width + "".join(label.ljust(width) for label in labels).rstrip()]
         for label, row in zip(labels, cells, strict=True):

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_distperf.platform import Platform
 
 
 @dataclass(frozen=True)
 class BuildContext:
     """What a rank knows when it builds a strategy: the model is built, not yet wrapped."""
 
-    accelerator: str  # "cpu" or "cuda"
+    platform: Platform
     devices: int  # ranks in the run (all nodes)
     wrap_units: tuple[type, ...] = ()  # module classes to wrap or shard as one unit (blocks)
     rank: int = 0  # this rank's global rank
