@@ -24,10 +24,6 @@ class ModelError(ValueError):
     """A model name that cannot be used here; the message says why and what to do."""
 
 
-def litgpt_installed() -> bool:
-    return importlib.util.find_spec("litgpt") is not None
-
-
 @functools.cache
 def _litgpt_config_module() -> ModuleType:
     """LitGPT's `config.py`, which imports no torch by design; loaded alone when the package is

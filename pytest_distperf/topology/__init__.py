@@ -34,7 +34,6 @@ from pytest_distperf.topology.model import (
 )
 from pytest_distperf.topology.nvml import probe_nvml
 from pytest_distperf.topology.smi import (
-    parse_nvidia_smi_q_pcie,
     parse_nvidia_smi_topo,
     probe_nvidia_smi,
 )
@@ -53,7 +52,6 @@ __all__ = [
     "link_rank",
     "load_nvidia_smi_topo",
     "load_topology",
-    "parse_nvidia_smi_q_pcie",
     "parse_nvidia_smi_topo",
     "probe",
     "probe_cpu",

@@ -1,4 +1,4 @@
-"""The `nvidia-smi` side: parsers for `topo -m` and `-q` text, and the probe that runs it.
+"""The `nvidia-smi` side: the parser of `topo -m` text, and the probe that runs it.
 
 The parsers are pure (saved files and tests feed them text); `probe_nvidia_smi` is the fallback
 for hosts where NVML's Python binding fails.
@@ -33,7 +33,7 @@ from pytest_distperf.topology.model import (
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
-# Piped or saved copies can carry terminal colour codes; both parsers strip them.
+# Piped or saved copies can carry terminal colour codes; the parser strips them.
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 _DEVICE_LABEL_RE = re.compile(r"(GPU|NIC)\d+|mlx\d+_\d+")
@@ -167,52 +167,6 @@ def _find_header(lines: Sequence[str]) -> int | None:
         if tokens and _GPU_LABEL_RE.fullmatch(tokens[0]) and (len(tokens) < 2 or tokens[1] != "X"):
             return n
     return None
-
-
-_Q_GPU_RE = re.compile(r"GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)")
-_Q_FIELDS = {
-    ("PCIe Generation", "Max"): "pcie_gen_max",
-    ("PCIe Generation", "Current"): "pcie_gen_current",
-    ("Link Width", "Max"): "pcie_width_max",
-    ("Link Width", "Current"): "pcie_width_current",
-}
-
-
-def parse_nvidia_smi_q_pcie(text: str) -> list[dict[str, Any]]:
-    """PCIe link facts per GPU from `nvidia-smi -q` text; [] when there is no GPU section.
-
-    Each dict has bus_id, name, pcie_gen_max, pcie_gen_current, pcie_width_max and
-    pcie_width_current (None where the output says N/A or leaves the field out).
-    """
-    gpus: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
-    headings: list[tuple[int, str]] = []  # the open section titles, by indentation
-    for raw in _ANSI_RE.sub("", text).splitlines():
-        if not raw.strip():
-            continue
-        indent = len(raw) - len(raw.lstrip())
-        body = raw.strip()
-        m = _Q_GPU_RE.fullmatch(body)
-        if m and indent == 0:
-            current = {"bus_id": normal_bus_id(m.group(1)), "name": None}
-            current.update(dict.fromkeys(_Q_FIELDS.values()))
-            gpus.append(current)
-            headings = []
-            continue
-        if current is None:
-            continue
-        while headings and headings[-1][0] >= indent:
-            headings.pop()
-        kv = re.fullmatch(r"(.*?)\s*:\s*(.*)", body)
-        if kv is None:
-            headings.append((indent, body))
-            continue
-        key, value = kv.group(1), kv.group(2).strip()
-        if key == "Product Name" and not headings:
-            current["name"] = value
-        elif headings and (headings[-1][1], key) in _Q_FIELDS:
-            current[_Q_FIELDS[headings[-1][1], key]] = _int_or_none(value.rstrip("x"))
-    return gpus
 
 
 def _int_or_none(value: Any) -> int | None:
