@@ -5,7 +5,7 @@ A context lives for one test: the pool drops it with everything the test built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from pytest_distperf.ranks.models import RankModel
     from pytest_distperf.ranks.reference import ReferenceChoice
     from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
-    from pytest_distperf.ranks.timing import Fences, GenerateFn
+    from pytest_distperf.ranks.timing import Fences, GenerateFn, HostTime
     from pytest_distperf.spec import RunSpec, Workload
     from pytest_distperf.strategies import StrategyRecord
 
@@ -82,6 +82,14 @@ class RankContext:
     @property
     def workload(self) -> Workload:
         return self.spec.workload
+
+    def note_host(self, loops: Sequence[tuple[float, float]], host: HostTime, tokens: int) -> None:
+        """The host's loop (wall, CPU) beside each repeat; its CPU, wait and steal per token."""
+        self.host_loop_s = tuple(wall for wall, _ in loops)
+        self.host_loop_cpu_s = tuple(cpu for _, cpu in loops)
+        if tokens:
+            per = host.per(tokens)
+            self.host_cpu_per_token_s, self.run_queue_wait_per_token_s, self.steal_per_token_s = per
 
     @property
     def compiled_loop(self) -> bool:

@@ -263,13 +263,8 @@ def time_generations(ctx: RankContext) -> None:
         "bare": sum(bare_s),
     }
     ctx.bare_samples = bare_samples
-    ctx.host_loop_s = tuple(wall for _, (wall, _) in besides)
-    ctx.host_loop_cpu_s = tuple(cpu for _, (_, cpu) in besides)
     new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
-    if new_tokens:
-        ctx.host_cpu_per_token_s, ctx.run_queue_wait_per_token_s, ctx.steal_per_token_s = host.per(
-            new_tokens
-        )
+    ctx.note_host([loop for _, loop in besides], host, new_tokens)
 
 
 def pick_reference(ctx: RankContext) -> None:

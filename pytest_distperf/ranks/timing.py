@@ -28,6 +28,7 @@ __all__ = [
     "NextTokenFn",
     "StepOverride",
     "device_sync",
+    "fenced",
     "marked_generation",
     "reference_token_time",
     "run_workload",
@@ -80,30 +81,38 @@ def timed_generation(
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
 ) -> tuple[Sample, torch.Tensor]:
-    """One generation, timed; returns the sample and the new tokens [B, max_new_tokens].
+    """One generation, timed: the sample and the new tokens [B, max_new_tokens]. `next_token`
+    replaces the built-in loop's sampling of the model's logits in every step."""
 
-    `next_token` replaces the built-in loop's sampling of the model's logits in every step."""
-    fences.sync()
-    fences.barrier()
-    start, started = time.perf_counter(), thread_times()
-    first: float | None = None
-    if generate is None:
-        out, first = _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
-    else:
-        out = generate(model, prompt, max_new_tokens)
-    fences.sync()
-    end = time.perf_counter()
-    if slowdown:
-        # The documented self-check knob: stretch the generation so the rate drops by
-        # `slowdown`, spinning as extra computation would (a sleep reads as a busy machine).
-        spin((end - start) * slowdown / (1.0 - slowdown))
-        end = time.perf_counter()
-    accounted = thread_accounting(started, end - start)
+    def run() -> tuple[Any, float | None]:
+        if generate is None:
+            return _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
+        return generate(model, prompt, max_new_tokens), None
+
+    (out, first), start, end, accounted = fenced(run, fences, slowdown)
     if first is None:
         sample = Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted)
         return sample, _new_tokens(out, prompt, max_new_tokens)
     sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first, **accounted)
     return sample, torch.cat(out, dim=1)
+
+
+def fenced(
+    run: Callable[[], T], fences: Fences, slowdown: float = 0.0
+) -> tuple[T, float, float, dict[str, float]]:
+    """`run()` between fences: (its result, start, end, its thread's accounting). `slowdown`,
+    the documented self-check knob, stretches it so the rate drops by that fraction, spinning
+    as extra computation would (a sleep reads as a busy machine)."""
+    fences.sync()
+    fences.barrier()
+    start, started = time.perf_counter(), thread_times()
+    out = run()
+    fences.sync()
+    end = time.perf_counter()
+    if slowdown:
+        spin((end - start) * slowdown / (1.0 - slowdown))
+        end = time.perf_counter()
+    return out, start, end, thread_accounting(started, end - start)
 
 
 def thread_accounting(started: tuple[float, float] | None, wall_s: float) -> dict[str, float]:
@@ -204,20 +213,11 @@ def run_workload(
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T], HostTime]:
-    """Warm-up generations (untimed), then `repeats` timed ones.
-
-    `progress`, when given, gets a short text before each warm-up and after each repeat (with
-    this rank's own rate), outside the timing: the plugin's live line.
-
-    `paired`, when given, is run after every warm-up and timed generation, outside the timing,
-    and its results are returned: a reference measured right beside each sample, so that a
-    host whose speed drifts moves both alike.
-
-    Returns the samples, the last generation's tokens, the wall-clock time (epoch seconds) at
-    which the timed generations began (from which the fixed cost of a test is derived), the
-    paired results of the timed phase and this process's CPU seconds and run-queue wait in the
-    timed generations alone (a busy neighbour takes wall time, not this process's CPU time).
-    """
+    """Warm-up generations (untimed), then `repeats` timed ones: the samples, the last tokens,
+    the epoch seconds the timed ones began, what `paired` returned after each (run outside the
+    timing, right beside each sample, so that a drifting host moves both alike) and this
+    process's CPU, wait and steal in the timed generations alone. `progress` gets the live
+    line's text, outside the timing."""
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
     for done in range(warmup):

@@ -24,16 +24,9 @@ from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
-from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times, thread_times
+from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
 from pytest_distperf.ranks.retime import retimed
-from pytest_distperf.ranks.timing import (
-    Fences,
-    HostTime,
-    device_sync,
-    spin,
-    steady_median,
-    thread_accounting,
-)
+from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, steady_median
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
 
@@ -246,13 +239,8 @@ def time_steps(ctx: RankContext) -> None:
         say(f"step {done + 1}/{spec.repeats}: {sample.total_s * 1e3:.1f} ms (rank 0)")
         besides.append(interpreter_loop_times())
     ctx.loop_s = {"warmup": ctx.timed_from - began, "timed": time.time() - ctx.timed_from}
-    ctx.host_loop_s = tuple(wall for wall, _ in besides)
-    ctx.host_loop_cpu_s = tuple(cpu for _, cpu in besides)
     tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)
-    if tokens:
-        ctx.host_cpu_per_token_s, ctx.run_queue_wait_per_token_s, ctx.steal_per_token_s = host.per(
-            tokens
-        )
+    ctx.note_host(besides, host, tokens)
 
 
 def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:
@@ -345,14 +333,5 @@ def _wrapped_step(ctx: RankContext) -> Step:
 
 
 def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
-    fences.sync()
-    fences.barrier()
-    start, started = time.perf_counter(), thread_times()
-    loss = step()
-    fences.sync()
-    end = time.perf_counter()
-    if slowdown:  # the self-check knob, as for a generation (ranks/timing.py)
-        spin((end - start) * slowdown / (1.0 - slowdown))
-        end = time.perf_counter()
-    accounted = thread_accounting(started, end - start)
+    loss, start, end, accounted = fenced(step, fences, slowdown)
     return Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted), loss
