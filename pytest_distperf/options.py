@@ -12,6 +12,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
@@ -175,10 +176,10 @@ def _parse_devices(raw: str, source: str) -> int | None:
     return _positive_int(raw, source)
 
 
-def _parse_accelerator(raw: str, source: str) -> str:
+def _one_of(choices: tuple[str, ...], raw: str, source: str) -> str:
     value = str(raw).strip().lower()
-    if value not in ACCELERATORS:
-        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(ACCELERATORS)}")
+    if value not in choices:
+        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(choices)}")
     return value
 
 
@@ -202,15 +203,6 @@ def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
     if isinstance(raw, bool) or not (value > 0 and upper_ok):
         bounds = "(0, 1]" if allow_one else "(0, 1)"
         raise SettingError(f"{source}: {name} must be in {bounds}, got {raw!r}")
-    return value
-
-
-def _parse_numa_binding(raw: str, source: str) -> str | None:
-    value = str(raw).strip().lower()
-    if not value:
-        return None
-    if value not in NUMA_BINDINGS:
-        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(NUMA_BINDINGS)}")
     return value
 
 
@@ -248,7 +240,7 @@ def _parse_flag(raw: Any, source: str) -> bool:
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "devices": _parse_devices,
-    "accelerator": _parse_accelerator,
+    "accelerator": partial(_one_of, ACCELERATORS),
     "repeats": _positive_int,
     "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
     "timeout": _parse_timeout,
@@ -262,15 +254,11 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "count": _parse_on_off,
     "work_tolerance": parse_work_tolerance,
     "baseline_dir": lambda raw, source: raw or None,
-    "update_baselines": lambda raw, source: _parse_flag(raw, source),
-    "strict": lambda raw, source: _parse_flag(raw, source),
-    "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
     "topology": lambda raw, source: raw or None,
-    "fresh_ranks": lambda raw, source: _parse_flag(raw, source),
-    "recalibrate": lambda raw, source: _parse_flag(raw, source),
-    "compile": lambda raw, source: _parse_flag(raw, source),
-    "numa_binding": lambda raw, source: _parse_numa_binding(raw, source),
-}
+    "numa_binding": lambda raw, source: (
+        _one_of(NUMA_BINDINGS, raw, source) if str(raw).strip() else None
+    ),
+}  # a switch (OptionSpec.is_flag) reads as true or false
 
 
 def resolve_settings(
@@ -286,7 +274,8 @@ def resolve_settings(
         cli_value = cli.get(spec.name)
         if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
-        values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
+        parse = _parse_flag if spec.is_flag else _PARSERS[spec.name]
+        values[spec.name] = parse(raw, f"{source} = {raw!r}")
     return Settings(**values)
 
 

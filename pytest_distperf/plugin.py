@@ -128,7 +128,10 @@ class DistperfPlugin:
     def resolve(self) -> Resolved:
         """Accelerator and device count for this session, counted without importing torch."""
         if self._resolved is None:
-            visible = _visible_gpus() if self.settings.accelerator != "cpu" else 0
+            from pytest_distperf.launch.cpus import available_cpus
+            from pytest_distperf.topology.gpus import visible_gpus
+
+            visible = visible_gpus() if self.settings.accelerator != "cpu" else 0
             accelerator = self.settings.accelerator
             if accelerator == "auto":
                 accelerator = "cuda" if visible else "cpu"
@@ -137,7 +140,7 @@ class DistperfPlugin:
             if self.job is not None:
                 devices = self.job.world_size  # the job's ranks are the test's ranks
             elif devices is None:  # "auto": all visible GPUs; on CPU, one rank per core
-                devices = visible if platform.gpus and visible else _cpu_count()
+                devices = visible if platform.gpus and visible else available_cpus()
             if self.job is not None and platform.gpus:
                 visible = devices  # one GPU per rank, each rank sees its own
             self._resolved = Resolved(platform, devices, visible)
@@ -322,18 +325,6 @@ class DistperfPlugin:
         verbose = terminalreporter.config.option.verbose > 0
         for line in result_lines(shown, outcomes, verbose):
             terminalreporter.write_line(line)
-
-
-def _visible_gpus() -> int:
-    from pytest_distperf.topology.gpus import visible_gpus
-
-    return visible_gpus()
-
-
-def _cpu_count() -> int:
-    from pytest_distperf.launch.cpus import available_cpus
-
-    return available_cpus()
 
 
 @pytest.fixture

@@ -439,11 +439,12 @@ def test_a_calibration_in_the_test_is_not_its_peak(
     resets: list[str] = []
     monkeypatch.setattr(phases.memory, "peak", lambda device: (next(readings), "RSS"))
     monkeypatch.setattr(phases.memory, "reset_peak", lambda device: resets.append("reset"))
-    monkeypatch.setattr(phases, "_calibrate", lambda ctx, shape: resets.append("calibrated"))
+    monkeypatch.setattr(phases, "calibrated", lambda ctx, own, dtype: resets.append("calibrated"))
     ctx = SimpleNamespace(
         spec=SimpleNamespace(calibrate_model=phase == "calibrate_model", calibration_sizes=()),
         model=SimpleNamespace(shape=None),
         device="cpu",
+        dtype=None,
         peak_floor=0,
         bare=SimpleNamespace(reported_peak=lambda peak, kind: (peak, kind)),
     )

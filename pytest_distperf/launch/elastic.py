@@ -1,8 +1,5 @@
-"""Start N ranks through torch's elastic launcher (the machinery behind torchrun), collect their
-results, and turn failures and hangs into one readable message.
-
-Each run gets fresh processes (spawn), a loopback c10d rendezvous on a free port, no restarts,
-and per-rank stdout/stderr files, so a hung rank's stack dump can be shown to the user.
+"""Fresh ranks for one run through torch's elastic launcher (torchrun's machinery): spawned
+processes, a loopback rendezvous on a free port, no restarts, a log per rank for the message.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """A pool of rank processes kept for the session: started once, one RunSpec per test.
 
-Starting ranks (process start, torch import, process group, Lightning) costs far more than a
-small test's timed work (docs/benchmarks/pool.md), so the ranks stay up between tests, as torch's
-own `MultiProcContinuousTest` keeps its process group. The session may start the first pool as
-soon as collection knows its tests (`Pools.start`), so that the ranks' start overlaps what the
-pytest process still has to do. Rank 0 hosts the group's TCPStore and this process relays its
-port to the others, so this process never imports torch. Control goes through one pipe per rank
-(`ranks/serve.py`). A test that raises, hangs or loses a rank leaves the group in an unknown
-state: the pool is stopped and the next test gets a new one.
+Starting ranks costs far more than a small test's timed work (docs/benchmarks/pool.md), so they
+stay up between tests, as torch's `MultiProcContinuousTest` keeps its group; the first pool may
+start as soon as collection knows its tests (`Pools.start`). One pipe per rank (`ranks/serve.py`);
+a test that raises, hangs or loses a rank stops the pool, and the next test gets a new one.
 """
 
 from __future__ import annotations
@@ -253,9 +249,8 @@ class RankPool:
         past_timeout: bool = False,
         starting: bool = False,
     ) -> str:
-        """`replies`: the failed ranks' (kind, text); `past_timeout`: the test ran as long as
-        the ranks' watchdogs allow, so the rank that died first was most likely stopped by its
-        own, and the others failed for want of it; `starting`: the pool was still starting."""
+        """`replies`: the failed ranks' (kind, text); `past_timeout`: the ranks' watchdogs were
+        due, so every rank's stack matters; `starting`: the pool was still starting."""
         kinds = {kind for kind, _ in replies.values()}
         failed = {rank: text for rank, (_, text) in replies.items()}
         timed_out = "timeout" in kinds or past_timeout

@@ -1,17 +1,12 @@
 """glibc's allocator in CPU ranks: keep the heap a step grows, so that every timed step does the
 same work, and give it back between tests, so that each test's memory peak is its own.
 
-By default glibc maps every buffer over its mmap threshold (32 MB at most) fresh and unmaps it
-when freed, and gives gloo's threads arenas of their own whose heaps are too small for a model's
-flat buffers: CPU training steps then page-fault in some repeats and not in others
-(docs/benchmarks/cpu-2026-12-02-train.md). mallopt applies at once, so a rank sets this itself,
-whatever started it; a variable of the same name in the environment (the user's) wins. No torch
-here: the pool's ranks call this before they import it.
-
-A kept heap still grows now and then: torch's buffers are 64-byte aligned (posix_memalign), and
-glibc (2.36 here) puts the few bytes it trims off each one in its per-thread cache, where they
-keep a freed buffer from merging with its neighbour, so a buffer of the same size may not fit
-where the last one was. fault_in_heap makes every page of the heap resident, holes included.
+By default glibc maps every buffer over its mmap threshold fresh and unmaps it when freed, and
+gives gloo's threads arenas too small for a model's flat buffers: CPU training steps then
+page-fault in some repeats only (docs/benchmarks/cpu-2026-12-02-train.md). A variable of the
+same name in the environment wins. No torch here: pool ranks call this before importing it.
+A kept heap still grows now and then (glibc's per-thread cache keeps the aligned buffers' trimmed
+bytes, which stop freed buffers merging): fault_in_heap makes all of it resident, holes included.
 """
 
 from __future__ import annotations

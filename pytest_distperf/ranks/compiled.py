@@ -1,20 +1,11 @@
-"""The compiled decode step (`distperf(compile=True)`, `--distperf-compile`).
+"""The compiled decode step (`distperf(compile=True)`): an eager decode at batch 1 is bound by
+the host issuing kernels, slower than the device and the noisiest part of a GPU runner.
 
-An eager decode at batch 1 is bound by the host issuing kernels, which is both slower than the
-device allows and the noisiest part of a GPU runner (docs/benchmarks). Compiling the decode step
-makes it device-bound. How depends on what wraps the model:
-
-* a replicated strategy's inference forward has no collective, so its steps call the module the
-  wrapper holds, whole-graph, with CUDA graphs on CUDA; the prompt's prefill is compiled the
-  same way (one static shape per test), so that no eager, host-bound part is left in the timed
-  generation;
-* a sharded or model-parallel wrapper runs hooks and collectives between layers: the decode step
-  is compiled around them (graph breaks allowed) and without CUDA graphs, which cannot hold
-  collectives issued from those hooks; its prefill stays eager;
-* a strategy with its own step that sends and receives between ranks (pipeline) stays eager.
-
-Compilation happens before the warm-up and is reported as `compile_s`, never in the timed
-figures.
+A replicated strategy's steps (no collective) call the module the wrapper holds, whole-graph,
+prefill too, with CUDA graphs where kernels queue; a sharded or model-parallel wrapper's decode
+step is compiled around its hooks (graph breaks, no CUDA graphs: they cannot hold the hooks'
+collectives), its prefill eager; a strategy's own step (pipeline) stays eager. Compiling comes
+before the warm-up, reported as `compile_s`.
 """
 
 from __future__ import annotations

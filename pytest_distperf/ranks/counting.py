@@ -1,18 +1,13 @@
 """The counted generation: after the timed repeats, one more generation of the same workload,
 untimed, with this rank's work counted per token (`pytest_distperf.work.Work`).
 
-A TorchDispatchMode sees every op that reaches torch's dispatcher in this process, whoever
-issues it: the model, FSDP1/FSDP2 and DDP hooks, DTensor, the strategy's own step and plain
-`torch.distributed` calls in the user's model or `generate` loop. It counts aten ops, FLOPs
-(torch.utils.flop_counter's formulas) and collectives by kind, with their bytes in nccl-tests'
-terms. Compiled code runs as compiled (the mode asks torch.compile to leave it out of its
-internals), so it sees what a compiled step dispatches: its extern kernels and collectives, not
-the fused kernels, nor anything inside a CUDA graph's replay. On CUDA a second generation runs
-under torch.profiler for the kernels launched per token, each kernel of a CUDA-graph replay
-included, and their summed device time.
-
-It cannot see work below the dispatcher: what a kernel does inside, copies a library makes
-without an op, or a collective sent by another process group library.
+A TorchDispatchMode sees every op reaching torch's dispatcher in this process, whoever issues
+it (the model, FSDP and DDP hooks, DTensor, a strategy's step, the user's loop): aten ops, FLOPs
+(flop_counter's formulas) and collectives by kind, bytes in nccl-tests' terms. Compiled code runs
+compiled, so it sees a compiled step's extern kernels and collectives, not fused kernels nor a
+CUDA graph's replay; where kernels queue, a second generation under torch.profiler counts the
+kernels per token, replays included, and their device time. Work below the dispatcher (inside a
+kernel, a library's copies without an op) stays unseen.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The host CPU's own speed, timed with a fixed piece of interpreter work.
 
-Eager decoding is bound by the host's launch rate, so a host whose vCPU changes speed moves
-tokens/sec with it: on a lent GPU VM this loop's time switched between two levels within
-seconds, and the bare model's decode followed it (docs/benchmarks/h200-2026-11-30.md). Timed
-beside each repeat it says whether the machine, rather than the code under test, got slower; it
-runs no model code, so a slower model does not move it.
+Eager decoding is bound by the host's launch rate: on a lent GPU VM this loop's time switched
+between two levels within seconds, and the bare decode followed it (docs/benchmarks/
+h200-2026-11-30.md). Timed beside each repeat, running no model code, it says whether the
+machine rather than the code under test got slower.
 """
 
 from __future__ import annotations
@@ -33,14 +32,9 @@ def interpreter_loop_times(iterations: int = LOOP_ITERATIONS) -> tuple[float, fl
 
 
 def host_times() -> tuple[float, float | None, float | None]:
-    """(this process's CPU seconds, seconds its threads have waited runnable for a core,
-    seconds the hypervisor has stolen from an average CPU of this host).
-
-    The wait is the kernel's run-queue delay (Linux `/proc/<pid>/task/*/schedstat`, second
-    field), summed over the threads alive now; None where the kernel does not keep it. A busy
-    neighbour shows there, while a rank waiting for its peer or for the device sleeps, which
-    is not counted. The steal is `/proc/stat`'s (a VM's host ran another guest); None where
-    there is no such file."""
+    """(this process's CPU seconds, its live threads' wait runnable for a core (schedstat: a
+    busy neighbour shows, a sleep on a peer or the device does not), the hypervisor's steal
+    from an average CPU (`/proc/stat`)); None where the kernel keeps no such figure."""
     cpu = time.process_time()
     try:
         threads = os.listdir("/proc/self/task")

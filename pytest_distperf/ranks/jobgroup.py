@@ -1,11 +1,9 @@
 """A launched job's process group from one test to the next (job mode: pytest is one of its
 ranks, every rank runs the same tests in the same order).
 
-The job's store is joined once, through torch's env:// rendezvous (torchrun's agent store, or the
-one rank 0 hosts under srun), and kept for the session. Each generation of the default group is
-formed on it under a prefix of its own: after a run that failed, every rank leaves the group and
-the next test forms a new one, with none of the old group's keys in its way. Each run's board
-(ranks/jobwatch.py) lives in the same store.
+The job's store is joined once (env://: torchrun's agent store, or rank 0's under srun). Each
+generation of the default group forms on it under a prefix of its own: after a failed run every
+rank leaves the group and the next test forms a new one. Runs' boards (jobwatch.py) live there too.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """One test's run in a launched job, watched from beside it: its deadline, and a failure in any
 rank.
 
-In job mode (pytest is one rank of a torchrun or srun job) a rank that raises alone would leave
-its peers waiting in a collective until the timeout. So each run has a board in the job's store,
-which answers while a collective hangs since it is no part of the process group:
+In job mode a rank that raises alone would leave its peers waiting in a collective until the
+timeout. So each run has a board in the job's store (it answers while a collective hangs):
+`first`, the run's first `Fault` (compare-and-set); `wake/<rank>`, what that rank's watch must
+act on, or "done" from the rank itself; `hung/<rank>`, where the deadline found its code.
 
-- `first`: the run's first failure, a `Fault` (compare-and-set: the first writer wins);
-- `wake/<rank>`: what that rank's watch must act on (the first failure's kind), or "done" from
-  the rank itself once its run is over;
-- `hung/<rank>`: where that rank's own code was when the run's deadline pulled it out.
-
-Each rank's watch thread waits on its wake key until the deadline: a store wait on a connection
-of its own, so nothing runs beside the timed generations. Woken, or at the deadline, it stops its
-rank's run: it writes every thread's stack (a timeout), aborts an NCCL group (gloo needs no abort:
-the failing rank leaves the group, which closes the connections a blocked gloo collective waits
-on) and raises `Interrupted` in the main thread, which ends a wait in Python code. A rank stuck
-where no signal reaches is exited by faulthandler's C thread a while after the deadline.
+Each rank's watch thread waits on its wake key until the deadline, on a connection of its own
+(nothing runs beside the timed generations). Woken, or at the deadline, it dumps the stacks (a
+timeout), aborts an NCCL group (a gloo one closes as the failing rank leaves) and raises
+`Interrupted` in the main thread. A rank no signal reaches is exited by faulthandler later.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Peak memory of one test in a rank that may have run other tests before it.
-
-On CUDA the allocator's peak is reset; on Linux CPU ranks the kernel's resident-set high-water
-mark (VmHWM) is reset through /proc/self/clear_refs, so a pooled rank reports the test's own
-peak rather than its whole life's. Elsewhere the process-lifetime peak (ru_maxrss) is all there is.
+"""Peak memory of one test in a rank that may have run others before: the allocator's peak
+(Platform.allocator_memory), else the RSS high-water mark (VmHWM, reset through
+/proc/self/clear_refs), else the process-lifetime peak (ru_maxrss).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""The model a rank runs, built from the workload, seen through the one interface the worker uses.
-
-`distperf(model=...)` names a preset of `distperf_model`, a LitGPT config (`litgpt:pythia-14m`:
-LitGPT's own GPT with random weights from the seed) or a builder (`package.module:function`,
-called as `function(seed=, device=, dtype=)`). A builder may return the reference GPT, LitGPT's
-GPT as is, or any GPT-like module with `forward(idx, input_pos)` and one of two KV cache
-interfaces; `RankModel` hides the difference (caches, shard units, shape) and says what a module
-lacks when it lacks something. The contract: docs/extending.md ("Adding a model").
+"""The model a rank runs, built from the workload: a preset, a LitGPT config (random weights
+from the seed) or a builder's module. `RankModel` hides their differences (caches, shard units,
+shape) and says what a module lacks; the contract: docs/extending.md ("Adding a model").
 """
 
 from __future__ import annotations

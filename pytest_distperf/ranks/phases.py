@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,12 @@ import torch
 from distperf_model.generate import make_prompt
 
 from pytest_distperf.measured import Implementation, RankResult, Sample
-from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes, calibration_cap
+from pytest_distperf.perfmodel.calibration import (
+    NO_MESSAGES,
+    Calibration,
+    MessageSizes,
+    calibration_cap,
+)
 from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
@@ -172,18 +178,22 @@ def wrap(ctx: RankContext) -> None:
     DDP snapshots buffers when it wraps and would otherwise broadcast them on every forward;
     each rank's KV cache is its own."""
     workload, model = ctx.workload, ctx.model
-    own_wrap = ctx.half.wrap
-    module = model.module
-    wrapped = own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
+    ctx.wrapped = wrapped_in_strategy(ctx, model.module)
     model.setup_caches(
         max_batch_size=workload.batch_size,
         max_seq_length=workload.prompt_length + workload.max_new_tokens,
         device=ctx.device,
         dtype=ctx.dtype,
-        module=wrapped.module,
+        module=ctx.wrapped.module,
     )
-    ctx.wrapped = wrapped
+
+
+def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
+    """`module` in the strategy's wrapper (its own `wrap`, where Fabric only launched); the
+    fences its timed calls run in."""
     ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
+    own_wrap = ctx.half.wrap
+    return own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
 
 
 def bare_copy(ctx: RankContext) -> None:
@@ -286,14 +296,11 @@ def memory_peak(ctx: RankContext) -> None:
 
 
 def count_work(ctx: RankContext) -> None:
-    """One more generation, untimed, with this rank's work counted (ranks/counting.py). A count
-    that fails leaves the work unknown and says so on stderr: it never fails a healthy run."""
-    if not ctx.spec.count_work:
-        return
+    """One more generation, untimed, with this rank's work counted."""
     steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
-    started = time.perf_counter()
-    try:
-        ctx.counted = counting.count_work(
+    counted_by(
+        ctx,
+        lambda: counting.count_work(
             ctx.wrapped,
             ctx.prompt,
             ctx.workload.max_new_tokens,
@@ -301,7 +308,18 @@ def count_work(ctx: RankContext) -> None:
             next_token=ctx.half.next_token,
             steps=steps,
             compiled_since=ctx.dynamo_before if steps is not None else None,
-        )
+        ),
+    )
+
+
+def counted_by(ctx: RankContext, count: Callable[[], counting.Counted]) -> None:
+    """`count()`'s work, unless counting is off (ranks/counting.py). A count that fails leaves
+    the work unknown and says so on stderr: it never fails a healthy run."""
+    if not ctx.spec.count_work:
+        return
+    started = time.perf_counter()
+    try:
+        ctx.counted = count()
     except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
         counting.warn(ctx.fabric.global_rank, error)
     ctx.count_s = time.perf_counter() - started
@@ -381,25 +399,21 @@ def _calibrate_outside_the_peak(ctx: RankContext, shape: ModelShape | None) -> N
     """Calibrate inside the test (a fresh or job rank's, a builder's first): its buffers are not
     the test's memory, so the peak so far stays as a floor and a new one starts after it."""
     ctx.peak_floor = max(ctx.peak_floor, memory.peak(ctx.device)[0])
-    ctx.calibration = _calibrate(ctx, shape)
+    own = NO_MESSAGES
+    if shape is not None:  # every size any strategy would use for the built model
+        spec, dtype_bytes = ctx.spec, PRECISION_BYTES[ctx.workload.precision]
+        batch = ctx.workload.batch_size
+        own = message_sizes_for(shape, strategy_names(), spec.devices, dtype_bytes, batch)
+    ctx.calibration = calibrated(ctx, own, ctx.dtype)
     memory.reset_peak(ctx.device)
 
 
-def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:
-    """Collectives at the session's sizes and, given the built model's shape, at every size
-    any strategy would use for it."""
-    from pytest_distperf.ranks.calibrate import calibrate as measure
+def calibrated(ctx: RankContext, own: MessageSizes, dtype: torch.dtype) -> Calibration:
+    """Collectives at the session's sizes and `own`, capped where ranks time themselves."""
+    from pytest_distperf.ranks.calibrate import calibrate
 
-    spec, workload = ctx.spec, ctx.workload
-    sizes = spec.calibration_sizes or MessageSizes((), ())
-    if shape is not None:
-        dtype_bytes = PRECISION_BYTES[workload.precision]
-        names = strategy_names()
-        own = message_sizes_for(shape, names, spec.devices, dtype_bytes, workload.batch_size)
-        sizes = MessageSizes(
-            tuple(sorted({*sizes.all_gather, *own.all_gather})),
-            tuple(sorted({*sizes.all_reduce, *own.all_reduce})),
-            tuple(sorted({*sizes.p2p, *own.p2p})),
-        )
-    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(spec.devices)))
-    return measure(sizes.all_gather, sizes.all_reduce, ctx.device, ctx.dtype, sizes_p2p=sizes.p2p)
+    session = ctx.spec.calibration_sizes or NO_MESSAGES
+    union = (tuple(sorted({*a, *b})) for a, b in zip(astuple(session), astuple(own), strict=True))
+    sizes = MessageSizes(*union)
+    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(ctx.spec.devices)))
+    return calibrate(sizes.all_gather, sizes.all_reduce, ctx.device, dtype, sizes_p2p=sizes.p2p)

@@ -1,9 +1,7 @@
-"""The re-timing where ranks time themselves (CPU ranks, one CUDA device): right after the
-timed repeats, the same wrapped generation or training step timed again the way they were
-timed (each fenced), with the knobs off (no slow-down, comm_delay's sleeps paused), each with
-the bare model's generation beside it where the repeats had one: this host's speed drifts
-between seconds, and the pair drifts alike. The judge's re-timing check (judge/threshold.py)
-compares the repeats with it. Several GPUs keep the modelled prediction."""
+"""The re-timing where ranks time themselves (Platform.ranks_time_themselves): right after the
+timed repeats, the same wrapped generation or step timed again as they were, knobs off, the
+bare model beside each where the repeats had one (a drifting host moves the pair alike). The
+re-timing check (judge/threshold.py) compares the repeats with it."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The rank side of the pool: join the process group once, then run one RunSpec per message.
 
-Started by `launch/pool.py` in a fresh (spawned) process per rank. Rank 0 hosts the group's
-TCPStore on a port the kernel picks and the pytest process relays that port to the other ranks,
-so no rank races another for a port and the pytest process never imports torch; the group is
-joined before the first test, so Fabric finds it initialised and never launches anything itself.
-Between tests everything a test built is freed, so the next test starts from the same state; a
-test that raises leaves the group in an unknown state, so the pool is replaced after it (the
-pytest side decides that).
+Spawned by `launch/pool.py`, one process per rank. Rank 0 hosts the group's TCPStore on a port
+the kernel picks, which the pytest process relays to the others: no race for a port, no torch in
+the pytest process. Fabric finds the group joined and launches nothing. Between tests all a test
+built is freed; after one that raised, the pytest side replaces the pool.
 """
 
 from __future__ import annotations

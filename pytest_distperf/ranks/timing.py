@@ -1,10 +1,7 @@
-"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each fenced by a
-device synchronisation and a barrier so that no rank's clock starts before the others are ready
-and no clock stops while kernels are still queued.
-
-A test may bring its own generation loop (`distperf(generate=...)`): it is timed in the same
-fences instead of the built-in prefill + decode loop; its prefill/decode split is unknown, so
-its samples have no ttft or decode time (None)."""
+"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each between fences
+(a device sync and a barrier: no clock starts before the others are ready, none stops while
+kernels are queued). A test's own loop (`distperf(generate=...)`) is timed in the same fences;
+its samples have no ttft or decode time (its split is unknown)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
 """Train mode inside one rank: the phases of `distperf(mode="train")`, each a function of the
 test's RankContext like the generation's (ranks/phases.py), and the step they time.
 
-A step is one optimizer step: forward, next-token cross-entropy, backward, AdamW. Each
-data-parallel rank trains on its own batch of random tokens from the seed; the whole model's
-step in this process, before wrapping, gives the compute term and the loss the wrapped model
-must reproduce (docs/training.md).
+A step: forward, next-token cross-entropy, backward, AdamW, on each data-parallel rank's own
+batch of random tokens from the seed; the whole model's step before wrapping gives the compute
+term and the loss the wrapped model must reproduce (docs/training.md).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import torch
 import torch.nn.functional as F
 
 from pytest_distperf.measured import RankResult, Sample
-from pytest_distperf.perfmodel.calibration import MessageSizes, calibration_cap
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
@@ -119,8 +117,6 @@ def compute_dtype(ctx: RankContext) -> torch.dtype:
 
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the sizes a training step of this model moves, and the matmul rate."""
-    from pytest_distperf.ranks.calibrate import calibrate as measure
-
     workload, shape = ctx.workload, ctx.model.shape
     sizes = train_message_sizes_for(
         shape,
@@ -131,20 +127,12 @@ def calibrate(ctx: RankContext) -> None:
         workload.batch_size,
         workload.seq_length or 0,
     )
-    session = ctx.spec.calibration_sizes  # the session's sizes, when this pool has none yet
-    if session is not None:
-        sizes = MessageSizes(
-            tuple(sorted({*session.all_gather, *sizes.all_gather})),
-            tuple(sorted({*session.all_reduce, *sizes.all_reduce})),
-            tuple(session.p2p),
-        )
-    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(ctx.spec.devices)))
-    if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session is not None):
+    # With the session's sizes, when this pool has none yet.
+    session = ctx.spec.calibration_sizes is not None
+    if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
         if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
-        ctx.calibration = measure(
-            sizes.all_gather, sizes.all_reduce, ctx.device, compute_dtype(ctx), sizes_p2p=sizes.p2p
-        )
+        ctx.calibration = phases.calibrated(ctx, sizes, compute_dtype(ctx))
     rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
     ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
 
@@ -205,12 +193,9 @@ def wrap(ctx: RankContext) -> None:
     module.train()
     if ctx.spec.compile:
         module = torch.compile(module)
-    own_wrap = ctx.half.wrap
-    wrapped = own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=LEARNING_RATE)
+    ctx.wrapped = phases.wrapped_in_strategy(ctx, module)
+    optimizer = torch.optim.AdamW(ctx.wrapped.parameters(), lr=LEARNING_RATE)
     ctx.train.optimizer = ctx.fabric.setup_optimizers(optimizer)
-    ctx.wrapped = wrapped
-    ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
 
 
 def time_steps(ctx: RankContext) -> None:
@@ -274,16 +259,9 @@ def memory_peak(ctx: RankContext) -> None:
 
 
 def count_step(ctx: RankContext) -> None:
-    """One more step, untimed, with its work counted (ranks/counting.py); a count that fails
-    leaves the work unknown and says so on stderr."""
-    if not ctx.spec.count_work:
-        return
-    started = time.perf_counter()
-    try:
-        ctx.counted = counting.count_step(_wrapped_step(ctx), ctx.platform.queues_kernels)
-    except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
-        counting.warn(ctx.fabric.global_rank, error)
-    ctx.count_s = time.perf_counter() - started
+    """One more step, untimed, with its work counted."""
+    step = _wrapped_step(ctx)
+    phases.counted_by(ctx, lambda: counting.count_step(step, ctx.platform.queues_kernels))
 
 
 def retime(ctx: RankContext) -> None:
