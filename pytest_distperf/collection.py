@@ -1,8 +1,7 @@
 """From collected tests to distperf items: parametrisation, bad markers, order, xdist grouping.
 
-A bad marker fails only its own test, at setup (an `Invalid` parameter carries the message), so
-one typo never stops the rest of its module from being collected. Nothing here probes or imports
-torch: what must be measured is decided in `pytest_collection_finish`, after -k, -m and --lf.
+A bad marker fails only its own test, at setup (an `Invalid` parameter carries the message).
+Nothing here probes or imports torch.
 """
 
 from __future__ import annotations

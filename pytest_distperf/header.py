@@ -1,8 +1,5 @@
-"""What the session tells the user before tests run: the report header and the collection line.
-
-The header is printed before collection, so it never probes the links (most sessions that load
-the plugin run no distperf test); the line after collection names the topology once it has been
-probed for the tests that will run, and the calibration each rank count will get.
+"""The report header (before collection: it never probes, most sessions run no distperf test)
+and the lines after collection (the probed topology, each rank count's calibration).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Session settings and per-test workloads, validated, with errors that name their source.
-
-Precedence: the most specific setting wins, as in pytest-timeout: a test's `distperf` marker
-over the command line over the ini file over the default. Nothing here imports torch, so
-`pytest --help` stays fast.
+"""Session settings and per-test workloads, validated, with errors that name their source. The
+most specific wins (pytest-timeout's rule): marker, command line, ini file, default. No torch.
 """
 
 from __future__ import annotations
@@ -315,19 +312,15 @@ def workload_from_marker(
         )
     for name in ("max_new_tokens", "prompt_length", "batch_size"):
         value = values[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _is_number(value, int) or value < 1:
             raise SettingError(f"{where}: distperf({name}={value!r}) must be a positive integer")
-    if isinstance(values["seed"], bool) or not isinstance(values["seed"], int):
+    if not _is_number(values["seed"], int):
         raise SettingError(f"{where}: distperf(seed={values['seed']!r}) must be an integer")
     slowdown = values["slowdown"]
-    if (
-        isinstance(slowdown, bool)
-        or not isinstance(slowdown, (int, float))
-        or not 0 <= slowdown < 1
-    ):
+    if not _is_number(slowdown) or not 0 <= slowdown < 1:
         raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
     delay = values["comm_delay"]
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 1:
+    if not _is_number(delay) or not 0 <= delay <= 1:
         raise SettingError(
             f"{where}: distperf(comm_delay={delay!r}) must be seconds in [0, 1] per message"
         )
@@ -368,7 +361,7 @@ def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> i
         )
     if seq_length is None:
         return DEFAULT_SEQ_LENGTH
-    if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:
+    if not _is_number(seq_length, int) or seq_length < 1:
         raise SettingError(
             f"{where}: distperf(seq_length={seq_length!r}) must be a positive integer"
         )
@@ -395,6 +388,10 @@ def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
         else:
             gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
     return gate
+
+
+def _is_number(value: Any, kinds: type | tuple[type, ...] = (int, float)) -> bool:
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def _is_import_path(value: str) -> bool:

@@ -1,8 +1,6 @@
 """pytest hooks of pytest-distperf: options, markers, parametrisation, the fixture, the report.
 
-This module is imported on every pytest start (entry point `pytest11`), so it must stay cheap:
-no torch at import time. Everything that needs torch runs inside the rank processes, or is
-imported lazily when a distperf test is actually collected.
+Imported on every pytest start (entry point `pytest11`): no torch, the rest imported lazily.
 """
 
 from __future__ import annotations

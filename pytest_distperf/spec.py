@@ -27,17 +27,10 @@ LITGPT_EXTRA = "pip install 'pytest-distperf[litgpt]'"
 
 @dataclass(frozen=True)
 class Workload:
-    """What one test generates; set by the `distperf` marker.
-
-    `model` is a preset name of `distperf_model`, "litgpt:<LitGPT config name>", or
-    "package.module:function", a builder called in every rank as
-    `function(seed=..., device=..., dtype=...)` that returns a GPT-like module (the contract:
-    docs/extending.md). `generate`, when set, is "package.module:function", the user's own
-    generation loop `function(model, prompt, max_new_tokens) -> tokens`, timed instead of the
-    built-in one; `shard_unit` ("package.module:Class") overrides the module class FSDP wraps;
-    `tp_plan` ("package.module:function", `function(model, tp_mesh) -> model`) places a model
-    the built-in tensor-parallel plan does not know.
-    """
+    """What one test generates; set by the `distperf` marker. `model`: a preset, "litgpt:<name>"
+    or a builder "package.module:function" (`function(seed=, device=, dtype=)`, the contract:
+    docs/extending.md); `generate`: the user's loop `function(model, prompt, max_new_tokens)`;
+    `shard_unit`: the class FSDP wraps; `tp_plan`: `function(model, tp_mesh) -> model`."""
 
     model: str = "tiny"
     max_new_tokens: int = 32

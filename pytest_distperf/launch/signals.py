@@ -1,8 +1,5 @@
-"""Signals that stop the whole session (a CI runner's cancel, a closed terminal) while ranks run.
-
-The elastic agent installs its own handlers for a run and leaves them; these helpers give pytest
-its handlers back and remember which signal arrived, so one signal never fails just one test.
-"""
+"""Signals that stop the whole session (a CI runner's cancel, a closed terminal) while ranks run,
+never just one test."""
 
 from __future__ import annotations
 
@@ -29,12 +26,9 @@ STOPPING_SIGNALS = frozenset(HANDLED_SIGNALS) - {signal.SIGINT}  # SIGINT: Keybo
 
 @contextlib.contextmanager
 def own_signals(signals: set[int] | None = None) -> Iterator[None]:
-    """Give pytest its signal handlers back: the elastic agent installs its own for the run and
-    leaves them, after which a Ctrl-C between tests would only fail the next test.
-
-    Also notes every signal that arrives meanwhile in `signals`, through Python's wakeup fd,
-    which is written whichever handler is installed (the agent replaces the handlers).
-    """
+    """Give pytest its signal handlers back (the elastic agent leaves its own: a Ctrl-C would
+    only fail the next test); note in `signals` each one that arrives meanwhile, through the
+    wakeup fd, written whichever handler is installed."""
     saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     reader, writer = socket.socketpair()
     reader.setblocking(False)

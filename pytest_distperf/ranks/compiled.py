@@ -114,10 +114,8 @@ def compile_run(
     replicated: bool,
     own_step: bool,
 ) -> tuple[CompiledStep, CompiledStep | None, float]:
-    """(the wrapped model's steps, the bare model's, seconds compiling and settling both).
-
-    A replicated wrapper's steps call `inner` whole, so the bare model that is `inner` shares
-    them; any other bare model gets its own."""
+    """(the wrapped model's steps, the bare model's, seconds compiling and settling both); a
+    bare model that is the replicated wrapper's `inner` shares its steps."""
     device = prompt.device
     compiled = compile_decode_step(wrapped, inner, device, replicated=replicated, own_step=own_step)
     seconds = settle(compiled, wrapped, prompt, sync)

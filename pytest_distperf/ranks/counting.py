@@ -265,11 +265,9 @@ def count_work(
     steps: StepOverride | None = None,
     compiled_since: DynamoMark | None = None,
 ) -> Counted:
-    """Count one generation of `model` as the timed loop runs it (the test's own `generate`,
-    the strategy's `next_token`, the compiled `steps`); on CUDA profile one more.
-
-    `compiled_since`: dynamo's totals before the test compiled its steps, for a compiled run's
-    graph breaks; None for an eager run. Raises RuntimeError where the count failed."""
+    """Count one generation of `model` as the timed loop runs it (`generate`, `next_token`,
+    `steps`); where kernels queue, profile one more. `compiled_since`: dynamo's totals before
+    compiling (None: eager). RuntimeError where the count failed."""
     # A user's loop has no known prefill/decode split: its whole generation counts as the
     # prefill and, divided by its new tokens, as each decode token.
     split = generate is None
@@ -280,11 +278,7 @@ def count_work(
         mark(None)
 
     frames = dynamo_mark().frames if compiled_since is not None else 0
-    counter = WorkCounter()
-    with counter:
-        generation(counter.mark)
-    if counter.failure is not None:
-        raise RuntimeError(f"counting the work failed at {counter.failure}")
+    counter = _counted(generation)
     queued = platform_of(prompt.device.type).queues_kernels
     profiled = profile_kernels(generation) if queued else None
     prefill = counter.phases["prefill"]
@@ -310,30 +304,32 @@ def count_work(
     return Counted(work, device_time)
 
 
-def count_step(step: Callable[[], Any], cuda: bool) -> Counted:
-    """Count one training step (forward, backward, optimizer) as the timed ones run it; on CUDA
-    profile one more for its kernels. Raises RuntimeError where the count failed."""
+def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
+    """Count one training step (forward, backward, optimizer) as the timed ones run it; where
+    kernels queue, profile one more for its kernels. RuntimeError where the count failed."""
 
     def once(mark: Mark) -> None:
         mark("step")
         step()
         mark(None)
 
-    counter = WorkCounter()
-    with counter:
-        once(counter.mark)
-    if counter.failure is not None:
-        raise RuntimeError(f"counting the work failed at {counter.failure}")
-    kernels = profile_kernels(once)["step"][0] if cuda else None
+    counter = _counted(once)
+    kernels = profile_kernels(once)["step"][0] if queues_kernels else None
     return Counted(Work(step=counter.phases["step"].work(1, kernels)), None)
 
 
-def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
-    """Kernels launched per phase of one profiled generation and their summed device time in
-    seconds: phase -> (kernels, seconds), over all of the phase's steps. A CUDA-graph replay
-    counts every kernel of its graph.
+def _counted(generation: Generation) -> WorkCounter:
+    counter = WorkCounter()
+    with counter:
+        generation(counter.mark)
+    if counter.failure is not None:
+        raise RuntimeError(f"counting the work failed at {counter.failure}")
+    return counter
 
-    One CUDA-only profiler session per phase, each ended once the device is done with it: far
+
+def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
+    """phase -> (kernels launched, their summed device seconds) of one profiled generation, a
+    CUDA-graph replay's every kernel included: one CUDA-only profiler session per phase, far
     cheaper than tracing every host op to tell the phases apart."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -28,9 +28,8 @@ def rank_device(platform: Platform) -> torch.device:
 def join_group(
     device: torch.device, store: Store | None = None, rank: int = 0, world: int = 1
 ) -> None:
-    """Join the run's process group as Fabric would, unless the launcher already has (the rank
-    pool does): calibration comes before the model, and the strategy is built for the model.
-    Without `store`, through env://; with it, as `rank` of `world` (a launched job's group)."""
+    """Join the run's process group as Fabric would (calibration comes before the model), unless
+    the pool did; through env://, or `store` as `rank` of `world` (a launched job's group)."""
     from torch.distributed.constants import default_pg_timeout
 
     dist = torch.distributed

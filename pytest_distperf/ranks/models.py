@@ -316,12 +316,8 @@ def _litgpt(config_name: str) -> tuple[type[nn.Module], Any]:
 def build_litgpt(
     config_name: str, seed: int, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
-    """LitGPT's own GPT for `config_name`, weights from `seed` alone: no download, no checkpoint.
-
-    Built on meta and materialised once in `dtype`; its only buffers, the rope tables, are
-    rebuilt with the caches. A config whose modules keep other buffers is built eagerly instead,
-    so that they hold what LitGPT puts there.
-    """
+    """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
+    materialised in `dtype` (eagerly where its modules keep buffers beside the rope tables)."""
     gpt, config = _litgpt(config_name)
     with torch.device("meta"):
         module = gpt(config)

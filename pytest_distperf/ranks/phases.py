@@ -1,7 +1,5 @@
-"""One test inside one rank, phase by phase: each phase is a function of the test's RankContext
-(ranks/context.py) that reads what earlier phases set and sets its own fields. worker.PHASES
-lists them in order; a new phase is one function here and one line there.
-"""
+"""One test inside one rank, phase by phase: each a function of the test's RankContext that
+sets its own fields (worker.PHASES lists them in order)."""
 
 from __future__ import annotations
 
@@ -326,9 +324,7 @@ def counted_by(ctx: RankContext, count: Callable[[], counting.Counted]) -> None:
 
 
 def retime(ctx: RankContext) -> None:
-    """The wrapped generation timed again after the repeats, as they were, knobs off
-    (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device; a compiled run with the
-    compiled steps of its timed repeats."""
+    """The wrapped generation timed again as the repeats ran it (ranks/retime.py)."""
     if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
         return
     steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None

@@ -211,12 +211,8 @@ def _join_group(place: RankPlace, connection: Connection) -> None:
 
 
 def _reuse_device_meshes() -> None:
-    """Give every test of this pool the same DeviceMesh per shape.
-
-    Fabric's ModelParallelStrategy builds a new mesh in each test's setup, and each new mesh makes
-    new process groups (sockets and threads that live until the process ends), so a long session
-    would grow without bound. The groups of one shape are the same for every test: keep them.
-    """
+    """One DeviceMesh per shape for every test of the pool: Fabric's ModelParallelStrategy makes
+    a new one per test, whose process groups live until the process ends."""
     model_parallel = fabric_module("strategies.model_parallel")
 
     build = model_parallel._setup_device_mesh

@@ -152,10 +152,8 @@ def _prefill_and_decode(
     steps: StepOverride | None = None,
     mark: MarkFn | None = None,
 ) -> tuple[list[torch.Tensor], float]:
-    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready.
-
-    `steps` replaces the prefill, the steps after it, or both (the compiled steps); `mark`,
-    when given, is told where each phase begins."""
+    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready;
+    `steps` may replace its steps (compiled), `mark` is told where each phase begins."""
     batch, prompt_length = prompt.shape
     device = prompt.device
     first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
@@ -277,12 +275,9 @@ def _added(total: float | None, before: float | None, after: float | None) -> fl
     return total + max(after - before, 0.0)  # a thread may have ended
 
 
-# The reference is timed right after start-up (and, in a session's first test, right after the
-# calibration), when the device and the host may still be speeding up: a session's first
-# reference came out slower than the same model's in the next test (docs/benchmarks/
-# h200-2026-11-29-overlap.md). So it is repeated until it stops improving, and the median of that
-# steady stretch is kept: a median, like the run's own figure, because on a noisy host the best
-# repeat is a lucky one, which made healthy replicated runs look slow against it.
+# Timed right after start-up, the reference may catch the device and host still speeding up
+# (docs/benchmarks/h200-2026-11-29-overlap.md): repeated until it stops improving, the median of
+# that steady stretch kept (on a noisy host the best repeat is a lucky one).
 REFERENCE_MAX_REPEATS = 10
 REFERENCE_PATIENCE = 3  # repeats in a row without a new best
 REFERENCE_IMPROVEMENT = 0.02  # what counts as a new best
@@ -321,13 +316,8 @@ def reference_token_time(
     generate: GenerateFn | None = None,
     all_done: Callable[[bool], bool] = bool,
 ) -> tuple[float, float | None]:
-    """(seconds per decode step, seconds of the prefill) of this rank's whole, unwrapped
-    model: no collectives at all. The prefill is None for a user's own loop (no split).
-
-    The compute term of the performance model: it carries the eager-mode launch overhead and
-    the real kernels of this device, which a bandwidth roofline misses (docs/benchmarks/
-    h200-2026-11-29.md: eager decode far below the copy bandwidth).
-    """
+    """(seconds per decode step, prefill seconds; None for a user's loop) of this rank's whole,
+    unwrapped model: the eager launch overhead and real kernels a roofline misses."""
     local = Fences(sync=sync, barrier=lambda: None)
     prefills: list[float] = []
 

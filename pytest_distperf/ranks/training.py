@@ -1,9 +1,7 @@
-"""Train mode inside one rank: the phases of `distperf(mode="train")`, each a function of the
-test's RankContext like the generation's (ranks/phases.py), and the step they time.
-
-A step: forward, next-token cross-entropy, backward, AdamW, on each data-parallel rank's own
-batch of random tokens from the seed; the whole model's step before wrapping gives the compute
-term and the loss the wrapped model must reproduce (docs/training.md).
+"""The phases of `distperf(mode="train")` inside one rank, and the step they time: forward,
+next-token cross-entropy, backward, AdamW, on each data-parallel rank's own batch of random
+tokens from the seed; the whole model's step before wrapping gives the compute term and the
+loss the wrapped model must reproduce (docs/training.md).
 """
 
 from __future__ import annotations
@@ -229,9 +227,8 @@ def time_steps(ctx: RankContext) -> None:
 
 
 def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:
-    """`spec.warmup` steps; on CPU more, until no rank's heap grew in SETTLED_STEPS steps in a
-    row (at most MAX_SETTLING more): a step that grows the heap page-faults in what it grows
-    (ranks/allocator.py). Returns the steps run; warmup=0 runs none."""
+    """`spec.warmup` steps, and with an RSS heap more until it settles (a step that grows the
+    heap page-faults in what it grows: ranks/allocator.py); the steps run."""
     spec, train = ctx.spec, ctx.train
     settling = not ctx.platform.allocator_memory and spec.warmup > 0
     all_done = environment.all_ranks_done(ctx.device) if settling else bool
