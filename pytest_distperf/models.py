@@ -1,9 +1,6 @@
 """What `distperf(model=...)` names, as the pytest process knows it before any rank runs: the
-model's shape (for the performance model and the calibration's message sizes) and its context.
-
-Presets come from `distperf_model.config`; a LitGPT name's shape is counted from LitGPT's own
-config module, loaded alone (`litgpt_shape`); a user's builder is known only once a rank has
-built it (`RankResult.model_shape`). No torch, not even lazily, and nothing from the ranks.
+model's shape and its context, from a preset's config or LitGPT's config module loaded alone; a
+builder's only once a rank built it (`RankResult.model_shape`). No torch, nothing from the ranks.
 """
 
 from __future__ import annotations
@@ -159,9 +156,8 @@ def _block(config: Any, index: int) -> int:
 
 
 def litgpt_shape(config: Any) -> ModelShape:
-    """The shape of LitGPT's `GPT(config)`, its parameters counted from the config alone, as
-    `ranks.models.measure_shape` counts them on the built model: per block (the mean, should
-    blocks differ) and outside them (embedding, final norm, head)."""
+    """The shape of LitGPT's `GPT(config)` counted from the config alone, as
+    `ranks.models.measure_shape` counts a built one: per block (the mean) and outside them."""
     blocks = sum(_block(config, i) for i in range(config.n_layer))
     outside = (
         config.padded_vocab_size * config.n_embd  # wte

@@ -133,8 +133,8 @@ class RankPool:
         return bool(self._processes) and all(p.is_alive() for p in self._processes)
 
     def fits(self, key: PoolKey) -> bool:
-        """Whether the next test of `key` can run in these ranks. A pool started ahead of its
-        first test must still see the environment and directory that test would start it in."""
+        """Whether the next test of `key` can run in these ranks (a pool started ahead of its first
+        test in that test's environment and directory)."""
         if self.key != key or not self.alive:
             return False
         return self.tests_run > 0 or self._started_in == _surroundings()

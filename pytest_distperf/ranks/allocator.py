@@ -41,9 +41,8 @@ _kept = ""  # the settings keep_heap applied, as the result's versions report th
 
 
 def keep_heap() -> str:
-    """Set the ranks' allocator settings where the environment does not; returns what the
-    allocator runs with ("" where it is not glibc's). Call it before the process starts threads:
-    an arena a thread already has stays its own."""
+    """Set the ranks' allocator settings where the environment does not, before any thread
+    starts (a thread keeps its arena); what it runs with ("" where not glibc's)."""
     global _kept
     libc = _glibc()
     if libc is None:
@@ -62,8 +61,7 @@ def settings() -> str:
 
 
 def release_heap() -> None:
-    """Give the freed heap back to the kernel (malloc_trim(0), whatever the trim threshold): the
-    next memory peak starts where a fresh process's would."""
+    """Give the freed heap back: the next peak starts where a fresh process's would."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
@@ -81,9 +79,8 @@ CALIBRATION_PAD = 512 << 20
 
 
 def fault_in_heap(pad_bytes: int) -> int:
-    """Grow the heap by `pad_bytes` of free space, then fault in every page of it, free chunks
-    included (the holes release_heap left): later steps reuse them without page faults. Returns
-    the bytes made resident; 0 where the kernel or the allocator cannot."""
+    """Grow the heap by `pad_bytes` of free space, then fault in all of it, free chunks included,
+    for later steps to reuse without page faults: the bytes made resident (0: cannot)."""
     libc = _glibc()
     if libc is None:
         return 0

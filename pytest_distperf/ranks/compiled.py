@@ -74,9 +74,8 @@ def compile_decode_step(
 def compile_bare_step(
     bare: torch.nn.Module, device: torch.device, with_prefill: bool = True
 ) -> CompiledStep:
-    """A whole module's decode step and (`with_prefill`) prefill, whole-graph (CUDA graphs on
-    CUDA): a replicated strategy's, and the bare model's the wrapper is measured against, whose
-    prefill is compiled only where the wrapper's is (the prediction adds the bare prefill)."""
+    """A whole module's decode step and (`with_prefill`: where the wrapper's is) prefill,
+    whole-graph: a replicated strategy's, or the bare model's the wrapper is measured against."""
     graphs = platform_of(device.type).queues_kernels
     decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if graphs else (None, None)
 
@@ -93,9 +92,8 @@ def compile_bare_step(
 
 
 def _graph_safe(step: Step) -> Step:
-    """A CUDA graph's output lives in memory its next replay overwrites, and each step's token
-    is the next step's input: mark each call as a new step and keep a copy of its token (a
-    no-op without CUDA graphs)."""
+    """Each call a new CUDA-graph step, its token copied: the next replay overwrites the output
+    the next step reads (a no-op without CUDA graphs)."""
 
     def call(model: Any, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()

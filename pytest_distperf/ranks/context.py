@@ -1,7 +1,5 @@
-"""What one test knows inside one rank, filled in phase by phase (ranks/phases.py).
-
-A context lives for one test: the pool drops it with everything the test built.
-"""
+"""What one test knows inside one rank, filled in phase by phase (ranks/phases.py), dropped
+with everything the test built."""
 
 from __future__ import annotations
 

@@ -136,9 +136,8 @@ def _op(func: Any) -> _Op | None:
 
 
 def message_bytes(args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) -> int:
-    """A collective's size as nccl-tests counts it: the whole buffer (all_gather's gathered
-    output, reduce_scatter's full input, the tensor of the others), which is the largest of its
-    argument groups and its result for both the in-place and the functional ops."""
+    """A collective's size as nccl-tests counts it (all_gather's output, reduce_scatter's input):
+    the largest of its argument groups and its result, in-place and functional ops alike."""
 
     def size(value: Any) -> int:
         leaves = tree_leaves(value)
@@ -172,8 +171,7 @@ class _Tally:
 
 class WorkCounter(TorchDispatchMode):
     """Counts, per phase, the aten ops, FLOPs and collectives this process dispatches; `mark`
-    starts a phase's next step. Every op runs whatever its counting does: a rank whose count
-    failed still issues every collective the other ranks wait for (`failure` says why)."""
+    starts a phase's next step. Every op runs, counted or not (`failure` says why not)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -77,9 +77,8 @@ def backend() -> str:
 
 
 def forget_compiled_code() -> None:
-    """A pooled rank compiles the same step functions for test after test: drop the earlier
-    tests' code and CUDA graphs, whose guards would pile up to dynamo's recompile limit and whose
-    graph pools would hold memory (inductor's on-disk cache still serves a repeated test)."""
+    """Drop the earlier tests' compiled code and CUDA graphs: their guards would pile up to
+    dynamo's recompile limit, their pools hold memory (inductor's disk cache stays)."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()

@@ -52,9 +52,8 @@ def host_times() -> tuple[float, float | None, float | None]:
 
 def thread_times() -> tuple[float, float] | None:
     """(seconds on a core, seconds runnable in the run queue) of the calling thread so far
-    (`/proc/thread-self/schedstat`); None where the kernel keeps no such figures. Over a
-    stretch of wall time, what is left of it is time the thread chose to wait: a sleep, a
-    host-device sync that blocks, I/O, a lock, a peer in a collective."""
+    (`/proc/thread-self/schedstat`); None where the kernel keeps none. The rest of a stretch of
+    wall time the thread chose to wait (a sleep, a blocking sync, I/O, a peer)."""
     try:
         with open("/proc/thread-self/schedstat") as stat:
             ran_ns, queued_ns = stat.read().split()[:2]
@@ -64,9 +63,8 @@ def thread_times() -> tuple[float, float] | None:
 
 
 def host_steal_seconds(stat_path: str = "/proc/stat") -> float | None:
-    """Steal time of this host's CPUs, summed and divided by their number: what a thread that
-    ran all along on one of them lost to the hypervisor; None where the file or field is
-    missing."""
+    """Steal time of this host's CPUs over their number (what a thread that ran all along lost
+    to the hypervisor); None where the file or field is missing."""
     try:
         with open(stat_path) as stat:
             lines = stat.read().splitlines()

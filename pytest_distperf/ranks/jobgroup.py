@@ -89,9 +89,8 @@ _GROUP: list[JobGroup] = []  # this process's, from its first run on
 
 
 def run_in_group(spec: RunSpec, notice: Callable[[], None] | None = None) -> tuple[RankResult, ...]:
-    """Run `spec` as this rank of the job: every rank's result, in rank order. A run that fails
-    in any rank raises JobRunFailed in every rank, with the same cause; a Ctrl-C or a signal is
-    raised as it came, after the peers were told. `notice`: see RunWatch."""
+    """Run `spec` as this rank of the job: every rank's result, in rank order. A failure in any
+    rank raises JobRunFailed in all; a Ctrl-C or signal as it came, once the peers know."""
     if not _GROUP:
         _GROUP.append(JobGroup())
     group = _GROUP[0]

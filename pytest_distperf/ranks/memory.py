@@ -19,9 +19,8 @@ _RESET_HIGH_WATER_MARK = "5"  # proc(5): "reset the peak resident set size"
 
 
 def reset_peak(device: torch.device) -> bool:
-    """Start a new peak; False when only the lifetime peak can be read on this host. On CPU the
-    freed heap goes back to the kernel first: the ranks' allocator keeps what it freed
-    (ranks/allocator.py), which would otherwise count in the new peak."""
+    """Start a new peak (an RSS one after the kept heap goes back to the kernel); False when only
+    the lifetime peak can be read on this host."""
     if platform_of(device.type).allocator_memory:
         torch.cuda.reset_peak_memory_stats(device)
         return True

@@ -70,10 +70,8 @@ class DistperfCaches:
 
 @dataclass(frozen=True)
 class LitGPTCaches:
-    """LitGPT's `set_kv_cache` / `clear_kv_cache`. LitGPT registers its rope tables (`cos`,
-    `sin`) as buffers in __init__; DDP would broadcast the buffers it finds when it wraps, so
-    they are dropped with the KV caches and rebuilt with them, as the worker does for KV caches.
-    """
+    """LitGPT's `set_kv_cache` / `clear_kv_cache`; its rope tables (buffers DDP would broadcast)
+    go and come back with the KV caches."""
 
     rope_dtype: torch.dtype | None = None  # None: the module has no LitGPT-style rope tables
 
@@ -256,9 +254,8 @@ def context_limit(module: nn.Module) -> int:
 
 
 def measure_shape(module: nn.Module, units: tuple[type[nn.Module], ...]) -> ModelShape:
-    """The shape of a built (or meta) model: parameters counted per shard unit and outside them,
-    sizes from its `config` where it has one. Without a config, the attention and MLP sizes
-    (which only the roofline's KV bytes read) fall back to one head and a 4x MLP."""
+    """The shape of a built (or meta) model: parameters per shard unit and outside them, sizes
+    from its `config`, else one head and a 4x MLP (only the roofline's KV bytes read them)."""
     counts = {id(p): p.numel() for p in module.parameters()}
     outer: list[str] = []
     in_units: set[int] = set()

@@ -172,9 +172,8 @@ def reference(ctx: RankContext) -> None:
 
 
 def wrap(ctx: RankContext) -> None:
-    """The strategy's wrapper (or its own `wrap`, where Fabric only launched), then the caches:
-    DDP snapshots buffers when it wraps and would otherwise broadcast them on every forward;
-    each rank's KV cache is its own."""
+    """The strategy's wrapper, then each rank's own caches (DDP would broadcast every forward the
+    buffers it finds when it wraps)."""
     workload, model = ctx.workload, ctx.model
     ctx.wrapped = wrapped_in_strategy(ctx, model.module)
     model.setup_caches(

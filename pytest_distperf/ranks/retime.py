@@ -26,9 +26,8 @@ def retimed(
     budget_s: float,
     beside: Callable[[], Sample | None] | None = None,
 ) -> Retimed:
-    """`timed_once` run again, knobs off, each time followed by `beside` (the bare model, where
-    the repeats ran it): one first, then as many more as fit the budget. The bare samples are
-    empty where `beside` is None or its copy was dropped."""
+    """`timed_once`, knobs off, each followed by `beside` (None: none), as often as the budget
+    allows; the bare samples are empty where the copy was dropped."""
     wrapped: list[Sample] = []
     bare: list[Sample | None] = []
 

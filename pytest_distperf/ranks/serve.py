@@ -110,9 +110,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
 
 
 def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
-    """(the spec left to run, the pool's calibration): calibrated here, before the test, rather
-    than inside it, where its buffers would be the first test's memory peak and its time the
-    first test's work. A builder's model is calibrated by the test, once built."""
+    """(the spec left to run, the pool's calibration), calibrated before the test: inside it, its
+    buffers and time would be the first test's (a builder's is the test's, once built)."""
     sizes = spec.calibration_sizes
     if sizes is None or spec.calibrate_model:
         return spec, None
@@ -248,9 +247,8 @@ def _settings_of_one_test() -> Iterator[None]:
 
 
 def _free_test_state(platform: Platform) -> None:
-    """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks, and
-    freed heap that glibc would keep, so that the next test's RSS peak starts where a fresh
-    rank's would."""
+    """Drop what the test left: cycles (modules hold hooks), cached allocator blocks, the freed
+    heap glibc keeps (the next test's peak starts where a fresh rank's would)."""
     import gc
 
     gc.collect()

@@ -19,22 +19,6 @@ from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.hostspeed import host_times, thread_times
 from pytest_distperf.ranks.reference import step_seconds
 
-__all__ = [
-    "Fences",
-    "GenerateFn",
-    "NextTokenFn",
-    "StepOverride",
-    "device_sync",
-    "fenced",
-    "marked_generation",
-    "reference_token_time",
-    "run_workload",
-    "steady_median",
-    "step_seconds",
-    "thread_accounting",
-    "timed_generation",
-]
-
 T = TypeVar("T")
 # A user's generation loop: (model, prompt [B, T], max_new_tokens) -> tokens
 GenerateFn = Callable[[Callable[..., torch.Tensor], torch.Tensor, int], Any]
@@ -132,9 +116,8 @@ def marked_generation(
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
 ) -> None:
-    """One generation as the timed ones run it, untimed and unfenced, with `mark` told where
-    each phase begins (ranks/counting.py); a user's own loop, whose split is unknown, is all
-    "prefill"."""
+    """One generation as the timed ones run it, untimed and unfenced, `mark` told where each
+    phase begins (a user's loop: all "prefill")."""
     if generate is not None:
         mark("prefill")
         generate(model, prompt, max_new_tokens)

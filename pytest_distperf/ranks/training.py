@@ -146,9 +146,8 @@ def check(ctx: RankContext) -> None:
 
 
 def reference(ctx: RankContext) -> None:
-    """The whole model's step in this process, before wrapping (no collectives): the compute
-    term, and the loss the wrapped model must reproduce. The learning rate is 0, so the weights
-    stay the seed's. Skipped where the whole model and its optimizer do not fit."""
+    """The whole model's step before wrapping, at learning rate 0: the compute term and the loss
+    the wrapped model must reproduce; none where it and its optimizer do not fit."""
     module, train = ctx.model.module, ctx.train
     module.train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)

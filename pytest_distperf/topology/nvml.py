@@ -1,7 +1,5 @@
-"""The NVML probe (nvidia-ml-py): devices, NVLinks (direct or through NVSwitches), PCIe paths.
-
-`pynvml` is imported inside `probe_nvml` only, so importing this module needs no GPU driver.
-"""
+"""The NVML probe (nvidia-ml-py): devices, NVLinks (direct or through NVSwitches), PCIe paths;
+`pynvml` is imported inside `probe_nvml` only."""
 
 from __future__ import annotations
 
@@ -134,12 +132,8 @@ def _nvml_pair(
 
 
 def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
-    """Probe the run's GPUs through NVML (nvidia-ml-py).
-
-    `indices` are CUDA indices (after CUDA_VISIBLE_DEVICES) of the devices the run uses; None
-    means all visible ones. Raises ImportError when pynvml is missing, pynvml.NVMLError when the
-    driver does not answer, ValueError when the indices are not visible.
-    """
+    """The run's GPUs through NVML: `indices` are CUDA indices (None: all visible). Raises
+    ImportError, pynvml.NVMLError (no driver's answer) or ValueError (indices not visible)."""
     import pynvml as nv
 
     nv.nvmlInit()

@@ -1,8 +1,5 @@
-"""The `nvidia-smi` side: the parser of `topo -m` text, and the probe that runs it.
-
-The parsers are pure (saved files and tests feed them text); `probe_nvidia_smi` is the fallback
-for hosts where NVML's Python binding fails.
-"""
+"""The `nvidia-smi` side: the (pure) parser of `topo -m` text, and the probe that runs it where
+NVML's Python binding fails."""
 
 from __future__ import annotations
 
@@ -43,10 +40,7 @@ _OLD_TOKENS = {"SOC": "SYS"}
 
 
 def parse_nvidia_smi_topo(text: str) -> Topology:
-    """Read `nvidia-smi topo -m` output; keeps GPU-to-GPU links and ignores NICs.
-
-    GPU names and memory are not in that output: devices are named "unknown".
-    """
+    """Read `nvidia-smi topo -m` output: its GPU-to-GPU links (no NICs); devices "unknown"."""
     lines = _ANSI_RE.sub("", text).replace("\r", "").split("\n")
     rocm = " (this looks like rocm-smi output)" if "ROCm" in text else ""
     header_at = _find_header(lines)
@@ -224,12 +218,8 @@ def _parse_query(text: str) -> dict[int, dict[str, str]]:
 
 
 def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
-    """Probe through the `nvidia-smi` command, for hosts where NVML's Python binding fails.
-
-    Links come from `nvidia-smi topo -m`; names, memory and PCIe facts from `--query-gpu` when
-    that works. Raises FileNotFoundError when nvidia-smi is not on PATH, RuntimeError when it
-    fails, TopologyParseError when its output cannot be read.
-    """
+    """Links from `nvidia-smi topo -m`, names, memory and PCIe from `--query-gpu` where it
+    works. Raises FileNotFoundError, RuntimeError (it failed) or TopologyParseError."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise FileNotFoundError("nvidia-smi not found on PATH")

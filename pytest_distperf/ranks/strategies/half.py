@@ -1,7 +1,5 @@
 """A strategy's rank half: how a rank builds, wraps and steps it, registered by name beside its
-pure record (`pytest_distperf.strategies`). Runs in the ranks only (torch, Lightning Fabric
-through `ranks.fabric`); never imported by the pytest process.
-"""
+pure record (`pytest_distperf.strategies`). Ranks only."""
 
 from __future__ import annotations
 
