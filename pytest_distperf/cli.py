@@ -170,8 +170,7 @@ def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
     return _probe(args.accelerator, devices)
 
 
-def _gpus_answer() -> bool:
-    # Without torch: NVML first, then the nvidia-smi binary.
+def _gpus_answer() -> bool:  # without torch: NVML first, then the nvidia-smi binary
     try:
         import pynvml
 

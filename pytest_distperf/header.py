@@ -44,8 +44,7 @@ def report_header(plugin: Any, config: pytest.Config) -> list[str]:
 
 
 def topology_line(topology: Any) -> str:
-    """Key, link classes and source of a Topology, with its notes; in a job over several
-    nodes, a node's links and the network between the nodes."""
+    """Key, link classes (of a node, and the network between several), source and notes."""
     classes = sorted({link.link_class for link in topology.links})
     links = f"links {', '.join(classes)}" if classes else "no links (one device)"
     if topology.nodes > 1:  # a node's own links, then the network between the nodes

@@ -23,8 +23,7 @@ class ModelError(ValueError):
 
 @functools.cache
 def _litgpt_config_module() -> ModuleType:
-    """LitGPT's `config.py`, which imports no torch by design; loaded alone when the package is
-    not imported yet, since `import litgpt.config` runs `litgpt/__init__` (torch, Lightning)."""
+    """LitGPT's `config.py` (no torch), loaded alone: `import litgpt.config` runs torch's import."""
     if "litgpt.config" in sys.modules:
         return sys.modules["litgpt.config"]
     spec = importlib.util.find_spec("litgpt")
@@ -51,8 +50,7 @@ def litgpt_config(config_name: str) -> Any:
 
 
 def context_limit(model: str) -> int | None:
-    """The longest sequence the named model accepts (its config's `block_size`); None for a
-    builder, whose ranks check it once the model is built."""
+    """The named model's `block_size`; None for a builder (its ranks check it once built)."""
     source = Workload(model=model).model_source
     if source == "preset":
         from distperf_model.config import Config
@@ -77,8 +75,7 @@ def shape_of(model: str) -> ModelShape | None:
 
 
 def run_shape(result: RunResult) -> ModelShape | None:
-    """The shape a run's prediction uses: the model its ranks built, as they measured it;
-    from the name for a result that carries none."""
+    """The shape a run's ranks measured on the model they built, else the name's."""
     if result.ranks and result.ranks[0].model_shape is not None:
         return result.ranks[0].model_shape
     workload = result.spec.workload

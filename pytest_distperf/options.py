@@ -180,11 +180,15 @@ def _one_of(choices: tuple[str, ...], raw: str, source: str) -> str:
     return value
 
 
-def _parse_timeout(raw: str, source: str) -> float:
+def _float(raw: Any, source: str, expected: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except (TypeError, ValueError):
-        raise SettingError(f"{source}: expected a number of seconds, got {raw!r}") from None
+        raise SettingError(f"{source}: {expected}, got {raw!r}") from None
+
+
+def _parse_timeout(raw: str, source: str) -> float:
+    value = _float(raw, source, "expected a number of seconds")
     if not (value > 0 and math.isfinite(value)):
         raise SettingError(f"{source}: must be a finite number of seconds > 0, got {raw!r}")
     return value
@@ -192,10 +196,7 @@ def _parse_timeout(raw: str, source: str) -> float:
 
 def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
     """A number in (0, 1] (efficiency) or (0, 1) (tolerance)."""
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{source}: {name} must be a number, got {raw!r}") from None
+    value = _float(raw, source, f"{name} must be a number")
     upper_ok = value <= 1 if allow_one else value < 1
     if isinstance(raw, bool) or not (value > 0 and upper_ok):
         bounds = "(0, 1]" if allow_one else "(0, 1)"
@@ -215,10 +216,7 @@ def _parse_on_off(raw: Any, source: str) -> bool:
 
 def parse_work_tolerance(raw: Any, source: str) -> float:
     """A number in [0, 1): 0 asks for the very same counts."""
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{source}: work_tolerance must be a number, got {raw!r}") from None
+    value = _float(raw, source, "work_tolerance must be a number")
     if isinstance(raw, bool) or not 0 <= value < 1:
         raise SettingError(f"{source}: work_tolerance must be in [0, 1), got {raw!r}")
     return value

@@ -89,22 +89,17 @@ class RunSpec:
     timeout: float
     threads_per_rank: int = 1
     nodes: int = 1  # > 1 only inside a multi-node job launched by torchrun/SLURM
-    # Decode steps of the unwrapped model timed before wrapping a sharded model (a replicated
-    # one is timed beside each sample, over the workload's own steps); 0: no reference at all.
+    # Decode steps of the unwrapped model timed before wrapping (ranks/reference.py); 0: none.
     reference_steps: int = 8
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
     numa_binding: str | None = None  # torch.numa.binding.AffinityMode value; None: no binding
     compile: bool = False  # compile the decode step (ranks/compiled.py)
-    # The pytest process's import paths, so that a builder importable there is in the ranks.
-    sys_path: tuple[str, ...] = ()
+    sys_path: tuple[str, ...] = ()  # the pytest process's: what a test imports, its ranks can
     # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
     calibrate_model: bool = False
-    # One more generation after the timed ones, its work counted per token (ranks/counting.py).
-    count_work: bool = True
-    # The step timed again after the timed ones, for the re-timing check (CPU ranks, one GPU:
-    # ranks/retime.py); False where only the tokens matter (the suite's own checks).
-    retime: bool = True
+    count_work: bool = True  # one more generation, its work counted (ranks/counting.py)
+    retime: bool = True  # the re-timing (ranks/retime.py); False where only the tokens matter
 
     @property
     def platform(self) -> Platform:

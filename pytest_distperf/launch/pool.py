@@ -1,9 +1,7 @@
 """A pool of rank processes kept for the session: started once, one RunSpec per test.
 
-Starting ranks costs far more than a small test's timed work (docs/benchmarks/pool.md), so they
-stay up between tests, as torch's `MultiProcContinuousTest` keeps its group; the first pool may
-start as soon as collection knows its tests (`Pools.start`). One pipe per rank (`ranks/serve.py`);
-a test that raises, hangs or loses a rank stops the pool, and the next test gets a new one.
+Starting ranks costs far more than a small test's timed work (docs/benchmarks/pool.md). One pipe
+per rank (`ranks/serve.py`); a test that raises, hangs or loses a rank stops the pool.
 """
 
 from __future__ import annotations
@@ -143,8 +141,7 @@ class RankPool:
         return [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
 
     def wait_ready(self, spec: RunSpec) -> None:
-        """Block until every rank has joined the process group (first use only); rank 0's
-        store port goes to the other ranks on the way."""
+        """Block until every rank has joined the process group (first use only)."""
         start = time.perf_counter()
         replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
         failed = {rank: reply for rank, reply in replies.items() if reply[0] != READY}
@@ -160,8 +157,7 @@ class RankPool:
         live: TextIO | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> RunResult:
-        """Run one test; `live`: stream the ranks' output there as it comes (pytest -s);
-        `progress`: gets rank 0's progress texts."""
+        """Run one test; `live`: where the ranks' output streams (pytest -s)."""
         launched_at, start = time.time(), time.perf_counter()
         offsets = self.output_offsets()
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
@@ -196,8 +192,8 @@ class RankPool:
         expect: str,
         progress: Callable[[str], None] | None = None,
     ) -> dict[int, tuple[str, Any]]:
-        """Every rank's reply; a rank that raised, died or timed out gets (status, text).
-        Progress messages on the way go to `progress`; rank 0's store port to the others."""
+        """Every rank's reply, (status, text) where it raised, died or timed out; on the way,
+        progress goes to `progress` and rank 0's store port to the others."""
         replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
         pending = dict(enumerate(self._connections))
         deadline = time.monotonic() + timeout
@@ -323,8 +319,7 @@ class RankPool:
 
 
 class OutputStreamer:
-    """Copies what the ranks write to their logs onto `stream` while a test runs (pytest -s):
-    rank 0 as it is, the others with a rank prefix."""
+    """Copies the ranks' logs onto `stream` while a test runs (pytest -s), rank prefixes but 0's."""
 
     POLL_S = 0.1
 
@@ -363,15 +358,13 @@ class OutputStreamer:
 
 
 def _surroundings() -> tuple[str, tuple[tuple[str, str], ...]]:
-    """What spawned ranks inherit from this process: its directory and its environment (less
-    the variable pytest sets for every test phase)."""
+    """What spawned ranks inherit: the directory and environment (less PYTEST_CURRENT_TEST)."""
     environ = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
     return os.getcwd(), environ
 
 
 class Pools:
-    """The session's pools: one per PoolKey, and only one alive at a time, so that pools of
-    different rank counts never hold the same GPUs at once."""
+    """The session's pools, one per PoolKey, one alive at a time (never two on the same GPUs)."""
 
     def __init__(self) -> None:
         self._current: RankPool | None = None
@@ -382,8 +375,7 @@ class Pools:
         return self._current
 
     def start(self, key: PoolKey) -> None:
-        """Start the ranks of `key` now, ahead of the first test that needs them; that test
-        reports any trouble in starting them."""
+        """Start the ranks of `key` now; the first test that needs them reports any trouble."""
         if self._current is not None and self._current.fits(key):
             return
         self.close()

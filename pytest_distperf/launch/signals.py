@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 
 class SessionStopped(BaseException):
-    """A signal (SIGTERM from a CI runner's cancel, SIGHUP, SIGQUIT) asked the whole session to
-    stop, not just this test: a BaseException, so that nothing on the way mistakes it for a
-    test's failure and goes on to the next test."""
+    """A signal (SIGTERM, SIGHUP, SIGQUIT) asked the whole session to stop: a BaseException, which
+    nothing on the way takes for one test's failure."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)

@@ -1,12 +1,10 @@
 """glibc's allocator in CPU ranks: keep the heap a step grows, so that every timed step does the
 same work, and give it back between tests, so that each test's memory peak is its own.
 
-By default glibc maps every buffer over its mmap threshold fresh and unmaps it when freed, and
-gives gloo's threads arenas too small for a model's flat buffers: CPU training steps then
-page-fault in some repeats only (docs/benchmarks/cpu-2026-12-02-train.md). A variable of the
-same name in the environment wins. No torch here: pool ranks call this before importing it.
-A kept heap still grows now and then (glibc's per-thread cache keeps the aligned buffers' trimmed
-bytes, which stop freed buffers merging): fault_in_heap makes all of it resident, holes included.
+By default glibc maps big buffers fresh and gives gloo's threads arenas too small for a model's
+flat buffers: CPU training steps then page-fault in some repeats only (docs/benchmarks/
+cpu-2026-12-02-train.md). The environment's variables win. No torch: pool ranks call this first.
+A kept heap still grows now and then: fault_in_heap makes all of it resident, holes included.
 """
 
 from __future__ import annotations

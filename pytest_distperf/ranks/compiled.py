@@ -1,11 +1,8 @@
 """The compiled decode step (`distperf(compile=True)`): an eager decode at batch 1 is bound by
-the host issuing kernels, slower than the device and the noisiest part of a GPU runner.
-
-A replicated strategy's steps (no collective) call the module the wrapper holds, whole-graph,
-prefill too, with CUDA graphs where kernels queue; a sharded or model-parallel wrapper's decode
-step is compiled around its hooks (graph breaks, no CUDA graphs: they cannot hold the hooks'
-collectives), its prefill eager; a strategy's own step (pipeline) stays eager. Compiling comes
-before the warm-up, reported as `compile_s`.
+the host issuing kernels. A replicated strategy's steps call the wrapped module whole-graph,
+prefill too, as CUDA graphs where kernels queue; a sharded or model-parallel wrapper's decode step
+is compiled around its hooks (no CUDA graphs: they cannot hold the hooks' collectives); a
+strategy's own step (pipeline) stays eager. Compiled before the warm-up, as `compile_s`.
 """
 
 from __future__ import annotations

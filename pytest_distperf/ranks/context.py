@@ -34,8 +34,7 @@ DTYPES = {
 
 @dataclass
 class RankContext:
-    """One test in one rank. The fields below `half` start empty; each is set by the phase
-    named beside it, and read only by the phases after that one."""
+    """One test in one rank; each field below `half` is set by the phase named beside it."""
 
     spec: RunSpec
     progress: Callable[[str], None] | None  # the live line (rank 0 of a pool only)

@@ -1,6 +1,4 @@
-"""The counted generation: after the timed repeats, one more generation of the same workload,
-untimed, with this rank's work counted per token (`pytest_distperf.work.Work`).
-
+"""The counted generation: one more, untimed, this rank's work counted per token (`work.Work`).
 A TorchDispatchMode sees every op reaching torch's dispatcher in this process, whoever issues
 it (the model, FSDP and DDP hooks, DTensor, a strategy's step, the user's loop): aten ops, FLOPs
 (flop_counter's formulas) and collectives by kind, bytes in nccl-tests' terms. Compiled code runs

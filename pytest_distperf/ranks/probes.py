@@ -179,9 +179,8 @@ def median_time(
 
 
 def _fresh_all_gather(shard: torch.Tensor, group: Group) -> torch.Tensor:
-    # A new output every call, as FSDP does (FSDP1 re-allocates the unsharded flat parameter,
-    # FSDP2 its all-gather buffer): free through CUDA's caching allocator, but on CPU every
-    # call faults in fresh pages, which costs as much as the transfer itself over loopback.
+    # A new output every call, as FSDP allocates one: free through CUDA's caching allocator, on
+    # CPU fresh pages faulted in, as costly as the transfer itself over loopback.
     out = torch.empty(shard.numel() * group.size, dtype=shard.dtype, device=shard.device)
     _all_gather(out, shard, group=group.handle)
     return out
@@ -235,9 +234,8 @@ HOST_WORK_PROBE_OPS = 200
 HOST_WORK_MAX_OPS = 200_000
 
 
-# The overlap probe's all-gather lasts at most this long where the sizes allow: the hidden share
-# is the machine's (threads and copy engines against the host), which a longer transfer shows no
-# better, while every phase of the probe repeats it (seconds each for huge CPU all-gathers).
+# The overlap probe's all-gather lasts at most this long where the sizes allow: a longer one
+# shows the machine's hidden share no better, and every phase of the probe repeats it.
 OVERLAP_PROBE_MAX_S = 0.25
 
 

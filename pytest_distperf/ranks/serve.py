@@ -1,9 +1,7 @@
-"""The rank side of the pool: join the process group once, then run one RunSpec per message.
-
-Spawned by `launch/pool.py`, one process per rank. Rank 0 hosts the group's TCPStore on a port
-the kernel picks, which the pytest process relays to the others: no race for a port, no torch in
-the pytest process. Fabric finds the group joined and launches nothing. Between tests all a test
-built is freed; after one that raised, the pytest side replaces the pool.
+"""The rank side of the pool (spawned by `launch/pool.py`): join the process group once, then run
+one RunSpec per message. Rank 0 hosts the TCPStore on a port the kernel picks, relayed to the
+others by the pytest process (no race for a port, no torch there). Between tests all a test
+built is freed.
 """
 
 from __future__ import annotations

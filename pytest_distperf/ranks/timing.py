@@ -30,8 +30,7 @@ MarkFn = Callable[[str], None]
 
 @dataclass(frozen=True)
 class StepOverride:
-    """Compiled replacements for the built-in loop's steps (ranks/compiled.py); a step left
-    None stays as it is."""
+    """Compiled replacements for the built-in loop's steps (None: as it is)."""
 
     prefill: NextTokenFn | None = None
     decode: NextTokenFn | None = None

@@ -290,15 +290,9 @@ def _batch(ctx: RankContext) -> tuple[torch.Tensor, torch.Tensor]:
     world = max(ctx.spec.devices, 1)
     replicas = ctx.record.replicas(world)
     dp_rank = environment.global_rank() // max(world // replicas, 1)
-    workload = ctx.workload
-    return train_batch(
-        ctx.model.shape.vocab_size,
-        workload.batch_size,
-        workload.seq_length or 0,
-        workload.seed,
-        dp_rank,
-        ctx.device,
-    )
+    w = ctx.workload
+    vocab = ctx.model.shape.vocab_size
+    return train_batch(vocab, w.batch_size, w.seq_length or 0, w.seed, dp_rank, ctx.device)
 
 
 def _wrapped_step(ctx: RankContext) -> Step:

@@ -116,9 +116,8 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """The network between a job's nodes, which every collective over ranks of several nodes
-    crosses. Its figures come from the ranks' calibration (None: unknown, not measured yet);
-    never part of the key, since they are measurements, not the kind of machine."""
+    """The network between a job's nodes: the calibration's figures (None: not yet measured),
+    never part of the key (measurements, not the kind of machine)."""
 
     busbw: float | None = None  # bytes/s: bus bandwidth of the largest calibrated all-gather
     latency_s: float | None = None  # a small all-gather across the nodes

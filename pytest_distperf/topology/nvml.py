@@ -71,9 +71,8 @@ def _nvlink_ends(nv: Any, handle: Any, gpu_buses: set[str]) -> list[_LinkEnd]:
         if kind in (_REMOTE_GPU, _REMOTE_SWITCH):
             to_switch = kind == _REMOTE_SWITCH
         else:
-            # Drivers without the device-type query: a far end that is no GPU of this host is
-            # taken for an NVSwitch (DGX-2 era). A POWER9 NPU would be misread; those drivers
-            # all have the query.
+            # Drivers without the device-type query (DGX-2 era): a far end that is no GPU of this
+            # host is taken for an NVSwitch (POWER9 NPUs came with drivers that have the query).
             to_switch = remote not in gpu_buses
         version = _nvml_try(nv, "nvmlDeviceGetNvLinkVersion", handle, link)
         ends.append(_LinkEnd(remote, to_switch, _NVLINK_MAJOR.get(version)))
@@ -102,10 +101,8 @@ def _nvml_pair(
     direct = direct_ab if len(direct_ab) >= len(direct_ba) else direct_ba
     switch_a = [e for e in ends[0] if e.to_switch]
     switch_b = [e for e in ends[1] if e.to_switch]
-    # Through NVSwitches every GPU reaches every other at the rate of its own links; the pair
-    # gets the smaller GPU's count, which is what nvidia-smi prints. One host's switches form one
-    # fabric, but Fabric Manager can partition it (cloud VMs): ask NVML whether the pair can
-    # really talk over NVLink before counting it.
+    # Through NVSwitches a pair gets the smaller GPU's link count, as nvidia-smi prints; Fabric
+    # Manager can partition the switches (cloud VMs): NVML says whether the pair can talk.
     switched = switch_a if len(switch_a) <= len(switch_b) else switch_b
     if switched and not direct:
         status = _nvml_try(

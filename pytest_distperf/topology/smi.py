@@ -82,8 +82,7 @@ def _matrix_rows(lines: Sequence[str]) -> list[list[str]]:
 
 
 def _columns(header: str, row_labels: set[str]) -> list[str]:
-    """Columns run from the header's start up to the first non-device column ("CPU Affinity"):
-    those trailing columns are text with spaces and may be empty, so they are never counted."""
+    """The header's device columns, up to "CPU Affinity" and the other free-text ones."""
     columns: list[str] = []
     for token in header.split():
         if token not in row_labels and not _DEVICE_LABEL_RE.fullmatch(token):
@@ -188,11 +187,7 @@ _QUERY_FIELDS = (
 def _run_nvidia_smi(exe: str, *args: str) -> str:
     try:
         done = subprocess.run(
-            [exe, *args],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-            check=False,
+            [exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
         raise RuntimeError(
