@@ -170,8 +170,7 @@ def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
     return _probe(args.accelerator, devices)
 
 
-def _gpus_answer() -> bool:
-    # Without torch: NVML first, then the nvidia-smi binary.
+def _gpus_answer() -> bool:  # without torch: NVML first, then the nvidia-smi binary
     try:
         import pynvml
 
@@ -276,19 +275,8 @@ def _pair_rows(topo: Topology) -> list[dict[str, Any]]:
 
 
 def _bandwidth_matrix(topo: Topology, pairs: list[dict[str, Any]]) -> str:
-    prefix = "GPU" if topo.accelerator == "cuda" else topo.accelerator.upper()
-    labels = [f"{prefix}{i}" for i in topo.indices]
     by_pair = {(p["a"], p["b"]): p["nominal_busbw_gbps"] for p in pairs}
-
-    def cell(a: int, b: int) -> str:
-        return "X" if a == b else f"{by_pair[min(a, b), max(a, b)]:.3g}"
-
-    cells = [[cell(a, b) for b in topo.indices] for a in topo.indices]
-    width = max([len(s) for s in labels] + [len(c) for row in cells for c in row] + [4]) + 2
-    lines = [" " * width + "".join(label.ljust(width) for label in labels).rstrip()]
-    for label, row in zip(labels, cells, strict=True):
-        lines.append((label.ljust(width) + "".join(c.ljust(width) for c in row)).rstrip())
-    return "\n".join(lines) + "\n"
+    return topo.matrix(lambda a, b: f"{by_pair[min(a, b), max(a, b)]:.3g}", diagonal="X")
 
 
 def _calibration_summary(calibration: Calibration) -> dict[str, Any]:

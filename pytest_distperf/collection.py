@@ -1,8 +1,7 @@
 """From collected tests to distperf items: parametrisation, bad markers, order, xdist grouping.
 
-A bad marker fails only its own test, at setup (an `Invalid` parameter carries the message), so
-one typo never stops the rest of its module from being collected. Nothing here probes or imports
-torch: what must be measured is decided in `pytest_collection_finish`, after -k, -m and --lf.
+A bad marker fails only its own test, at setup (an `Invalid` parameter carries the message).
+Nothing here probes or imports torch.
 """
 
 from __future__ import annotations
@@ -75,8 +74,7 @@ def workloads_by_count(
 
 
 def prepare(config: pytest.Config, items: list[pytest.Item], default_devices: int) -> None:
-    """Order the items by rank count; on an xdist worker that cannot keep them on one worker,
-    mark them to fail."""
+    """Order the items by rank count; mark them to fail where xdist cannot keep them together."""
     counts = {markers.item_devices(item, default_devices) for item in items if is_distperf(item)}
     if len(counts) > 1:
         # One pool per rank count: run each count's tests together, so pools switch rarely.

@@ -1,6 +1,5 @@
-"""The `distperf` fixture's object (plugin.py makes it): `run()` builds the test's RunSpec,
-launches its ranks through the session's plugin, judges the result and fails the test on a
-failed gate."""
+"""The `distperf` fixture's object: `run()` builds the test's RunSpec, launches its ranks through
+the session's plugin, judges the result and fails the test on a failed gate."""
 
 from __future__ import annotations
 

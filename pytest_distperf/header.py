@@ -1,8 +1,5 @@
-"""What the session tells the user before tests run: the report header and the collection line.
-
-The header is printed before collection, so it never probes the links (most sessions that load
-the plugin run no distperf test); the line after collection names the topology once it has been
-probed for the tests that will run, and the calibration each rank count will get.
+"""The report header (before collection: it never probes, most sessions run no distperf test)
+and the lines after collection (the probed topology, each rank count's calibration).
 """
 
 from __future__ import annotations
@@ -47,8 +44,7 @@ def report_header(plugin: Any, config: pytest.Config) -> list[str]:
 
 
 def topology_line(topology: Any) -> str:
-    """Key, link classes and source of a Topology, with its notes; in a job over several
-    nodes, a node's links and the network between the nodes."""
+    """Key, link classes (of a node, and the network between several), source and notes."""
     classes = sorted({link.link_class for link in topology.links})
     links = f"links {', '.join(classes)}" if classes else "no links (one device)"
     if topology.nodes > 1:  # a node's own links, then the network between the nodes

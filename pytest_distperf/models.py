@@ -1,9 +1,6 @@
 """What `distperf(model=...)` names, as the pytest process knows it before any rank runs: the
-model's shape (for the performance model and the calibration's message sizes) and its context.
-
-Presets come from `distperf_model.config`; a LitGPT name's shape is counted from LitGPT's own
-config module, loaded alone (`litgpt_shape`); a user's builder is known only once a rank has
-built it (`RankResult.model_shape`). No torch, not even lazily, and nothing from the ranks.
+model's shape and its context, from a preset's config or LitGPT's config module loaded alone; a
+builder's only once a rank built it (`RankResult.model_shape`). No torch, nothing from the ranks.
 """
 
 from __future__ import annotations
@@ -24,14 +21,9 @@ class ModelError(ValueError):
     """A model name that cannot be used here; the message says why and what to do."""
 
 
-def litgpt_installed() -> bool:
-    return importlib.util.find_spec("litgpt") is not None
-
-
 @functools.cache
 def _litgpt_config_module() -> ModuleType:
-    """LitGPT's `config.py`, which imports no torch by design; loaded alone when the package is
-    not imported yet, since `import litgpt.config` runs `litgpt/__init__` (torch, Lightning)."""
+    """LitGPT's `config.py` (no torch), loaded alone: `import litgpt.config` runs torch's import."""
     if "litgpt.config" in sys.modules:
         return sys.modules["litgpt.config"]
     spec = importlib.util.find_spec("litgpt")
@@ -58,8 +50,7 @@ def litgpt_config(config_name: str) -> Any:
 
 
 def context_limit(model: str) -> int | None:
-    """The longest sequence the named model accepts (its config's `block_size`); None for a
-    builder, whose ranks check it once the model is built."""
+    """The named model's `block_size`; None for a builder (its ranks check it once built)."""
     source = Workload(model=model).model_source
     if source == "preset":
         from distperf_model.config import Config
@@ -84,8 +75,7 @@ def shape_of(model: str) -> ModelShape | None:
 
 
 def run_shape(result: RunResult) -> ModelShape | None:
-    """The shape a run's prediction uses: the model its ranks built, as they measured it;
-    from the name for a result that carries none."""
+    """The shape a run's ranks measured on the model they built, else the name's."""
     if result.ranks and result.ranks[0].model_shape is not None:
         return result.ranks[0].model_shape
     workload = result.spec.workload
@@ -163,9 +153,8 @@ def _block(config: Any, index: int) -> int:
 
 
 def litgpt_shape(config: Any) -> ModelShape:
-    """The shape of LitGPT's `GPT(config)`, its parameters counted from the config alone, as
-    `ranks.models.measure_shape` counts them on the built model: per block (the mean, should
-    blocks differ) and outside them (embedding, final norm, head)."""
+    """The shape of LitGPT's `GPT(config)` counted from the config alone, as
+    `ranks.models.measure_shape` counts a built one: per block (the mean) and outside them."""
     blocks = sum(_block(config, i) for i in range(config.n_layer))
     outside = (
         config.padded_vocab_size * config.n_embd  # wte

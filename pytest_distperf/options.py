@@ -1,8 +1,5 @@
-"""Session settings and per-test workloads, validated, with errors that name their source.
-
-Precedence: the most specific setting wins, as in pytest-timeout: a test's `distperf` marker
-over the command line over the ini file over the default. Nothing here imports torch, so
-`pytest --help` stays fast.
+"""Session settings and per-test workloads, validated, with errors that name their source. The
+most specific wins (pytest-timeout's rule): marker, command line, ini file, default. No torch.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
@@ -175,18 +173,22 @@ def _parse_devices(raw: str, source: str) -> int | None:
     return _positive_int(raw, source)
 
 
-def _parse_accelerator(raw: str, source: str) -> str:
+def _one_of(choices: tuple[str, ...], raw: str, source: str) -> str:
     value = str(raw).strip().lower()
-    if value not in ACCELERATORS:
-        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(ACCELERATORS)}")
+    if value not in choices:
+        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(choices)}")
     return value
 
 
-def _parse_timeout(raw: str, source: str) -> float:
+def _float(raw: Any, source: str, expected: str) -> float:
     try:
-        value = float(raw)
+        return float(raw)
     except (TypeError, ValueError):
-        raise SettingError(f"{source}: expected a number of seconds, got {raw!r}") from None
+        raise SettingError(f"{source}: {expected}, got {raw!r}") from None
+
+
+def _parse_timeout(raw: str, source: str) -> float:
+    value = _float(raw, source, "expected a number of seconds")
     if not (value > 0 and math.isfinite(value)):
         raise SettingError(f"{source}: must be a finite number of seconds > 0, got {raw!r}")
     return value
@@ -194,23 +196,11 @@ def _parse_timeout(raw: str, source: str) -> float:
 
 def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
     """A number in (0, 1] (efficiency) or (0, 1) (tolerance)."""
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{source}: {name} must be a number, got {raw!r}") from None
+    value = _float(raw, source, f"{name} must be a number")
     upper_ok = value <= 1 if allow_one else value < 1
     if isinstance(raw, bool) or not (value > 0 and upper_ok):
         bounds = "(0, 1]" if allow_one else "(0, 1)"
         raise SettingError(f"{source}: {name} must be in {bounds}, got {raw!r}")
-    return value
-
-
-def _parse_numa_binding(raw: str, source: str) -> str | None:
-    value = str(raw).strip().lower()
-    if not value:
-        return None
-    if value not in NUMA_BINDINGS:
-        raise SettingError(f"{source}: {raw!r} is not one of {', '.join(NUMA_BINDINGS)}")
     return value
 
 
@@ -226,10 +216,7 @@ def _parse_on_off(raw: Any, source: str) -> bool:
 
 def parse_work_tolerance(raw: Any, source: str) -> float:
     """A number in [0, 1): 0 asks for the very same counts."""
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise SettingError(f"{source}: work_tolerance must be a number, got {raw!r}") from None
+    value = _float(raw, source, "work_tolerance must be a number")
     if isinstance(raw, bool) or not 0 <= value < 1:
         raise SettingError(f"{source}: work_tolerance must be in [0, 1), got {raw!r}")
     return value
@@ -248,7 +235,7 @@ def _parse_flag(raw: Any, source: str) -> bool:
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "devices": _parse_devices,
-    "accelerator": _parse_accelerator,
+    "accelerator": partial(_one_of, ACCELERATORS),
     "repeats": _positive_int,
     "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
     "timeout": _parse_timeout,
@@ -262,15 +249,11 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "count": _parse_on_off,
     "work_tolerance": parse_work_tolerance,
     "baseline_dir": lambda raw, source: raw or None,
-    "update_baselines": lambda raw, source: _parse_flag(raw, source),
-    "strict": lambda raw, source: _parse_flag(raw, source),
-    "fail_on_improvement": lambda raw, source: _parse_flag(raw, source),
     "topology": lambda raw, source: raw or None,
-    "fresh_ranks": lambda raw, source: _parse_flag(raw, source),
-    "recalibrate": lambda raw, source: _parse_flag(raw, source),
-    "compile": lambda raw, source: _parse_flag(raw, source),
-    "numa_binding": lambda raw, source: _parse_numa_binding(raw, source),
-}
+    "numa_binding": lambda raw, source: (
+        _one_of(NUMA_BINDINGS, raw, source) if str(raw).strip() else None
+    ),
+}  # a switch (OptionSpec.is_flag) reads as true or false
 
 
 def resolve_settings(
@@ -286,7 +269,8 @@ def resolve_settings(
         cli_value = cli.get(spec.name)
         if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
-        values[spec.name] = _PARSERS[spec.name](raw, f"{source} = {raw!r}")
+        parse = _parse_flag if spec.is_flag else _PARSERS[spec.name]
+        values[spec.name] = parse(raw, f"{source} = {raw!r}")
     return Settings(**values)
 
 
@@ -326,19 +310,15 @@ def workload_from_marker(
         )
     for name in ("max_new_tokens", "prompt_length", "batch_size"):
         value = values[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _is_number(value, int) or value < 1:
             raise SettingError(f"{where}: distperf({name}={value!r}) must be a positive integer")
-    if isinstance(values["seed"], bool) or not isinstance(values["seed"], int):
+    if not _is_number(values["seed"], int):
         raise SettingError(f"{where}: distperf(seed={values['seed']!r}) must be an integer")
     slowdown = values["slowdown"]
-    if (
-        isinstance(slowdown, bool)
-        or not isinstance(slowdown, (int, float))
-        or not 0 <= slowdown < 1
-    ):
+    if not _is_number(slowdown) or not 0 <= slowdown < 1:
         raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
     delay = values["comm_delay"]
-    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 1:
+    if not _is_number(delay) or not 0 <= delay <= 1:
         raise SettingError(
             f"{where}: distperf(comm_delay={delay!r}) must be seconds in [0, 1] per message"
         )
@@ -379,7 +359,7 @@ def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> i
         )
     if seq_length is None:
         return DEFAULT_SEQ_LENGTH
-    if isinstance(seq_length, bool) or not isinstance(seq_length, int) or seq_length < 1:
+    if not _is_number(seq_length, int) or seq_length < 1:
         raise SettingError(
             f"{where}: distperf(seq_length={seq_length!r}) must be a positive integer"
         )
@@ -406,6 +386,10 @@ def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
         else:
             gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
     return gate
+
+
+def _is_number(value: Any, kinds: type | tuple[type, ...] = (int, float)) -> bool:
+    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def _is_import_path(value: str) -> bool:

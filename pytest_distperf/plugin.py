@@ -1,8 +1,6 @@
 """pytest hooks of pytest-distperf: options, markers, parametrisation, the fixture, the report.
 
-This module is imported on every pytest start (entry point `pytest11`), so it must stay cheap:
-no torch at import time. Everything that needs torch runs inside the rank processes, or is
-imported lazily when a distperf test is actually collected.
+Imported on every pytest start (entry point `pytest11`): no torch, the rest imported lazily.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from pytest_distperf.options import (
     env_slowdown,
     resolve_settings,
 )
+from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.spec import RunSpec
 
 
@@ -79,11 +78,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(xdist.Relay(plugin), "distperf-xdist")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Resolved:
-    accelerator: str
+    platform: Platform
     devices: int
     visible_gpus: int
+
+    @property
+    def accelerator(self) -> str:
+        return self.platform.name
+
+    def lacks_gpus(self, devices: int) -> bool:
+        """More ranks than visible GPUs, where each needs its own (such a test skips)."""
+        return self.platform.gpus and devices > self.visible_gpus
 
 
 @dataclass(eq=False)  # hashable: pytest keeps plugins in sets
@@ -119,18 +126,22 @@ class DistperfPlugin:
     def resolve(self) -> Resolved:
         """Accelerator and device count for this session, counted without importing torch."""
         if self._resolved is None:
-            visible = _visible_gpus() if self.settings.accelerator != "cpu" else 0
+            from pytest_distperf.launch.cpus import available_cpus
+            from pytest_distperf.topology.gpus import visible_gpus
+
+            visible = visible_gpus() if self.settings.accelerator != "cpu" else 0
             accelerator = self.settings.accelerator
             if accelerator == "auto":
                 accelerator = "cuda" if visible else "cpu"
+            platform = platform_of(accelerator)
             devices = self.settings.devices
             if self.job is not None:
                 devices = self.job.world_size  # the job's ranks are the test's ranks
             elif devices is None:  # "auto": all visible GPUs; on CPU, one rank per core
-                devices = visible if accelerator == "cuda" and visible else _cpu_count()
-            if self.job is not None and accelerator == "cuda":
+                devices = visible if platform.gpus and visible else available_cpus()
+            if self.job is not None and platform.gpus:
                 visible = devices  # one GPU per rank, each rank sees its own
-            self._resolved = Resolved(accelerator, devices, visible)
+            self._resolved = Resolved(platform, devices, visible)
         return self._resolved
 
     def gate(self) -> Any:
@@ -159,7 +170,7 @@ class DistperfPlugin:
             else:
                 # Enough devices for the largest rank count of any selected test (a job: a node's).
                 largest = max([per_node, *self.calibration_sizes]) if self.job is None else per_node
-                if resolved.accelerator == "cuda":
+                if resolved.platform.gpus:
                     largest = min(largest, max(resolved.visible_gpus, 1))
                 topology = probe(resolved.accelerator, largest)
             topology = topology if self.job is None else self.job.topology(topology)
@@ -230,12 +241,11 @@ class DistperfPlugin:
             start_first_pool(self, session.config, first)
         from pytest_distperf.judge.gate import session_message_sizes
         from pytest_distperf.perfmodel.calibration import calibration_cap
-        from pytest_distperf.spec import ranks_time_themselves
 
-        accelerator = self.resolve().accelerator
+        platform = self.resolve().platform
         self.calibration_sizes = {
             count: session_message_sizes(
-                pairs, count, calibration_cap(ranks_time_themselves(accelerator, count))
+                pairs, count, calibration_cap(platform.ranks_time_themselves(count))
             )
             for count, pairs in workloads.items()
         }
@@ -315,18 +325,6 @@ class DistperfPlugin:
             terminalreporter.write_line(line)
 
 
-def _visible_gpus() -> int:
-    from pytest_distperf.topology.gpus import visible_gpus
-
-    return visible_gpus()
-
-
-def _cpu_count() -> int:
-    from pytest_distperf.launch.cpus import available_cpus
-
-    return available_cpus()
-
-
 @pytest.fixture
 def distperf_strategy(request: pytest.FixtureRequest) -> str:
     """The strategy of this test item (parametrised from @pytest.mark.strategy)."""
@@ -354,7 +352,7 @@ def distperf(
             f"distperf: {devices} ranks requested ({source}) but this job has "
             f"{plugin.job.world_size}"
         )
-    if resolved.accelerator == "cuda" and devices > resolved.visible_gpus:
+    if resolved.lacks_gpus(devices):
         pytest.skip(
             f"distperf: {devices} CUDA devices requested ({source}) "
             f"but {resolved.visible_gpus} visible"

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_distperf.platform import Platform, platform_of
+
 # Bytes per stored parameter of each precision a workload may ask for; "bf16-mixed" (training
 # only) keeps float32 weights and computes in bfloat16 under autocast.
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4}
@@ -25,17 +27,10 @@ LITGPT_EXTRA = "pip install 'pytest-distperf[litgpt]'"
 
 @dataclass(frozen=True)
 class Workload:
-    """What one test generates; set by the `distperf` marker.
-
-    `model` is a preset name of `distperf_model`, "litgpt:<LitGPT config name>", or
-    "package.module:function", a builder called in every rank as
-    `function(seed=..., device=..., dtype=...)` that returns a GPT-like module (the contract:
-    docs/extending.md). `generate`, when set, is "package.module:function", the user's own
-    generation loop `function(model, prompt, max_new_tokens) -> tokens`, timed instead of the
-    built-in one; `shard_unit` ("package.module:Class") overrides the module class FSDP wraps;
-    `tp_plan` ("package.module:function", `function(model, tp_mesh) -> model`) places a model
-    the built-in tensor-parallel plan does not know.
-    """
+    """What one test generates; set by the `distperf` marker. `model`: a preset, "litgpt:<name>"
+    or a builder "package.module:function" (`function(seed=, device=, dtype=)`, the contract:
+    docs/extending.md); `generate`: the user's loop `function(model, prompt, max_new_tokens)`;
+    `shard_unit`: the class FSDP wraps; `tp_plan`: `function(model, tp_mesh) -> model`."""
 
     model: str = "tiny"
     max_new_tokens: int = 32
@@ -94,27 +89,23 @@ class RunSpec:
     timeout: float
     threads_per_rank: int = 1
     nodes: int = 1  # > 1 only inside a multi-node job launched by torchrun/SLURM
-    # Decode steps of the unwrapped model timed before wrapping a sharded model (a replicated
-    # one is timed beside each sample, over the workload's own steps); 0: no reference at all.
+    # Decode steps of the unwrapped model timed before wrapping (ranks/reference.py); 0: none.
     reference_steps: int = 8
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
     marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
     numa_binding: str | None = None  # torch.numa.binding.AffinityMode value; None: no binding
     compile: bool = False  # compile the decode step (ranks/compiled.py)
-    # The pytest process's import paths, so that a builder importable there is in the ranks.
-    sys_path: tuple[str, ...] = ()
+    sys_path: tuple[str, ...] = ()  # the pytest process's: what a test imports, its ranks can
     # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
     calibrate_model: bool = False
-    # One more generation after the timed ones, its work counted per token (ranks/counting.py).
-    count_work: bool = True
-    # The step timed again after the timed ones, for the re-timing check (CPU ranks, one GPU:
-    # ranks/retime.py); False where only the tokens matter (the suite's own checks).
-    retime: bool = True
+    count_work: bool = True  # one more generation, its work counted (ranks/counting.py)
+    retime: bool = True  # the re-timing (ranks/retime.py); False where only the tokens matter
+
+    @property
+    def platform(self) -> Platform:
+        return platform_of(self.accelerator)
 
 
 def ranks_time_themselves(accelerator: str, devices: int) -> bool:
-    """Where a run's threshold is the re-timing check (the ranks time their step again after
-    the repeats) rather than the modelled prediction: 2 or more CPU ranks (no link a model could
-    charge: the collectives share the compute's cores) and one CUDA device (no collective).
-    Several GPUs keep the model: their collectives cross links."""
-    return devices >= 2 if accelerator == "cpu" else devices == 1
+    """Where a run's threshold is the re-timing check (Platform.ranks_time_themselves)."""
+    return platform_of(accelerator).ranks_time_themselves(devices)

@@ -1,10 +1,6 @@
-"""The counted work of a run: collectives, ops, FLOPs and kernels per decode token and per prefill
-(a generation), or per optimizer step (training).
-
-Counts, not timings: an unchanged run gives the same `Work` every time, so the work gate compares
-them exactly (calls and kinds) or within a small relative tolerance (bytes, ops, FLOPs, kernels).
-The ranks fill it in (ranks/), the judge compares it with the baseline's, the outputs print it.
-Pure: no torch, no pytest.
+"""The counted work of a run: collectives, ops, FLOPs and kernels per decode token and per prefill,
+or per optimizer step. Counts, not timings: an unchanged run repeats them, so the work gate
+compares kinds and calls exactly, the rest within a small tolerance. Pure: no torch, no pytest.
 """
 
 from __future__ import annotations
@@ -43,9 +39,7 @@ class CollectiveCount:
     """Calls of one collective kind and the bytes they move, per decode token or per prefill."""
 
     calls: float
-    #: nccl-tests "size": all_gather the gathered output, reduce_scatter the full input,
-    #: all_reduce/broadcast/send/recv/all_to_all the tensor.
-    bytes: float
+    bytes: float  # nccl-tests' "size": an all-gather's output, a reduce-scatter's input
 
     def to_json(self) -> dict[str, float]:
         return {"calls": _whole(self.calls), "bytes": _whole(self.bytes)}
@@ -63,12 +57,9 @@ class PhaseWork:
     """One phase's work: collectives by kind (an absent kind made no call), ops, FLOPs, kernels."""
 
     collectives: Mapping[str, CollectiveCount]
-    #: aten ops dispatched.
-    ops: float
-    #: torch.utils.flop_counter's formulas.
-    flops: float
-    #: CUDA kernels launched (a graph replay counts the graph's kernels); None on CPU.
-    kernels: float | None = None
+    ops: float  # aten ops dispatched
+    flops: float  # torch.utils.flop_counter's formulas
+    kernels: float | None = None  # launched (a graph replay: all its kernels); None on CPU
 
     def __post_init__(self) -> None:
         # A read-only, key-sorted copy: equal work compares equal and prints in one order.
@@ -115,16 +106,11 @@ class Work:
     """The counted work of one run: a generation's per decode token and per prefill, or a
     training run's per optimizer step. The phases a run has are set; the others are None."""
 
-    #: Per decode token: the counted generation's decode totals divided by its decode steps.
-    decode: PhaseWork | None = None
-    #: Per generation (its one prefill).
-    prefill: PhaseWork | None = None
-    #: Compiled runs: dynamo's graph breaks; None when eager.
-    graph_breaks: int | None = None
-    #: Compiled runs: frames compiled during the counted generation; None when eager.
-    recompiles: int | None = None
-    #: Training: one optimizer step (forward, backward, optimizer).
-    step: PhaseWork | None = None
+    decode: PhaseWork | None = None  # per decode token
+    prefill: PhaseWork | None = None  # per generation (its one prefill)
+    graph_breaks: int | None = None  # compiled runs: dynamo's graph breaks; None when eager
+    recompiles: int | None = None  # compiled runs: frames compiled while counting
+    step: PhaseWork | None = None  # training: one optimizer step
 
     def __post_init__(self) -> None:
         generation = self.decode is not None and self.prefill is not None
@@ -203,15 +189,11 @@ def _busiest_phase(phases: Sequence[PhaseWork]) -> PhaseWork:
 class WorkChange:
     """One counter that differs from the baseline beyond its tolerance."""
 
-    #: "decode", "prefill", or "" for the run-wide counters (graph breaks, recompiles).
-    phase: str
-    #: What changed: "<kind> calls", "<kind> bytes", "ops", "flops", "kernels", "graph_breaks",
-    #: "recompiles".
-    figure: str
+    phase: str  # "decode", "prefill", "step", or "" for graph breaks and recompiles
+    figure: str  # "<kind> calls", "<kind> bytes", "ops", "flops", "kernels", ...
     baseline: float
     current: float
-    #: More work, a new collective kind or more calls: fails. Otherwise less work: a stale baseline.
-    more: bool
+    more: bool  # more work, a new kind or more calls: fails; less: a stale baseline
     message: str
 
 
@@ -241,12 +223,8 @@ class WorkComparison:
 
 
 def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkComparison:
-    """What changed from `baseline` to `current`.
-
-    Collective kinds and call counts are exact (an unchanged run repeats them); bytes, ops, FLOPs
-    and kernels change when they differ by more than `tolerance`, relative to the baseline. A
-    counter that one side could not count (kernels on CPU, graph breaks when eager) is skipped.
-    """
+    """What changed from `baseline` to `current`: kinds and calls exactly, the rest beyond
+    `tolerance` of the baseline; a counter one side could not count is skipped."""
     if not 0 <= tolerance < 1:
         raise ValueError(f"work tolerance must be in [0, 1), got {tolerance!r}")
     changes: list[WorkChange] = []
@@ -335,9 +313,8 @@ def _beyond(old: float, new: float, tolerance: float) -> int:
 
 
 def work_cell(work: Work | None) -> str:
-    """A short table cell: the collectives per decode token (or per training step), such as
-    ``AG 16x 5.3GB``; "-"
-    where there are none (one rank) or nothing was counted."""
+    """The collectives per decode token (or step) as a table cell, ``AG 16x 5.3GB``; "-" for
+    none."""
     if work is None:
         return "-"
     parts = []
@@ -428,17 +405,3 @@ def _optional_count(obj: Mapping[str, Any], name: str, where: str) -> int | None
     if value is not None and value < 0:
         raise ValueError(f"{where}: field {name!r} must be an integer >= 0, got {value!r}")
     return value
-
-
-__all__ = [
-    "KIND_ABBREVIATIONS",
-    "CollectiveCount",
-    "PhaseWork",
-    "Work",
-    "WorkChange",
-    "WorkComparison",
-    "busiest",
-    "compare_work",
-    "format_bytes",
-    "work_cell",
-]

@@ -37,6 +37,7 @@ FORBIDDEN_AT_IMPORT = {
     "output": ("torch",),
     "strategies": ("torch", "lightning", "lightning_fabric"),
     "spec": ("torch", "pytest"),
+    "platform": ("torch", "pytest"),
     "measured": ("torch", "pytest"),
     "calibrations": ("torch",),
     "options": ("torch",),
@@ -86,6 +87,8 @@ NEVER_IMPORTS = {
     "ranks": (*PYTEST_SIDE, "pytest", "_pytest"),
     # the pure halves: not even a lazy import of torch, Lightning or the rank side
     "strategies": ("ranks", "torch", "lightning", "lightning_fabric", "distperf_model"),
+    # the device kinds' records: read by both sides, the pure halves of the strategies too
+    "platform": ("ranks", "strategies", "perfmodel", "torch", "pytest", "_pytest"),
     # the counted work: values both sides share (the rank side fills them in)
     "work": ("ranks", "torch", "pytest", "_pytest"),
 }

@@ -434,19 +434,23 @@ def test_a_calibration_in_the_test_is_not_its_peak(
     # several GPUs, where the calibration comes before the timed work.
     from types import SimpleNamespace
 
+    from pytest_distperf.platform import CUDA
     from pytest_distperf.ranks import phases
 
     readings = iter([built, after])  # before calibrating (the build's), then the test's own
     resets: list[str] = []
     monkeypatch.setattr(phases.memory, "peak", lambda device: (next(readings), "RSS"))
     monkeypatch.setattr(phases.memory, "reset_peak", lambda device: resets.append("reset"))
-    monkeypatch.setattr(phases, "_calibrate", lambda ctx, shape: resets.append("calibrated"))
+    monkeypatch.setattr(phases, "calibrated", lambda ctx, own, dtype: resets.append("calibrated"))
+    monkeypatch.setattr(phases, "_own_sizes", lambda ctx, model: None)
     ctx = SimpleNamespace(
         spec=SimpleNamespace(
             calibrate_model=phase == "calibrate_model", calibration_sizes=(), devices=2
         ),
         model=SimpleNamespace(shape=None),
-        device=SimpleNamespace(type="cuda"),
+        device="cuda",
+        platform=CUDA,
+        dtype=None,
         peak_floor=0,
         bare=SimpleNamespace(reported_peak=lambda peak, kind: (peak, kind)),
     )
@@ -465,19 +469,20 @@ def test_ranks_that_time_themselves_calibrate_after_the_timed_work(
     # after the test's timed work, not between the session's start and its first timed token.
     from types import SimpleNamespace
 
+    from pytest_distperf.platform import CPU
     from pytest_distperf.ranks import phases
 
     calibrated: list[object] = []
-    monkeypatch.setattr(phases, "_calibrate", lambda ctx, shape: calibrated.append(shape))
-    shape = object()
+    monkeypatch.setattr(phases, "calibrated", lambda ctx, own, dtype: calibrated.append(own))
+    monkeypatch.setattr(phases, "_own_sizes", lambda ctx, model: "own" if model else "none")
     ctx = SimpleNamespace(
         spec=SimpleNamespace(calibrate_model=calibrate_model, calibration_sizes=(), devices=2),
-        model=SimpleNamespace(shape=shape),
-        device=SimpleNamespace(type="cpu"),
+        platform=CPU,
+        dtype=None,
         calibration=None,
     )
     phases.calibrate(ctx)
     phases.calibrate_model(ctx)
     assert calibrated == []
     phases.calibrate_late(ctx)
-    assert calibrated == [shape if calibrate_model else None]
+    assert calibrated == ["own" if calibrate_model else "none"]

@@ -15,6 +15,7 @@ from pytest_distperf.judge.checks import CheckStatus, GateSettings
 from pytest_distperf.judge.gate import Gate, _waited_for_a_core
 from pytest_distperf.judge.threshold import retiming_check
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
+from pytest_distperf.platform import CPU, CUDA, platform_of
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.topology.host import probe_cpu
@@ -187,11 +188,8 @@ def test_the_wait_for_a_core_is_the_timing_threads_where_the_process_figure_says
 
 
 def test_ranks_retime_themselves_on_cpu_ranks_and_one_gpu_only() -> None:
-    from pytest_distperf.ranks.environment import measures_itself
-
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # a device object, no GPU needed
-    assert [measures_itself(cpu, n) for n in (1, 2, 4)] == [False, True, True]
-    assert [measures_itself(cuda, n) for n in (1, 2, 8)] == [True, False, False]
+    assert [CPU.ranks_time_themselves(n) for n in (1, 2, 4)] == [False, True, True]
+    assert [CUDA.ranks_time_themselves(n) for n in (1, 2, 8)] == [True, False, False]
 
 
 @pytest.mark.parametrize(
@@ -209,7 +207,7 @@ def test_the_first_timing_counts_and_the_budget_sets_how_many_more(
         calls.append(first_s)
         return _sample(first_s)
 
-    samples, bare = retimed(once, torch.device(device))
+    samples, bare = retimed(once, platform_of(device).retime_budget_s)
     assert len(samples) == len(calls) == count and bare == ()
 
 
@@ -226,10 +224,10 @@ def test_the_bare_model_runs_beside_each_retiming_and_counts_in_the_budget() -> 
         order.append("bare")
         return _sample(0.15)
 
-    samples, bare = retimed(once, torch.device("cpu"), beside)  # 0.25 s a pair in 0.6 s: 2
+    samples, bare = retimed(once, CPU.retime_budget_s, beside)  # 0.25 s a pair in 0.6 s: 2
     assert order == ["wrapped", "bare"] * 2 and len(samples) == len(bare) == 2
     dropped = iter([_sample(0.01), *[None] * 4])  # the copy ran out of memory after the first
-    samples, bare = retimed(lambda: _sample(0.01), torch.device("cpu"), lambda: next(dropped))
+    samples, bare = retimed(lambda: _sample(0.01), CPU.retime_budget_s, lambda: next(dropped))
     assert len(samples) == 5 and bare == ()  # no pairs to speak of
 
 
@@ -244,7 +242,7 @@ def test_comm_delays_are_paused_while_retiming() -> None:
         seen.append(parallelize._delays["on"])
         return _sample(1.0)
 
-    retimed(once, torch.device("cpu"))
+    retimed(once, CPU.retime_budget_s)
     assert seen == [False] and parallelize._delays["on"]
 
 
@@ -268,6 +266,7 @@ def test_a_compiled_run_retimes_its_compiled_steps_with_the_bare_copy_beside(
     ctx = SimpleNamespace(
         spec=SimpleNamespace(devices=2, retime=True),
         device=torch.device("cpu"),
+        platform=CPU,
         wrapped="wrapped",
         prompt="prompt",
         workload=SimpleNamespace(max_new_tokens=6),

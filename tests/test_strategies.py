@@ -22,6 +22,7 @@ from pytest_distperf.perfmodel import (
     predict_all,
 )
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES
+from pytest_distperf.platform import CPU, CUDA
 from pytest_distperf.ranks.strategies import (
     RANK_STRATEGIES,
     BuildContext,
@@ -159,17 +160,17 @@ def test_fsdp1_wraps_the_contexts_units() -> None:
     class MyBlock:
         pass
 
-    strategy = rank_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=(MyBlock,)))
+    strategy = rank_strategy("fsdp").build(BuildContext(CUDA, 2, wrap_units=(MyBlock,)))
     assert type(strategy).__name__ == "FSDPStrategy"
     policy = strategy._fsdp_kwargs["auto_wrap_policy"]
     assert policy(module=MyBlock(), recurse=False, nonwrapped_numel=1)
     assert not policy(module=object(), recurse=False, nonwrapped_numel=1)
     assert policy(module=object(), recurse=True, nonwrapped_numel=1)
-    other = rank_strategy("fsdp").build(BuildContext("cuda", 2, wrap_units=()))
+    other = rank_strategy("fsdp").build(BuildContext(CUDA, 2, wrap_units=()))
     assert not other._fsdp_kwargs["auto_wrap_policy"](
         module=MyBlock(), recurse=False, nonwrapped_numel=1
     )
-    cpu = rank_strategy("fsdp").build(BuildContext("cpu", 2, wrap_units=(MyBlock,)))
+    cpu = rank_strategy("fsdp").build(BuildContext(CPU, 2, wrap_units=(MyBlock,)))
     assert type(cpu).__name__ == "ModelParallelStrategy"
 
 

@@ -19,7 +19,6 @@ from pytest_distperf.topology import (
     TopologyParseError,
     load_nvidia_smi_topo,
     load_topology,
-    parse_nvidia_smi_q_pcie,
     parse_nvidia_smi_topo,
     probe_cpu,
 )
@@ -177,35 +176,6 @@ def test_parse_old_soc_word_and_asymmetry() -> None:
     assert t.link(0, 2).link_class == "PHB"  # printed PIX one way, PHB the other: slower wins
     assert any("SOC" in n for n in t.notes)
     assert any("GPU0-GPU2" in n for n in t.notes)
-
-
-# --------------------------------------------------------------------------- nvidia-smi -q
-
-
-def test_parse_smi_q_pcie() -> None:
-    assert parse_nvidia_smi_q_pcie(read("smi_q_h100_sxm_gen5_x16_linkinfo.txt")) == [
-        {
-            "bus_id": "00000000:19:00.0",
-            "name": "NVIDIA H100 80GB HBM3",
-            "pcie_gen_max": 5,
-            "pcie_gen_current": 5,
-            "pcie_width_max": 16,
-            "pcie_width_current": 16,
-        }
-    ]
-
-
-def test_parse_smi_q_pcie_two_gpus_and_na() -> None:
-    one = read("smi_q_h100_sxm_gen5_x16_linkinfo.txt").split("GPU 00000000:19:00.0\n")[1]
-    second = one.replace("Current                   : 5", "Current                   : N/A")
-    text = "GPU 00000000:19:00.0\n" + one + "GPU 00000000:2A:00.0\n" + second
-    got = parse_nvidia_smi_q_pcie(text)
-    assert [g["bus_id"] for g in got] == ["00000000:19:00.0", "00000000:2A:00.0"]
-    assert got[1]["pcie_gen_current"] is None and got[1]["pcie_gen_max"] == 5
-
-
-def test_parse_smi_q_pcie_on_other_text() -> None:
-    assert parse_nvidia_smi_q_pcie(SEED) == []
 
 
 # --------------------------------------------------------------------------- values

@@ -25,6 +25,7 @@ from pytest_distperf.judge.gate import test_identity as identity_of
 from pytest_distperf.judge.training import loss_check
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.options import SettingError, workload_from_marker
+from pytest_distperf.platform import CPU
 from pytest_distperf.spec import DEFAULT_SEQ_LENGTH, RunSpec, Workload
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work, busiest, compare_work
 
@@ -232,6 +233,7 @@ def _warm_up(faults: list[int], warmup: int) -> int:
     ctx = SimpleNamespace(
         spec=SimpleNamespace(warmup=warmup),
         device=torch.device("cpu"),
+        platform=CPU,
         train=SimpleNamespace(loss=None),
         fences=SimpleNamespace(sync=lambda: None, barrier=lambda: None),
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from pytest_distperf.platform import Platform
+
 
 def available_cpus() -> int:
     try:
@@ -12,7 +14,7 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def threads_per_rank(devices: int, cpus: int | None = None) -> int:
-    # Ranks share the cores: give each an equal share (at least one) so N ranks never ask for
-    # N x all cores, which makes every rank slower and the figures meaningless.
-    return max(1, (cpus or available_cpus()) // devices)
+def rank_threads(platform: Platform, ranks: int) -> int:
+    """Threads of each rank: an equal share of the host's cores (at least one) where ranks
+    share them, which N x all cores would make every rank slower; else one."""
+    return max(1, available_cpus() // ranks) if platform.shares_cores else 1

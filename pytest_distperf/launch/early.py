@@ -1,7 +1,5 @@
-"""The session's first pool, started before its first test needs it (issue 11: the first timed
-token soon after pytest starts): when collection has selected distperf tests, the ranks import
-torch and Lightning and join their group while the pytest process probes the topology and runs
-whatever comes before the first distperf test.
+"""The session's first pool, started once collection has selected distperf tests: its ranks
+start while the pytest process probes the topology and runs what comes first (issue 11).
 """
 
 from __future__ import annotations
@@ -18,11 +16,9 @@ NO_TEST_BODY = ("collectonly", "setuponly", "setupplan")
 
 
 def start_first_pool(plugin: Any, config: Any, devices: int) -> None:
-    """Start `plugin`'s (plugin.DistperfPlugin) pool of `devices` ranks unless the session
-    will not use one: no test body runs, its ranks are not a pool's (job mode, fresh ranks,
-    NUMA binding), an xdist worker (which may run none of the distperf tests: on first use), or
-    a CUDA test that lacks its GPUs (it skips), or where ranks are forbidden (launch/guard.py:
-    a test that needs them is refused when it asks)."""
+    """Start `plugin`'s pool of `devices` ranks unless the session will not use one: no test
+    body, ranks that are no pool's (job, fresh ranks, NUMA binding), an xdist worker (on first
+    use), too few GPUs (the test skips), or ranks forbidden (launch/guard.py)."""
     settings = plugin.settings
     if plugin.job or settings.fresh_ranks or settings.numa_binding or xdist.is_worker(config):
         return
@@ -31,7 +27,7 @@ def start_first_pool(plugin: Any, config: Any, devices: int) -> None:
     if any(getattr(config.option, name, False) for name in NO_TEST_BODY):
         return
     resolved = plugin.resolve()
-    if resolved.accelerator == "cuda" and devices > resolved.visible_gpus:
+    if resolved.lacks_gpus(devices):
         return
     from pytest_distperf.launch.pool import PoolKey, Pools
 

@@ -1,8 +1,5 @@
-"""Start N ranks through torch's elastic launcher (the machinery behind torchrun), collect their
-results, and turn failures and hangs into one readable message.
-
-Each run gets fresh processes (spawn), a loopback c10d rendezvous on a free port, no restarts,
-and per-rank stdout/stderr files, so a hung rank's stack dump can be shown to the user.
+"""Fresh ranks for one run through torch's elastic launcher (torchrun's machinery): spawned
+processes, a loopback rendezvous on a free port, no restarts, a log per rank for the message.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.launch.cpus import threads_per_rank
+from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
     failed_headline,
@@ -58,8 +55,7 @@ def launch(spec: RunSpec) -> RunResult:
 
     from pytest_distperf.ranks.worker import run_rank
 
-    if spec.accelerator == "cpu":
-        spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+    spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
     binding = numa_options(spec)  # before anything is created: a bad setting fails cleanly
     log_dir = Path(tempfile.mkdtemp(prefix="distperf-"))
     config = LaunchConfig(
@@ -112,7 +108,7 @@ def numa_options(spec: RunSpec) -> Any:
     """torch's NUMA binding for the ranks (`torch.numa.binding.NumaOptions`), or None."""
     if spec.numa_binding is None:
         return None
-    if spec.accelerator != "cuda":
+    if not spec.platform.gpus:
         raise RunFailed(
             f"distperf: --distperf-numa-binding={spec.numa_binding} binds each rank to the CPUs "
             f"near its GPU; these ranks run on {spec.accelerator}"

@@ -1,8 +1,5 @@
-"""Job mode: pytest itself is one rank of a job that torchrun or SLURM already started.
-
-Every rank runs the same tests in the same order; the job's process group is the test's
-(ranks/jobgroup.py keeps it from test to test, ranks/jobwatch.py fails a run in every rank).
-"""
+"""Job mode: pytest itself is one rank of a job that torchrun or SLURM already started; the
+job's group is the test's (ranks/jobgroup.py, ranks/jobwatch.py)."""
 
 from __future__ import annotations
 
@@ -133,10 +130,9 @@ def _integers(
 
 
 def run_in_job(spec: RunSpec, notice: Callable[[str], None] | None = None) -> RunResult:
-    """Run `spec` in this process as its rank of the launched job; every rank gets every
-    rank's result. A run that fails in one rank fails in every rank with that rank's error, and
-    the next test gets a new process group; a run past --distperf-timeout ends the job
-    (ranks/jobwatch.py). `notice`: rank 0's `notice_writer`."""
+    """Run `spec` as this rank of the job: every rank's result. A run that fails in one rank
+    fails in all with its error (the next test gets a new group); a timeout ends the job.
+    `notice`: rank 0's `notice_writer`."""
     refuse_ranks()
     from pytest_distperf.ranks.jobgroup import JobRunFailed, run_in_group
 

@@ -1,13 +1,7 @@
 """A pool of rank processes kept for the session: started once, one RunSpec per test.
 
-Starting ranks (process start, torch import, process group, Lightning) costs far more than a
-small test's timed work (docs/benchmarks/pool.md), so the ranks stay up between tests, as torch's
-own `MultiProcContinuousTest` keeps its process group. The session may start the first pool as
-soon as collection knows its tests (`Pools.start`), so that the ranks' start overlaps what the
-pytest process still has to do. Rank 0 hosts the group's TCPStore and this process relays its
-port to the others, so this process never imports torch. Control goes through one pipe per rank
-(`ranks/serve.py`). A test that raises, hangs or loses a rank leaves the group in an unknown
-state: the pool is stopped and the next test gets a new one.
+Starting ranks costs far more than a small test's timed work (docs/benchmarks/pool.md). One pipe
+per rank (`ranks/serve.py`); a test that raises, hangs or loses a rank stops the pool.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_distperf.launch.cpus import threads_per_rank
+from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
     failed_headline,
@@ -37,6 +31,7 @@ from pytest_distperf.launch.failures import (
 from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import stopping_signals
 from pytest_distperf.measured import RankResult, RunResult
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RunSpec
 
@@ -98,7 +93,7 @@ class RankPool:
         self._started_in = _surroundings()
         self._log_dir = Path(tempfile.mkdtemp(prefix="distperf-pool-"))
         context = multiprocessing.get_context("spawn")
-        threads = threads_per_rank(key.ranks) if key.accelerator == "cpu" else 1
+        threads = rank_threads(platform_of(key.accelerator), key.ranks)
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
@@ -136,8 +131,8 @@ class RankPool:
         return bool(self._processes) and all(p.is_alive() for p in self._processes)
 
     def fits(self, key: PoolKey) -> bool:
-        """Whether the next test of `key` can run in these ranks. A pool started ahead of its
-        first test must still see the environment and directory that test would start it in."""
+        """Whether the next test of `key` can run in these ranks (a pool started ahead of its first
+        test in that test's environment and directory)."""
         if self.key != key or not self.alive:
             return False
         return self.tests_run > 0 or self._started_in == _surroundings()
@@ -146,8 +141,7 @@ class RankPool:
         return [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
 
     def wait_ready(self, spec: RunSpec) -> None:
-        """Block until every rank has joined the process group (first use only); rank 0's
-        store port goes to the other ranks on the way."""
+        """Block until every rank has joined the process group (first use only)."""
         start = time.perf_counter()
         replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
         failed = {rank: reply for rank, reply in replies.items() if reply[0] != READY}
@@ -163,8 +157,7 @@ class RankPool:
         live: TextIO | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> RunResult:
-        """Run one test; `live`: stream the ranks' output there as it comes (pytest -s);
-        `progress`: gets rank 0's progress texts."""
+        """Run one test; `live`: where the ranks' output streams (pytest -s)."""
         launched_at, start = time.time(), time.perf_counter()
         offsets = self.output_offsets()
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
@@ -199,8 +192,8 @@ class RankPool:
         expect: str,
         progress: Callable[[str], None] | None = None,
     ) -> dict[int, tuple[str, Any]]:
-        """Every rank's reply; a rank that raised, died or timed out gets (status, text).
-        Progress messages on the way go to `progress`; rank 0's store port to the others."""
+        """Every rank's reply, (status, text) where it raised, died or timed out; on the way,
+        progress goes to `progress` and rank 0's store port to the others."""
         replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
         pending = dict(enumerate(self._connections))
         deadline = time.monotonic() + timeout
@@ -252,9 +245,8 @@ class RankPool:
         past_timeout: bool = False,
         starting: bool = False,
     ) -> str:
-        """`replies`: the failed ranks' (kind, text); `past_timeout`: the test ran as long as
-        the ranks' watchdogs allow, so the rank that died first was most likely stopped by its
-        own, and the others failed for want of it; `starting`: the pool was still starting."""
+        """`replies`: the failed ranks' (kind, text); `past_timeout`: the ranks' watchdogs were
+        due, so every rank's stack matters; `starting`: the pool was still starting."""
         kinds = {kind for kind, _ in replies.values()}
         failed = {rank: text for rank, (_, text) in replies.items()}
         timed_out = "timeout" in kinds or past_timeout
@@ -327,8 +319,7 @@ class RankPool:
 
 
 class OutputStreamer:
-    """Copies what the ranks write to their logs onto `stream` while a test runs (pytest -s):
-    rank 0 as it is, the others with a rank prefix."""
+    """Copies the ranks' logs onto `stream` while a test runs (pytest -s), rank prefixes but 0's."""
 
     POLL_S = 0.1
 
@@ -367,15 +358,13 @@ class OutputStreamer:
 
 
 def _surroundings() -> tuple[str, tuple[tuple[str, str], ...]]:
-    """What spawned ranks inherit from this process: its directory and its environment (less
-    the variable pytest sets for every test phase)."""
+    """What spawned ranks inherit: the directory and environment (less PYTEST_CURRENT_TEST)."""
     environ = tuple(sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"))
     return os.getcwd(), environ
 
 
 class Pools:
-    """The session's pools: one per PoolKey, and only one alive at a time, so that pools of
-    different rank counts never hold the same GPUs at once."""
+    """The session's pools, one per PoolKey, one alive at a time (never two on the same GPUs)."""
 
     def __init__(self) -> None:
         self._current: RankPool | None = None
@@ -386,8 +375,7 @@ class Pools:
         return self._current
 
     def start(self, key: PoolKey) -> None:
-        """Start the ranks of `key` now, ahead of the first test that needs them; that test
-        reports any trouble in starting them."""
+        """Start the ranks of `key` now; the first test that needs them reports any trouble."""
         if self._current is not None and self._current.fits(key):
             return
         self.close()
@@ -400,8 +388,7 @@ class Pools:
         live: TextIO | None = None,
         progress: Callable[[str], None] | None = None,
     ) -> RunResult:
-        if spec.accelerator == "cpu":
-            spec = replace(spec, threads_per_rank=threads_per_rank(spec.devices))
+        spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
         key = PoolKey.of(spec)
         pool = self._current
         if pool is not None and not pool.fits(key):

@@ -1,8 +1,5 @@
-"""Signals that stop the whole session (a CI runner's cancel, a closed terminal) while ranks run.
-
-The elastic agent installs its own handlers for a run and leaves them; these helpers give pytest
-its handlers back and remember which signal arrived, so one signal never fails just one test.
-"""
+"""Signals that stop the whole session (a CI runner's cancel, a closed terminal) while ranks run,
+never just one test."""
 
 from __future__ import annotations
 
@@ -13,9 +10,8 @@ from collections.abc import Iterator
 
 
 class SessionStopped(BaseException):
-    """A signal (SIGTERM from a CI runner's cancel, SIGHUP, SIGQUIT) asked the whole session to
-    stop, not just this test: a BaseException, so that nothing on the way mistakes it for a
-    test's failure and goes on to the next test."""
+    """A signal (SIGTERM, SIGHUP, SIGQUIT) asked the whole session to stop: a BaseException, which
+    nothing on the way takes for one test's failure."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -29,12 +25,9 @@ STOPPING_SIGNALS = frozenset(HANDLED_SIGNALS) - {signal.SIGINT}  # SIGINT: Keybo
 
 @contextlib.contextmanager
 def own_signals(signals: set[int] | None = None) -> Iterator[None]:
-    """Give pytest its signal handlers back: the elastic agent installs its own for the run and
-    leaves them, after which a Ctrl-C between tests would only fail the next test.
-
-    Also notes every signal that arrives meanwhile in `signals`, through Python's wakeup fd,
-    which is written whichever handler is installed (the agent replaces the handlers).
-    """
+    """Give pytest its signal handlers back (the elastic agent leaves its own: a Ctrl-C would
+    only fail the next test); note in `signals` each one that arrives meanwhile, through the
+    wakeup fd, written whichever handler is installed."""
     saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     reader, writer = socket.socketpair()
     reader.setblocking(False)

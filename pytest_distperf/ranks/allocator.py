@@ -1,17 +1,10 @@
 """glibc's allocator in CPU ranks: keep the heap a step grows, so that every timed step does the
 same work, and give it back between tests, so that each test's memory peak is its own.
 
-By default glibc maps every buffer over its mmap threshold (32 MB at most) fresh and unmaps it
-when freed, and gives gloo's threads arenas of their own whose heaps are too small for a model's
-flat buffers: CPU training steps then page-fault in some repeats and not in others
-(docs/benchmarks/cpu-2026-12-02-train.md). mallopt applies at once, so a rank sets this itself,
-whatever started it; a variable of the same name in the environment (the user's) wins. No torch
-here: the pool's ranks call this before they import it.
-
-A kept heap still grows now and then: torch's buffers are 64-byte aligned (posix_memalign), and
-glibc (2.36 here) puts the few bytes it trims off each one in its per-thread cache, where they
-keep a freed buffer from merging with its neighbour, so a buffer of the same size may not fit
-where the last one was. fault_in_heap makes every page of the heap resident, holes included.
+By default glibc maps big buffers fresh and gives gloo's threads arenas too small for a model's
+flat buffers: CPU training steps then page-fault in some repeats only (docs/benchmarks/
+cpu-2026-12-02-train.md). The environment's variables win. No torch: pool ranks call this first.
+A kept heap still grows now and then: fault_in_heap makes all of it resident, holes included.
 """
 
 from __future__ import annotations
@@ -46,9 +39,8 @@ _kept = ""  # the settings keep_heap applied, as the result's versions report th
 
 
 def keep_heap() -> str:
-    """Set the ranks' allocator settings where the environment does not; returns what the
-    allocator runs with ("" where it is not glibc's). Call it before the process starts threads:
-    an arena a thread already has stays its own."""
+    """Set the ranks' allocator settings where the environment does not, before any thread
+    starts (a thread keeps its arena); what it runs with ("" where not glibc's)."""
     global _kept
     libc = _glibc()
     if libc is None:
@@ -67,8 +59,7 @@ def settings() -> str:
 
 
 def release_heap() -> None:
-    """Give the freed heap back to the kernel (malloc_trim(0), whatever the trim threshold): the
-    next memory peak starts where a fresh process's would."""
+    """Give the freed heap back: the next peak starts where a fresh process's would."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
@@ -86,9 +77,8 @@ CALIBRATION_PAD = 512 << 20
 
 
 def fault_in_heap(pad_bytes: int) -> int:
-    """Grow the heap by `pad_bytes` of free space, then fault in every page of it, free chunks
-    included (the holes release_heap left): later steps reuse them without page faults. Returns
-    the bytes made resident; 0 where the kernel or the allocator cannot."""
+    """Grow the heap by `pad_bytes` of free space, then fault in all of it, free chunks included,
+    for later steps to reuse without page faults: the bytes made resident (0: cannot)."""
     libc = _glibc()
     if libc is None:
         return 0

@@ -1,10 +1,9 @@
 """The bare model a rank runs beside every wrapped generation: no wrapper, no collectives.
 
 A replicated model is the same object after wrapping; a sharded one is rebuilt whole from the
-seed after wrapping (its own KV cache too), kept only where it fits, and dropped when it runs out
-of memory, after which the run goes on without it. The copy's memory is kept out of the peak the
-rank reports: on CUDA its bytes come off the allocator peak of each wrapped generation; on CPU
-ranks the RSS peak is the one read before the copy was built.
+seed (its own KV cache too), kept only where it fits, dropped when it runs out of memory. Its
+memory stays out of the reported peak: its bytes come off each wrapped generation's allocator
+peak, or the RSS peak is the one read before it was built.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from pytest_distperf.measured import Sample
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks import memory
 from pytest_distperf.ranks.models import build
 from pytest_distperf.ranks.timing import Fences, GenerateFn, device_sync, timed_generation
@@ -57,15 +57,13 @@ class BareCopy:
     ) -> BareCopy:
         """A sharded rank's whole copy, built once wrapping has freed the unsharded weights."""
         device = prompt.device
-        rss = memory.peak(device)[0] if device.type == "cpu" else None
+        rss = None if platform_of(device.type).allocator_memory else memory.peak(device)[0]
         module, copy_bytes = _whole_copy(workload, device, dtype)
         return cls(module, prompt, workload.max_new_tokens, generate, copy_bytes, rss)
 
     def generation(self) -> Sample | None:
-        """One bare generation, timed; None without a model or when it ran out of memory.
-
-        With a copy on CUDA, the allocator peak is read before and reset after the bare run:
-        the peak reported is the wrapped run's own."""
+        """One bare generation, timed; None without a model or when it ran out of memory. A
+        copy's allocator peak is read before and reset after it: the wrapped run's stays."""
         if self.module is None:
             return None
         if self.copy_bytes:
@@ -106,17 +104,11 @@ class BareCopy:
 
 
 def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) -> tuple[Any, int]:
-    """A whole, unwrapped model with its own KV cache, built from the seed; (None, 0) when it
-    does not fit.
-
-    On CUDA, its bytes are returned so that they can be taken out of the allocator peak, and
-    it is kept only if as much memory again stays free (room for what the wrapped run gathers,
-    which for fsdp-noreshard is the whole model). On CPU ranks its bytes cannot be taken out of
-    the process RSS peak, which is read before it is built instead (the whole-model build before
-    wrapping already set that peak).
-    """
-    cuda = device.type == "cuda"
-    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+    """A whole, unwrapped model with its own KV cache, built from the seed, and its allocator
+    bytes (0 for an RSS peak, read before it instead); (None, 0) when it does not fit, on a GPU
+    as much memory again must stay free (what the wrapped run gathers: fsdp-noreshard's all)."""
+    exact = platform_of(device.type).allocator_memory
+    allocated = torch.cuda.memory_allocated(device) if exact else 0
     try:
         built = build(workload, device, dtype)
         built.setup_caches(
@@ -128,7 +120,7 @@ def _whole_copy(workload: Workload, device: torch.device, dtype: torch.dtype) ->
         copy = built.module
     except torch.cuda.OutOfMemoryError:
         copy = None
-    if not cuda:
+    if not exact:
         return copy, 0
     copy_bytes = torch.cuda.memory_allocated(device) - allocated
     if copy is not None and torch.cuda.mem_get_info(device)[0] < copy_bytes:

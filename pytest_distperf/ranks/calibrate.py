@@ -1,27 +1,12 @@
 """In-rank micro-benchmarks: all-gather, all-reduce and point-to-point hops at the model's own
-message sizes, plus the device's memory bandwidth, in nccl-tests conventions.
+message sizes, and the device's memory bandwidth. Every rank returns the same `Calibration`
+(each figure the slowest rank's median).
 
-Runs inside an already-initialised torch.distributed process group, in every rank, and returns
-the same `Calibration` on every rank (each figure is the slowest rank's median), so that rank 0
-can report it and every rank can judge with it.
-
-Conventions (nccl-tests, doc/PERFORMANCE.md):
-
-* `bytes` of an all-gather is the size of the gathered OUTPUT tensor; of an all-reduce, the
-  size of the reduced tensor.
-* algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x 2(n-1)/n.
-* a point-to-point hop is nccl-tests' sendrecv: every rank sends `bytes` to the next rank and
-  receives as much from the one before, at once; busbw = algbw.
-* memory bandwidth counts a device copy's read and write: 2 x bytes / time.
-
-Timing: every iteration starts with a device sync and a barrier (so no rank times its wait for
-a late peer), ends with a device sync (so no kernel is still queued), and is measured on the host
-clock. Host timing includes the launch cost of one collective, which is what eager code pays too.
-A call that takes longer than SLOW_CALL_S (a huge all-gather over loopback on CPU ranks) is timed
-once after its warm-up instead of `iters` times.
-
-In a job over several nodes the whole group's figures cross the network; the collectives are
-timed again among each node's ranks, on a subgroup per node (`Calibration.within_node`).
+nccl-tests' conventions (doc/PERFORMANCE.md): an all-gather's bytes are its gathered output's;
+all-gather busbw = algbw x (n-1)/n, all-reduce busbw = algbw x 2(n-1)/n; a point-to-point hop
+is its sendrecv (busbw = algbw); a copy moves 2 x bytes. Each call is timed on the host between
+fences (probes.py), its launch cost included, as eager code pays it. Over several nodes the
+collectives are timed again among each node's ranks (`Calibration.within_node`).
 """
 
 from __future__ import annotations
@@ -35,9 +20,8 @@ import torch
 import torch.distributed as dist
 
 from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.probes import (
-    CPU_COPY_BYTES,
-    GPU_COPY_BYTES,
     Group,
     Timer,
     barrier_after_sync,
@@ -67,15 +51,9 @@ def calibrate(
     sizes_p2p: Sequence[int] = (),
     nodes: int | None = None,
 ) -> Calibration:
-    """Measure collectives and memory bandwidth in every rank; every rank returns the same value.
-
-    Must be called by every rank of the default process group with the same arguments (the
-    collectives pair up by call order). Sizes are rounded to whole elements of `dtype` (and, for
-    all-gather, to a whole number of elements per rank); the figures carry the bytes that really
-    moved. `nodes`: the nodes the ranks span, placed node by node (None: from torchrun's
-    LOCAL_WORLD_SIZE); over several, the whole group's collectives cross the network, and the
-    same collectives are measured again among each node's own ranks (`within_node`).
-    """
+    """Collectives and memory bandwidth, called by every rank with the same arguments (the
+    collectives pair up by call order). Sizes are rounded to whole elements per rank; the
+    figures carry the bytes that moved. `nodes` (None: from LOCAL_WORLD_SIZE) the ranks span."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("calibrate() needs an initialised torch.distributed process group")
     if warmup < 0 or iters < 1:
@@ -99,7 +77,7 @@ def calibrate(
         with node_group(n // nodes) as node:
             within = measure(node)
     if copy_bytes is None:
-        copy_bytes = GPU_COPY_BYTES if device.type == "cuda" else CPU_COPY_BYTES
+        copy_bytes = platform_of(device.type).copy_probe_bytes
     copy_bytes = max(1, int(copy_bytes))
     copies = copy_times(copy_bytes, device, timer, warmup, iters)
     overlap_times = overlap_probe(measured["all_gather"], device, dtype, timer, warmup, iters)

@@ -1,20 +1,8 @@
-"""The compiled decode step (`distperf(compile=True)`, `--distperf-compile`).
-
-An eager decode at batch 1 is bound by the host issuing kernels, which is both slower than the
-device allows and the noisiest part of a GPU runner (docs/benchmarks). Compiling the decode step
-makes it device-bound. How depends on what wraps the model:
-
-* a replicated strategy's inference forward has no collective, so its steps call the module the
-  wrapper holds, whole-graph, with CUDA graphs on CUDA; the prompt's prefill is compiled the
-  same way (one static shape per test), so that no eager, host-bound part is left in the timed
-  generation;
-* a sharded or model-parallel wrapper runs hooks and collectives between layers: the decode step
-  is compiled around them (graph breaks allowed) and without CUDA graphs, which cannot hold
-  collectives issued from those hooks; its prefill stays eager;
-* a strategy with its own step that sends and receives between ranks (pipeline) stays eager.
-
-Compilation happens before the warm-up and is reported as `compile_s`, never in the timed
-figures.
+"""The compiled decode step (`distperf(compile=True)`): an eager decode at batch 1 is bound by
+the host issuing kernels. A replicated strategy's steps call the wrapped module whole-graph,
+prefill too, as CUDA graphs where kernels queue; a sharded or model-parallel wrapper's decode step
+is compiled around its hooks (no CUDA graphs: they cannot hold the hooks' collectives); a
+strategy's own step (pipeline) stays eager. Compiled before the warm-up, as `compile_s`.
 """
 
 from __future__ import annotations
@@ -27,6 +15,7 @@ from typing import Any
 import torch
 from distperf_model.generate import decode_one_token, prefill
 
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.timing import StepOverride
 
 Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -71,10 +60,9 @@ def compile_decode_step(
     """The compiled steps for `wrapped` (what the strategy built around `inner`)."""
     if own_step:
         return CompiledStep(None, "eager: the strategy's own step sends and receives between ranks")
-    cuda = device.type == "cuda"
     if replicated:
         return compile_bare_step(inner, device)
-    mode = AROUND_HOOKS_CUDA if cuda else None
+    mode = AROUND_HOOKS_CUDA if platform_of(device.type).queues_kernels else None
     compiled = torch.compile(decode_one_token, mode=mode, dynamic=False)
     how = f"torch.compile {mode or 'default'}, graph breaks at the wrapper's hooks; prefill eager"
     return CompiledStep(compiled, how, graph_breaks=True)
@@ -83,11 +71,10 @@ def compile_decode_step(
 def compile_bare_step(
     bare: torch.nn.Module, device: torch.device, with_prefill: bool = True
 ) -> CompiledStep:
-    """A whole module's decode step and (`with_prefill`) prefill, whole-graph (CUDA graphs on
-    CUDA): a replicated strategy's, and the bare model's the wrapper is measured against, whose
-    prefill is compiled only where the wrapper's is (the prediction adds the bare prefill)."""
-    cuda = device.type == "cuda"
-    decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if cuda else (None, None)
+    """A whole module's decode step and (`with_prefill`: where the wrapper's is) prefill,
+    whole-graph: a replicated strategy's, or the bare model's the wrapper is measured against."""
+    graphs = platform_of(device.type).queues_kernels
+    decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if graphs else (None, None)
 
     def whole_graph(function: Step, mode: str | None) -> Step:
         compiled = torch.compile(function, mode=mode, fullgraph=True, dynamic=False)
@@ -98,13 +85,12 @@ def compile_bare_step(
         parts += f" and prefill ({prefill_mode or 'default'})"
     first = whole_graph(prefill, prefill_mode) if with_prefill else None
     how = f"torch.compile fullgraph, {parts}"
-    return CompiledStep(whole_graph(decode_one_token, decode_mode), how, first, cuda)
+    return CompiledStep(whole_graph(decode_one_token, decode_mode), how, first, graphs)
 
 
 def _graph_safe(step: Step) -> Step:
-    """A CUDA graph's output lives in memory its next replay overwrites, and each step's token
-    is the next step's input: mark each call as a new step and keep a copy of its token (a
-    no-op without CUDA graphs)."""
+    """Each call a new CUDA-graph step, its token copied: the next replay overwrites the output
+    the next step reads (a no-op without CUDA graphs)."""
 
     def call(model: Any, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         torch.compiler.cudagraph_mark_step_begin()
@@ -123,10 +109,8 @@ def compile_run(
     replicated: bool,
     own_step: bool,
 ) -> tuple[CompiledStep, CompiledStep | None, float]:
-    """(the wrapped model's steps, the bare model's, seconds compiling and settling both).
-
-    A replicated wrapper's steps call `inner` whole, so the bare model that is `inner` shares
-    them; any other bare model gets its own."""
+    """(the wrapped model's steps, the bare model's, seconds compiling and settling both); a
+    bare model that is the replicated wrapper's `inner` shares its steps."""
     device = prompt.device
     compiled = compile_decode_step(wrapped, inner, device, replicated=replicated, own_step=own_step)
     seconds = settle(compiled, wrapped, prompt, sync)

@@ -1,11 +1,9 @@
-"""What one test knows inside one rank, filled in phase by phase (ranks/phases.py).
-
-A context lives for one test: the pool drops it with everything the test built.
-"""
+"""What one test knows inside one rank, filled in phase by phase (ranks/phases.py), dropped
+with everything the test built."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,13 +12,14 @@ import torch
 if TYPE_CHECKING:
     from pytest_distperf.measured import RankResult, Sample
     from pytest_distperf.perfmodel.calibration import Calibration
+    from pytest_distperf.platform import Platform
     from pytest_distperf.ranks.bare import BareCopy
     from pytest_distperf.ranks.compiled import CompiledStep
     from pytest_distperf.ranks.counting import Counted, DynamoMark
     from pytest_distperf.ranks.models import RankModel
     from pytest_distperf.ranks.reference import ReferenceChoice
     from pytest_distperf.ranks.strategies import BuildContext, RankStrategy
-    from pytest_distperf.ranks.timing import Fences, GenerateFn
+    from pytest_distperf.ranks.timing import Fences, GenerateFn, HostTime
     from pytest_distperf.spec import RunSpec, Workload
     from pytest_distperf.strategies import StrategyRecord
 
@@ -35,12 +34,12 @@ DTYPES = {
 
 @dataclass
 class RankContext:
-    """One test in one rank. The fields below `half` start empty; each is set by the phase
-    named beside it, and read only by the phases after that one."""
+    """One test in one rank; each field below `half` is set by the phase named beside it."""
 
     spec: RunSpec
     progress: Callable[[str], None] | None  # the live line (rank 0 of a pool only)
     device: torch.device
+    platform: Platform  # the device kind's policy (pytest_distperf/platform.py)
     dtype: torch.dtype
     record: StrategyRecord  # the strategy's pure half: checks, sharded, replicas
     half: RankStrategy  # its rank half (ranks/strategies): build, wrap, next_token
@@ -80,6 +79,14 @@ class RankContext:
     @property
     def workload(self) -> Workload:
         return self.spec.workload
+
+    def note_host(self, loops: Sequence[tuple[float, float]], host: HostTime, tokens: int) -> None:
+        """The host's loop (wall, CPU) beside each repeat; its CPU, wait and steal per token."""
+        self.host_loop_s = tuple(wall for wall, _ in loops)
+        self.host_loop_cpu_s = tuple(cpu for _, cpu in loops)
+        if tokens:
+            per = host.per(tokens)
+            self.host_cpu_per_token_s, self.run_queue_wait_per_token_s, self.steal_per_token_s = per
 
     @property
     def compiled_loop(self) -> bool:

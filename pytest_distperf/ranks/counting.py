@@ -1,18 +1,11 @@
-"""The counted generation: after the timed repeats, one more generation of the same workload,
-untimed, with this rank's work counted per token (`pytest_distperf.work.Work`).
-
-A TorchDispatchMode sees every op that reaches torch's dispatcher in this process, whoever
-issues it: the model, FSDP1/FSDP2 and DDP hooks, DTensor, the strategy's own step and plain
-`torch.distributed` calls in the user's model or `generate` loop. It counts aten ops, FLOPs
-(torch.utils.flop_counter's formulas) and collectives by kind, with their bytes in nccl-tests'
-terms. Compiled code runs as compiled (the mode asks torch.compile to leave it out of its
-internals), so it sees what a compiled step dispatches: its extern kernels and collectives, not
-the fused kernels, nor anything inside a CUDA graph's replay. On CUDA a second generation runs
-under torch.profiler for the kernels launched per token, each kernel of a CUDA-graph replay
-included, and their summed device time.
-
-It cannot see work below the dispatcher: what a kernel does inside, copies a library makes
-without an op, or a collective sent by another process group library.
+"""The counted generation: one more, untimed, this rank's work counted per token (`work.Work`).
+A TorchDispatchMode sees every op reaching torch's dispatcher in this process, whoever issues
+it (the model, FSDP and DDP hooks, DTensor, a strategy's step, the user's loop): aten ops, FLOPs
+(flop_counter's formulas) and collectives by kind, bytes in nccl-tests' terms. Compiled code runs
+compiled, so it sees a compiled step's extern kernels and collectives, not fused kernels nor a
+CUDA graph's replay; where kernels queue, a second generation under torch.profiler counts the
+kernels per token, replays included, and their device time. Work below the dispatcher (inside a
+kernel, a library's copies without an op) stays unseen.
 """
 
 from __future__ import annotations
@@ -31,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.timing import GenerateFn, NextTokenFn, StepOverride, marked_generation
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 
@@ -140,9 +134,8 @@ def _op(func: Any) -> _Op | None:
 
 
 def message_bytes(args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) -> int:
-    """A collective's size as nccl-tests counts it: the whole buffer (all_gather's gathered
-    output, reduce_scatter's full input, the tensor of the others), which is the largest of its
-    argument groups and its result for both the in-place and the functional ops."""
+    """A collective's size as nccl-tests counts it (all_gather's output, reduce_scatter's input):
+    the largest of its argument groups and its result, in-place and functional ops alike."""
 
     def size(value: Any) -> int:
         leaves = tree_leaves(value)
@@ -176,8 +169,7 @@ class _Tally:
 
 class WorkCounter(TorchDispatchMode):
     """Counts, per phase, the aten ops, FLOPs and collectives this process dispatches; `mark`
-    starts a phase's next step. Every op runs whatever its counting does: a rank whose count
-    failed still issues every collective the other ranks wait for (`failure` says why)."""
+    starts a phase's next step. Every op runs, counted or not (`failure` says why not)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -269,11 +261,9 @@ def count_work(
     steps: StepOverride | None = None,
     compiled_since: DynamoMark | None = None,
 ) -> Counted:
-    """Count one generation of `model` as the timed loop runs it (the test's own `generate`,
-    the strategy's `next_token`, the compiled `steps`); on CUDA profile one more.
-
-    `compiled_since`: dynamo's totals before the test compiled its steps, for a compiled run's
-    graph breaks; None for an eager run. Raises RuntimeError where the count failed."""
+    """Count one generation of `model` as the timed loop runs it (`generate`, `next_token`,
+    `steps`); where kernels queue, profile one more. `compiled_since`: dynamo's totals before
+    compiling (None: eager). RuntimeError where the count failed."""
     # A user's loop has no known prefill/decode split: its whole generation counts as the
     # prefill and, divided by its new tokens, as each decode token.
     split = generate is None
@@ -284,12 +274,9 @@ def count_work(
         mark(None)
 
     frames = dynamo_mark().frames if compiled_since is not None else 0
-    counter = WorkCounter()
-    with counter:
-        generation(counter.mark)
-    if counter.failure is not None:
-        raise RuntimeError(f"counting the work failed at {counter.failure}")
-    profiled = profile_kernels(generation) if prompt.device.type == "cuda" else None
+    counter = _counted(generation)
+    queued = platform_of(prompt.device.type).queues_kernels
+    profiled = profile_kernels(generation) if queued else None
     prefill = counter.phases["prefill"]
     prefill_kernels, prefill_s = profiled["prefill"] if profiled else (None, None)
     if split:
@@ -313,30 +300,32 @@ def count_work(
     return Counted(work, device_time)
 
 
-def count_step(step: Callable[[], Any], cuda: bool) -> Counted:
-    """Count one training step (forward, backward, optimizer) as the timed ones run it; on CUDA
-    profile one more for its kernels. Raises RuntimeError where the count failed."""
+def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
+    """Count one training step (forward, backward, optimizer) as the timed ones run it; where
+    kernels queue, profile one more for its kernels. RuntimeError where the count failed."""
 
     def once(mark: Mark) -> None:
         mark("step")
         step()
         mark(None)
 
-    counter = WorkCounter()
-    with counter:
-        once(counter.mark)
-    if counter.failure is not None:
-        raise RuntimeError(f"counting the work failed at {counter.failure}")
-    kernels = profile_kernels(once)["step"][0] if cuda else None
+    counter = _counted(once)
+    kernels = profile_kernels(once)["step"][0] if queues_kernels else None
     return Counted(Work(step=counter.phases["step"].work(1, kernels)), None)
 
 
-def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
-    """Kernels launched per phase of one profiled generation and their summed device time in
-    seconds: phase -> (kernels, seconds), over all of the phase's steps. A CUDA-graph replay
-    counts every kernel of its graph.
+def _counted(generation: Generation) -> WorkCounter:
+    counter = WorkCounter()
+    with counter:
+        generation(counter.mark)
+    if counter.failure is not None:
+        raise RuntimeError(f"counting the work failed at {counter.failure}")
+    return counter
 
-    One CUDA-only profiler session per phase, each ended once the device is done with it: far
+
+def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
+    """phase -> (kernels launched, their summed device seconds) of one profiled generation, a
+    CUDA-graph replay's every kernel included: one CUDA-only profiler session per phase, far
     cheaper than tracing every host op to tell the phases apart."""
     from torch.profiler import ProfilerActivity, profile
 

@@ -5,40 +5,40 @@ from __future__ import annotations
 
 import atexit
 import os
-import platform
 import sys
 from collections.abc import Callable
+from platform import machine, processor, python_version
 
 import torch
 from torch.distributed import Store
 
+from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.ranks import allocator
 from pytest_distperf.ranks.fabric import fabric_version
-from pytest_distperf.spec import ranks_time_themselves
 
 
-def rank_device(accelerator: str) -> torch.device:
+def rank_device(platform: Platform) -> torch.device:
     """The device Fabric gives this rank (its local rank's GPU), known before Fabric exists."""
-    if accelerator == "cuda":
-        local = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
-        return torch.device("cuda", int(local))
-    return torch.device("cpu")
+    if not platform.gpus:
+        return torch.device(platform.name)
+    local = os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+    return torch.device(platform.name, int(local))
 
 
 def join_group(
     device: torch.device, store: Store | None = None, rank: int = 0, world: int = 1
 ) -> None:
-    """Join the run's process group as Fabric would, unless the launcher already has (the rank
-    pool does): calibration comes before the model, and the strategy is built for the model.
-    Without `store`, through env://; with it, as `rank` of `world` (a launched job's group)."""
+    """Join the run's process group as Fabric would (calibration comes before the model), unless
+    the pool did; through env://, or `store` as `rank` of `world` (a launched job's group)."""
     from torch.distributed.constants import default_pg_timeout
 
     dist = torch.distributed
     if dist.is_initialized():
         return
-    if device.type == "cuda":
+    platform = platform_of(device.type)
+    if platform.gpus:
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = platform.backend
     if store is None:
         dist.init_process_group(backend, timeout=default_pg_timeout)
     else:
@@ -65,11 +65,6 @@ def all_ranks_done(device: torch.device) -> Callable[[bool], bool]:
     return all_done
 
 
-def measures_itself(device: torch.device, devices: int) -> bool:
-    """Whether this rank times its step again after the repeats (spec.ranks_time_themselves)."""
-    return ranks_time_themselves(device.type, devices)
-
-
 def global_rank() -> int:
     dist = torch.distributed
     return dist.get_rank() if dist.is_initialized() else 0
@@ -82,9 +77,8 @@ def backend() -> str:
 
 
 def forget_compiled_code() -> None:
-    """A pooled rank compiles the same step functions for test after test: drop the earlier
-    tests' code and CUDA graphs, whose guards would pile up to dynamo's recompile limit and whose
-    graph pools would hold memory (inductor's on-disk cache still serves a repeated test)."""
+    """Drop the earlier tests' compiled code and CUDA graphs: their guards would pile up to
+    dynamo's recompile limit, their pools hold memory (inductor's disk cache stays)."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
@@ -94,14 +88,14 @@ def forget_compiled_code() -> None:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
+    if platform_of(device.type).gpus:
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
+    return processor() or machine()
 
 
 def software_versions() -> dict[str, str]:
     versions = {
-        "python": platform.python_version(),
+        "python": python_version(),
         "torch": torch.__version__,
         "lightning": fabric_version(),
     }

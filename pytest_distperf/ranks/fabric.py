@@ -1,10 +1,8 @@
 """Lightning Fabric for the ranks, imported without the rest of Lightning.
 
-`import lightning.fabric` first runs `lightning/__init__`, which imports all of lightning.pytorch
-and torchmetrics (scipy.signal, matplotlib): seconds of every rank's start (docs/benchmarks/
-pool.md). The same Fabric ships as the top-level package `lightning_fabric` (in
-pytorch-lightning, which `lightning` requires), used wherever it is installed. Every Fabric
-object of a run comes from here, so strategies and Fabric are of one package.
+`import lightning.fabric` runs `lightning/__init__` (all of lightning.pytorch, torchmetrics):
+seconds of every rank's start (docs/benchmarks/pool.md). The same Fabric ships as the package
+`lightning_fabric`, used wherever installed; every Fabric object of a run comes from here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The host CPU's own speed, timed with a fixed piece of interpreter work.
 
-Eager decoding is bound by the host's launch rate, so a host whose vCPU changes speed moves
-tokens/sec with it: on a lent GPU VM this loop's time switched between two levels within
-seconds, and the bare model's decode followed it (docs/benchmarks/h200-2026-11-30.md). Timed
-beside each repeat it says whether the machine, rather than the code under test, got slower; it
-runs no model code, so a slower model does not move it.
+Eager decoding is bound by the host's launch rate: on a lent GPU VM this loop's time switched
+between two levels within seconds, and the bare decode followed it (docs/benchmarks/
+h200-2026-11-30.md). Timed beside each repeat, running no model code, it says whether the
+machine rather than the code under test got slower.
 """
 
 from __future__ import annotations
@@ -33,14 +32,9 @@ def interpreter_loop_times(iterations: int = LOOP_ITERATIONS) -> tuple[float, fl
 
 
 def host_times() -> tuple[float, float | None, float | None]:
-    """(this process's CPU seconds, seconds its threads have waited runnable for a core,
-    seconds the hypervisor has stolen from an average CPU of this host).
-
-    The wait is the kernel's run-queue delay (Linux `/proc/<pid>/task/*/schedstat`, second
-    field), summed over the threads alive now; None where the kernel does not keep it. A busy
-    neighbour shows there, while a rank waiting for its peer or for the device sleeps, which
-    is not counted. The steal is `/proc/stat`'s (a VM's host ran another guest); None where
-    there is no such file."""
+    """(this process's CPU seconds, its live threads' wait runnable for a core (schedstat: a
+    busy neighbour shows, a sleep on a peer or the device does not), the hypervisor's steal
+    from an average CPU (`/proc/stat`)); None where the kernel keeps no such figure."""
     cpu = time.process_time()
     try:
         threads = os.listdir("/proc/self/task")
@@ -58,9 +52,8 @@ def host_times() -> tuple[float, float | None, float | None]:
 
 def thread_times() -> tuple[float, float] | None:
     """(seconds on a core, seconds runnable in the run queue) of the calling thread so far
-    (`/proc/thread-self/schedstat`); None where the kernel keeps no such figures. Over a
-    stretch of wall time, what is left of it is time the thread chose to wait: a sleep, a
-    host-device sync that blocks, I/O, a lock, a peer in a collective."""
+    (`/proc/thread-self/schedstat`); None where the kernel keeps none. The rest of a stretch of
+    wall time the thread chose to wait (a sleep, a blocking sync, I/O, a peer)."""
     try:
         with open("/proc/thread-self/schedstat") as stat:
             ran_ns, queued_ns = stat.read().split()[:2]
@@ -70,9 +63,8 @@ def thread_times() -> tuple[float, float] | None:
 
 
 def host_steal_seconds(stat_path: str = "/proc/stat") -> float | None:
-    """Steal time of this host's CPUs, summed and divided by their number: what a thread that
-    ran all along on one of them lost to the hypervisor; None where the file or field is
-    missing."""
+    """Steal time of this host's CPUs over their number (what a thread that ran all along lost
+    to the hypervisor); None where the file or field is missing."""
     try:
         with open(stat_path) as stat:
             lines = stat.read().splitlines()

@@ -1,11 +1,9 @@
 """A launched job's process group from one test to the next (job mode: pytest is one of its
 ranks, every rank runs the same tests in the same order).
 
-The job's store is joined once, through torch's env:// rendezvous (torchrun's agent store, or the
-one rank 0 hosts under srun), and kept for the session. Each generation of the default group is
-formed on it under a prefix of its own: after a run that failed, every rank leaves the group and
-the next test forms a new one, with none of the old group's keys in its way. Each run's board
-(ranks/jobwatch.py) lives in the same store.
+The job's store is joined once (env://: torchrun's agent store, or rank 0's under srun). Each
+generation of the default group forms on it under a prefix of its own: after a failed run every
+rank leaves the group and the next test forms a new one. Runs' boards (jobwatch.py) live there too.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ class JobGroup:
     def join(self, spec: RunSpec) -> None:
         """The default group of this generation, unless this rank is in it already."""
         group_store = dist.PrefixStore(f"group{self.generation}/", self.store)
-        device = environment.rank_device(spec.accelerator)
+        device = environment.rank_device(spec.platform)
         environment.join_group(device, group_store, self.rank, self.world)
 
     def leave_group(self, error: BaseException | None) -> None:
@@ -91,9 +89,8 @@ _GROUP: list[JobGroup] = []  # this process's, from its first run on
 
 
 def run_in_group(spec: RunSpec, notice: Callable[[], None] | None = None) -> tuple[RankResult, ...]:
-    """Run `spec` as this rank of the job: every rank's result, in rank order. A run that fails
-    in any rank raises JobRunFailed in every rank, with the same cause; a Ctrl-C or a signal is
-    raised as it came, after the peers were told. `notice`: see RunWatch."""
+    """Run `spec` as this rank of the job: every rank's result, in rank order. A failure in any
+    rank raises JobRunFailed in all; a Ctrl-C or signal as it came, once the peers know."""
     if not _GROUP:
         _GROUP.append(JobGroup())
     group = _GROUP[0]

@@ -1,21 +1,12 @@
-"""One test's run in a launched job, watched from beside it: its deadline, and a failure in any
-rank.
+"""One test's run in a launched job, watched from beside it: its deadline, a failure in any rank
+(which would leave its peers waiting in a collective). Each run has a board in the job's store
+(it answers while a collective hangs):
+`first`, the run's first `Fault` (compare-and-set); `wake/<rank>`, what that rank's watch must
+act on, or "done" from the rank itself; `hung/<rank>`, where the deadline found its code.
 
-In job mode (pytest is one rank of a torchrun or srun job) a rank that raises alone would leave
-its peers waiting in a collective until the timeout. So each run has a board in the job's store,
-which answers while a collective hangs since it is no part of the process group:
-
-- `first`: the run's first failure, a `Fault` (compare-and-set: the first writer wins);
-- `wake/<rank>`: what that rank's watch must act on (the first failure's kind), or "done" from
-  the rank itself once its run is over;
-- `hung/<rank>`: where that rank's own code was when the run's deadline pulled it out.
-
-Each rank's watch thread waits on its wake key until the deadline: a store wait on a connection
-of its own, so nothing runs beside the timed generations. Woken, or at the deadline, it stops its
-rank's run: it writes every thread's stack (a timeout), aborts an NCCL group (gloo needs no abort:
-the failing rank leaves the group, which closes the connections a blocked gloo collective waits
-on) and raises `Interrupted` in the main thread, which ends a wait in Python code. A rank stuck
-where no signal reaches is exited by faulthandler's C thread a while after the deadline.
+Each rank's watch thread waits on its wake key until the deadline; woken, or then, it dumps the
+stacks (a timeout), aborts an NCCL group and raises `Interrupted` in the main thread. A rank no
+signal reaches is exited by faulthandler later.
 """
 
 from __future__ import annotations
@@ -85,9 +76,8 @@ class Interrupted(Exception):
 
 
 class RunWatch:
-    """This rank's watch over one run: `run(body)`, then `settle(...)` if the run failed in any
-    rank. `notice`: called from the watch thread when the run is past its deadline and this
-    rank's test has not come back a while later (rank 0's, to say why the job stops)."""
+    """This rank's watch over one run: `run(body)`, then `settle(...)` if it failed in any rank.
+    `notice` (rank 0's): called when the test has not come back a while after the deadline."""
 
     def __init__(
         self,
@@ -154,8 +144,8 @@ class RunWatch:
         return self.stopped is not None or self.board.check(["first"])
 
     def settle(self, error: BaseException | None, elapsed_s: float) -> tuple[Fault, list[Fault]]:
-        """After a failed run: publish this rank's error, which is the run's cause only if it
-        came first, then read the cause and where the deadline found each hung rank."""
+        """After a failed run: publish this rank's error (the cause if it came first); the cause
+        and where the deadline found each hung rank."""
         if error is None:
             first = Fault.decode(self.board.get("first"))
         else:
@@ -169,8 +159,8 @@ class RunWatch:
         return first, [Fault.decode(raw) for raw in (self.board.get(key) for key in found)]
 
     def publish(self, fault: Fault, store: dist.Store) -> Fault:
-        """`fault` as the run's first failure unless there is one already; the first either way.
-        The rank that writes it wakes every other rank's watch."""
+        """`fault` as the run's first failure unless there is one already (its writer wakes every
+        other rank's watch); the first either way."""
         encoded = fault.encode()
         first = store.compare_set("first", "", encoded)
         if first != encoded.encode():

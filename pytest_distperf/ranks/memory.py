@@ -1,8 +1,6 @@
-"""Peak memory of one test in a rank that may have run other tests before it.
-
-On CUDA the allocator's peak is reset; on Linux CPU ranks the kernel's resident-set high-water
-mark (VmHWM) is reset through /proc/self/clear_refs, so a pooled rank reports the test's own
-peak rather than its whole life's. Elsewhere the process-lifetime peak (ru_maxrss) is all there is.
+"""Peak memory of one test in a rank that may have run others before: the allocator's peak
+(Platform.allocator_memory), else the RSS high-water mark (VmHWM, reset through
+/proc/self/clear_refs), else the process-lifetime peak (ru_maxrss).
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks import allocator
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -20,10 +19,9 @@ _RESET_HIGH_WATER_MARK = "5"  # proc(5): "reset the peak resident set size"
 
 
 def reset_peak(device: torch.device) -> bool:
-    """Start a new peak; False when only the lifetime peak can be read on this host. On CPU the
-    freed heap goes back to the kernel first: the ranks' allocator keeps what it freed
-    (ranks/allocator.py), which would otherwise count in the new peak."""
-    if device.type == "cuda":
+    """Start a new peak (an RSS one after the kept heap goes back to the kernel); False when only
+    the lifetime peak can be read on this host."""
+    if platform_of(device.type).allocator_memory:
         torch.cuda.reset_peak_memory_stats(device)
         return True
     allocator.release_heap()
@@ -36,7 +34,7 @@ def reset_peak(device: torch.device) -> bool:
 
 def peak(device: torch.device) -> tuple[int, str]:
     """(bytes, what they are) since the last reset_peak."""
-    if device.type == "cuda":
+    if platform_of(device.type).allocator_memory:
         return int(torch.cuda.max_memory_allocated(device)), "cuda allocator peak"
     high = _high_water_mark()
     if high is not None:

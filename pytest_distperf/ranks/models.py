@@ -1,11 +1,6 @@
-"""The model a rank runs, built from the workload, seen through the one interface the worker uses.
-
-`distperf(model=...)` names a preset of `distperf_model`, a LitGPT config (`litgpt:pythia-14m`:
-LitGPT's own GPT with random weights from the seed) or a builder (`package.module:function`,
-called as `function(seed=, device=, dtype=)`). A builder may return the reference GPT, LitGPT's
-GPT as is, or any GPT-like module with `forward(idx, input_pos)` and one of two KV cache
-interfaces; `RankModel` hides the difference (caches, shard units, shape) and says what a module
-lacks when it lacks something. The contract: docs/extending.md ("Adding a model").
+"""The model a rank runs, built from the workload: a preset, a LitGPT config (random weights
+from the seed) or a builder's module. `RankModel` hides their differences (caches, shard units,
+shape) and says what a module lacks; the contract: docs/extending.md ("Adding a model").
 """
 
 from __future__ import annotations
@@ -75,10 +70,8 @@ class DistperfCaches:
 
 @dataclass(frozen=True)
 class LitGPTCaches:
-    """LitGPT's `set_kv_cache` / `clear_kv_cache`. LitGPT registers its rope tables (`cos`,
-    `sin`) as buffers in __init__; DDP would broadcast the buffers it finds when it wraps, so
-    they are dropped with the KV caches and rebuilt with them, as the worker does for KV caches.
-    """
+    """LitGPT's `set_kv_cache` / `clear_kv_cache`; its rope tables (buffers DDP would broadcast)
+    go and come back with the KV caches."""
 
     rope_dtype: torch.dtype | None = None  # None: the module has no LitGPT-style rope tables
 
@@ -261,9 +254,8 @@ def context_limit(module: nn.Module) -> int:
 
 
 def measure_shape(module: nn.Module, units: tuple[type[nn.Module], ...]) -> ModelShape:
-    """The shape of a built (or meta) model: parameters counted per shard unit and outside them,
-    sizes from its `config` where it has one. Without a config, the attention and MLP sizes
-    (which only the roofline's KV bytes read) fall back to one head and a 4x MLP."""
+    """The shape of a built (or meta) model: parameters per shard unit and outside them, sizes
+    from its `config`, else one head and a 4x MLP (only the roofline's KV bytes read them)."""
     counts = {id(p): p.numel() for p in module.parameters()}
     outer: list[str] = []
     in_units: set[int] = set()
@@ -321,12 +313,8 @@ def _litgpt(config_name: str) -> tuple[type[nn.Module], Any]:
 def build_litgpt(
     config_name: str, seed: int, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
-    """LitGPT's own GPT for `config_name`, weights from `seed` alone: no download, no checkpoint.
-
-    Built on meta and materialised once in `dtype`; its only buffers, the rope tables, are
-    rebuilt with the caches. A config whose modules keep other buffers is built eagerly instead,
-    so that they hold what LitGPT puts there.
-    """
+    """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
+    materialised in `dtype` (eagerly where its modules keep buffers beside the rope tables)."""
     gpt, config = _litgpt(config_name)
     with torch.device("meta"):
         module = gpt(config)

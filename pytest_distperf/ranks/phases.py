@@ -1,13 +1,12 @@
-"""One test inside one rank, phase by phase: each phase is a function of the test's RankContext
-(ranks/context.py) that reads what earlier phases set and sets its own fields. worker.PHASES
-lists them in order; a new phase is one function here and one line there.
-"""
+"""One test inside one rank, phase by phase: each a function of the test's RankContext that
+sets its own fields (worker.PHASES lists them in order)."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,12 @@ import torch
 from distperf_model.generate import make_prompt
 
 from pytest_distperf.measured import Implementation, RankResult, Sample
-from pytest_distperf.perfmodel.calibration import Calibration, MessageSizes, calibration_cap
-from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.perfmodel.calibration import (
+    NO_MESSAGES,
+    Calibration,
+    MessageSizes,
+    calibration_cap,
+)
 from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.context import DTYPES, RankContext
@@ -49,11 +52,12 @@ FABRIC_PRECISION = {
 def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
     """This rank's settings for the test and the strategy's two halves; nothing built yet."""
     fabric_module()  # imported before the test's import paths go in front of the rank's own
-    if spec.accelerator == "cpu":
+    platform = spec.platform
+    if platform.shares_cores:
         torch.set_num_threads(spec.threads_per_rank)
     use_import_paths(spec.sys_path)  # before any of the user's modules is imported
-    device = environment.rank_device(spec.accelerator)
-    if device.type == "cpu":
+    device = environment.rank_device(platform)
+    if not platform.allocator_memory:
         allocator.keep_heap()  # a fresh or job rank's (a pool's ranks set it when they start)
     environment.forget_compiled_code()
     memory.reset_peak(device)  # a pooled rank has run other tests before this one
@@ -61,8 +65,8 @@ def start(spec: RunSpec, progress: Callable[[str], None] | None) -> RankContext:
     reason = record.unsupported(spec.accelerator, spec.devices)
     if reason:
         raise ValueError(reason)
-    dtype = DTYPES[spec.workload.precision]
-    return RankContext(spec, progress, device, dtype, record, rank_strategy(spec.strategy))
+    dtype, half = DTYPES[spec.workload.precision], rank_strategy(spec.strategy)
+    return RankContext(spec, progress, device, platform, dtype, record, half)
 
 
 def join(ctx: RankContext) -> None:
@@ -76,7 +80,7 @@ def calibrate(ctx: RankContext) -> None:
     if _calibrates_late(ctx):
         return
     if ctx.spec.calibration_sizes is not None and not ctx.spec.calibrate_model:
-        _calibrate_outside_the_peak(ctx, None)
+        _calibrate_outside_the_peak(ctx, model=False)
 
 
 def build(ctx: RankContext) -> None:
@@ -100,7 +104,7 @@ def calibrate_model(ctx: RankContext) -> None:
     """Collectives at every size any strategy would use for this model: a builder's message
     sizes are known only once it is built."""
     if ctx.spec.calibrate_model and not _calibrates_late(ctx):
-        _calibrate_outside_the_peak(ctx, ctx.model.shape)
+        _calibrate_outside_the_peak(ctx, model=True)
 
 
 def calibrate_late(ctx: RankContext) -> None:
@@ -108,11 +112,11 @@ def calibrate_late(ctx: RankContext) -> None:
     beside the re-timing check: measured after the test's timed work, not before its first token."""
     spec = ctx.spec
     if _calibrates_late(ctx) and (spec.calibration_sizes is not None or spec.calibrate_model):
-        ctx.calibration = _calibrate(ctx, ctx.model.shape if spec.calibrate_model else None)
+        ctx.calibration = calibrated(ctx, _own_sizes(ctx, spec.calibrate_model), ctx.dtype)
 
 
 def _calibrates_late(ctx: RankContext) -> bool:
-    return environment.measures_itself(ctx.device, ctx.spec.devices)
+    return ctx.platform.ranks_time_themselves(ctx.spec.devices)
 
 
 def check(ctx: RankContext) -> None:
@@ -132,7 +136,7 @@ def launch(ctx: RankContext) -> None:
     units); it finds the process group already joined."""
     spec, workload, model = ctx.spec, ctx.workload, ctx.model
     ctx.build_context = BuildContext(
-        spec.accelerator,
+        ctx.platform,
         spec.devices,
         wrap_units=model.units,
         rank=environment.global_rank(),
@@ -181,22 +185,25 @@ def reference(ctx: RankContext) -> None:
 
 
 def wrap(ctx: RankContext) -> None:
-    """The strategy's wrapper (or its own `wrap`, where Fabric only launched), then the caches:
-    DDP snapshots buffers when it wraps and would otherwise broadcast them on every forward;
-    each rank's KV cache is its own."""
+    """The strategy's wrapper, then each rank's own caches (DDP would broadcast every forward the
+    buffers it finds when it wraps)."""
     workload, model = ctx.workload, ctx.model
-    own_wrap = ctx.half.wrap
-    module = model.module
-    wrapped = own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
+    ctx.wrapped = wrapped_in_strategy(ctx, model.module)
     model.setup_caches(
         max_batch_size=workload.batch_size,
         max_seq_length=workload.prompt_length + workload.max_new_tokens,
         device=ctx.device,
         dtype=ctx.dtype,
-        module=wrapped.module,
+        module=ctx.wrapped.module,
     )
-    ctx.wrapped = wrapped
+
+
+def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
+    """`module` in the strategy's wrapper (its own `wrap`, where Fabric only launched); the
+    fences its timed calls run in."""
     ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
+    own_wrap = ctx.half.wrap
+    return own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
 
 
 def bare_copy(ctx: RankContext) -> None:
@@ -238,8 +245,8 @@ def time_generations(ctx: RankContext) -> None:
     """Warm-up, then the timed repeats; after each, the bare model's generation and the host's
     own speed (hostspeed.py), outside the timing."""
     spec, workload, bare = ctx.spec, ctx.workload, ctx.bare
-    if ctx.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    if ctx.platform.allocator_memory:
+        memory.reset_peak(ctx.device)
 
     bare_s: list[float] = []
 
@@ -276,13 +283,8 @@ def time_generations(ctx: RankContext) -> None:
         "bare": sum(bare_s),
     }
     ctx.bare_samples = bare_samples
-    ctx.host_loop_s = tuple(wall for _, (wall, _) in besides)
-    ctx.host_loop_cpu_s = tuple(cpu for _, (_, cpu) in besides)
     new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
-    if new_tokens:
-        ctx.host_cpu_per_token_s, ctx.run_queue_wait_per_token_s, ctx.steal_per_token_s = host.per(
-            new_tokens
-        )
+    ctx.note_host([loop for _, loop in besides], host, new_tokens)
 
 
 def pick_reference(ctx: RankContext) -> None:
@@ -304,14 +306,11 @@ def memory_peak(ctx: RankContext) -> None:
 
 
 def count_work(ctx: RankContext) -> None:
-    """One more generation, untimed, with this rank's work counted (ranks/counting.py). A count
-    that fails leaves the work unknown and says so on stderr: it never fails a healthy run."""
-    if not ctx.spec.count_work:
-        return
+    """One more generation, untimed, with this rank's work counted."""
     steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
-    started = time.perf_counter()
-    try:
-        ctx.counted = counting.count_work(
+    counted_by(
+        ctx,
+        lambda: counting.count_work(
             ctx.wrapped,
             ctx.prompt,
             ctx.workload.max_new_tokens,
@@ -319,18 +318,26 @@ def count_work(ctx: RankContext) -> None:
             next_token=ctx.half.next_token,
             steps=steps,
             compiled_since=ctx.dynamo_before if steps is not None else None,
-        )
+        ),
+    )
+
+
+def counted_by(ctx: RankContext, count: Callable[[], counting.Counted]) -> None:
+    """`count()`'s work, unless counting is off (ranks/counting.py). A count that fails leaves
+    the work unknown and says so on stderr: it never fails a healthy run."""
+    if not ctx.spec.count_work:
+        return
+    started = time.perf_counter()
+    try:
+        ctx.counted = count()
     except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
         counting.warn(ctx.fabric.global_rank, error)
     ctx.count_s = time.perf_counter() - started
 
 
 def retime(ctx: RankContext) -> None:
-    """The wrapped generation timed again after the repeats, as they were, knobs off
-    (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device; a compiled run with the
-    compiled steps of its timed repeats."""
-    spec = ctx.spec
-    if not environment.measures_itself(ctx.device, spec.devices) or not spec.retime:
+    """The wrapped generation timed again as the repeats ran it (ranks/retime.py)."""
+    if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
         return
     steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
 
@@ -346,7 +353,7 @@ def retime(ctx: RankContext) -> None:
         )[0]
 
     bare = ctx.bare.generation if ctx.bare is not None and ctx.bare_samples else None
-    ctx.retimed, ctx.retimed_bare = retimed(once, ctx.device, bare)
+    ctx.retimed, ctx.retimed_bare = retimed(once, ctx.platform.retime_budget_s, bare)
 
 
 def result(ctx: RankContext) -> None:
@@ -396,29 +403,30 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
     }
 
 
-def _calibrate_outside_the_peak(ctx: RankContext, shape: ModelShape | None) -> None:
+def _calibrate_outside_the_peak(ctx: RankContext, model: bool) -> None:
     """Calibrate inside the test (a fresh or job rank's, a builder's first): its buffers are not
     the test's memory, so the peak so far stays as a floor and a new one starts after it."""
     ctx.peak_floor = max(ctx.peak_floor, memory.peak(ctx.device)[0])
-    ctx.calibration = _calibrate(ctx, shape)
+    ctx.calibration = calibrated(ctx, _own_sizes(ctx, model), ctx.dtype)
     memory.reset_peak(ctx.device)
 
 
-def _calibrate(ctx: RankContext, shape: ModelShape | None) -> Calibration:
-    """Collectives at the session's sizes and, given the built model's shape, at every size
-    any strategy would use for it."""
-    from pytest_distperf.ranks.calibrate import calibrate as measure
+def _own_sizes(ctx: RankContext, model: bool) -> MessageSizes:
+    """`model`: every size any strategy would use for the built model; else none."""
+    if not model:
+        return NO_MESSAGES
+    dtype_bytes, batch = PRECISION_BYTES[ctx.workload.precision], ctx.workload.batch_size
+    return message_sizes_for(
+        ctx.model.shape, strategy_names(), ctx.spec.devices, dtype_bytes, batch
+    )
 
-    spec, workload = ctx.spec, ctx.workload
-    sizes = spec.calibration_sizes or MessageSizes((), ())
-    if shape is not None:
-        dtype_bytes = PRECISION_BYTES[workload.precision]
-        names = strategy_names()
-        own = message_sizes_for(shape, names, spec.devices, dtype_bytes, workload.batch_size)
-        sizes = MessageSizes(
-            tuple(sorted({*sizes.all_gather, *own.all_gather})),
-            tuple(sorted({*sizes.all_reduce, *own.all_reduce})),
-            tuple(sorted({*sizes.p2p, *own.p2p})),
-        )
-    sizes = sizes.up_to(calibration_cap(environment.measures_itself(ctx.device, spec.devices)))
-    return measure(sizes.all_gather, sizes.all_reduce, ctx.device, ctx.dtype, sizes_p2p=sizes.p2p)
+
+def calibrated(ctx: RankContext, own: MessageSizes, dtype: torch.dtype) -> Calibration:
+    """Collectives at the session's sizes and `own`, capped where ranks time themselves."""
+    from pytest_distperf.ranks.calibrate import calibrate
+
+    session = ctx.spec.calibration_sizes or NO_MESSAGES
+    union = (tuple(sorted({*a, *b})) for a, b in zip(astuple(session), astuple(own), strict=True))
+    sizes = MessageSizes(*union)
+    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(ctx.spec.devices)))
+    return calibrate(sizes.all_gather, sizes.all_reduce, ctx.device, dtype, sizes_p2p=sizes.p2p)

@@ -1,7 +1,5 @@
-"""In-rank timings the calibration is made of (ranks/calibrate.py): one collective at a list of
-sizes, a device copy, and the transfer/host overlap, each call fenced (a device sync and a
-barrier before it, a sync after it) and agreed as the slowest rank's median; conventions in
-calibrate.py's docstring."""
+"""In-rank timings the calibration is made of (ranks/calibrate.py): collectives, a device copy,
+the transfer/host overlap; each call fenced, the slowest rank's median agreed."""
 
 from __future__ import annotations
 
@@ -181,9 +179,8 @@ def median_time(
 
 
 def _fresh_all_gather(shard: torch.Tensor, group: Group) -> torch.Tensor:
-    # A new output every call, as FSDP does (FSDP1 re-allocates the unsharded flat parameter,
-    # FSDP2 its all-gather buffer): free through CUDA's caching allocator, but on CPU every
-    # call faults in fresh pages, which costs as much as the transfer itself over loopback.
+    # A new output every call, as FSDP allocates one: free through CUDA's caching allocator, on
+    # CPU fresh pages faulted in, as costly as the transfer itself over loopback.
     out = torch.empty(shard.numel() * group.size, dtype=shard.dtype, device=shard.device)
     _all_gather(out, shard, group=group.handle)
     return out
@@ -210,12 +207,6 @@ def _fresh_copy(src: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(src).copy_(src)
 
 
-# A host-timed copy must last far longer than a launch and a sync: on a GPU, a small copy's time
-# is mostly that overhead and its bandwidth reads low (docs/benchmarks/h200-2026-12-01-compiled.md).
-GPU_COPY_BYTES = 1 << 30
-CPU_COPY_BYTES = 64 << 20
-
-
 def copy_bandwidth(nbytes: int, seconds: float) -> float:
     return 2 * nbytes / seconds if seconds > 0 else 0.0  # read + write, as the copy moves both
 
@@ -223,12 +214,8 @@ def copy_bandwidth(nbytes: int, seconds: float) -> float:
 def copy_times(
     copy_bytes: int, device: torch.device, timer: Timer, warmup: int, iters: int
 ) -> tuple[float, float]:
-    """(copy into an existing tensor, copy into a new one) of `copy_bytes`, median seconds.
-
-    The first is the memory bandwidth weights stream at; the second what FSDP2's copy-out into
-    newly allocated parameters costs (equal on CUDA, several times slower on CPU: page faults).
-    Bytes as uint8 so any size is exact.
-    """
+    """Median seconds of `copy_bytes` (uint8: any size) copied into an existing tensor (weights'
+    streaming) and into a new one (FSDP2's copy-out; CPU: several times slower, page faults)."""
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     sync, barrier, agree = timer
@@ -247,9 +234,8 @@ HOST_WORK_PROBE_OPS = 200
 HOST_WORK_MAX_OPS = 200_000
 
 
-# The overlap probe's all-gather lasts at most this long where the sizes allow: the hidden share
-# is the machine's (threads and copy engines against the host), which a longer transfer shows no
-# better, while every phase of the probe repeats it (seconds each for huge CPU all-gathers).
+# The overlap probe's all-gather lasts at most this long where the sizes allow: a longer one
+# shows the machine's hidden share no better, and every phase of the probe repeats it.
 OVERLAP_PROBE_MAX_S = 0.25
 
 
@@ -280,11 +266,8 @@ def overlap_probe(
 
 
 def overlap_fraction(transfer_s: float, host_s: float, both_s: float) -> float:
-    """Share of the shorter of two activities hidden when they run at once, in [0, 1].
-
-    `transfer_s` and `host_s` alone, `both_s` together: 1 when together takes only the longer
-    of the two, 0 when it takes their sum (or more: they slow each other down).
-    """
+    """Share of the shorter of two activities hidden when they run at once, in [0, 1]: 1 when
+    together (`both_s`) they take only the longer's time, 0 when their sum or more."""
     shorter = min(transfer_s, host_s)
     if shorter <= 0:
         return 0.0
@@ -306,14 +289,9 @@ def _overlap_times(
     warmup: int,
     iters: int,
 ) -> tuple[float, float, float]:
-    """(all-gather alone, host work alone, both at once), median seconds, this rank.
-
-    The all-gather is the largest calibrated size within OVERLAP_PROBE_MAX_S, started
-    asynchronously as FSDP starts the next unit's gather; meanwhile the host issues about as
-    much small-kernel work as the gather lasts (equal lengths make the hidden share easiest to
-    see). Whether the two overlap depends on the machine: the collective's stream and copy
-    engines on a GPU, on a CPU whether the backend's thread finds a free core.
-    """
+    """(all-gather alone, host work alone, both at once), median seconds, this rank: the
+    gather started asynchronously, as FSDP's next unit's, while the host issues about as much
+    small-kernel work (equal lengths show the hidden share best)."""
     sync, barrier, agree = timer
     world = world_group()
     n = world.size

@@ -1,9 +1,7 @@
-"""The re-timing where ranks time themselves (CPU ranks, one CUDA device): right after the
-timed repeats, the same wrapped generation or training step timed again the way they were
-timed (each fenced), with the knobs off (no slow-down, comm_delay's sleeps paused), each with
-the bare model's generation beside it where the repeats had one: this host's speed drifts
-between seconds, and the pair drifts alike. The judge's re-timing check (judge/threshold.py)
-compares the repeats with it. Several GPUs keep the modelled prediction."""
+"""The re-timing where ranks time themselves (Platform.ranks_time_themselves): right after the
+timed repeats, the same wrapped generation or step timed again as they were, knobs off, the
+bare model beside each where the repeats had one (a drifting host moves the pair alike). The
+re-timing check (judge/threshold.py) compares the repeats with it."""
 
 from __future__ import annotations
 
@@ -15,22 +13,21 @@ from distperf_model.parallelize import comm_delays_paused
 
 from pytest_distperf.measured import Sample
 
-# At most this many, as many as fit in the budget after the first (which counts: the model
-# is warm from the repeats); every rank runs as many as the slowest rank's first allows.
+# At most this many, as many as fit in the budget (Platform.retime_budget_s) after the first
+# (which counts: the model is warm from the repeats); every rank runs as many as the slowest
+# rank's first allows.
 MOST = 5
-BUDGET_S = {"cpu": 0.6, "cuda": 1.0}
 
 Retimed = tuple[tuple[Sample, ...], tuple[Sample, ...]]
 
 
 def retimed(
     timed_once: Callable[[], Sample],
-    device: torch.device,
+    budget_s: float,
     beside: Callable[[], Sample | None] | None = None,
 ) -> Retimed:
-    """`timed_once` run again, knobs off, each time followed by `beside` (the bare model, where
-    the repeats ran it): one first, then as many more as fit the budget. The bare samples are
-    empty where `beside` is None or its copy was dropped."""
+    """`timed_once`, knobs off, each followed by `beside` (None: none), as often as the budget
+    allows; the bare samples are empty where the copy was dropped."""
     wrapped: list[Sample] = []
     bare: list[Sample | None] = []
 
@@ -41,8 +38,7 @@ def retimed(
         return wrapped[-1].total_s + (bare[-1].total_s if bare[-1] is not None else 0.0)
 
     first = pair()
-    budget = BUDGET_S.get(device.type, BUDGET_S["cpu"])
-    plan = torch.tensor([max(1, min(MOST, int(budget / max(first, 1e-9))))])
+    plan = torch.tensor([max(1, min(MOST, int(budget_s / max(first, 1e-9))))])
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(plan, op=dist.ReduceOp.MIN)  # the same count on every rank
     for _ in range(int(plan) - 1):

@@ -1,12 +1,7 @@
-"""The rank side of the pool: join the process group once, then run one RunSpec per message.
-
-Started by `launch/pool.py` in a fresh (spawned) process per rank. Rank 0 hosts the group's
-TCPStore on a port the kernel picks and the pytest process relays that port to the other ranks,
-so no rank races another for a port and the pytest process never imports torch; the group is
-joined before the first test, so Fabric finds it initialised and never launches anything itself.
-Between tests everything a test built is freed, so the next test starts from the same state; a
-test that raises leaves the group in an unknown state, so the pool is replaced after it (the
-pytest side decides that).
+"""The rank side of the pool (spawned by `launch/pool.py`): join the process group once, then run
+one RunSpec per message. Rank 0 hosts the TCPStore on a port the kernel picks, relayed to the
+others by the pytest process (no race for a port, no torch there). Between tests all a test
+built is freed.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.ranks import allocator
 from pytest_distperf.ranks.fabric import fabric_module
 
@@ -63,7 +59,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
     os.environ.update(_rank_environment(place))
-    if place.accelerator == "cpu":
+    platform = platform_of(place.accelerator)
+    if not platform.allocator_memory:
         allocator.keep_heap()  # before torch and gloo start their threads
     try:
         _join_group(place, connection)
@@ -101,7 +98,7 @@ def serve(place: RankPlace, connection: Connection) -> None:
                 phase_s["calibrate"] = phase_s.get("calibrate", 0.0) + start - began
                 result = replace(result, calibration=calibration, phase_s=phase_s)
             # Inside the try: a CUDA error left pending by the test surfaces in its synchronize.
-            _free_test_state(place.accelerator)
+            _free_test_state(platform)
         except BaseException:
             connection.send((RAISED, traceback.format_exc()))
             # The group's state is unknown now: this pool is done. No interpreter shutdown,
@@ -111,22 +108,20 @@ def serve(place: RankPlace, connection: Connection) -> None:
 
 
 def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
-    """(the spec left to run, the pool's calibration): calibrated here, before the test, rather
-    than inside it, where its buffers would be the first test's memory peak and its time the
-    first test's work. A builder's model is calibrated by the test, once built."""
+    """(the spec left to run, the pool's calibration), calibrated before the test: inside it, its
+    buffers and time would be the first test's (a builder's is the test's, once built)."""
     sizes = spec.calibration_sizes
     if sizes is None or spec.calibrate_model:
         return spec, None
     import faulthandler
 
-    import torch
-
     from pytest_distperf.ranks.calibrate import calibrate
     from pytest_distperf.ranks.context import DTYPES
+    from pytest_distperf.ranks.environment import rank_device
 
-    cuda = place.accelerator == "cuda"
-    device = torch.device("cuda", place.rank) if cuda else torch.device("cpu")
-    if not cuda:
+    platform = platform_of(place.accelerator)
+    device = rank_device(platform)  # LOCAL_RANK is the pool rank's
+    if not platform.allocator_memory:
         allocator.fault_in_heap(allocator.CALIBRATION_PAD)  # the next test's reset gives it back
     # The test's own watchdog (worker.run_rank) starts after this: a hung collective here must
     # leave its stack behind too.
@@ -178,6 +173,8 @@ def _join_group(place: RankPlace, connection: Connection) -> None:
     import torch
     import torch.distributed as dist
 
+    from pytest_distperf.ranks.environment import rank_device
+
     timeout = timedelta(seconds=STORE_TIMEOUT_S)
     if place.rank == 0:
         store = dist.TCPStore(
@@ -197,25 +194,22 @@ def _join_group(place: RankPlace, connection: Connection) -> None:
             raise RuntimeError(f"expected the store's port from the pytest process, got {kind!r}")
         store = dist.TCPStore("127.0.0.1", port, place.world_size, is_master=False, timeout=timeout)
     os.environ["MASTER_PORT"] = str(store.port)  # for whatever reads the rendezvous variables
-    if place.accelerator == "cpu":
-        torch.set_num_threads(place.threads)
-        dist.init_process_group("gloo", store=store, rank=place.rank, world_size=place.world_size)
-    else:
-        device = torch.device("cuda", place.rank)
+    platform = platform_of(place.accelerator)
+    device = rank_device(platform) if platform.gpus else None  # LOCAL_RANK is the pool rank's
+    if device is not None:
         torch.cuda.set_device(device)
-        dist.init_process_group(
-            "nccl", store=store, rank=place.rank, world_size=place.world_size, device_id=device
-        )
+    if platform.shares_cores:
+        torch.set_num_threads(place.threads)
+    dist.init_process_group(
+        platform.backend, store=store, rank=place.rank, world_size=place.world_size,
+        device_id=device,
+    )  # fmt: skip
     _reuse_device_meshes()
 
 
 def _reuse_device_meshes() -> None:
-    """Give every test of this pool the same DeviceMesh per shape.
-
-    Fabric's ModelParallelStrategy builds a new mesh in each test's setup, and each new mesh makes
-    new process groups (sockets and threads that live until the process ends), so a long session
-    would grow without bound. The groups of one shape are the same for every test: keep them.
-    """
+    """One DeviceMesh per shape for every test of the pool: Fabric's ModelParallelStrategy makes
+    a new one per test, whose process groups live until the process ends."""
     model_parallel = fabric_module("strategies.model_parallel")
 
     build = model_parallel._setup_device_mesh
@@ -250,14 +244,13 @@ def _settings_of_one_test() -> Iterator[None]:
         torch.set_grad_enabled(grad)
 
 
-def _free_test_state(accelerator: str) -> None:
-    """Drop what the test left behind: cycles (modules hold hooks), cached CUDA blocks, and
-    freed heap that glibc would keep, so that the next test's RSS peak starts where a fresh
-    rank's would."""
+def _free_test_state(platform: Platform) -> None:
+    """Drop what the test left: cycles (modules hold hooks), cached allocator blocks, the freed
+    heap glibc keeps (the next test's peak starts where a fresh rank's would)."""
     import gc
 
     gc.collect()
-    if accelerator == "cuda":
+    if platform.allocator_memory:
         import torch
 
         torch.cuda.synchronize()

@@ -1,10 +1,7 @@
-"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each fenced by a
-device synchronisation and a barrier so that no rank's clock starts before the others are ready
-and no clock stops while kernels are still queued.
-
-A test may bring its own generation loop (`distperf(generate=...)`): it is timed in the same
-fences instead of the built-in prefill + decode loop; its prefill/decode split is unknown, so
-its samples have no ttft or decode time (None)."""
+"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each between fences
+(a device sync and a barrier: no clock starts before the others are ready, none stops while
+kernels are queued). A test's own loop (`distperf(generate=...)`) is timed in the same fences;
+its samples have no ttft or decode time (its split is unknown)."""
 
 from __future__ import annotations
 
@@ -18,23 +15,9 @@ import torch
 from distperf_model.generate import decode_one_token, prefill
 
 from pytest_distperf.measured import Sample
+from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.hostspeed import host_times, thread_times
 from pytest_distperf.ranks.reference import step_seconds
-
-__all__ = [
-    "Fences",
-    "GenerateFn",
-    "NextTokenFn",
-    "StepOverride",
-    "device_sync",
-    "marked_generation",
-    "reference_token_time",
-    "run_workload",
-    "steady_median",
-    "step_seconds",
-    "thread_accounting",
-    "timed_generation",
-]
 
 T = TypeVar("T")
 # A user's generation loop: (model, prompt [B, T], max_new_tokens) -> tokens
@@ -47,8 +30,7 @@ MarkFn = Callable[[str], None]
 
 @dataclass(frozen=True)
 class StepOverride:
-    """Compiled replacements for the built-in loop's steps (ranks/compiled.py); a step left
-    None stays as it is."""
+    """Compiled replacements for the built-in loop's steps (None: as it is)."""
 
     prefill: NextTokenFn | None = None
     decode: NextTokenFn | None = None
@@ -63,9 +45,9 @@ class Fences:
 
 
 def device_sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
+    if platform_of(device.type).queues_kernels:
         return lambda: torch.cuda.synchronize(device)
-    return lambda: None  # CPU ops are synchronous
+    return lambda: None  # the host's ops are synchronous
 
 
 @torch.no_grad()
@@ -79,30 +61,38 @@ def timed_generation(
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
 ) -> tuple[Sample, torch.Tensor]:
-    """One generation, timed; returns the sample and the new tokens [B, max_new_tokens].
+    """One generation, timed: the sample and the new tokens [B, max_new_tokens]. `next_token`
+    replaces the built-in loop's sampling of the model's logits in every step."""
 
-    `next_token` replaces the built-in loop's sampling of the model's logits in every step."""
-    fences.sync()
-    fences.barrier()
-    start, started = time.perf_counter(), thread_times()
-    first: float | None = None
-    if generate is None:
-        out, first = _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
-    else:
-        out = generate(model, prompt, max_new_tokens)
-    fences.sync()
-    end = time.perf_counter()
-    if slowdown:
-        # The documented self-check knob: stretch the generation so the rate drops by
-        # `slowdown`, spinning as extra computation would (a sleep reads as a busy machine).
-        spin((end - start) * slowdown / (1.0 - slowdown))
-        end = time.perf_counter()
-    accounted = thread_accounting(started, end - start)
+    def run() -> tuple[Any, float | None]:
+        if generate is None:
+            return _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
+        return generate(model, prompt, max_new_tokens), None
+
+    (out, first), start, end, accounted = fenced(run, fences, slowdown)
     if first is None:
         sample = Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted)
         return sample, _new_tokens(out, prompt, max_new_tokens)
     sample = Sample(total_s=end - start, ttft_s=first - start, decode_s=end - first, **accounted)
     return sample, torch.cat(out, dim=1)
+
+
+def fenced(
+    run: Callable[[], T], fences: Fences, slowdown: float = 0.0
+) -> tuple[T, float, float, dict[str, float]]:
+    """`run()` between fences: (its result, start, end, its thread's accounting). `slowdown`,
+    the documented self-check knob, stretches it so the rate drops by that fraction, spinning
+    as extra computation would (a sleep reads as a busy machine)."""
+    fences.sync()
+    fences.barrier()
+    start, started = time.perf_counter(), thread_times()
+    out = run()
+    fences.sync()
+    end = time.perf_counter()
+    if slowdown:
+        spin((end - start) * slowdown / (1.0 - slowdown))
+        end = time.perf_counter()
+    return out, start, end, thread_accounting(started, end - start)
 
 
 def thread_accounting(started: tuple[float, float] | None, wall_s: float) -> dict[str, float]:
@@ -125,9 +115,8 @@ def marked_generation(
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
 ) -> None:
-    """One generation as the timed ones run it, untimed and unfenced, with `mark` told where
-    each phase begins (ranks/counting.py); a user's own loop, whose split is unknown, is all
-    "prefill"."""
+    """One generation as the timed ones run it, untimed and unfenced, `mark` told where each
+    phase begins (a user's loop: all "prefill")."""
     if generate is not None:
         mark("prefill")
         generate(model, prompt, max_new_tokens)
@@ -145,10 +134,8 @@ def _prefill_and_decode(
     steps: StepOverride | None = None,
     mark: MarkFn | None = None,
 ) -> tuple[list[torch.Tensor], float]:
-    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready.
-
-    `steps` replaces the prefill, the steps after it, or both (the compiled steps); `mark`,
-    when given, is told where each phase begins."""
+    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready;
+    `steps` may replace its steps (compiled), `mark` is told where each phase begins."""
     batch, prompt_length = prompt.shape
     device = prompt.device
     first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
@@ -203,20 +190,11 @@ def run_workload(
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T], HostTime]:
-    """Warm-up generations (untimed), then `repeats` timed ones.
-
-    `progress`, when given, gets a short text before each warm-up and after each repeat (with
-    this rank's own rate), outside the timing: the plugin's live line.
-
-    `paired`, when given, is run after every warm-up and timed generation, outside the timing,
-    and its results are returned: a reference measured right beside each sample, so that a
-    host whose speed drifts moves both alike.
-
-    Returns the samples, the last generation's tokens, the wall-clock time (epoch seconds) at
-    which the timed generations began (from which the fixed cost of a test is derived), the
-    paired results of the timed phase and this process's CPU seconds and run-queue wait in the
-    timed generations alone (a busy neighbour takes wall time, not this process's CPU time).
-    """
+    """Warm-up generations (untimed), then `repeats` timed ones: the samples, the last tokens,
+    the epoch seconds the timed ones began, what `paired` returned after each (run outside the
+    timing, right beside each sample, so that a drifting host moves both alike) and this
+    process's CPU, wait and steal in the timed generations alone. `progress` gets the live
+    line's text, outside the timing."""
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
     for done in range(warmup):
@@ -279,12 +257,9 @@ def _added(total: float | None, before: float | None, after: float | None) -> fl
     return total + max(after - before, 0.0)  # a thread may have ended
 
 
-# The reference is timed right after start-up (and, in a session's first test, right after the
-# calibration), when the device and the host may still be speeding up: a session's first
-# reference came out slower than the same model's in the next test (docs/benchmarks/
-# h200-2026-11-29-overlap.md). So it is repeated until it stops improving, and the median of that
-# steady stretch is kept: a median, like the run's own figure, because on a noisy host the best
-# repeat is a lucky one, which made healthy replicated runs look slow against it.
+# Timed right after start-up, the reference may catch the device and host still speeding up
+# (docs/benchmarks/h200-2026-11-29-overlap.md): repeated until it stops improving, the median of
+# that steady stretch kept (on a noisy host the best repeat is a lucky one).
 REFERENCE_MAX_REPEATS = 10
 REFERENCE_PATIENCE = 3  # repeats in a row without a new best
 REFERENCE_IMPROVEMENT = 0.02  # what counts as a new best
@@ -323,13 +298,8 @@ def reference_token_time(
     generate: GenerateFn | None = None,
     all_done: Callable[[bool], bool] = bool,
 ) -> tuple[float, float | None]:
-    """(seconds per decode step, seconds of the prefill) of this rank's whole, unwrapped
-    model: no collectives at all. The prefill is None for a user's own loop (no split).
-
-    The compute term of the performance model: it carries the eager-mode launch overhead and
-    the real kernels of this device, which a bandwidth roofline misses (docs/benchmarks/
-    h200-2026-11-29.md: eager decode far below the copy bandwidth).
-    """
+    """(seconds per decode step, prefill seconds; None for a user's loop) of this rank's whole,
+    unwrapped model: the eager launch overhead and real kernels a roofline misses."""
     local = Fences(sync=sync, barrier=lambda: None)
     prefills: list[float] = []
 

@@ -1,10 +1,7 @@
-"""Train mode inside one rank: the phases of `distperf(mode="train")`, each a function of the
-test's RankContext like the generation's (ranks/phases.py), and the step they time.
-
-A step is one optimizer step: forward, next-token cross-entropy, backward, AdamW. Each
-data-parallel rank trains on its own batch of random tokens from the seed; the whole model's
-step in this process, before wrapping, gives the compute term and the loss the wrapped model
-must reproduce (docs/training.md).
+"""The phases of `distperf(mode="train")` inside one rank, and the step they time: forward,
+next-token cross-entropy, backward, AdamW, on each data-parallel rank's own batch of random
+tokens from the seed; the whole model's step before wrapping gives the compute term and the
+loss the wrapped model must reproduce (docs/training.md).
 """
 
 from __future__ import annotations
@@ -19,28 +16,19 @@ import torch
 import torch.nn.functional as F
 
 from pytest_distperf.measured import RankResult, Sample
-from pytest_distperf.perfmodel.calibration import MessageSizes, calibration_cap
 from pytest_distperf.perfmodel.train import model_flops_per_step
+from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
-from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times, thread_times
+from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
 from pytest_distperf.ranks.retime import retimed
-from pytest_distperf.ranks.timing import (
-    Fences,
-    HostTime,
-    device_sync,
-    spin,
-    steady_median,
-    thread_accounting,
-)
+from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, steady_median
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
 
 # A small rate: the steps must run AdamW's real arithmetic without moving far from the seed's
 # weights, so that every repeat does the same work.
 LEARNING_RATE = 1e-4
-_MATMUL_SIZE = {"cpu": 1024, "cuda": 8192}
-_MATMUL_REPEATS = {"cpu": 5, "cuda": 20}
 # A CPU warm-up goes on until no rank's heap grew in SETTLED_STEPS steps in a row, for at most
 # MAX_SETTLING steps beyond the warm-up asked for. A step that faulted in fewer than GROWN_PAGES
 # pages (a few MB: the interpreter's own, not a tensor's) did not grow it.
@@ -93,10 +81,10 @@ def make_step(
     return step
 
 
-def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) -> tuple[float, str]:
     """(FLOP/s, how it was measured) of a square matmul in `dtype` on this rank's device,
     with every other rank measuring at the same time: the rate the ranks reach together."""
-    n = _MATMUL_SIZE[device.type]
+    n = platform.matmul_size
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     sync = device_sync(device)
@@ -104,12 +92,12 @@ def matmul_rate(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
         torch.mm(a, b)
     sync()
     times = []
-    for _ in range(_MATMUL_REPEATS[device.type]):
+    for _ in range(platform.matmul_repeats):
         start = time.perf_counter()
         torch.mm(a, b)
         sync()
         times.append(time.perf_counter() - start)
-    threads = f", {torch.get_num_threads()} thread(s)" if device.type == "cpu" else ""
+    threads = f", {torch.get_num_threads()} thread(s)" if platform.shares_cores else ""
     how = (
         f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
         f"{environment.device_name(device)}{threads}"
@@ -127,8 +115,6 @@ def compute_dtype(ctx: RankContext) -> torch.dtype:
 
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the sizes a training step of this model moves, and the matmul rate."""
-    from pytest_distperf.ranks.calibrate import calibrate as measure
-
     workload, shape = ctx.workload, ctx.model.shape
     sizes = train_message_sizes_for(
         shape,
@@ -139,21 +125,13 @@ def calibrate(ctx: RankContext) -> None:
         workload.batch_size,
         workload.seq_length or 0,
     )
-    session = ctx.spec.calibration_sizes  # the session's sizes, when this pool has none yet
-    if session is not None:
-        sizes = MessageSizes(
-            tuple(sorted({*session.all_gather, *sizes.all_gather})),
-            tuple(sorted({*session.all_reduce, *sizes.all_reduce})),
-            tuple(session.p2p),
-        )
-    sizes = sizes.up_to(calibration_cap(environment.measures_itself(ctx.device, ctx.spec.devices)))
-    if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session is not None):
-        if ctx.device.type == "cpu":  # the reference's reset gives it back
+    # With the session's sizes, when this pool has none yet.
+    session = ctx.spec.calibration_sizes is not None
+    if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
+        if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
-        ctx.calibration = measure(
-            sizes.all_gather, sizes.all_reduce, ctx.device, compute_dtype(ctx), sizes_p2p=sizes.p2p
-        )
-    rate, how = matmul_rate(ctx.device, compute_dtype(ctx))
+        ctx.calibration = phases.calibrated(ctx, sizes, compute_dtype(ctx))
+    rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
     ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
 
 
@@ -168,9 +146,8 @@ def check(ctx: RankContext) -> None:
 
 
 def reference(ctx: RankContext) -> None:
-    """The whole model's step in this process, before wrapping (no collectives): the compute
-    term, and the loss the wrapped model must reproduce. The learning rate is 0, so the weights
-    stay the seed's. Skipped where the whole model and its optimizer do not fit."""
+    """The whole model's step before wrapping, at learning rate 0: the compute term and the loss
+    the wrapped model must reproduce; none where it and its optimizer do not fit."""
     module, train = ctx.model.module, ctx.train
     module.train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
@@ -201,7 +178,7 @@ def reference(ctx: RankContext) -> None:
     finally:
         optimizer.zero_grad(set_to_none=True)
         del optimizer
-        if ctx.device.type == "cuda":
+        if ctx.platform.allocator_memory:
             torch.cuda.empty_cache()
     memory.reset_peak(ctx.device)  # the run's peak is the wrapped model's, not this one's
 
@@ -213,12 +190,9 @@ def wrap(ctx: RankContext) -> None:
     module.train()
     if ctx.spec.compile:
         module = torch.compile(module)
-    own_wrap = ctx.half.wrap
-    wrapped = own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=LEARNING_RATE)
+    ctx.wrapped = phases.wrapped_in_strategy(ctx, module)
+    optimizer = torch.optim.AdamW(ctx.wrapped.parameters(), lr=LEARNING_RATE)
     ctx.train.optimizer = ctx.fabric.setup_optimizers(optimizer)
-    ctx.wrapped = wrapped
-    ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
 
 
 def time_steps(ctx: RankContext) -> None:
@@ -229,7 +203,7 @@ def time_steps(ctx: RankContext) -> None:
     say = ctx.progress or (lambda text: None)
     began = time.time()
     resident = memory.resident()
-    if _warm_up(ctx, step, say) and ctx.device.type == "cpu":
+    if _warm_up(ctx, step, say) and not ctx.platform.allocator_memory:
         # The steps' own peak, then a heap they will not fault in again (ranks/allocator.py).
         ctx.peak_memory = memory.peak(ctx.device)
         grown = ctx.peak_memory[0] - resident if resident is not None else 0
@@ -247,21 +221,15 @@ def time_steps(ctx: RankContext) -> None:
         say(f"step {done + 1}/{spec.repeats}: {sample.total_s * 1e3:.1f} ms (rank 0)")
         besides.append(interpreter_loop_times())
     ctx.loop_s = {"warmup": ctx.timed_from - began, "timed": time.time() - ctx.timed_from}
-    ctx.host_loop_s = tuple(wall for wall, _ in besides)
-    ctx.host_loop_cpu_s = tuple(cpu for _, cpu in besides)
     tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)
-    if tokens:
-        ctx.host_cpu_per_token_s, ctx.run_queue_wait_per_token_s, ctx.steal_per_token_s = host.per(
-            tokens
-        )
+    ctx.note_host(besides, host, tokens)
 
 
 def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:
-    """`spec.warmup` steps; on CPU more, until no rank's heap grew in SETTLED_STEPS steps in a
-    row (at most MAX_SETTLING more): a step that grows the heap page-faults in what it grows
-    (ranks/allocator.py). Returns the steps run; warmup=0 runs none."""
+    """`spec.warmup` steps, and with an RSS heap more until it settles (a step that grows the
+    heap page-faults in what it grows: ranks/allocator.py); the steps run."""
     spec, train = ctx.spec, ctx.train
-    settling = ctx.device.type == "cpu" and spec.warmup > 0
+    settling = not ctx.platform.allocator_memory and spec.warmup > 0
     all_done = environment.all_ranks_done(ctx.device) if settling else bool
     done = quiet = 0
     while done < spec.warmup or settling:
@@ -287,25 +255,18 @@ def memory_peak(ctx: RankContext) -> None:
 
 
 def count_step(ctx: RankContext) -> None:
-    """One more step, untimed, with its work counted (ranks/counting.py); a count that fails
-    leaves the work unknown and says so on stderr."""
-    if not ctx.spec.count_work:
-        return
-    started = time.perf_counter()
-    try:
-        ctx.counted = counting.count_step(_wrapped_step(ctx), ctx.device.type == "cuda")
-    except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
-        counting.warn(ctx.fabric.global_rank, error)
-    ctx.count_s = time.perf_counter() - started
+    """One more step, untimed, with its work counted."""
+    step = _wrapped_step(ctx)
+    phases.counted_by(ctx, lambda: counting.count_step(step, ctx.platform.queues_kernels))
 
 
 def retime(ctx: RankContext) -> None:
     """The wrapped step timed again after the timed ones, as they were, knobs off
     (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device."""
-    if not environment.measures_itself(ctx.device, ctx.spec.devices) or not ctx.spec.retime:
+    if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
         return
-    step, fences = _wrapped_step(ctx), ctx.fences
-    ctx.retimed, _ = retimed(lambda: _timed(step, fences, 0.0)[0], ctx.device)
+    step, fences, budget_s = _wrapped_step(ctx), ctx.fences, ctx.platform.retime_budget_s
+    ctx.retimed, _ = retimed(lambda: _timed(step, fences, 0.0)[0], budget_s)
 
 
 def result(ctx: RankContext) -> None:
@@ -329,15 +290,9 @@ def _batch(ctx: RankContext) -> tuple[torch.Tensor, torch.Tensor]:
     world = max(ctx.spec.devices, 1)
     replicas = ctx.record.replicas(world)
     dp_rank = environment.global_rank() // max(world // replicas, 1)
-    workload = ctx.workload
-    return train_batch(
-        ctx.model.shape.vocab_size,
-        workload.batch_size,
-        workload.seq_length or 0,
-        workload.seed,
-        dp_rank,
-        ctx.device,
-    )
+    w = ctx.workload
+    vocab = ctx.model.shape.vocab_size
+    return train_batch(vocab, w.batch_size, w.seq_length or 0, w.seed, dp_rank, ctx.device)
 
 
 def _wrapped_step(ctx: RankContext) -> Step:
@@ -346,14 +301,5 @@ def _wrapped_step(ctx: RankContext) -> Step:
 
 
 def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
-    fences.sync()
-    fences.barrier()
-    start, started = time.perf_counter(), thread_times()
-    loss = step()
-    fences.sync()
-    end = time.perf_counter()
-    if slowdown:  # the self-check knob, as for a generation (ranks/timing.py)
-        spin((end - start) * slowdown / (1.0 - slowdown))
-        end = time.perf_counter()
-    accounted = thread_accounting(started, end - start)
+    loss, start, end, accounted = fenced(step, fences, slowdown)
     return Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted), loss

@@ -1,7 +1,5 @@
-"""Runs inside one rank: one test, phase by phase (ranks/phases.py) -> RankResult.
-
-The launcher starts this in fresh processes with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
-MASTER_PORT already set, so Fabric sees an externally launched job and never re-runs pytest.
+"""Runs inside one rank: one test, phase by phase (ranks/phases.py) -> RankResult. The rank
+variables are set before, so Fabric sees an externally launched job and never re-runs pytest.
 """
 
 from __future__ import annotations
@@ -58,23 +56,18 @@ TRAIN_PHASES: tuple[Phase, ...] = (
 )
 
 
-# Where each phase's seconds are reported (RankResult.phase_s, by the phase's name); the timing
-# phase splits its own into warmup, timed and bare (RankContext.loop_s).
+# Where each phase's seconds are reported (RankResult.phase_s; a phase not named here: under its
+# own name); the timing phase splits its own into warmup, timed and bare (RankContext.loop_s).
 PHASE_ORDER = (
     *("join", "calibrate", "build", "reference", "wrap", "compile"),
     *("warmup", "timed", "bare", "measure", "count", "result"),
 )
 PHASE_KEYS = {
-    "join": "join",
-    "calibrate": "calibrate",
     "calibrate_model": "calibrate",
     "calibrate_late": "calibrate",
-    "build": "build",
     "check": "build",
     "launch": "build",
     "prompt": "build",
-    "reference": "reference",
-    "wrap": "wrap",
     "bare_copy": "bare",
     "compile_steps": "compile",
     "time_generations": "",
@@ -84,24 +77,21 @@ PHASE_KEYS = {
     "count_work": "count",
     "count_step": "count",
     "retime": "measure",
-    "result": "result",
 }
 
 
 def run_rank(
     spec: RunSpec, progress: Callable[[str], None] | None = None, *, deadline: bool = True
 ) -> RankResult:
-    """Entry point of every rank (must stay a module-level function: it is pickled).
-
-    `progress`: where the timing loop reports warm-up and repeats (rank 0 of a pool only).
-    `deadline`: False where the caller keeps the test's --distperf-timeout itself (job mode)."""
+    """Entry point of every rank (module level: it is pickled). `progress`: the live line (rank 0
+    of a pool); `deadline`: False where the caller keeps --distperf-timeout (job mode)."""
     with _watchdog(spec.timeout if deadline else None):
         context = phases.start(spec, progress)
         spent = dict.fromkeys(PHASE_ORDER, 0.0)
         for phase in TRAIN_PHASES if spec.workload.training else PHASES:
             began = time.perf_counter()
             phase(context)
-            key = PHASE_KEYS[phase.__name__]
+            key = PHASE_KEYS.get(phase.__name__, phase.__name__)
             spent[key] = spent.get(key, 0.0) + time.perf_counter() - began
     if context.result is None:
         raise RuntimeError("the rank's phases ended without a result")

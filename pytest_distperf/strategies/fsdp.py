@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from pytest_distperf import platform
 from pytest_distperf.perfmodel.calibration import MessageSizes, bus_factor
 from pytest_distperf.perfmodel.cost import StrategyCost
 from pytest_distperf.perfmodel.terms import MB
@@ -110,9 +111,8 @@ def _fsdp2(reshard: bool, x: StrategyInput) -> StrategyCost:
 
 
 def fsdp_is_fsdp1(accelerator: str) -> bool:
-    """What `fsdp` runs, decided here alone: FSDP1 on CUDA, FSDP2 elsewhere (Lightning Fabric's
-    FSDPStrategy refuses CPU ranks)."""
-    return accelerator == "cuda"
+    """What `fsdp` runs, decided by the Platform record: FSDP1 on CUDA, FSDP2 elsewhere."""
+    return platform.fsdp_runs(accelerator) == "FSDP1"
 
 
 def _fsdp_cost(x: StrategyInput) -> StrategyCost:

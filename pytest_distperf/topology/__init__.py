@@ -1,16 +1,7 @@
-"""What links join the devices of a run: probe them (NVML, `nvidia-smi`, CPU host) or load them.
-
-The result is a frozen `Topology` whose `key()` names the kind of machine for baseline files, and
-whose `slowest_link()` names the link class that bounds a collective across all devices.
-
-Link classes are written as `nvidia-smi topo -m` writes them ("NV18", "PIX", "PXB", "PHB", "NODE",
-"SYS"), plus "LOOPBACK" for CPU ranks on one host and "unknown" when nothing could be probed, so a
-user can hold the output of that command next to ours and see the same words.
-
-Modules: `model` (the values), `cuda` (CUDA_VISIBLE_DEVICES and bus ids), `host` (CPU host),
-`smi` (`nvidia-smi` parsers and probe), `nvml` (NVML probe), `detect` (`probe` and its fallbacks),
-`files` (saved topologies). No torch, no pytest here: `pynvml` is imported only inside
-`probe_nvml`, so importing the plugin stays cheap on machines without GPUs.
+"""What links join the devices of a run: probed (NVML, `nvidia-smi`, CPU host) or loaded, as a
+frozen `Topology` whose `key()` names the kind of machine for baselines. Link classes are
+`nvidia-smi topo -m`'s words, plus LOOPBACK (CPU ranks) and "unknown", so a user can hold that
+command's output next to ours. No torch, no pytest; `pynvml` only inside `probe_nvml`.
 """
 
 from __future__ import annotations
@@ -34,7 +25,6 @@ from pytest_distperf.topology.model import (
 )
 from pytest_distperf.topology.nvml import probe_nvml
 from pytest_distperf.topology.smi import (
-    parse_nvidia_smi_q_pcie,
     parse_nvidia_smi_topo,
     probe_nvidia_smi,
 )
@@ -53,7 +43,6 @@ __all__ = [
     "link_rank",
     "load_nvidia_smi_topo",
     "load_topology",
-    "parse_nvidia_smi_q_pcie",
     "parse_nvidia_smi_topo",
     "probe",
     "probe_cpu",

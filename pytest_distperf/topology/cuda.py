@@ -1,7 +1,5 @@
-"""How the CUDA runtime numbers devices: CUDA_VISIBLE_DEVICES, and PCI bus ids in NVML's form.
-
-Shared by the NVML and `nvidia-smi` probes, which both see every GPU of the host in PCI order
-and must report only the run's devices, under the CUDA indices the ranks use.
+"""How the CUDA runtime numbers devices (CUDA_VISIBLE_DEVICES) and PCI bus ids in NVML's form,
+for the probes that see every GPU of the host and report the run's under its CUDA indices.
 """
 
 from __future__ import annotations
@@ -14,14 +12,9 @@ from typing import Any
 def resolve_visible_devices(
     value: str | None, uuids: Sequence[str]
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Map CUDA's visible order to NVML indices, as the CUDA runtime reads CUDA_VISIBLE_DEVICES.
-
-    `value` is the variable (None when unset); `uuids` are the NVML devices' UUIDs in NVML order.
-    Returns (NVML index of cuda:0, cuda:1, ...) and notes. Like CUDA, an entry that names no
-    device (or repeats one) ends the list. Integer entries count in PCI bus order, which is
-    NVML's order and CUDA's too unless a mixed box sorts its fastest GPU first
-    (CUDA_DEVICE_ORDER=FASTEST_FIRST, the default).
-    """
+    """(NVML index of cuda:0, cuda:1, ...) and notes, as the CUDA runtime reads `value` (None:
+    unset) over `uuids` in NVML (PCI) order: an entry that names no device, or repeats one, ends
+    the list. Integers count in PCI order, CUDA's too but for a mixed box's FASTEST_FIRST."""
     if value is None:
         return tuple(range(len(uuids))), ()
     chosen: list[int] = []

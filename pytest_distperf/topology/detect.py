@@ -1,7 +1,4 @@
-"""`probe`: the topology of a run, from the best probe that answers; never raises.
-
-CUDA tries NVML, then `nvidia-smi`, then settles for "unknown" links whose notes say what failed.
-"""
+"""`probe`: the topology of a run, from the best probe that answers; never raises."""
 
 from __future__ import annotations
 
@@ -29,11 +26,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def probe(accelerator: str, device_count: int) -> Topology:
-    """The topology of a run of `device_count` devices; never raises.
-
-    CUDA: NVML, else `nvidia-smi`, else a topology of "unknown" links whose notes say what
-    failed (a verdict can then decline to judge instead of guessing). CPU: `probe_cpu`.
-    """
+    """The topology of `device_count` devices. CUDA: NVML, else `nvidia-smi`, else "unknown"
+    links whose notes say what failed (a verdict then declines to judge rather than guess)."""
     accel = accelerator.strip().lower() if isinstance(accelerator, str) else ""
     if not re.fullmatch(r"[a-z][a-z0-9]*", accel):
         accel = UNKNOWN

@@ -1,9 +1,8 @@
 """How many CUDA devices torch would see in this process, counted without importing torch.
 
-Item ids (`fsdp-2cuda`) and the report header need the count at collection, where a torch import
-would cost seconds on every `pytest --collect-only`. NVML first, then `nvidia-smi -L`, each with
-CUDA_VISIBLE_DEVICES applied as the CUDA runtime applies it; torch only when both fail for a reason
-other than "no NVIDIA driver on this host" (e.g. a MIG slice, or a driver/library mismatch).
+Collection needs it (item ids, the header), where a torch import costs seconds. NVML, then
+`nvidia-smi -L`, with CUDA_VISIBLE_DEVICES applied as CUDA does; torch only when both fail for
+another reason than "no NVIDIA driver" (a MIG slice, a driver/library mismatch).
 """
 
 from __future__ import annotations
@@ -83,10 +82,8 @@ def _torch_count() -> int:
 
 
 def torch_has_cuda() -> bool:
-    """Whether the installed torch is a CUDA (or ROCm) build, read from its version file.
-
-    True when that cannot be told: torch itself then decides when the ranks start.
-    """
+    """Whether the installed torch is a CUDA (or ROCm) build, read from its version file; True
+    when that cannot be told (torch decides when the ranks start)."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         return True

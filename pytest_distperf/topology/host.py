@@ -1,7 +1,5 @@
-"""Facts about the CPU host (model, usable CPUs, sockets, memory) and the CPU-rank topology.
-
-The GPU probes use `host_facts` too: a topology records the host it ran on whatever the devices.
-"""
+"""Facts about the CPU host (model, usable CPUs, sockets, memory; the GPU probes record them
+too) and the CPU-rank topology."""
 
 from __future__ import annotations
 

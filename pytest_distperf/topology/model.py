@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from pytest_distperf.platform import PLATFORMS
 
 SCHEMA = 1
 LOOPBACK = "LOOPBACK"
 UNKNOWN = "unknown"
 
-# Higher is faster. The PCIe classes follow nvidia-smi's legend: the fewer bridges and host
-# interconnects a transfer crosses, the more bandwidth it keeps. LOOPBACK only ever appears in CPU
-# topologies, so its place relative to the GPU classes does not matter. "unknown" ranks lowest so
-# that `slowest_link()` reports it: a threshold built on a guessed link would be worse than none.
+# Higher is faster; PCIe classes in nvidia-smi's legend order (fewer bridges keep more bandwidth).
+# "unknown" ranks lowest so that `slowest_link()` reports it: a guessed link is worse than none.
 _PCIE_RANK = {"PIX": 6, "PXB": 5, "PHB": 4, "NODE": 3, "SYS": 2}
 _LOOPBACK_RANK = 1
 _UNKNOWN_RANK = 0
@@ -61,13 +61,9 @@ def link_rank(link_class: str) -> int:
 
 @dataclass(frozen=True)
 class Device:
-    """One device of the run.
-
-    `index` is the CUDA index the run uses (cuda:<index>, after CUDA_VISIBLE_DEVICES) for probed
-    topologies, and the GPU number nvidia-smi printed for parsed ones. Unknown values are None,
-    except `memory_bytes` (0) and `name` ("unknown"). For CPU ranks `memory_bytes` is the host's
-    memory, which all ranks share.
-    """
+    """One device of the run: `index` is the CUDA index the run uses (a parsed file's: the GPU
+    number nvidia-smi printed). Unknown: None, `memory_bytes` 0 (CPU ranks: the host's, shared),
+    `name` "unknown"."""
 
     index: int
     name: str
@@ -120,9 +116,8 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """The network between a job's nodes, which every collective over ranks of several nodes
-    crosses. Its figures come from the ranks' calibration (None: unknown, not measured yet);
-    never part of the key, since they are measurements, not the kind of machine."""
+    """The network between a job's nodes: the calibration's figures (None: not yet measured),
+    never part of the key (measurements, not the kind of machine)."""
 
     busbw: float | None = None  # bytes/s: bus bandwidth of the largest calibrated all-gather
     latency_s: float | None = None  # a small all-gather across the nodes
@@ -149,14 +144,9 @@ class Network:
 
 @dataclass(frozen=True)
 class Topology:
-    """Devices of one run and the link between every pair of them.
-
-    `source` says where it came from: "nvml", "nvidia-smi", "cpu", "none" (nothing could be
-    probed), "file:<path>" or "nvidia-smi-topo:<path>". `host_cpus` and `sockets` are 0 when
-    unknown (a parsed `nvidia-smi topo -m` does not say them). `nodes`: the hosts a launched
-    job's ranks span; in a job over several, the devices and links are one node's own and
-    `network` is what joins the nodes.
-    """
+    """Devices of one run and the link between every pair. `source`: "nvml", "nvidia-smi",
+    "cpu", "none", "file:<path>" or "nvidia-smi-topo:<path>"; `host_cpus`, `sockets` 0 when
+    unknown. Over several `nodes`, devices and links are one node's; `network` joins them."""
 
     accelerator: str
     devices: tuple[Device, ...]
@@ -220,29 +210,22 @@ class Topology:
         return tuple(d.index for d in self.devices)
 
     def slowest_link(self) -> Link:
-        """The link that bounds a collective over all devices (ring/tree traffic crosses it).
-
-        Raises ValueError for fewer than two devices: there is no link to speak of.
-        """
+        """The link that bounds a collective over all devices (ring/tree traffic crosses it);
+        ValueError for fewer than two devices."""
         if not self.links:
             raise ValueError(f"a topology of {self.device_count} device(s) has no links")
         return min(self.links, key=lambda link: (link.rank, link.a, link.b))
 
     def key(self) -> str:
-        """A stable, filesystem-safe fingerprint of what performance depends on.
-
-        Accelerator, device model, device count and the multiset of link classes; never host
-        names, bus ids or the current PCIe generation (it drops at idle to save power). For CPU
-        ranks the usable CPU count is part of it too: the "device" is a share of the host, and a
-        2-core and a 16-core runner with the same CPU model are different machines for a baseline.
-        A job over several nodes names their count: its ranks talk across the network, which a
-        single host's baselines never did (a single node's key stays as it always was).
-        """
+        """A stable, filesystem-safe fingerprint of what performance depends on: accelerator,
+        device model and count, the link classes; never host names, bus ids or the current PCIe
+        generation (it drops at idle). Ranks sharing cores add the CPU count (a device is a share
+        of the host); a job over several nodes their count (its ranks cross the network)."""
         counts = Counter(link.link_class for link in self.links)
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
         parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]
         parts += [f"{_slug(c)}x{counts[c]}" for c in classes]
-        if self.accelerator == "cpu":
+        if self.accelerator in PLATFORMS and PLATFORMS[self.accelerator].shares_cores:
             parts.append(f"{self.host_cpus}cpus")
         if self.nodes > 1:
             parts.append(f"{self.nodes}nodes")
@@ -327,14 +310,14 @@ class Topology:
             network=_network(_get(data, "network", Mapping, "topology", default={})),
         )
 
-    def matrix(self) -> str:
-        """An nvidia-smi-like matrix; `parse_nvidia_smi_topo` reads it back for CUDA topologies."""
-        prefix = "GPU" if self.accelerator == "cuda" else self.accelerator.upper()
+    def matrix(self, cell: Callable[[int, int], str] | None = None, diagonal: str = " X") -> str:
+        """An nvidia-smi-like matrix of `cell(a, b)` (the link classes: `parse_nvidia_smi_topo`
+        reads it back for CUDA topologies)."""
+        known = PLATFORMS.get(self.accelerator)
+        prefix = known.label if known else self.accelerator.upper()
         labels = [f"{prefix}{i}" for i in self.indices]
-        cells = [
-            [" X" if a == b else self.link(a, b).link_class for b in self.indices]
-            for a in self.indices
-        ]
+        cell = cell or (lambda a, b: self.link(a, b).link_class)
+        cells = [[diagonal if a == b else cell(a, b) for b in self.indices] for a in self.indices]
         width = max([len(s) for s in labels] + [len(c) for row in cells for c in row] + [4]) + 2
         lines = [" " * width + "".join(label.ljust(width) for label in labels).rstrip()]
         for label, row in zip(labels, cells, strict=True):

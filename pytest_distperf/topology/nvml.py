@@ -1,7 +1,5 @@
-"""The NVML probe (nvidia-ml-py): devices, NVLinks (direct or through NVSwitches), PCIe paths.
-
-`pynvml` is imported inside `probe_nvml` only, so importing this module needs no GPU driver.
-"""
+"""The NVML probe (nvidia-ml-py): devices, NVLinks (direct or through NVSwitches), PCIe paths;
+`pynvml` is imported inside `probe_nvml` only."""
 
 from __future__ import annotations
 
@@ -73,9 +71,8 @@ def _nvlink_ends(nv: Any, handle: Any, gpu_buses: set[str]) -> list[_LinkEnd]:
         if kind in (_REMOTE_GPU, _REMOTE_SWITCH):
             to_switch = kind == _REMOTE_SWITCH
         else:
-            # Drivers without the device-type query: a far end that is no GPU of this host is
-            # taken for an NVSwitch (DGX-2 era). A POWER9 NPU would be misread; those drivers
-            # all have the query.
+            # Drivers without the device-type query (DGX-2 era): a far end that is no GPU of this
+            # host is taken for an NVSwitch (POWER9 NPUs came with drivers that have the query).
             to_switch = remote not in gpu_buses
         version = _nvml_try(nv, "nvmlDeviceGetNvLinkVersion", handle, link)
         ends.append(_LinkEnd(remote, to_switch, _NVLINK_MAJOR.get(version)))
@@ -104,10 +101,8 @@ def _nvml_pair(
     direct = direct_ab if len(direct_ab) >= len(direct_ba) else direct_ba
     switch_a = [e for e in ends[0] if e.to_switch]
     switch_b = [e for e in ends[1] if e.to_switch]
-    # Through NVSwitches every GPU reaches every other at the rate of its own links; the pair
-    # gets the smaller GPU's count, which is what nvidia-smi prints. One host's switches form one
-    # fabric, but Fabric Manager can partition it (cloud VMs): ask NVML whether the pair can
-    # really talk over NVLink before counting it.
+    # Through NVSwitches a pair gets the smaller GPU's link count, as nvidia-smi prints; Fabric
+    # Manager can partition the switches (cloud VMs): NVML says whether the pair can talk.
     switched = switch_a if len(switch_a) <= len(switch_b) else switch_b
     if switched and not direct:
         status = _nvml_try(
@@ -134,12 +129,8 @@ def _nvml_pair(
 
 
 def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
-    """Probe the run's GPUs through NVML (nvidia-ml-py).
-
-    `indices` are CUDA indices (after CUDA_VISIBLE_DEVICES) of the devices the run uses; None
-    means all visible ones. Raises ImportError when pynvml is missing, pynvml.NVMLError when the
-    driver does not answer, ValueError when the indices are not visible.
-    """
+    """The run's GPUs through NVML: `indices` are CUDA indices (None: all visible). Raises
+    ImportError, pynvml.NVMLError (no driver's answer) or ValueError (indices not visible)."""
     import pynvml as nv
 
     nv.nvmlInit()

@@ -1,8 +1,5 @@
-"""The `nvidia-smi` side: parsers for `topo -m` and `-q` text, and the probe that runs it.
-
-The parsers are pure (saved files and tests feed them text); `probe_nvidia_smi` is the fallback
-for hosts where NVML's Python binding fails.
-"""
+"""The `nvidia-smi` side: the (pure) parser of `topo -m` text, and the probe that runs it where
+NVML's Python binding fails."""
 
 from __future__ import annotations
 
@@ -33,7 +30,7 @@ from pytest_distperf.topology.model import (
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
-# Piped or saved copies can carry terminal colour codes; both parsers strip them.
+# Piped or saved copies can carry terminal colour codes; the parser strips them.
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 _DEVICE_LABEL_RE = re.compile(r"(GPU|NIC)\d+|mlx\d+_\d+")
@@ -43,10 +40,7 @@ _OLD_TOKENS = {"SOC": "SYS"}
 
 
 def parse_nvidia_smi_topo(text: str) -> Topology:
-    """Read `nvidia-smi topo -m` output; keeps GPU-to-GPU links and ignores NICs.
-
-    GPU names and memory are not in that output: devices are named "unknown".
-    """
+    """Read `nvidia-smi topo -m` output: its GPU-to-GPU links (no NICs); devices "unknown"."""
     lines = _ANSI_RE.sub("", text).replace("\r", "").split("\n")
     rocm = " (this looks like rocm-smi output)" if "ROCm" in text else ""
     header_at = _find_header(lines)
@@ -88,8 +82,7 @@ def _matrix_rows(lines: Sequence[str]) -> list[list[str]]:
 
 
 def _columns(header: str, row_labels: set[str]) -> list[str]:
-    """Columns run from the header's start up to the first non-device column ("CPU Affinity"):
-    those trailing columns are text with spaces and may be empty, so they are never counted."""
+    """The header's device columns, up to "CPU Affinity" and the other free-text ones."""
     columns: list[str] = []
     for token in header.split():
         if token not in row_labels and not _DEVICE_LABEL_RE.fullmatch(token):
@@ -169,52 +162,6 @@ def _find_header(lines: Sequence[str]) -> int | None:
     return None
 
 
-_Q_GPU_RE = re.compile(r"GPU\s+([0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.[0-9A-Fa-f]+)")
-_Q_FIELDS = {
-    ("PCIe Generation", "Max"): "pcie_gen_max",
-    ("PCIe Generation", "Current"): "pcie_gen_current",
-    ("Link Width", "Max"): "pcie_width_max",
-    ("Link Width", "Current"): "pcie_width_current",
-}
-
-
-def parse_nvidia_smi_q_pcie(text: str) -> list[dict[str, Any]]:
-    """PCIe link facts per GPU from `nvidia-smi -q` text; [] when there is no GPU section.
-
-    Each dict has bus_id, name, pcie_gen_max, pcie_gen_current, pcie_width_max and
-    pcie_width_current (None where the output says N/A or leaves the field out).
-    """
-    gpus: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
-    headings: list[tuple[int, str]] = []  # the open section titles, by indentation
-    for raw in _ANSI_RE.sub("", text).splitlines():
-        if not raw.strip():
-            continue
-        indent = len(raw) - len(raw.lstrip())
-        body = raw.strip()
-        m = _Q_GPU_RE.fullmatch(body)
-        if m and indent == 0:
-            current = {"bus_id": normal_bus_id(m.group(1)), "name": None}
-            current.update(dict.fromkeys(_Q_FIELDS.values()))
-            gpus.append(current)
-            headings = []
-            continue
-        if current is None:
-            continue
-        while headings and headings[-1][0] >= indent:
-            headings.pop()
-        kv = re.fullmatch(r"(.*?)\s*:\s*(.*)", body)
-        if kv is None:
-            headings.append((indent, body))
-            continue
-        key, value = kv.group(1), kv.group(2).strip()
-        if key == "Product Name" and not headings:
-            current["name"] = value
-        elif headings and (headings[-1][1], key) in _Q_FIELDS:
-            current[_Q_FIELDS[headings[-1][1], key]] = _int_or_none(value.rstrip("x"))
-    return gpus
-
-
 def _int_or_none(value: Any) -> int | None:
     try:
         return int(str(value).strip().strip("[]"))
@@ -240,11 +187,7 @@ _QUERY_FIELDS = (
 def _run_nvidia_smi(exe: str, *args: str) -> str:
     try:
         done = subprocess.run(
-            [exe, *args],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-            check=False,
+            [exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
         raise RuntimeError(
@@ -270,12 +213,8 @@ def _parse_query(text: str) -> dict[int, dict[str, str]]:
 
 
 def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
-    """Probe through the `nvidia-smi` command, for hosts where NVML's Python binding fails.
-
-    Links come from `nvidia-smi topo -m`; names, memory and PCIe facts from `--query-gpu` when
-    that works. Raises FileNotFoundError when nvidia-smi is not on PATH, RuntimeError when it
-    fails, TopologyParseError when its output cannot be read.
-    """
+    """Links from `nvidia-smi topo -m`, names, memory and PCIe from `--query-gpu` where it
+    works. Raises FileNotFoundError, RuntimeError (it failed) or TopologyParseError."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise FileNotFoundError("nvidia-smi not found on PATH")

@@ -2,7 +2,7 @@
 pure records in `pytest_distperf.strategies`). Rank processes only.
 
     half = rank_strategy(spec.strategy)
-    fabric_strategy = half.build(BuildContext(accelerator, devices, wrap_units=...))
+    fabric_strategy = half.build(BuildContext(platform, devices, wrap_units=...))
 """
 
 from __future__ import annotations

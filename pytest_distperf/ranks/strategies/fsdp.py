@@ -11,7 +11,6 @@ from distperf_model.parallelize import fully_shard_blocks
 
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
-from pytest_distperf.strategies.fsdp import fsdp_is_fsdp1
 
 
 def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
@@ -29,7 +28,7 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
 
 
 def _build_fsdp(context: BuildContext) -> Any:
-    if not fsdp_is_fsdp1(context.accelerator):
+    if context.platform.fsdp != "FSDP1":
         return _build_fsdp2(True, context)
     policy = partial(_wrap_blocks, context.wrap_units)
     return fabric_module("strategies").FSDPStrategy(

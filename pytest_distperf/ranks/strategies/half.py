@@ -1,20 +1,21 @@
 """A strategy's rank half: how a rank builds, wraps and steps it, registered by name beside its
-pure record (`pytest_distperf.strategies`). Runs in the ranks only (torch, Lightning Fabric
-through `ranks.fabric`); never imported by the pytest process.
-"""
+pure record (`pytest_distperf.strategies`). Ranks only."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_distperf.platform import Platform
 
 
 @dataclass(frozen=True)
 class BuildContext:
     """What a rank knows when it builds a strategy: the model is built, not yet wrapped."""
 
-    accelerator: str  # "cpu" or "cuda"
+    platform: Platform
     devices: int  # ranks in the run (all nodes)
     wrap_units: tuple[type, ...] = ()  # module classes to wrap or shard as one unit (blocks)
     rank: int = 0  # this rank's global rank
@@ -27,16 +28,10 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class RankStrategy:
-    """The rank half of the strategy `name`.
-
-    `build(context)` returns a Fabric strategy (or its name, e.g. "auto");
-    `describe_sharding(fabric, module)` how the wrapped module is really sharded, read from the
-    module rather than assumed. Optional, for strategies that are no Fabric strategy or decode
-    differently: `wrap(model, context)` returns the module to run, in place of Fabric's
-    `setup_module` (`build` then only gives Fabric what launches the ranks); `next_token(module,
-    idx, input_pos)` returns the next token [B, 1] on every rank, in place of sampling the
-    module's logits (the pure record says `decodes_across_ranks`).
-    """
+    """The rank half of the strategy `name`: `build(context)` a Fabric strategy (or its name);
+    `describe_sharding(fabric, module)` how the wrapped module is sharded, read from it. Optional:
+    `wrap(model, context)` the module to run, in place of Fabric's `setup_module`; `next_token(
+    module, idx, input_pos)` the next token [B, 1] on every rank (`decodes_across_ranks`)."""
 
     name: str
     build: Callable[[BuildContext], Any]
