@@ -97,7 +97,7 @@ def train_predictions(
     predictions, refused = [], []
     for name in args.strategy or strategy_names():
         record = get_strategy(name)
-        if record.train_cost is None:
+        if record.train_refusal:
             if args.strategy:
                 raise ValueError(f"--strategy {name}: cannot train: {record.train_refusal}")
             refused.append((name, record.train_refusal))

@@ -1,4 +1,4 @@
-"""Predicted tokens/sec per strategy, as a sum of named per-token terms; pure functions.
+"""Predicted tokens/sec per strategy, as a sum of the named terms of one step; pure functions.
 
 No torch and no I/O: the plugin, the `distperf predict` command and the unit tests call the
 same functions with plain values (a model shape, a strategy's record, a `Calibration` measured
@@ -6,12 +6,13 @@ in the ranks or a `Topology` loaded from a file). A strategy's own terms come fr
 which implements `StrategyModel`; this package imports no strategy (by name: the registry,
 `pytest_distperf.strategies`). The terms and the reasoning behind them: docs/perfmodel.md.
 
-Modules: `terms` (units, term names, overheads), `cost` (the interface a strategy's record
-implements, its cost's input and output), `calibration` (measured collectives, the message
-sizes to measure), `links` (measured or nominal link figures), `predict` (the prediction and its
-verdict text), `train` (a training step's prediction), `shape` (the model shape every cost
-reads; `distperf_model.config.Config` has the same attributes), `network` (the network between
-a job's nodes: its share of a prediction, its measured figures).
+Modules: `terms` (units, term names, overheads), `step` (one step as a strategy's cost sees it:
+its input, its collectives and overheads, the interface a record implements, the counted
+collectives), `predict` (the one sum of a step's terms; a decode step's inputs), `train` (a
+training step's inputs), `prediction` (the result and its verdict text), `calibration`
+(measured collectives, the message sizes to measure), `links` (measured or nominal link
+figures), `shape` (the model shape every cost reads; `distperf_model.config.Config` has the
+same attributes), `network` (the network between a job's nodes: its share of a prediction).
 """
 
 from __future__ import annotations
@@ -23,11 +24,6 @@ from pytest_distperf.perfmodel.calibration import (
     bus_factor,
     message_sizes,
 )
-from pytest_distperf.perfmodel.cost import (
-    StrategyCost,
-    StrategyInput,
-    StrategyModel,
-)
 from pytest_distperf.perfmodel.links import (
     GPU_MEMORY_BANDWIDTH,
     Links,
@@ -38,16 +34,21 @@ from pytest_distperf.perfmodel.links import (
     run_links,
 )
 from pytest_distperf.perfmodel.network import NetworkCharge, measured_network, network_charge
-from pytest_distperf.perfmodel.predict import (
+from pytest_distperf.perfmodel.predict import predict, predict_all
+from pytest_distperf.perfmodel.prediction import (
     DEFAULT_EFFICIENCY,
     Prediction,
     describe_prediction,
     failure_message,
-    predict,
-    predict_all,
     threshold,
 )
 from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.perfmodel.step import (
+    Collective,
+    StepCost,
+    StepInput,
+    StrategyModel,
+)
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
@@ -56,7 +57,6 @@ from pytest_distperf.perfmodel.terms import (
     Overheads,
 )
 from pytest_distperf.perfmodel.train import (
-    TrainInput,
     model_flops_per_step,
     predict_train,
     train_message_sizes,
@@ -70,6 +70,7 @@ __all__ = [
     "MB",
     "TERM_DESCRIPTIONS",
     "Calibration",
+    "Collective",
     "CollectiveFigure",
     "Links",
     "MessageSizes",
@@ -77,10 +78,9 @@ __all__ = [
     "NetworkCharge",
     "Overheads",
     "Prediction",
-    "StrategyCost",
-    "StrategyInput",
+    "StepCost",
+    "StepInput",
     "StrategyModel",
-    "TrainInput",
     "bus_factor",
     "describe_prediction",
     "failure_message",

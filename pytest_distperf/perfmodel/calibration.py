@@ -305,7 +305,7 @@ LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we 
 
 
 class MessageSource(Protocol):
-    """What `message_sizes` reads of a strategy (part of `perfmodel.cost.StrategyModel`)."""
+    """What `message_sizes` reads of a strategy (part of `perfmodel.step.StrategyModel`)."""
 
     def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
         """The collective sizes worth calibrating for this model under this strategy."""

@@ -6,7 +6,7 @@ figures once the ranks measured them (`measured_network`). Pure; docs/perfmodel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +16,6 @@ from pytest_distperf.topology.model import Network
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import Calibration
-    from pytest_distperf.perfmodel.cost import StrategyCost
     from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.topology.model import Topology
 
@@ -62,14 +61,14 @@ class NetworkCharge:
 
 
 def network_charge(
-    links: Links, cost: StrategyCost, cost_with: Callable[[Links], StrategyCost]
+    links: Links, terms: Mapping[str, float], terms_on: Callable[[Links], Mapping[str, float]]
 ) -> NetworkCharge | None:
-    """The network's share of `cost`'s link terms: each term as charged, less the same cost
-    (`cost_with` other links) with the network's calls free. None on one node."""
+    """The network's share of the link terms in `terms`: each as charged, less the same
+    collectives' (`terms_on` other links) with the network's calls free. None on one node."""
     if links.nodes <= 1:
         return None
-    free = cost_with(replace(links, network_free=True)).terms
-    shares = {k: v - free.get(k, 0.0) for k, v in cost.terms.items() if k in LINK_TERMS}
+    free = terms_on(replace(links, network_free=True))
+    shares = {k: v - free.get(k, 0.0) for k, v in terms.items() if k in LINK_TERMS}
     return NetworkCharge(
         links.nodes,
         {k: v for k, v in shares.items() if v > 0},

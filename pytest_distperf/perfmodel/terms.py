@@ -1,6 +1,6 @@
 """The vocabulary of a prediction: units, term names and the fixed overheads no bandwidth
 explains. Pure values; docs/perfmodel.md explains each term. What a strategy's cost function
-receives and returns is in `perfmodel.cost`."""
+receives and returns is in `perfmodel.step`."""
 
 from __future__ import annotations
 
@@ -47,6 +47,9 @@ HOST_PATH_TERMS = frozenset({"compute", "prefill", "weights", "launch", "fsdp_ov
 LINK_TERMS = frozenset(
     {"all_gather", "all_reduce", "reduce_scatter", "grad_all_reduce", "p2p", "latency"}
 )
+# The collectives' side: what may hide behind the host's path (an optimizer runs on neither: it
+# waits for the last reduction).
+TRANSFER_PATH_TERMS = LINK_TERMS | {"gather_copies"}
 
 
 # Fitted once on the 2 x H200 eager rows; each fit and its rows: docs/perfmodel.md ("Fixed

@@ -21,7 +21,7 @@ from pytest_distperf.strategies.record import StrategyRecord
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import MessageSizes
     from pytest_distperf.perfmodel.links import Links
-    from pytest_distperf.perfmodel.predict import Prediction
+    from pytest_distperf.perfmodel.prediction import Prediction
     from pytest_distperf.perfmodel.shape import ModelShape
 
 __all__ = [
