@@ -18,9 +18,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from pytest_distperf.perfmodel.calibration import MessageSource
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from pytest_distperf.perfmodel.calibration import MessageSizes
     from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.shape import ModelShape
     from pytest_distperf.perfmodel.terms import Overheads
@@ -144,8 +141,8 @@ class StrategyModel(MessageSource, Protocol):
         ...
 
     @property
-    def train_message_sizes(self) -> Callable[..., MessageSizes] | None:
-        """(shape, param_bytes, comm_bytes, batch_size, seq_length) -> sizes a step moves."""
+    def runs_on(self) -> frozenset[str]:
+        """The accelerators it builds on ("cpu", "cuda")."""
         ...
 
     def cost(self, x: StepInput) -> StepCost:

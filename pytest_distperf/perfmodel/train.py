@@ -16,12 +16,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes
+from pytest_distperf.perfmodel.links import Links
 from pytest_distperf.perfmodel.predict import check_step, predict_step
-from pytest_distperf.perfmodel.step import StepInput, StepWork
+from pytest_distperf.perfmodel.step import CHARGED_AS, StepInput, StepWork
 from pytest_distperf.perfmodel.terms import DEFAULT_OVERHEADS, GB, Overheads
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.prediction import Prediction
     from pytest_distperf.perfmodel.shape import ModelShape
     from pytest_distperf.perfmodel.step import Collectives, StrategyModel
@@ -149,20 +149,18 @@ def train_message_sizes(
     seq_length: int,
 ) -> MessageSizes:
     """The collective sizes a training step really uses under `records` (those that can
-    train): a latency probe, then each record's own (DDP's buckets, FSDP's unit gathers and
-    reductions in comm_bytes, tp's activation all-reduces). Reduce-scatters are timed at the
-    all-gather figures of their size, so they add all-gather sizes."""
+    train): a latency probe, then one call of each collective of each record's step (DDP's
+    buckets, FSDP's unit gathers and reductions in comm_bytes, tp's activation all-reduces),
+    under the figures that time it (a reduce-scatter: an all-gather's)."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
-    gather = {LATENCY_PROBE_BYTES}
-    reduce = {LATENCY_PROBE_BYTES}
-    p2p: set[int] = set()
+    sizes = {"all_gather": {LATENCY_PROBE_BYTES}, "all_reduce": {LATENCY_PROBE_BYTES}, "p2p": set()}
+    # A step's collectives do not depend on the links they cross: none known here.
+    links = Links("none", devices, 0.0, 0.0, None, False)
     for record in records:
-        sizes_of = record.train_message_sizes
-        if record.train_refusal or sizes_of is None:
-            continue
-        own = sizes_of(shape, param_bytes, comm_bytes, batch_size, seq_length)
-        gather.update(own.all_gather)
-        reduce.update(own.all_reduce)
-        p2p.update(own.p2p)
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))
+        for device_type in sorted(record.runs_on) if not record.train_refusal else ():
+            x = StepInput(shape, devices, device_type, batch_size, seq_length, param_bytes,
+                          comm_bytes, links, DEFAULT_OVERHEADS, training=True)  # fmt: skip
+            for c in record.cost(x).collectives:
+                sizes[CHARGED_AS.get(c.kind, c.kind)].add(round(c.bytes / c.calls))
+    return MessageSizes(*(tuple(sorted(sizes[op])) for op in ("all_gather", "all_reduce", "p2p")))

@@ -143,13 +143,6 @@ def _fsdp_cost(x: StepInput) -> StepCost:
     return _fsdp1(x) if fsdp_is_fsdp1(x.device_type) else _fsdp2(True, x)
 
 
-def _train_message_sizes(
-    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
-) -> MessageSizes:
-    """A block's and the root's gathers (and gradient reduce-scatters) in comm_bytes."""
-    return _gathered_weights(config, comm_bytes, batch_size)
-
-
 # --------------------------------------------------------------------------- records
 
 _fsdp = partial(
@@ -160,7 +153,6 @@ _fsdp = partial(
     message_sizes=_gathered_weights,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
-    train_message_sizes=_train_message_sizes,
 )
 
 RECORDS = (

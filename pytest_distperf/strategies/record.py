@@ -49,8 +49,7 @@ class StrategyRecord:
     step can run; tensor parallel is False, every rank samples its whole logits.
 
     Training (perfmodel/train.py): `train_refusal` why it cannot train ("": it can, and `cost`
-    takes a training step); `train_message_sizes(config, param_bytes, comm_bytes, batch_size,
-    seq_length)` the sizes a step's collectives move.
+    takes a training step, whose collectives are the sizes to calibrate).
     """
 
     name: str
@@ -65,7 +64,6 @@ class StrategyRecord:
     check: Callable[[ModelShape, int], str | None] = fits_any
     decodes_across_ranks: bool = False
     train_refusal: str = ""
-    train_message_sizes: Callable[[ModelShape, int, int, int, int], MessageSizes] | None = None
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:
         """Why this strategy cannot run on `devices` x `accelerator`, or None when it can."""

@@ -81,13 +81,6 @@ def cost(x: StepInput) -> StepCost:
     )
 
 
-def train_message_sizes(
-    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
-) -> MessageSizes:
-    """DDP's bucket sizes: the first, a full one and the last (the rest)."""
-    return MessageSizes((), tuple(sorted(set(ddp_buckets(_gradient_bytes(config, param_bytes))))))
-
-
 def _no_messages(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     return NO_MESSAGES
 
@@ -101,7 +94,6 @@ _replicated = partial(
     message_sizes=_no_messages,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
-    train_message_sizes=train_message_sizes,
 )
 
 RECORDS = (

@@ -94,12 +94,6 @@ def cost(x: StepInput) -> StepCost:
     )
 
 
-def _train_message_sizes(
-    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
-) -> MessageSizes:
-    return MessageSizes((), (train_activation_bytes(config, comm_bytes, batch_size, seq_length),))
-
-
 def _message_sizes(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
     return MessageSizes((), (activation_bytes(config, dtype_bytes, batch),))
 
@@ -117,6 +111,5 @@ RECORDS = (
         runs_on=CPU_AND_CUDA,
         min_ranks=1,  # one rank is the whole model, as every strategy on one device
         check=check,
-        train_message_sizes=_train_message_sizes,
     ),
 )
