@@ -36,8 +36,6 @@ TRAIN_TERM_DESCRIPTIONS = {
     "reduce_scatter": "reduce-scatter of each unit's gradients",
     "fsdp_overhead": "FSDP per-unit overhead (forward and backward)",
     "gather_copies": "FSDP2 copies into and out of the gathers' and reductions' buffers",
-    "replayed": "the step's collectives, hooks, copies and waits beyond its compute, as the "
-    "ranks replayed the step (CPU ranks, one GPU)",
 }
 
 # Work that the host issues in order on the compute stream; everything else (all-gathers, their

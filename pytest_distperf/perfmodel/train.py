@@ -37,12 +37,6 @@ ADAMW_ACCESSES = 7
 # --------------------------------------------------------------------------- model FLOPs
 
 
-def matmul_params(shape: ModelShape) -> int:
-    """Parameters that take part in a matmul: every block's and the head's (the embedding is a
-    lookup; a head tied to it still multiplies)."""
-    return shape.n_layer * shape.block_param_count() + shape.padded_vocab_size * shape.n_embd
-
-
 def flops_split(shape: ModelShape, batch_size: int, seq_length: int) -> tuple[float, float]:
     """(blocks, head) model FLOPs of one training step: what tensor parallelism splits and what
     every rank computes whole."""
