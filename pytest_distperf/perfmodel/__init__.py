@@ -25,7 +25,6 @@ from pytest_distperf.perfmodel.calibration import (
     message_sizes,
 )
 from pytest_distperf.perfmodel.links import (
-    GPU_MEMORY_BANDWIDTH,
     Links,
     job_links,
     link_figures,
@@ -33,7 +32,7 @@ from pytest_distperf.perfmodel.links import (
     nominal_links,
     run_links,
 )
-from pytest_distperf.perfmodel.network import NetworkCharge, measured_network, network_charge
+from pytest_distperf.perfmodel.network import measured_network
 from pytest_distperf.perfmodel.predict import predict, predict_all
 from pytest_distperf.perfmodel.prediction import (
     DEFAULT_EFFICIENCY,
@@ -66,7 +65,6 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "DEFAULT_OVERHEADS",
     "GB",
-    "GPU_MEMORY_BANDWIDTH",
     "MB",
     "TERM_DESCRIPTIONS",
     "Calibration",
@@ -75,7 +73,6 @@ __all__ = [
     "Links",
     "MessageSizes",
     "ModelShape",
-    "NetworkCharge",
     "Overheads",
     "Prediction",
     "StepCost",
@@ -90,7 +87,6 @@ __all__ = [
     "measured_network",
     "message_sizes",
     "model_flops_per_step",
-    "network_charge",
     "nominal_links",
     "predict",
     "predict_all",

@@ -62,13 +62,7 @@ class Prediction:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        data = self._fields_dict()
-        if self.network is not None:  # a single node's prediction is written as it always was
-            data["network"] = self.network.to_dict()
-        return data
-
-    def _fields_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "strategy": self.strategy,
             "devices": self.devices,
             "implementation": self.implementation,
@@ -92,6 +86,9 @@ class Prediction:
             "step_time_s": self.step_time_s,
             "tokens_per_step": self.tokens_per_step,
         }
+        if self.network is not None:  # a single node's prediction is written as it always was
+            data["network"] = self.network.to_dict()
+        return data
 
 
 def _collectives_json(collectives: Collectives) -> dict[str, dict[str, float]]:
