@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.links import network_class
-from pytest_distperf.perfmodel.terms import GB, LINK_TERMS
+from pytest_distperf.perfmodel.terms import GB, LINK_TERMS, ms
 from pytest_distperf.topology.model import Network
 
 if TYPE_CHECKING:
@@ -43,9 +43,9 @@ class NetworkCharge:
         where = network_class(self.nodes)
         if not self.terms:
             return f"network term: none (nothing crosses the {where}; its {figures})"
-        parts = ", ".join(f"{k} {_ms(v)}" for k, v in self.terms.items())
+        parts = ", ".join(f"{k} {ms(v)}" for k, v in self.terms.items())
         return (
-            f"network term: {_ms(self.seconds)} per {per} ({parts}) crosses the {where} at its "
+            f"network term: {ms(self.seconds)} per {per} ({parts}) crosses the {where} at its "
             f"{figures}"
         )
 
@@ -92,10 +92,6 @@ def measured_network(topology: Topology, calibration: Calibration) -> Topology:
         f"{per_node} per node",
     )
     return replace(topology, network=network)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
 
 
 def _us(seconds: float) -> str:

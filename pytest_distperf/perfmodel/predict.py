@@ -31,6 +31,7 @@ from pytest_distperf.perfmodel.terms import (
     LINK_TERMS,
     TRANSFER_PATH_TERMS,
     Overheads,
+    ms,
 )
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def predict_step(
         if extra > 0:  # the rate counts the prefill's token: its excess is spread over all
             terms["prefill"] = extra
             notes += (
-                f"prefill: measured {_ms(prefill_s)}, its excess over one step "
+                f"prefill: measured {ms(prefill_s)}, its excess over one step "
                 f"spread over {tokens} tokens",
             )
     if x.training and x.devices == 1:  # nothing crosses a link
@@ -191,7 +192,7 @@ def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple
         return (
             *notes,
             f"overlap: {overlap:.0%} of the shorter of host path and transfer path hidden "
-            f"(measured), {_ms(hidden)} per token",
+            f"(measured), {ms(hidden)} per token",
         )
     return (
         *notes,
@@ -295,7 +296,3 @@ def predict_all(
 ) -> list[Prediction]:
     """`predict` for each of `strategies` (records), in their order."""
     return [predict(config, strategy, devices, links, **kwargs) for strategy in strategies]
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"

@@ -16,6 +16,7 @@ from pytest_distperf.perfmodel.terms import (
     MB,
     TERM_DESCRIPTIONS,
     TRAIN_TERM_DESCRIPTIONS,
+    ms,
 )
 
 
@@ -111,10 +112,6 @@ def threshold(prediction: Prediction, efficiency: float) -> float:
     return efficiency * prediction.tokens_per_sec
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
-
-
 def _gbps(value: float) -> str:
     return f"{value / GB:.3g} GB/s"
 
@@ -126,11 +123,11 @@ def describe_prediction(prediction: Prediction) -> str:
         return _describe_train(p)
     kind = "measured" if p.measured_links else "nominal"
     received = p.bytes_per_token.get("all_gather_received", 0.0)
-    terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
+    terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
     step = "/token" if p.batch_size == 1 else f" per step of {p.batch_size} rows"
     return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s ({_ms(p.time_per_token_s)}{step}), bound by "
-        f"{p.bound} ({p.bound_description}, {_ms(p.terms[p.bound])}); link {p.link_class} at "
+        f"predicted {p.tokens_per_sec:.3g} tok/s ({ms(p.time_per_token_s)}{step}), bound by "
+        f"{p.bound} ({p.bound_description}, {ms(p.terms[p.bound])}); link {p.link_class} at "
         f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
         f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
         f"{_expected_and_counted(p)}{_network(p)}"
@@ -141,9 +138,9 @@ def _describe_train(p: Prediction) -> str:
     """A training step: "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
     kind = "measured" if p.measured_links else "nominal"
     step = p.step_time_s if p.step_time_s is not None else p.time_per_token_s * p.tokens_per_step
-    terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
+    terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
     return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s (step {_ms(step)}: {terms}; bound: {p.bound}, "
+        f"predicted {p.tokens_per_sec:.3g} tok/s (step {ms(step)}: {terms}; bound: {p.bound}, "
         f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
         f"replicas; link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth; "
         f"{p.collectives_per_token} collectives per step{_expected_and_counted(p, 'step')}"

@@ -9,6 +9,12 @@ from dataclasses import dataclass, replace
 GB = 1e9
 MB = 1e6
 
+
+def ms(seconds: float) -> str:
+    """E.g. "3.1 ms": how messages write seconds."""
+    return f"{seconds * 1e3:.3g} ms"
+
+
 # What each term means, for messages and the CLI; keys are the `Prediction.terms` names.
 TERM_DESCRIPTIONS = {
     "compute": "single-rank compute (measured)",

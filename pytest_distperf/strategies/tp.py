@@ -49,21 +49,17 @@ def compute_share(x: StepInput) -> float:
     return ((blocks + kv) / x.devices + head) / (blocks + kv + head)
 
 
-def activation_bytes(config: ModelShape, dtype_bytes: int, batch: int) -> int:
-    """One decode step's activation, batch x 1 x n_embd: what each all-reduce (or hop) moves."""
-    return batch * config.n_embd * dtype_bytes
-
-
-def train_activation_bytes(config: ModelShape, comm_bytes: int, batch: int, seq: int) -> int:
-    """A training step's activation, batch x seq_length x n_embd: what each all-reduce moves."""
-    return batch * seq * config.n_embd * comm_bytes
+def activation_bytes(config: ModelShape, dtype_bytes: int, batch: int, tokens: int = 1) -> int:
+    """The activation each all-reduce (or hop) moves, batch x tokens x n_embd: one token a row
+    in a decode step, the sequence in a training step."""
+    return batch * tokens * config.n_embd * dtype_bytes
 
 
 def cost(x: StepInput) -> StepCost:
     """Per block 2 activation all-reduces every pass (after attention, after the MLP; in
     backward the gradient of each split layer's input), none overlappable."""
     n, shape = x.devices, x.shape
-    size = train_activation_bytes(shape, x.comm_bytes, x.batch_size, x.tokens_per_row)
+    size = activation_bytes(shape, x.comm_bytes, x.batch_size, x.tokens_per_row)
     count = 2 * x.passes * shape.n_layer
     if x.training:
         params, others = shape.n_layer * shape.block_param_count(), shape.non_block_param_count()
