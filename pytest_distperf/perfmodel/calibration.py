@@ -17,10 +17,11 @@ import bisect
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.step import StrategyModel
 
 OPS = ("all_gather", "all_reduce", "p2p")
 # Added after calibrations were first written: absent from older reports, read as none measured.
@@ -304,17 +305,9 @@ NO_MESSAGES = MessageSizes((), ())
 LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
 
 
-class MessageSource(Protocol):
-    """What `message_sizes` reads of a strategy (part of `perfmodel.step.StrategyModel`)."""
-
-    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
-        """The collective sizes worth calibrating for this model under this strategy."""
-        ...
-
-
 def message_sizes(
     config: ModelShape,
-    strategies: Iterable[MessageSource],
+    strategies: Iterable[StrategyModel],
     devices: int,
     dtype_bytes: int,
     batch: int = 1,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_distperf.perfmodel.calibration import bus_factor
 from pytest_distperf.perfmodel.network import network_charge
 from pytest_distperf.perfmodel.prediction import Prediction
+from pytest_distperf.perfmodel.shape import kv_cache_bytes
 from pytest_distperf.perfmodel.step import (
     CHARGED_AS,
     Collectives,
@@ -220,19 +221,13 @@ def check_step(
             raise ValueError(f"{name} must be > 0 and finite, got {figure!r}")
 
 
-def _kv_bytes(config: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
-    # The static cache is read whole every step (attention over all positions, masked).
-    per_layer = 2 * batch * config.n_query_groups * config.head_size * seq_length * dtype_bytes
-    return float(config.n_layer * per_layer)
-
-
 def _decode_work(x: StepInput, compute_time_s: float | None) -> StepWork:
     """One decode step's compute on one rank: measured, or a roofline from memory bandwidth."""
     cfg = x.shape
     weights = (cfg.n_layer * cfg.block_param_count() + cfg.padded_vocab_size * cfg.n_embd) * (
         x.comm_bytes
     )  # the embedding is a lookup of a few rows; lm_head is read whole
-    kv = _kv_bytes(cfg, x.batch_size, x.seq_length, x.comm_bytes)
+    kv = kv_cache_bytes(cfg, x.batch_size, x.seq_length, x.comm_bytes)
     moved = {"weights_read": float(weights), "kv_read": kv}
     if compute_time_s is not None:
         note = f"compute: measured single-rank {compute_time_s * 1e3:.4g} ms per token"

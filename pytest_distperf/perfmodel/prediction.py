@@ -117,43 +117,33 @@ def _gbps(value: float) -> str:
 
 
 def describe_prediction(prediction: Prediction) -> str:
-    """One line: predicted rate, its bound, the link and the bytes moved."""
+    """One line: predicted rate, its bound, the link and the bytes moved; a training step's
+    "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
     p = prediction
+    per = "step" if p.mode == "train" else "token"
+    terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
+    kind = "measured" if p.measured_links else "nominal"
+    link = f"link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth"
+    network = "" if p.network is None else f"; {p.network.describe(per)}"
+    tail = _expected_and_counted(p, per) + network
     if p.mode == "train":
-        return _describe_train(p)
-    kind = "measured" if p.measured_links else "nominal"
+        step = p.time_per_token_s * p.tokens_per_step if p.step_time_s is None else p.step_time_s
+        return (
+            f"predicted {p.tokens_per_sec:.3g} tok/s (step {ms(step)}: {terms}; bound: {p.bound}, "
+            f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
+            f"replicas; {link}; {p.collectives_per_token} collectives per step{tail}"
+        )
     received = p.bytes_per_token.get("all_gather_received", 0.0)
-    terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
-    step = "/token" if p.batch_size == 1 else f" per step of {p.batch_size} rows"
+    rows = "/token" if p.batch_size == 1 else f" per step of {p.batch_size} rows"
     return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s ({ms(p.time_per_token_s)}{step}), bound by "
-        f"{p.bound} ({p.bound_description}, {ms(p.terms[p.bound])}); link {p.link_class} at "
-        f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
-        f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
-        f"{_expected_and_counted(p)}{_network(p)}"
+        f"predicted {p.tokens_per_sec:.3g} tok/s ({ms(p.time_per_token_s)}{rows}), bound by "
+        f"{p.bound} ({p.bound_description}, {ms(p.terms[p.bound])}); {link}; "
+        f"{received / MB:.4g} MB received per token per rank in {p.collectives_per_token} "
+        f"collectives; terms: {terms}{tail}"
     )
 
 
-def _describe_train(p: Prediction) -> str:
-    """A training step: "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
-    kind = "measured" if p.measured_links else "nominal"
-    step = p.step_time_s if p.step_time_s is not None else p.time_per_token_s * p.tokens_per_step
-    terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
-    return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s (step {ms(step)}: {terms}; bound: {p.bound}, "
-        f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
-        f"replicas; link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth; "
-        f"{p.collectives_per_token} collectives per step{_expected_and_counted(p, 'step')}"
-        f"{_network(p, 'step')}"
-    )
-
-
-def _network(p: Prediction, per: str = "token") -> str:
-    """The network term of a job over several nodes (nothing on one node)."""
-    return "" if p.network is None else f"; {p.network.describe(per)}"
-
-
-def _expected_and_counted(p: Prediction, per: str = "token") -> str:
+def _expected_and_counted(p: Prediction, per: str) -> str:
     """The collectives per token (step) the model expects beside those the ranks counted."""
     if p.counted_collectives is None:
         return ""

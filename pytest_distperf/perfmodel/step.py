@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from pytest_distperf.perfmodel.calibration import MessageSource
-
 if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.calibration import MessageSizes
     from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.shape import ModelShape
     from pytest_distperf.perfmodel.terms import Overheads
@@ -123,7 +122,7 @@ class StepWork:
 
 
 @runtime_checkable
-class StrategyModel(MessageSource, Protocol):
+class StrategyModel(Protocol):
     """A strategy as `predict`, `predict_train` and the message sizes see it; the pure strategy
     records (`pytest_distperf.strategies.StrategyRecord`) implement it."""
 
@@ -151,6 +150,10 @@ class StrategyModel(MessageSource, Protocol):
 
     def replicas(self, devices: int) -> int:
         """Independent decode streams (data-parallel replicas) in a run on `devices` ranks."""
+        ...
+
+    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
+        """The collective sizes worth calibrating for this model's decode under it."""
         ...
 
 

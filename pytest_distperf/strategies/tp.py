@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
+from pytest_distperf.perfmodel.shape import kv_cache_bytes
 from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.train import flops_split
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
@@ -44,8 +45,7 @@ def compute_share(x: StepInput) -> float:
         return (blocks / x.devices + head) / (blocks + head)
     blocks = cfg.n_layer * cfg.block_param_count() * x.comm_bytes
     head = cfg.padded_vocab_size * cfg.n_embd * x.comm_bytes
-    kv = 2 * x.batch_size * cfg.n_query_groups * cfg.head_size * x.seq_length * x.comm_bytes
-    kv *= cfg.n_layer
+    kv = kv_cache_bytes(cfg, x.batch_size, x.seq_length, x.comm_bytes)
     return ((blocks + kv) / x.devices + head) / (blocks + kv + head)
 
 
