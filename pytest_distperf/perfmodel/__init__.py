@@ -8,9 +8,9 @@ which implements `StrategyModel`; this package imports no strategy (by name: the
 
 Modules: `terms` (units, term names, overheads), `step` (one step as a strategy's cost sees it:
 its input, its collectives and overheads, the interface a record implements, the counted
-collectives), `predict` (the one sum of a step's terms; a decode step's inputs), `train` (a
-training step's inputs), `prediction` (the result and its verdict text), `calibration`
-(measured collectives, the message sizes to measure), `links` (measured or nominal link
+collectives), `predict` (the one sum of a step's terms; a decode step's inputs and sizes to
+calibrate), `train` (a training step's), `prediction` (the result and its verdict text),
+`calibration` (measured collectives, the message sizes type), `links` (measured or nominal link
 figures), `shape` (the model shape every cost reads; `distperf_model.config.Config` has the
 same attributes), `network` (the network between a job's nodes: its share of a prediction).
 """
@@ -22,7 +22,6 @@ from pytest_distperf.perfmodel.calibration import (
     CollectiveFigure,
     MessageSizes,
     bus_factor,
-    message_sizes,
 )
 from pytest_distperf.perfmodel.links import (
     Links,
@@ -33,7 +32,7 @@ from pytest_distperf.perfmodel.links import (
     run_links,
 )
 from pytest_distperf.perfmodel.network import measured_network
-from pytest_distperf.perfmodel.predict import predict, predict_all
+from pytest_distperf.perfmodel.predict import message_sizes, predict, predict_all
 from pytest_distperf.perfmodel.prediction import (
     DEFAULT_EFFICIENCY,
     Prediction,

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.shape import ModelShape
-    from pytest_distperf.perfmodel.step import StrategyModel
+from typing import Any
 
 OPS = ("all_gather", "all_reduce", "p2p")
 # Added after calibrations were first written: absent from older reports, read as none measured.
@@ -303,31 +299,3 @@ def calibration_cap(ranks_time_themselves: bool) -> int | None:
 
 NO_MESSAGES = MessageSizes((), ())
 LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
-
-
-def message_sizes(
-    config: ModelShape,
-    strategies: Iterable[StrategyModel],
-    devices: int,
-    dtype_bytes: int,
-    batch: int = 1,
-    latency_probe_bytes: int = LATENCY_PROBE_BYTES,
-) -> MessageSizes:
-    """The message sizes the model really uses under `strategies` (their records).
-
-    Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
-    tensor-parallel layer would need; then what each strategy's record asks for (for the
-    sharded ones, the weights their all-gathers move; for pipeline, its hops).
-    """
-    if devices < 1:
-        raise ValueError(f"devices must be >= 1, got {devices}")
-    activation = batch * config.n_embd * dtype_bytes
-    gather = {latency_probe_bytes, activation}
-    reduce = {latency_probe_bytes, activation}
-    p2p: set[int] = set()
-    for strategy in strategies:
-        own = strategy.message_sizes(config, dtype_bytes, batch)
-        gather.update(own.all_gather)
-        reduce.update(own.all_reduce)
-        p2p.update(own.p2p)
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.calibration import bus_factor
+from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes, bus_factor
 from pytest_distperf.perfmodel.network import network_charge
 from pytest_distperf.perfmodel.prediction import Prediction
 from pytest_distperf.perfmodel.shape import kv_cache_bytes
@@ -291,3 +291,31 @@ def predict_all(
 ) -> list[Prediction]:
     """`predict` for each of `strategies` (records), in their order."""
     return [predict(config, strategy, devices, links, **kwargs) for strategy in strategies]
+
+
+def message_sizes(
+    config: ModelShape,
+    strategies: Iterable[StrategyModel],
+    devices: int,
+    dtype_bytes: int,
+    batch: int = 1,
+    latency_probe_bytes: int = LATENCY_PROBE_BYTES,
+) -> MessageSizes:
+    """The message sizes the model really uses under `strategies` (their records).
+
+    Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
+    tensor-parallel layer would need; then what each strategy's record asks for (for the
+    sharded ones, the weights their all-gathers move; for pipeline, its hops).
+    """
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    activation = batch * config.n_embd * dtype_bytes
+    gather = {latency_probe_bytes, activation}
+    reduce = {latency_probe_bytes, activation}
+    p2p: set[int] = set()
+    for strategy in strategies:
+        own = strategy.message_sizes(config, dtype_bytes, batch)
+        gather.update(own.all_gather)
+        reduce.update(own.all_reduce)
+        p2p.update(own.p2p)
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))

@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.calibration import message_sizes
-from pytest_distperf.perfmodel.predict import predict, predict_all
+from pytest_distperf.perfmodel.predict import message_sizes, predict, predict_all
 from pytest_distperf.perfmodel.train import predict_train, train_message_sizes
 from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
 from pytest_distperf.strategies.record import StrategyRecord
