@@ -176,16 +176,7 @@ class Calibration:
         return dataclasses.replace(self, **figures, within_node=inner)
 
     def to_dict(self) -> dict[str, Any]:
-        data = self._figures_dict()
-        if self.nodes > 1:  # a single node's calibration is written as it always was
-            inner = self.within_node
-            data |= {"nodes": self.nodes, "scope": self.scope, "within_node": None}
-            if inner is not None:
-                data["within_node"] = {**inner.to_dict(), "scope": NODE_SCOPE}
-        return data
-
-    def _figures_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "world_size": self.world_size,
             "backend": self.backend,
             "device_type": self.device_type,
@@ -197,6 +188,12 @@ class Calibration:
             "overlap": self.overlap,
             "p2p": [f.to_dict() for f in self.p2p],
         }
+        if self.nodes > 1:  # a single node's calibration is written as it always was
+            inner = self.within_node
+            data |= {"nodes": self.nodes, "scope": self.scope, "within_node": None}
+            if inner is not None:
+                data["within_node"] = {**inner.to_dict(), "scope": NODE_SCOPE}
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> Calibration:
@@ -224,17 +221,11 @@ class Calibration:
             device_type=_field(data, "device_type", str, "calibration"),
             all_gather=figures["all_gather"],
             all_reduce=figures["all_reduce"],
-            memory_bandwidth=float(_field(data, "memory_bandwidth", (int, float), "calibration")),
-            latency_s=float(_field(data, "latency_s", (int, float), "calibration")),
-            fresh_copy_bandwidth=float(
-                _field(data, "fresh_copy_bandwidth", (int, float), "calibration")
-                if "fresh_copy_bandwidth" in data
-                else 0.0
-            ),
+            memory_bandwidth=_number(data, "memory_bandwidth"),
+            latency_s=_number(data, "latency_s"),
+            fresh_copy_bandwidth=_number(data, "fresh_copy_bandwidth", 0.0),
             # Reports written before the overlap was measured: nothing hidden, terms add up.
-            overlap=float(
-                _field(data, "overlap", (int, float), "calibration") if "overlap" in data else 0.0
-            ),
+            overlap=_number(data, "overlap", 0.0),
             p2p=figures["p2p"],
             nodes=int(_field(data, "nodes", (int,), "calibration")) if "nodes" in data else 1,
             within_node=None if inner is None else cls.from_dict(_within_node(inner)),
@@ -252,6 +243,13 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
     return value
+
+
+def _number(data: Mapping[str, Any], name: str, absent: float | None = None) -> float:
+    """A figure of the calibration; `absent` where reports written before it lack it."""
+    if absent is not None and name not in data:
+        return absent
+    return float(_field(data, name, (int, float), "calibration"))
 
 
 def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:

@@ -57,8 +57,9 @@ def get_strategy(name: str) -> StrategyRecord:
         raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}") from None
 
 
-def _names(names: str | Iterable[str]) -> tuple[str, ...]:
-    return (names,) if isinstance(names, str) else tuple(names)
+def _records(names: str | Iterable[str]) -> list[StrategyRecord]:
+    """The records of one name or several."""
+    return [get_strategy(n) for n in ((names,) if isinstance(names, str) else names)]
 
 
 def message_sizes_for(
@@ -69,9 +70,7 @@ def message_sizes_for(
     batch: int = 1,
 ) -> MessageSizes:
     """`perfmodel.message_sizes` for the strategies named (one name or several)."""
-    return message_sizes(
-        shape, [get_strategy(n) for n in _names(names)], devices, dtype_bytes, batch
-    )
+    return message_sizes(shape, _records(names), devices, dtype_bytes, batch)
 
 
 def predict_for(
@@ -89,8 +88,8 @@ def predict_all_for(
     **kwargs: Any,
 ) -> list[Prediction]:
     """`perfmodel.predict_all` for every registered strategy (or the ones named), in order."""
-    chosen = strategy_names() if names is None else _names(names)
-    return predict_all(shape, devices, links, [get_strategy(n) for n in chosen], **kwargs)
+    records = _records(strategy_names() if names is None else names)
+    return predict_all(shape, devices, links, records, **kwargs)
 
 
 def predict_train_for(
@@ -112,7 +111,7 @@ def train_message_sizes_for(
 ) -> MessageSizes:
     """`perfmodel.train_message_sizes` for the strategies named (those that cannot train add
     nothing)."""
-    records = [get_strategy(n) for n in _names(names)]
+    records = _records(names)
     return train_message_sizes(
         shape, records, devices, param_bytes, comm_bytes, batch_size, seq_length
     )

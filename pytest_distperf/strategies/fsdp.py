@@ -9,7 +9,7 @@ gathers per forward, and why: docs/perfmodel.md ("Strategies"). The rank half (b
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.step import Collective, StepCost
@@ -38,24 +38,40 @@ def _gathered_weights(config: ModelShape, dtype_bytes: int, batch: int) -> Messa
     return MessageSizes(tuple(sorted({block, root})), ())
 
 
-def _collectives(x: StepInput, gathers: list[int], reductions: list[int]) -> tuple[Collective, ...]:
+def _sharded(
+    x: StepInput,
+    name: str,
+    gathers: list[int],
+    reductions: list[int],
+    notes: tuple[str, ...],
+    **host_work: Any,
+) -> StepCost:
     """One all-gather per entry of `gathers` (gathered bytes) and one gradient reduce-scatter
-    per entry of `reductions`, in issue order. A training step's first gather has no compute
-    before it, its last reduction none after it: nothing hides them."""
+    per entry of `reductions`, in issue order; every rank updates its shard of the parameters.
+    A training step's first gather has no compute before it, its last reduction none after
+    it: nothing hides them."""
     ops = [Collective("all_gather", g) for g in gathers if g > 0]
     ops += [Collective("reduce_scatter", r) for r in reductions if r > 0]
     if x.training and ops:
         ops[0] = Collective("all_gather", ops[0].bytes, overlappable=False)
         ops[-1] = Collective(ops[-1].kind, ops[-1].bytes, overlappable=False)
-    return tuple(ops)
+    message = ("all_gather", _unit_bytes(x)[0])
+    share = 1 / x.devices
+    return StepCost(
+        name, tuple(ops), message, notes, moved=NO_GATHERS, optimizer_share=share, **host_work
+    )
+
+
+def _unit_bytes(x: StepInput) -> tuple[int, int]:
+    """A block's and the root's (embedding, final norm, head) bytes, as gathered."""
+    shape = x.shape
+    return shape.block_param_count() * x.comm_bytes, shape.non_block_param_count() * x.comm_bytes
 
 
 def _fsdp1(x: StepInput) -> StepCost:
     """FULL_SHARD: every block gathered every forward, and again in backward (resharded after
     forward); the root gathered once and kept, in training from forward to backward."""
-    n_layer = x.shape.n_layer
-    block = x.shape.block_param_count() * x.comm_bytes
-    root = x.shape.non_block_param_count() * x.comm_bytes
+    (block, root), n_layer = _unit_bytes(x), x.shape.n_layer
     units, unit_s = n_layer + 1, x.overheads.fsdp1_unit_s
     if x.training:
         gathers, reductions = [root] + [block] * (2 * n_layer), [block] * n_layer + [root]
@@ -73,24 +89,13 @@ def _fsdp1(x: StepInput) -> StepCost:
             f"{block / MB:.4g} MB); the root unit is kept after its first gather",
             f"FSDP1 per-unit overhead {unit_s * 1e3:g} ms x {units} units",
         )
-    return StepCost(
-        "FSDP1 FULL_SHARD",
-        _collectives(x, gathers, reductions),
-        ("all_gather", block),
-        notes,
-        units=units,
-        unit_s=unit_s,
-        moved=NO_GATHERS,
-        optimizer_share=1 / x.devices,
-    )
+    return _sharded(x, "FSDP1 FULL_SHARD", gathers, reductions, notes, units=units, unit_s=unit_s)
 
 
 def _fsdp2(reshard: bool, x: StepInput) -> StepCost:
     """fully_shard per block and on the root: every unit gathered in forward, resharded units
     again in backward; a training step reduce-scatters every unit's gradients."""
-    n_layer = x.shape.n_layer
-    block = x.shape.block_param_count() * x.comm_bytes
-    root = x.shape.non_block_param_count() * x.comm_bytes
+    (block, root), n_layer = _unit_bytes(x), x.shape.n_layer
     units, o = n_layer + 1, x.overheads
     if x.training:
         again = [block] * n_layer + [root] if reshard else []
@@ -119,18 +124,9 @@ def _fsdp2(reshard: bool, x: StepInput) -> StepCost:
             "reshards them), so no per-token collective",
             f"FSDP2 per-unit overhead {o.fsdp2_unit_s * 1e3:g} ms x {units} units",
         )
-    return StepCost(
-        f"FSDP2 reshard_after_forward={reshard}",
-        _collectives(x, gathers, reductions),
-        ("all_gather", block),
-        notes,
-        units=units,
-        unit_s=o.fsdp2_unit_s,
-        collective_s=o.fsdp2_gather_s,
-        copies=True,
-        moved=NO_GATHERS,
-        optimizer_share=1 / x.devices,
-    )
+    name = f"FSDP2 reshard_after_forward={reshard}"
+    host_work = {"units": units, "unit_s": o.fsdp2_unit_s, "collective_s": o.fsdp2_gather_s}
+    return _sharded(x, name, gathers, reductions, notes, copies=True, **host_work)
 
 
 def fsdp_is_fsdp1(accelerator: str) -> bool:
