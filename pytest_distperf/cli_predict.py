@@ -89,11 +89,10 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
 
 
 def train_predictions(
-    args: argparse.Namespace, config: Any, device_type: str, links: Links
+    args: argparse.Namespace, config: Any, seq: int, device_type: str, links: Links
 ) -> tuple[list[Prediction], list[tuple[str, str]]]:
     """Predictions of the chosen strategies that can train, and (name, why) for the others.
     Raises ValueError when a strategy named with --strategy cannot train."""
-    seq = seq_length(args, config)
     predictions, refused = [], []
     for name in args.strategy or strategy_names():
         record = get_strategy(name)
@@ -132,36 +131,6 @@ def shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
     return list(dict.fromkeys(text for p in predictions for text in p.assumptions))
 
 
-def _json_out(
-    args: argparse.Namespace,
-    config: Any,
-    topo: Topology,
-    links: Links,
-    predictions: list[Prediction],
-    refused: list[tuple[str, str]],
-) -> dict[str, Any]:
-    seq = seq_length(args, config)
-    rate = args.matmul_tflops * 1e12 if args.matmul_tflops else None
-    rows = []
-    for p in predictions:
-        row = p.to_dict()
-        if rate:
-            row["mfu"] = mfu(p, config, seq, rate)
-        rows.append(row)
-    workload = {
-        "model": args.model,
-        "devices": args.devices,
-        "mode": "train",
-        "precision": args.precision,
-        "batch_size": args.batch_size,
-        "seq_length": seq,
-        "matmul_tflops": args.matmul_tflops,
-        "step_compute_ms": args.step_compute_ms,
-    }
-    topology = {"key": topo.key(), "source": topo.source}
-    return _json(workload, topology, links, rows) | {"cannot_train": dict(refused)}
-
-
 def _json(
     workload: dict[str, Any], topology: dict[str, Any], links: Links, rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
@@ -186,12 +155,27 @@ def _print_links(topo: Topology, links: Links) -> None:
 
 
 def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, links: Links) -> int:
-    predictions, refused = train_predictions(args, config, topo.accelerator, links)
-    if args.json:
-        print(json.dumps(_json_out(args, config, topo, links, predictions, refused), indent=2))
-        return 0
     seq = seq_length(args, config)
+    predictions, refused = train_predictions(args, config, seq, topo.accelerator, links)
     rate = args.matmul_tflops * 1e12 if args.matmul_tflops else None
+    if args.json:
+        rows = [
+            p.to_dict() | ({"mfu": mfu(p, config, seq, rate)} if rate else {}) for p in predictions
+        ]
+        workload = {
+            "model": args.model,
+            "devices": args.devices,
+            "mode": "train",
+            "precision": args.precision,
+            "batch_size": args.batch_size,
+            "seq_length": seq,
+            "matmul_tflops": args.matmul_tflops,
+            "step_compute_ms": args.step_compute_ms,
+        }
+        topology = {"key": topo.key(), "source": topo.source}
+        out = _json(workload, topology, links, rows) | {"cannot_train": dict(refused)}
+        print(json.dumps(out, indent=2))
+        return 0
     if rate:
         compute = f"model FLOPs at {args.matmul_tflops:g} TFLOP/s per device"
     else:
