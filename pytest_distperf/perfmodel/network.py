@@ -39,7 +39,8 @@ class NetworkCharge:
         """E.g. "network term: 3.1 ms per token (all_gather 2.9 ms, latency 0.2 ms) crosses
         the network between 2 nodes at its measured 0.31 GB/s bus bandwidth, 250 us latency"."""
         kind = "measured" if self.measured else "nominal"
-        figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {_us(self.latency_s)} latency"
+        latency = f"{self.latency_s * 1e6:.3g} us"
+        figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {latency} latency"
         where = network_class(self.nodes)
         if not self.terms:
             return f"network term: none (nothing crosses the {where}; its {figures})"
@@ -92,7 +93,3 @@ def measured_network(topology: Topology, calibration: Calibration) -> Topology:
         f"{per_node} per node",
     )
     return replace(topology, network=network)
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.3g} us"

@@ -130,11 +130,6 @@ class StrategyModel(Protocol):
     def name(self) -> str: ...
 
     @property
-    def sharded(self) -> bool:
-        """Parameters sharded across ranks: the whole model exists only before wrapping."""
-        ...
-
-    @property
     def train_refusal(self) -> str:
         """Why it cannot train ("": it can)."""
         ...
