@@ -6,13 +6,7 @@ in the ranks or a `Topology` loaded from a file). A strategy's own terms come fr
 which implements `StrategyModel`; this package imports no strategy (by name: the registry,
 `pytest_distperf.strategies`). The terms and the reasoning behind them: docs/perfmodel.md.
 
-Modules: `terms` (units, term names, overheads), `step` (one step as a strategy's cost sees it:
-its input, its collectives and overheads, the interface a record implements, the counted
-collectives), `predict` (the one sum of a step's terms; a decode step's inputs and sizes to
-calibrate), `train` (a training step's), `prediction` (the result and its verdict text),
-`calibration` (measured collectives, the message sizes type), `links` (measured or nominal link
-figures), `shape` (the model shape every cost reads; `distperf_model.config.Config` has the
-same attributes), `network` (the network between a job's nodes: its share of a prediction).
+What each module holds: the table at the top of docs/perfmodel.md.
 """
 
 from __future__ import annotations

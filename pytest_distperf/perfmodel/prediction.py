@@ -112,10 +112,6 @@ def threshold(prediction: Prediction, efficiency: float) -> float:
     return efficiency * prediction.tokens_per_sec
 
 
-def _gbps(value: float) -> str:
-    return f"{value / GB:.3g} GB/s"
-
-
 def describe_prediction(prediction: Prediction) -> str:
     """One line: predicted rate, its bound, the link and the bytes moved; a training step's
     "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
@@ -123,7 +119,7 @@ def describe_prediction(prediction: Prediction) -> str:
     per = "step" if p.mode == "train" else "token"
     terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
     kind = "measured" if p.measured_links else "nominal"
-    link = f"link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth"
+    link = f"link {p.link_class} at {kind} {p.bandwidth_used / GB:.3g} GB/s bus bandwidth"
     network = "" if p.network is None else f"; {p.network.describe(per)}"
     tail = _expected_and_counted(p, per) + network
     if p.mode == "train":

@@ -40,9 +40,9 @@ class StrategyRecord:
     """Everything the plugin and the performance model need to know of a strategy.
 
     `cost(x)` the strategy's own share of a decode or training step (`x.training`): its
-    collectives and overheads (perfmodel.step); `replicas(devices)` how many
-    independent decode streams the run has; `message_sizes(config, dtype_bytes, batch)` the
-    collective sizes worth calibrating for that model; `check(config, devices)` why the model
+    collectives and overheads (perfmodel.step); `replicas(devices)` how many independent decode
+    streams the run has; `message_sizes(config, dtype_bytes, batch)` the collective sizes worth
+    calibrating for that model's decode; `check(config, devices)` why the model
     cannot be split over `devices` ranks (the plugin asks at collection, the rank once built),
     or None. `decodes_across_ranks`: no rank holds the logits to sample from, so the rank half
     steps the decode itself (its `next_token`: pipeline) and no user `generate=` loop or compiled
