@@ -56,13 +56,7 @@ class CollectiveFigure:
         return cls(op, int(nbytes), float(time_s), algbw, algbw * bus_factor(op, world_size))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "bytes": self.bytes,
-            "time_s": self.time_s,
-            "algbw": self.algbw,
-            "busbw": self.busbw,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(

@@ -164,9 +164,6 @@ def _moved_bytes(collectives: Iterable[Collective], devices: int) -> dict[str, f
     return moved
 
 
-CPU_NO_OVERLAP = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
-
-
 def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple[str, ...]:
     """The transfers hidden behind the host's work, as the negative term `overlap`.
 
@@ -178,7 +175,8 @@ def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple
     """
     overlap, notes = x.links.overlap, ()
     if x.device_type == "cpu":
-        overlap, notes = 0.0, (CPU_NO_OVERLAP,) if overlap > 0 else ()
+        cpu = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
+        overlap, notes = 0.0, (cpu,) if overlap > 0 else ()
     host = cost.hidden_behind * sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
     transfer = sum(v for k, v in terms.items() if k in TRANSFER_PATH_TERMS)
     exposed = 0.0

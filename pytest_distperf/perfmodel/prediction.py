@@ -120,8 +120,11 @@ def describe_prediction(prediction: Prediction) -> str:
     terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
     kind = "measured" if p.measured_links else "nominal"
     link = f"link {p.link_class} at {kind} {p.bandwidth_used / GB:.3g} GB/s bus bandwidth"
-    network = "" if p.network is None else f"; {p.network.describe(per)}"
-    tail = _expected_and_counted(p, per) + network
+    tail = "" if p.network is None else f"; {p.network.describe(per)}"
+    if p.counted_collectives is not None:  # the model's collectives beside the ranks' count
+        expected = describe(p.expected_collectives) or "none"
+        counted = describe(p.counted_collectives) or "none"
+        tail = f"; collectives per {per}, predicted: {expected}; counted: {counted}{tail}"
     if p.mode == "train":
         step = p.time_per_token_s * p.tokens_per_step if p.step_time_s is None else p.step_time_s
         return (
@@ -137,15 +140,6 @@ def describe_prediction(prediction: Prediction) -> str:
         f"{received / MB:.4g} MB received per token per rank in {p.collectives_per_token} "
         f"collectives; terms: {terms}{tail}"
     )
-
-
-def _expected_and_counted(p: Prediction, per: str) -> str:
-    """The collectives per token (step) the model expects beside those the ranks counted."""
-    if p.counted_collectives is None:
-        return ""
-    expected = describe(p.expected_collectives) or "none"
-    counted = describe(p.counted_collectives) or "none"
-    return f"; collectives per {per}, predicted: {expected}; counted: {counted}"
 
 
 def failure_message(
