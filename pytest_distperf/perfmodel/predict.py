@@ -201,9 +201,6 @@ def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple
     )
 
 
-# --------------------------------------------------------------------------- decode
-
-
 def check_step(
     devices: int, counts: Mapping[str, int], figures: Mapping[str, float | None]
 ) -> None:
@@ -217,6 +214,9 @@ def check_step(
     for name, figure in figures.items():
         if figure is not None and not 0 < figure < math.inf:
             raise ValueError(f"{name} must be > 0 and finite, got {figure!r}")
+
+
+# --------------------------------------------------------------------------- decode
 
 
 def _decode_work(x: StepInput, compute_time_s: float | None) -> StepWork:

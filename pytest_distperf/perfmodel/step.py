@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.terms import Overheads
 
 #: kind -> (calls, bytes) per decode token (a training step: per step), bytes in nccl-tests'
-#: convention (all calls together), as the ranks count them (ranks/work.py)
+#: convention (all calls together), as the ranks count them (pytest_distperf/work.py)
 Collectives = Mapping[str, tuple[float, float]]
 
 # The calibrated figures that time each collective kind: a ring reduce-scatter moves what an
