@@ -161,7 +161,7 @@ def expected_collectives(cost: StepCost) -> dict[str, tuple[float, float]]:
     kinds: dict[str, tuple[float, float]] = {}
     for c in cost.collectives:
         kind = "send/recv" if c.kind == "p2p" else c.kind
-        calls, nbytes = kinds.get(kind, (0.0, 0.0))
+        calls, nbytes = kinds.get(kind, (0, 0.0))  # whole calls stay ints in JSON
         kinds[kind] = (calls + c.calls, nbytes + c.bytes)
     return kinds
 
