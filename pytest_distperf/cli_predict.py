@@ -89,15 +89,14 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
 
 
 def train_predictions(
-    args: argparse.Namespace, config: Any, device_type: str, links: Links
+    args: argparse.Namespace, config: Any, seq: int, device_type: str, links: Links
 ) -> tuple[list[Prediction], list[tuple[str, str]]]:
     """Predictions of the chosen strategies that can train, and (name, why) for the others.
     Raises ValueError when a strategy named with --strategy cannot train."""
-    seq = seq_length(args, config)
     predictions, refused = [], []
     for name in args.strategy or strategy_names():
         record = get_strategy(name)
-        if record.train_cost is None:
+        if record.train_refusal:
             if args.strategy:
                 raise ValueError(f"--strategy {name}: cannot train: {record.train_refusal}")
             refused.append((name, record.train_refusal))
@@ -129,58 +128,54 @@ def mfu(p: Prediction, config: Any, seq_length: int, flops_per_s: float) -> floa
 
 
 def shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
-    seen: list[str] = []
-    for p in predictions:
-        for text in p.assumptions:
-            if text not in seen:
-                seen.append(text)
-    return seen
+    return list(dict.fromkeys(text for p in predictions for text in p.assumptions))
 
 
-def _json_out(
-    args: argparse.Namespace,
-    config: Any,
-    topo: Topology,
-    links: Links,
-    predictions: list[Prediction],
-    refused: list[tuple[str, str]],
+def _json(
+    workload: dict[str, Any], topology: dict[str, Any], links: Links, rows: list[dict[str, Any]]
 ) -> dict[str, Any]:
-    seq = seq_length(args, config)
-    rate = args.matmul_tflops * 1e12 if args.matmul_tflops else None
-    rows = []
-    for p in predictions:
-        row = p.to_dict()
-        if rate:
-            row["mfu"] = mfu(p, config, seq, rate)
-        rows.append(row)
-    workload = {
-        "model": args.model,
-        "devices": args.devices,
-        "mode": "train",
-        "precision": args.precision,
-        "batch_size": args.batch_size,
-        "seq_length": seq,
-        "matmul_tflops": args.matmul_tflops,
-        "step_compute_ms": args.step_compute_ms,
-    }
+    """`distperf predict --json`'s document, decode or training."""
     return {
         "workload": workload,
-        "topology": {"key": topo.key(), "source": topo.source},
+        "topology": topology,
         "link_class": links.link_class,
         "bus_bandwidth_gbps": links.busbw / GB,
         "measured_links": links.measured,
         "predictions": rows,
-        "cannot_train": dict(refused),
     }
 
 
+def _print_links(topo: Topology, links: Links) -> None:
+    kind = "measured" if links.measured else "nominal"
+    print(
+        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
+        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
+    )
+    print()
+
+
 def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, links: Links) -> int:
-    predictions, refused = train_predictions(args, config, topo.accelerator, links)
-    if args.json:
-        print(json.dumps(_json_out(args, config, topo, links, predictions, refused), indent=2))
-        return 0
     seq = seq_length(args, config)
+    predictions, refused = train_predictions(args, config, seq, topo.accelerator, links)
     rate = args.matmul_tflops * 1e12 if args.matmul_tflops else None
+    if args.json:
+        rows = [
+            p.to_dict() | ({"mfu": mfu(p, config, seq, rate)} if rate else {}) for p in predictions
+        ]
+        workload = {
+            "model": args.model,
+            "devices": args.devices,
+            "mode": "train",
+            "precision": args.precision,
+            "batch_size": args.batch_size,
+            "seq_length": seq,
+            "matmul_tflops": args.matmul_tflops,
+            "step_compute_ms": args.step_compute_ms,
+        }
+        topology = {"key": topo.key(), "source": topo.source}
+        out = _json(workload, topology, links, rows) | {"cannot_train": dict(refused)}
+        print(json.dumps(out, indent=2))
+        return 0
     if rate:
         compute = f"model FLOPs at {args.matmul_tflops:g} TFLOP/s per device"
     else:
@@ -190,21 +185,16 @@ def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, lin
         f"{args.precision}, {args.batch_size} x {seq} tokens per data-parallel rank per step; "
         f"compute: {compute}"
     )
-    kind = "measured" if links.measured else "nominal"
-    print(
-        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
-        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
-    )
-    print()
+    _print_links(topo, links)
     header = f"{'strategy':<16}{'tok/s':>9}{'ms/step':>10}{'MFU':>6}{'MB/step':>10}  bound"
     print(header)
     print("-" * (len(header) + 40))
     for p in predictions:
-        share = f"{mfu(p, config, seq, rate):.0%}" if rate else "-"
+        utilised = f"{mfu(p, config, seq, rate):.0%}" if rate else "-"
         moved = sum(p.bytes_per_token.get(k, 0.0) for k in MOVED) / MB
         print(
             f"{p.strategy:<16}{p.tokens_per_sec:>9.3g}{(p.step_time_s or 0.0) * 1e3:>10.4g}"
-            f"{share:>6}{moved:>10.4g}  {p.bound}: {p.bound_description}"
+            f"{utilised:>6}{moved:>10.4g}  {p.bound}: {p.bound_description}"
         )
     for name, why in refused:
         print(f"{name:<16}cannot train: {why}")
@@ -225,32 +215,16 @@ def print_decode(
         "max_new_tokens": args.max_new_tokens,
     }
     if args.json:
-        out = {
-            "workload": workload,
-            "topology": {
-                "key": topo.key(),
-                "source": topo.source,
-                "pairs": [
-                    {"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links
-                ],
-            },
-            "link_class": links.link_class,
-            "bus_bandwidth_gbps": links.busbw / GB,
-            "measured_links": links.measured,
-            "predictions": [p.to_dict() for p in predictions],
-        }
+        pairs = [{"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links]
+        topology = {"key": topo.key(), "source": topo.source, "pairs": pairs}
+        out = _json(workload, topology, links, [p.to_dict() for p in predictions])
         print(json.dumps(out, indent=2))
         return 0
-    kind = "measured" if links.measured else "nominal"
     print(
         f"{args.model} on {args.devices} {topo.accelerator} device(s), {args.precision}, batch "
         f"{args.batch_size}, {args.prompt_length}-token prompt + {args.max_new_tokens} new tokens"
     )
-    print(
-        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
-        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
-    )
-    print()
+    _print_links(topo, links)
     # a step decodes one token of every batch row
     per = "token" if args.batch_size == 1 else "step"
     header = f"{'strategy':<16}{'tok/s':>9}{'ms/' + per:>10}  {'bound':<52}{'MB/token':>9}"

@@ -155,7 +155,7 @@ def strategy_unfit(strategy: str, workload: Workload, devices: int) -> str | Non
     from pytest_distperf.strategies import get_strategy
 
     record = get_strategy(strategy)
-    if workload.training and record.train_cost is None:
+    if workload.training and record.train_refusal:
         return f"strategy {strategy!r} cannot train: {record.train_refusal}"
     try:
         shape = shape_of(workload.model)

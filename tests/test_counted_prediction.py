@@ -1,5 +1,5 @@
 """The prediction charges the collectives counted in a run's ranks where they differ from what
-the strategy's model expects, and says both (perfmodel/counted.py)."""
+the strategy's model expects, and says both (perfmodel/step.py)."""
 
 from __future__ import annotations
 

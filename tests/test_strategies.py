@@ -12,10 +12,11 @@ from distperf_model.config import PRESETS
 
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
+    Collective,
     Links,
     MessageSizes,
-    StrategyCost,
-    StrategyInput,
+    StepCost,
+    StepInput,
     StrategyModel,
     message_sizes,
     predict,
@@ -62,8 +63,10 @@ def test_every_record_is_complete(name: str) -> None:
     assert sizes.all_gather or sizes.all_reduce or sizes.p2p or not record.sharded
     assert record.check(PRESETS["tiny"], 2) is None
     for device_type in sorted(record.runs_on):
-        x = StrategyInput(PRESETS["tiny"], 2, device_type, 1, 58, 2, LINKS, DEFAULT_OVERHEADS)
-        assert isinstance(record.cost(x), StrategyCost)
+        x = StepInput(PRESETS["tiny"], 2, device_type, 1, 58, 2, 2, LINKS, DEFAULT_OVERHEADS)
+        assert isinstance(record.cost(x), StepCost)
+        if not record.train_refusal:
+            assert isinstance(record.cost(replace(x, training=True)), StepCost)
 
 
 @pytest.mark.parametrize("name", strategy_names())
@@ -82,12 +85,11 @@ def test_both_registries_name_the_same_strategies_in_order() -> None:
         rank_strategy("zero3")
 
 
-def _tensor_parallel(x: StrategyInput) -> StrategyCost:
+def _tensor_parallel(x: StepInput) -> StepCost:
     # Two activation all-reduces per layer, as a tensor-parallel block would need.
-    size = x.batch_size * x.config.n_embd * x.dtype_bytes
-    transfer, latency = x.links.collective_time("all_reduce", size, x.devices)
-    n = 2 * x.config.n_layer
-    return StrategyCost("TP", {"latency": n * latency, "all_reduce": n * transfer}, {}, n, size)
+    size = x.batch_size * x.shape.n_embd * x.comm_bytes
+    n = 2 * x.shape.n_layer
+    return StepCost("TP", (Collective("all_reduce", n * size, n),), ("all_reduce", size))
 
 
 TP = StrategyRecord(

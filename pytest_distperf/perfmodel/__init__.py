@@ -1,4 +1,4 @@
-"""Predicted tokens/sec per strategy, as a sum of named per-token terms; pure functions.
+"""Predicted tokens/sec per strategy, as a sum of the named terms of one step; pure functions.
 
 No torch and no I/O: the plugin, the `distperf predict` command and the unit tests call the
 same functions with plain values (a model shape, a strategy's record, a `Calibration` measured
@@ -6,12 +6,7 @@ in the ranks or a `Topology` loaded from a file). A strategy's own terms come fr
 which implements `StrategyModel`; this package imports no strategy (by name: the registry,
 `pytest_distperf.strategies`). The terms and the reasoning behind them: docs/perfmodel.md.
 
-Modules: `terms` (units, term names, overheads), `cost` (the interface a strategy's record
-implements, its cost's input and output), `calibration` (measured collectives, the message
-sizes to measure), `links` (measured or nominal link figures), `predict` (the prediction and its
-verdict text), `train` (a training step's prediction), `shape` (the model shape every cost
-reads; `distperf_model.config.Config` has the same attributes), `network` (the network between
-a job's nodes: its share of a prediction, its measured figures).
+What each module holds: the table at the top of docs/perfmodel.md.
 """
 
 from __future__ import annotations
@@ -21,15 +16,8 @@ from pytest_distperf.perfmodel.calibration import (
     CollectiveFigure,
     MessageSizes,
     bus_factor,
-    message_sizes,
-)
-from pytest_distperf.perfmodel.cost import (
-    StrategyCost,
-    StrategyInput,
-    StrategyModel,
 )
 from pytest_distperf.perfmodel.links import (
-    GPU_MEMORY_BANDWIDTH,
     Links,
     job_links,
     link_figures,
@@ -37,17 +25,22 @@ from pytest_distperf.perfmodel.links import (
     nominal_links,
     run_links,
 )
-from pytest_distperf.perfmodel.network import NetworkCharge, measured_network, network_charge
-from pytest_distperf.perfmodel.predict import (
+from pytest_distperf.perfmodel.network import measured_network
+from pytest_distperf.perfmodel.predict import message_sizes, predict, predict_all
+from pytest_distperf.perfmodel.prediction import (
     DEFAULT_EFFICIENCY,
     Prediction,
     describe_prediction,
     failure_message,
-    predict,
-    predict_all,
     threshold,
 )
 from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.perfmodel.step import (
+    Collective,
+    StepCost,
+    StepInput,
+    StrategyModel,
+)
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
@@ -56,7 +49,6 @@ from pytest_distperf.perfmodel.terms import (
     Overheads,
 )
 from pytest_distperf.perfmodel.train import (
-    TrainInput,
     model_flops_per_step,
     predict_train,
     train_message_sizes,
@@ -66,21 +58,19 @@ __all__ = [
     "DEFAULT_EFFICIENCY",
     "DEFAULT_OVERHEADS",
     "GB",
-    "GPU_MEMORY_BANDWIDTH",
     "MB",
     "TERM_DESCRIPTIONS",
     "Calibration",
+    "Collective",
     "CollectiveFigure",
     "Links",
     "MessageSizes",
     "ModelShape",
-    "NetworkCharge",
     "Overheads",
     "Prediction",
-    "StrategyCost",
-    "StrategyInput",
+    "StepCost",
+    "StepInput",
     "StrategyModel",
-    "TrainInput",
     "bus_factor",
     "describe_prediction",
     "failure_message",
@@ -90,7 +80,6 @@ __all__ = [
     "measured_network",
     "message_sizes",
     "model_flops_per_step",
-    "network_charge",
     "nominal_links",
     "predict",
     "predict_all",

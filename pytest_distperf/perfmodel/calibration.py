@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.shape import ModelShape
+from typing import Any
 
 OPS = ("all_gather", "all_reduce", "p2p")
 # Added after calibrations were first written: absent from older reports, read as none measured.
@@ -59,13 +56,7 @@ class CollectiveFigure:
         return cls(op, int(nbytes), float(time_s), algbw, algbw * bus_factor(op, world_size))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "op": self.op,
-            "bytes": self.bytes,
-            "time_s": self.time_s,
-            "algbw": self.algbw,
-            "busbw": self.busbw,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(
@@ -179,16 +170,7 @@ class Calibration:
         return dataclasses.replace(self, **figures, within_node=inner)
 
     def to_dict(self) -> dict[str, Any]:
-        data = self._figures_dict()
-        if self.nodes > 1:  # a single node's calibration is written as it always was
-            inner = self.within_node
-            data |= {"nodes": self.nodes, "scope": self.scope, "within_node": None}
-            if inner is not None:
-                data["within_node"] = {**inner.to_dict(), "scope": NODE_SCOPE}
-        return data
-
-    def _figures_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "world_size": self.world_size,
             "backend": self.backend,
             "device_type": self.device_type,
@@ -200,6 +182,12 @@ class Calibration:
             "overlap": self.overlap,
             "p2p": [f.to_dict() for f in self.p2p],
         }
+        if self.nodes > 1:  # a single node's calibration is written as it always was
+            inner = self.within_node
+            data |= {"nodes": self.nodes, "scope": self.scope, "within_node": None}
+            if inner is not None:
+                data["within_node"] = {**inner.to_dict(), "scope": NODE_SCOPE}
+        return data
 
     @classmethod
     def from_dict(cls, data: Any) -> Calibration:
@@ -227,17 +215,11 @@ class Calibration:
             device_type=_field(data, "device_type", str, "calibration"),
             all_gather=figures["all_gather"],
             all_reduce=figures["all_reduce"],
-            memory_bandwidth=float(_field(data, "memory_bandwidth", (int, float), "calibration")),
-            latency_s=float(_field(data, "latency_s", (int, float), "calibration")),
-            fresh_copy_bandwidth=float(
-                _field(data, "fresh_copy_bandwidth", (int, float), "calibration")
-                if "fresh_copy_bandwidth" in data
-                else 0.0
-            ),
+            memory_bandwidth=_number(data, "memory_bandwidth"),
+            latency_s=_number(data, "latency_s"),
+            fresh_copy_bandwidth=_number(data, "fresh_copy_bandwidth", 0.0),
             # Reports written before the overlap was measured: nothing hidden, terms add up.
-            overlap=float(
-                _field(data, "overlap", (int, float), "calibration") if "overlap" in data else 0.0
-            ),
+            overlap=_number(data, "overlap", 0.0),
             p2p=figures["p2p"],
             nodes=int(_field(data, "nodes", (int,), "calibration")) if "nodes" in data else 1,
             within_node=None if inner is None else cls.from_dict(_within_node(inner)),
@@ -255,6 +237,13 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
     return value
+
+
+def _number(data: Mapping[str, Any], name: str, absent: float | None = None) -> float:
+    """A figure of the calibration; `absent` where reports written before it lack it."""
+    if absent is not None and name not in data:
+        return absent
+    return float(_field(data, name, (int, float), "calibration"))
 
 
 def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -302,39 +291,3 @@ def calibration_cap(ranks_time_themselves: bool) -> int | None:
 
 NO_MESSAGES = MessageSizes((), ())
 LATENCY_PROBE_BYTES = 4096  # small enough to be latency-bound on every link we know of
-
-
-class MessageSource(Protocol):
-    """What `message_sizes` reads of a strategy (part of `perfmodel.cost.StrategyModel`)."""
-
-    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
-        """The collective sizes worth calibrating for this model under this strategy."""
-        ...
-
-
-def message_sizes(
-    config: ModelShape,
-    strategies: Iterable[MessageSource],
-    devices: int,
-    dtype_bytes: int,
-    batch: int = 1,
-    latency_probe_bytes: int = LATENCY_PROBE_BYTES,
-) -> MessageSizes:
-    """The message sizes the model really uses under `strategies` (their records).
-
-    Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
-    tensor-parallel layer would need; then what each strategy's record asks for (for the
-    sharded ones, the weights their all-gathers move; for pipeline, its hops).
-    """
-    if devices < 1:
-        raise ValueError(f"devices must be >= 1, got {devices}")
-    activation = batch * config.n_embd * dtype_bytes
-    gather = {latency_probe_bytes, activation}
-    reduce = {latency_probe_bytes, activation}
-    p2p: set[int] = set()
-    for strategy in strategies:
-        own = strategy.message_sizes(config, dtype_bytes, batch)
-        gather.update(own.all_gather)
-        reduce.update(own.all_reduce)
-        p2p.update(own.p2p)
-    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))

@@ -115,10 +115,6 @@ class Links:
             return self.calibration.busbw_at(op, nbytes)
         return self.busbw
 
-    def describe(self) -> str:
-        kind = "measured" if self.measured else "nominal"
-        return f"{self.link_class} ({kind} {self.busbw / GB:.3g} GB/s bus bandwidth)"
-
 
 # Per-direction GB/s of one NVLink by NVLink version (NVIDIA's specifications).
 NVLINK_GBPS_PER_LINK = {1: 20.0, 2: 25.0, 3: 25.0, 4: 26.5625, 5: 50.0}

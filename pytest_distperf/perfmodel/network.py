@@ -6,17 +6,16 @@ figures once the ranks measured them (`measured_network`). Pure; docs/perfmodel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.links import network_class
-from pytest_distperf.perfmodel.terms import GB, LINK_TERMS
+from pytest_distperf.perfmodel.terms import GB, LINK_TERMS, ms
 from pytest_distperf.topology.model import Network
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import Calibration
-    from pytest_distperf.perfmodel.cost import StrategyCost
     from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.topology.model import Topology
 
@@ -40,13 +39,14 @@ class NetworkCharge:
         """E.g. "network term: 3.1 ms per token (all_gather 2.9 ms, latency 0.2 ms) crosses
         the network between 2 nodes at its measured 0.31 GB/s bus bandwidth, 250 us latency"."""
         kind = "measured" if self.measured else "nominal"
-        figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {_us(self.latency_s)} latency"
+        latency = f"{self.latency_s * 1e6:.3g} us"
+        figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {latency} latency"
         where = network_class(self.nodes)
         if not self.terms:
             return f"network term: none (nothing crosses the {where}; its {figures})"
-        parts = ", ".join(f"{k} {_ms(v)}" for k, v in self.terms.items())
+        parts = ", ".join(f"{k} {ms(v)}" for k, v in self.terms.items())
         return (
-            f"network term: {_ms(self.seconds)} per {per} ({parts}) crosses the {where} at its "
+            f"network term: {ms(self.seconds)} per {per} ({parts}) crosses the {where} at its "
             f"{figures}"
         )
 
@@ -62,14 +62,14 @@ class NetworkCharge:
 
 
 def network_charge(
-    links: Links, cost: StrategyCost, cost_with: Callable[[Links], StrategyCost]
+    links: Links, terms: Mapping[str, float], terms_on: Callable[[Links], Mapping[str, float]]
 ) -> NetworkCharge | None:
-    """The network's share of `cost`'s link terms: each term as charged, less the same cost
-    (`cost_with` other links) with the network's calls free. None on one node."""
+    """The network's share of the link terms in `terms`: each as charged, less the same
+    collectives' (`terms_on` other links) with the network's calls free. None on one node."""
     if links.nodes <= 1:
         return None
-    free = cost_with(replace(links, network_free=True)).terms
-    shares = {k: v - free.get(k, 0.0) for k, v in cost.terms.items() if k in LINK_TERMS}
+    free = terms_on(replace(links, network_free=True))
+    shares = {k: v - free.get(k, 0.0) for k, v in terms.items() if k in LINK_TERMS}
     return NetworkCharge(
         links.nodes,
         {k: v for k, v in shares.items() if v > 0},
@@ -93,11 +93,3 @@ def measured_network(topology: Topology, calibration: Calibration) -> Topology:
         f"{per_node} per node",
     )
     return replace(topology, network=network)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.3g} us"

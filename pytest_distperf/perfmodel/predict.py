@@ -1,139 +1,235 @@
-"""Predicted tokens/sec of one strategy as a sum of named per-token terms, and the verdict text
-built from a prediction. Pure; each term and its reasoning: docs/perfmodel.md.
+"""Predicted tokens/sec of one strategy as a sum of named terms of one step (`predict_step`,
+decode and training alike) and a decode step's own inputs (`predict`). Pure; each term and its
+reasoning: docs/perfmodel.md.
 
-The strategy's own terms come from its record (a `perfmodel.cost.StrategyModel`, passed in by
-the caller), never from a branch on its name here.
+The strategy's own share of a step comes from its record (a `perfmodel.step.StrategyModel`,
+passed in by the caller), never from a branch on its name here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.cost import StrategyInput
-from pytest_distperf.perfmodel.counted import (
+from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes, bus_factor
+from pytest_distperf.perfmodel.network import network_charge
+from pytest_distperf.perfmodel.prediction import Prediction
+from pytest_distperf.perfmodel.shape import kv_cache_bytes
+from pytest_distperf.perfmodel.step import (
+    CHARGED_AS,
     Collectives,
-    describe,
+    StepInput,
+    StepWork,
+    charged_collectives,
     expected_collectives,
-    with_counted,
 )
-from pytest_distperf.perfmodel.network import NetworkCharge, network_charge
 from pytest_distperf.perfmodel.terms import (
     DEFAULT_OVERHEADS,
     GB,
     HOST_PATH_TERMS,
     LINK_TERMS,
-    MB,
-    TERM_DESCRIPTIONS,
-    TRAIN_TERM_DESCRIPTIONS,
+    TRANSFER_PATH_TERMS,
     Overheads,
+    ms,
 )
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.cost import StrategyCost, StrategyModel
     from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.step import Collective, StepCost, StrategyModel
 
 
-@dataclass(frozen=True)
-class Prediction:
-    """A predicted rate and its named terms.
+# --------------------------------------------------------------------------- one step's sum
 
-    `mode` "generate": terms, bytes and collectives per token (a decode step). `mode` "train"
-    (`perfmodel.train.predict_train`): terms, bytes and collectives per training STEP, whose
-    time is `step_time_s`; `time_per_token_s` is that step over its `tokens_per_step` (every
-    data-parallel replica's tokens), and `tokens_per_sec` those tokens over the step.
+
+def predict_step(
+    record: StrategyModel, x: StepInput, work: StepWork, counted: Collectives | None
+) -> Prediction:
+    """The step's prediction: the single-rank `work` scaled by the rank's shares, the record's
+    collectives (the `counted` ones where they differ) and overheads, the overlap between the
+    host's path and the transfers'. Decode terms are per token, training terms per step."""
+    cost = record.cost(x)
+    per = "step" if x.training else "token"
+    charged, counted_note = (
+        (cost.collectives, ()) if counted is None else charged_collectives(cost, counted, per)
+    )
+    terms, moved, notes = dict(work.terms), dict(work.moved), work.notes
+    if cost.compute_share != 1.0:
+        if "weights_read" in moved:  # a tp rank streams its share of the weights
+            moved["weights_read"] *= cost.compute_share
+        own = "compute" if "compute" in terms else "weights"
+        terms[own] *= cost.compute_share
+        notes += (f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",)
+    if "optimizer" in terms and cost.optimizer_share != 1.0:
+        terms["optimizer"] *= cost.optimizer_share
+        notes += (f"optimizer x {cost.optimizer_share:.3g}: this rank's parameters",)
+    if x.overheads.note and cost.units:  # what the note's figures scale
+        notes += (x.overheads.note,)
+    terms.update(collective_terms(charged, x.links, x.devices))
+    moved |= cost.moved | _moved_bytes(charged, x.devices)
+    terms.update(_host_work(cost, x, moved))
+    if work.prefill is not None:
+        prefill_s, step_s, tokens = work.prefill
+        extra = (prefill_s - step_s) * cost.compute_share / tokens
+        if extra > 0:  # the rate counts the prefill's token: its excess is spread over all
+            terms["prefill"] = extra
+            notes += (
+                f"prefill: measured {ms(prefill_s)}, its excess over one step "
+                f"spread over {tokens} tokens",
+            )
+    if x.training and x.devices == 1:  # nothing crosses a link
+        terms = {k: v for k, v in terms.items() if k not in LINK_TERMS or v}
+    if cost.hidden_behind > 0:
+        notes += _add_overlap(terms, cost, x)
+    network = network_charge(
+        x.links, terms, lambda links: collective_terms(charged, links, x.devices)
+    )
+    seconds = sum(terms.values())
+    tokens = record.replicas(x.devices) * x.batch_size * x.seq_length if x.training else 0
+    rows = tokens or x.batch_size  # a decode step yields a token for every batch row
+    return Prediction(
+        strategy=record.name,
+        devices=x.devices,
+        tokens_per_sec=rows / seconds if seconds > 0 else math.inf,
+        time_per_token_s=seconds / tokens if tokens else seconds,
+        terms=terms,
+        bound=max(terms, key=lambda k: terms[k]),
+        bytes_per_token=moved,
+        link_class=x.links.link_class,
+        bandwidth_used=x.links.busbw_at(*cost.message),
+        assumptions=notes + counted_note + cost.assumptions + x.links.assumptions,
+        implementation=cost.implementation,
+        measured_links=x.links.measured,
+        collectives_per_token=int(sum(c.calls for c in charged)),
+        batch_size=x.batch_size,
+        expected_collectives=expected_collectives(cost),
+        counted_collectives=None if counted is None else dict(counted),
+        mode="train" if x.training else "generate",
+        step_time_s=seconds if x.training else None,
+        tokens_per_step=tokens,
+        network=network,
+    )
+
+
+def _priced(c: Collective, links: Links, devices: int) -> tuple[float, float]:
+    """(transfer, latency) seconds of one call of `c` among `devices` ranks."""
+    if c.kind == "p2p":
+        return links.hop_time(c.bytes / c.calls, c.across_nodes) if devices > 1 else (0.0, 0.0)
+    return links.collective_time(CHARGED_AS[c.kind], c.bytes / c.calls, devices)
+
+
+def collective_terms(
+    collectives: Iterable[Collective], links: Links, devices: int
+) -> dict[str, float]:
+    """Each charged term's transfer seconds, then `latency`: every call's."""
+    terms: dict[str, float] = {}
+    latency = 0.0
+    for c in collectives:
+        transfer, call_latency = _priced(c, links, devices)
+        terms[c.charged_to] = terms.get(c.charged_to, 0.0) + c.calls * transfer
+        latency += c.calls * call_latency
+    return {**terms, "latency": latency} if terms else {}
+
+
+def _host_work(cost: StepCost, x: StepInput, moved: dict[str, float]) -> dict[str, float]:
+    """The wrapper's per-unit host work, and its copies in and out of the buffers of every
+    gather and reduction: a copy of S bytes moves 2S, S and S/n around each (FSDP2)."""
+    terms = {}
+    reshaped = [c for c in cost.collectives if c.kind in ("all_gather", "reduce_scatter")]
+    if cost.units:
+        calls = sum(c.calls for c in reshaped)
+        terms["fsdp_overhead"] = x.passes * cost.units * cost.unit_s + calls * cost.collective_s
+    copied = 2 * sum(c.bytes for c in reshaped) * (1 + 1 / x.devices)
+    if cost.copies and copied:
+        bandwidth = x.links.fresh_copy_bandwidth
+        terms["gather_copies"] = copied / bandwidth if bandwidth else 0.0
+        moved["gather_copies"] = copied
+    return terms
+
+
+def _moved_bytes(collectives: Iterable[Collective], devices: int) -> dict[str, float]:
+    """Bytes of each kind in nccl-tests' sizes, and what a rank receives of the all-gathers."""
+    by_kind: dict[str, float] = {}
+    for c in collectives:
+        by_kind[c.kind] = by_kind.get(c.kind, 0.0) + c.bytes
+    moved = {}
+    for kind, nbytes in by_kind.items():
+        if kind == "all_gather":
+            received = nbytes * bus_factor("all_gather", devices) if devices > 1 else 0.0
+            moved |= {"all_gather_output": nbytes, "all_gather_received": received}
+        else:
+            moved[f"{kind}_bytes"] = nbytes
+    return moved
+
+
+def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple[str, ...]:
+    """The transfers hidden behind the host's work, as the negative term `overlap`.
+
+    Collectives run on their own stream while the host goes on issuing work, so where nothing
+    makes the host wait a step costs about the longer path, not the sum. How much a machine
+    hides is measured in the ranks (`calibrate`); CPU ranks count none: their threads fill the
+    cores, and what a calibration saw hidden was one session's scheduling. The transfers
+    nothing runs beside (not `overlappable`: the first gather, the last reduction) stay whole.
     """
-
-    strategy: str
-    devices: int
-    tokens_per_sec: float
-    time_per_token_s: float
-    terms: dict[str, float]  # seconds per token, by name (TERM_DESCRIPTIONS)
-    bound: str  # the largest term's name
-    bytes_per_token: dict[str, float]
-    link_class: str
-    bandwidth_used: float  # bytes/s: bus bandwidth at the strategy's main message size
-    assumptions: tuple[str, ...]
-    implementation: str = ""
-    measured_links: bool = False
-    collectives_per_token: int = 0
-    batch_size: int = 1  # rows decoded in each step: a step of time_per_token_s yields this many
-    # kind -> (calls, bytes) per token: what the strategy's model expects, and what the ranks
-    # counted (None: not counted); the terms charge the counted ones (perfmodel/counted.py).
-    expected_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
-    counted_collectives: dict[str, tuple[float, float]] | None = None
-    mode: str = "generate"  # or "train": see the class docstring for the units
-    step_time_s: float | None = None  # train: seconds per optimizer step
-    tokens_per_step: int = 0  # train: tokens of one step over all data-parallel replicas
-    # A job over several nodes: the share of the link terms the network between them sets.
-    network: NetworkCharge | None = None
-
-    @property
-    def bound_description(self) -> str:
-        words = TRAIN_TERM_DESCRIPTIONS if self.mode == "train" else TERM_DESCRIPTIONS
-        text = words.get(self.bound, self.bound)
-        if self.bound in LINK_TERMS:
-            text += f" over {self.link_class}"
-        return text
-
-    def to_dict(self) -> dict[str, Any]:
-        data = self._fields_dict()
-        if self.network is not None:  # a single node's prediction is written as it always was
-            data["network"] = self.network.to_dict()
-        return data
-
-    def _fields_dict(self) -> dict[str, Any]:
-        return {
-            "strategy": self.strategy,
-            "devices": self.devices,
-            "implementation": self.implementation,
-            "tokens_per_sec": self.tokens_per_sec,
-            "time_per_token_s": self.time_per_token_s,
-            "terms": dict(self.terms),
-            "bound": self.bound,
-            "bound_description": self.bound_description,
-            "bytes_per_token": dict(self.bytes_per_token),
-            "collectives_per_token": self.collectives_per_token,
-            "batch_size": self.batch_size,
-            "expected_collectives": _collectives_json(self.expected_collectives),
-            "counted_collectives": None
-            if self.counted_collectives is None
-            else _collectives_json(self.counted_collectives),
-            "link_class": self.link_class,
-            "bandwidth_used": self.bandwidth_used,
-            "measured_links": self.measured_links,
-            "assumptions": list(self.assumptions),
-            "mode": self.mode,
-            "step_time_s": self.step_time_s,
-            "tokens_per_step": self.tokens_per_step,
-        }
+    overlap, notes = x.links.overlap, ()
+    if x.device_type == "cpu":
+        cpu = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
+        overlap, notes = 0.0, (cpu,) if overlap > 0 else ()
+    host = cost.hidden_behind * sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
+    transfer = sum(v for k, v in terms.items() if k in TRANSFER_PATH_TERMS)
+    exposed = 0.0
+    for c in cost.collectives:
+        if not c.overlappable:
+            exposed += c.calls * sum(_priced(c, x.links, x.devices))
+    hidden = overlap * min(host, max(0.0, transfer - exposed))
+    if not hidden:
+        return notes
+    terms["overlap"] = -hidden
+    if not x.training:
+        return (
+            *notes,
+            f"overlap: {overlap:.0%} of the shorter of host path and transfer path hidden "
+            f"(measured), {ms(hidden)} per token",
+        )
+    return (
+        *notes,
+        f"overlap: {overlap:.0%} (measured) of the transfers, less the {exposed * 1e3:.3g} ms "
+        f"nothing can hide (the first gather, the last reduction), hidden behind "
+        f"{cost.hidden_behind:.2g} of the compute: {hidden * 1e3:.3g} ms per step",
+    )
 
 
-def _collectives_json(collectives: Collectives) -> dict[str, dict[str, float]]:
-    return {kind: {"calls": c, "bytes": b} for kind, (c, b) in sorted(collectives.items())}
+def check_step(
+    devices: int, counts: Mapping[str, int], figures: Mapping[str, float | None]
+) -> None:
+    """A step's arguments: `counts` positive ints, `figures` (where given) positive seconds or
+    rates."""
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    for name, figure in figures.items():
+        if figure is not None and not 0 < figure < math.inf:
+            raise ValueError(f"{name} must be > 0 and finite, got {figure!r}")
 
 
-def _kv_bytes(config: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
-    # The static cache is read whole every step (attention over all positions, masked).
-    per_layer = 2 * batch * config.n_query_groups * config.head_size * seq_length * dtype_bytes
-    return float(config.n_layer * per_layer)
+# --------------------------------------------------------------------------- decode
 
 
-def _compute_terms(
-    x: StrategyInput, compute_time_s: float | None
-) -> tuple[dict[str, float], dict[str, float], tuple[str, ...]]:
-    cfg = x.config
+def _decode_work(x: StepInput, compute_time_s: float | None) -> StepWork:
+    """One decode step's compute on one rank: measured, or a roofline from memory bandwidth."""
+    cfg = x.shape
     weights = (cfg.n_layer * cfg.block_param_count() + cfg.padded_vocab_size * cfg.n_embd) * (
-        x.dtype_bytes
+        x.comm_bytes
     )  # the embedding is a lookup of a few rows; lm_head is read whole
-    kv = _kv_bytes(cfg, x.batch_size, x.seq_length, x.dtype_bytes)
+    kv = kv_cache_bytes(cfg, x.batch_size, x.seq_length, x.comm_bytes)
     moved = {"weights_read": float(weights), "kv_read": kv}
     if compute_time_s is not None:
         note = f"compute: measured single-rank {compute_time_s * 1e3:.4g} ms per token"
-        return {"compute": compute_time_s}, moved, (note,)
+        return StepWork({"compute": compute_time_s}, moved, (note,))
     bw = x.links.memory_bandwidth
     if not bw:
         raise ValueError("no memory bandwidth known and no measured compute time given")
@@ -143,95 +239,7 @@ def _compute_terms(
         f"+ eager launch {x.overheads.launch_per_layer_s * 1e3:g} ms x {cfg.n_layer} layers "
         "(no single-rank measurement given)",
     )
-    return {"weights": (weights + kv) / bw, "launch": launch}, moved, notes
-
-
-def _hidden_by_overlap(terms: Mapping[str, float], overlap: float) -> float:
-    """Seconds per token that the two paths hide behind each other.
-
-    FSDP issues each unit's all-gather on its own stream and the host goes on issuing compute
-    while it runs, so where the host is never made to wait for the device (this project's
-    decode loop) a token costs about the longer of the two paths, not their sum. How much a
-    machine really hides is `overlap`, measured in the ranks (`calibrate`).
-    """
-    host = sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
-    transfer = sum(v for k, v in terms.items() if k not in HOST_PATH_TERMS)
-    return overlap * min(host, transfer)
-
-
-CPU_NO_OVERLAP = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
-
-
-def counted_overlap(links_overlap: float, device_type: str) -> tuple[float, tuple[str, ...]]:
-    """(the overlap a prediction counts on, a note). CPU ranks count none: their threads fill
-    the cores, so the collectives' threads take time from the compute, and what a calibration
-    saw hidden was one session's scheduling (docs/perfmodel.md, `overlap`)."""
-    if device_type != "cpu":
-        return links_overlap, ()
-    return 0.0, (CPU_NO_OVERLAP,) if links_overlap > 0 else ()
-
-
-def _check_arguments(
-    devices: int,
-    batch_size: int,
-    prompt_length: int,
-    max_new_tokens: int,
-    dtype_bytes: int,
-    compute_time_s: float | None,
-) -> None:
-    if devices < 1:
-        raise ValueError(f"devices must be >= 1, got {devices}")
-    for name, value in (("batch_size", batch_size), ("max_new_tokens", max_new_tokens)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if prompt_length < 0 or dtype_bytes < 1:
-        raise ValueError(f"bad prompt_length={prompt_length} or dtype_bytes={dtype_bytes}")
-    if compute_time_s is not None and not compute_time_s > 0:
-        raise ValueError(f"compute_time_s must be > 0, got {compute_time_s}")
-
-
-@dataclass
-class _Sum:
-    """The terms of one prediction as they are added up, with the bytes and the notes."""
-
-    terms: dict[str, float]
-    moved: dict[str, float]
-    notes: tuple[str, ...]
-
-    def add_cost(self, cost: StrategyCost, overheads: Overheads) -> None:
-        """The strategy's own terms; a rank that does only a share of the compute scales it."""
-        if overheads.note and "fsdp_overhead" in cost.terms:  # what the note's figures scale
-            self.notes += (overheads.note,)
-        if cost.compute_share != 1.0:
-            self.moved["weights_read"] *= cost.compute_share  # a tp rank or a stage its share
-            own = "compute" if "compute" in self.terms else "weights"
-            self.terms[own] *= cost.compute_share
-            self.notes += (
-                f"{own} x {cost.compute_share:.3g}: one rank's share ({cost.implementation})",
-            )
-        self.terms.update(cost.terms)
-        self.moved.update(cost.bytes_per_token)
-
-    def add_prefill(self, prefill_s: float, step_s: float, share: float, tokens: int) -> None:
-        """The rate counts the prefill's token: its excess over a step is spread over all."""
-        extra = (prefill_s - step_s) * share / tokens
-        if extra > 0:
-            self.terms["prefill"] = extra
-            self.notes += (
-                f"prefill: measured {_ms(prefill_s)}, its excess over one step "
-                f"spread over {tokens} tokens",
-            )
-
-    def add_overlap(self, measured: float, device_type: str) -> None:
-        overlap, notes = counted_overlap(measured, device_type)
-        self.notes += notes
-        hidden = _hidden_by_overlap(self.terms, overlap)
-        if hidden:
-            self.terms["overlap"] = -hidden
-            self.notes += (
-                f"overlap: {overlap:.0%} of the shorter of host path and transfer path "
-                f"hidden (measured), {_ms(hidden)} per token",
-            )
+    return StepWork({"weights": (weights + kv) / bw, "launch": launch}, moved, notes)
 
 
 def predict(
@@ -260,62 +268,16 @@ def predict(
     `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
     where they differ from what the strategy's model expects, they are charged instead.
     """
-    _check_arguments(
-        devices, batch_size, prompt_length, max_new_tokens, dtype_bytes, compute_time_s
-    )
-    x = StrategyInput(
-        config,
-        devices,
-        device_type,
-        batch_size,
-        prompt_length + max_new_tokens,
-        dtype_bytes,
-        links,
-        overheads,
-    )
-    total = _Sum(*_compute_terms(x, compute_time_s))
-    cost = strategy.cost(x)
-    expected = expected_collectives(cost)
-    if counted_collectives is not None:
-        cost = with_counted(cost, counted_collectives, x)
-    network = network_charge(
-        links, cost, lambda other: _charged(strategy, replace(x, links=other), counted_collectives)
-    )
-    total.add_cost(cost, overheads)
+    counts = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
+    check_step(devices, counts | {"dtype_bytes": dtype_bytes}, {"compute_time_s": compute_time_s})
+    if prompt_length < 0:
+        raise ValueError(f"prompt_length must be >= 0, got {prompt_length}")
+    x = StepInput(config, devices, device_type, batch_size, prompt_length + max_new_tokens,
+                  dtype_bytes, dtype_bytes, links, overheads)  # fmt: skip
+    work = _decode_work(x, compute_time_s)
     if prefill_time_s is not None and compute_time_s is not None:
-        total.add_prefill(prefill_time_s, compute_time_s, cost.compute_share, max_new_tokens)
-    if cost.overlappable:
-        total.add_overlap(links.overlap, device_type)
-    terms = total.terms
-    seconds = sum(terms.values())
-    return Prediction(
-        strategy=strategy.name,
-        devices=devices,
-        # counted as the measured rate is: every batch row's token of a step
-        tokens_per_sec=batch_size / seconds if seconds > 0 else math.inf,
-        time_per_token_s=seconds,
-        terms=terms,
-        bound=max(terms, key=lambda k: terms[k]),
-        bytes_per_token=total.moved,
-        link_class=links.link_class,
-        bandwidth_used=links.busbw_at(cost.message_op, cost.message_bytes),
-        assumptions=total.notes + cost.assumptions + links.assumptions,
-        implementation=cost.implementation,
-        measured_links=links.measured,
-        collectives_per_token=cost.collectives,
-        batch_size=batch_size,
-        expected_collectives=expected,
-        counted_collectives=None if counted_collectives is None else dict(counted_collectives),
-        network=network,
-    )
-
-
-def _charged(
-    strategy: StrategyModel, x: StrategyInput, counted: Collectives | None
-) -> StrategyCost:
-    """The strategy's cost, with the collectives the ranks counted where they were counted."""
-    cost = strategy.cost(x)
-    return cost if counted is None else with_counted(cost, counted, x)
+        work = replace(work, prefill=(prefill_time_s, compute_time_s, max_new_tokens))
+    return predict_step(strategy, x, work, counted_collectives)
 
 
 def predict_all(
@@ -329,95 +291,29 @@ def predict_all(
     return [predict(config, strategy, devices, links, **kwargs) for strategy in strategies]
 
 
-# --------------------------------------------------------------------------- verdict text
+def message_sizes(
+    config: ModelShape,
+    strategies: Iterable[StrategyModel],
+    devices: int,
+    dtype_bytes: int,
+    batch: int = 1,
+    latency_probe_bytes: int = LATENCY_PROBE_BYTES,
+) -> MessageSizes:
+    """The message sizes the model really uses under `strategies` (their records).
 
-
-# Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
-# fails; the threshold is the coarse gate, small drops are the baselines' job. Why this figure:
-# docs/perfmodel.md ("Threshold").
-DEFAULT_EFFICIENCY = 0.7
-
-
-def threshold(prediction: Prediction, efficiency: float) -> float:
-    """The lowest tokens/sec a run may reach: `efficiency` x predicted, efficiency in (0, 1]."""
-    if isinstance(efficiency, bool) or not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
-    return efficiency * prediction.tokens_per_sec
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
-
-
-def _gbps(value: float) -> str:
-    return f"{value / GB:.3g} GB/s"
-
-
-def describe_prediction(prediction: Prediction) -> str:
-    """One line: predicted rate, its bound, the link and the bytes moved."""
-    p = prediction
-    if p.mode == "train":
-        return _describe_train(p)
-    kind = "measured" if p.measured_links else "nominal"
-    received = p.bytes_per_token.get("all_gather_received", 0.0)
-    terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
-    step = "/token" if p.batch_size == 1 else f" per step of {p.batch_size} rows"
-    return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s ({_ms(p.time_per_token_s)}{step}), bound by "
-        f"{p.bound} ({p.bound_description}, {_ms(p.terms[p.bound])}); link {p.link_class} at "
-        f"{kind} {_gbps(p.bandwidth_used)} bus bandwidth; {received / MB:.4g} MB received per "
-        f"token per rank in {p.collectives_per_token} collectives; terms: {terms}"
-        f"{_expected_and_counted(p)}{_network(p)}"
-    )
-
-
-def _describe_train(p: Prediction) -> str:
-    """A training step: "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
-    kind = "measured" if p.measured_links else "nominal"
-    step = p.step_time_s if p.step_time_s is not None else p.time_per_token_s * p.tokens_per_step
-    terms = ", ".join(f"{k} {_ms(v)}" for k, v in p.terms.items())
-    return (
-        f"predicted {p.tokens_per_sec:.3g} tok/s (step {_ms(step)}: {terms}; bound: {p.bound}, "
-        f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
-        f"replicas; link {p.link_class} at {kind} {_gbps(p.bandwidth_used)} bus bandwidth; "
-        f"{p.collectives_per_token} collectives per step{_expected_and_counted(p, 'step')}"
-        f"{_network(p, 'step')}"
-    )
-
-
-def _network(p: Prediction, per: str = "token") -> str:
-    """The network term of a job over several nodes (nothing on one node)."""
-    return "" if p.network is None else f"; {p.network.describe(per)}"
-
-
-def _expected_and_counted(p: Prediction, per: str = "token") -> str:
-    """The collectives per token (step) the model expects beside those the ranks counted."""
-    if p.counted_collectives is None:
-        return ""
-    expected = describe(p.expected_collectives) or "none"
-    counted = describe(p.counted_collectives) or "none"
-    return f"; collectives per {per}, predicted: {expected}; counted: {counted}"
-
-
-def failure_message(
-    prediction: Prediction, measured_tokens_per_sec: float, efficiency: float
-) -> str:
-    """Why a run below `threshold(prediction, efficiency)` failed, in terms a user can act on."""
-    p = prediction
-    limit = threshold(p, efficiency)
-    ratio = measured_tokens_per_sec / p.tokens_per_sec if p.tokens_per_sec else 0.0
-    impl = f" ({p.implementation})" if p.implementation else ""
-    return (
-        f"{p.strategy}{impl} on {p.devices} device(s): measured {measured_tokens_per_sec:.3g} "
-        f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the modelled "
-        f"{p.tokens_per_sec:.3g} tok/s); measured/predicted = {ratio:.2f}.\n"
-        f"  {describe_prediction(p)}{_compute_source(p)}"
-    )
-
-
-def _compute_source(p: Prediction) -> str:
-    """Where the predicted compute came from."""
-    notes = [a for a in p.assumptions if a.startswith("compute")]
-    if not notes:
-        return ""
-    return "\n  " + "\n  ".join(notes)
+    Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
+    tensor-parallel layer would need; then what each strategy's record asks for (for the
+    sharded ones, the weights their all-gathers move; for pipeline, its hops).
+    """
+    if devices < 1:
+        raise ValueError(f"devices must be >= 1, got {devices}")
+    activation = batch * config.n_embd * dtype_bytes
+    gather = {latency_probe_bytes, activation}
+    reduce = {latency_probe_bytes, activation}
+    p2p: set[int] = set()
+    for strategy in strategies:
+        own = strategy.message_sizes(config, dtype_bytes, batch)
+        gather.update(own.all_gather)
+        reduce.update(own.all_reduce)
+        p2p.update(own.p2p)
+    return MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))

@@ -76,3 +76,10 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def kv_cache_bytes(shape: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
+    """The static KV cache, read whole every decode step (attention over all positions,
+    masked): keys and values of every query group, layer and position."""
+    per_layer = 2 * batch * shape.n_query_groups * shape.head_size * seq_length * dtype_bytes
+    return float(shape.n_layer * per_layer)

@@ -1,6 +1,6 @@
 """The vocabulary of a prediction: units, term names and the fixed overheads no bandwidth
 explains. Pure values; docs/perfmodel.md explains each term. What a strategy's cost function
-receives and returns is in `perfmodel.cost`."""
+receives and returns is in `perfmodel.step`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from dataclasses import dataclass, replace
 
 GB = 1e9
 MB = 1e6
+
+
+def ms(seconds: float) -> str:
+    """E.g. "3.1 ms": how messages write seconds."""
+    return f"{seconds * 1e3:.3g} ms"
+
 
 # What each term means, for messages and the CLI; keys are the `Prediction.terms` names.
 TERM_DESCRIPTIONS = {
@@ -36,8 +42,6 @@ TRAIN_TERM_DESCRIPTIONS = {
     "reduce_scatter": "reduce-scatter of each unit's gradients",
     "fsdp_overhead": "FSDP per-unit overhead (forward and backward)",
     "gather_copies": "FSDP2 copies into and out of the gathers' and reductions' buffers",
-    "replayed": "the step's collectives, hooks, copies and waits beyond its compute, as the "
-    "ranks replayed the step (CPU ranks, one GPU)",
 }
 
 # Work that the host issues in order on the compute stream; everything else (all-gathers, their
@@ -47,6 +51,9 @@ HOST_PATH_TERMS = frozenset({"compute", "prefill", "weights", "launch", "fsdp_ov
 LINK_TERMS = frozenset(
     {"all_gather", "all_reduce", "reduce_scatter", "grad_all_reduce", "p2p", "latency"}
 )
+# The collectives' side: what may hide behind the host's path (an optimizer runs on neither: it
+# waits for the last reduction).
+TRANSFER_PATH_TERMS = LINK_TERMS | {"gather_copies"}
 
 
 # Fitted once on the 2 x H200 eager rows; each fit and its rows: docs/perfmodel.md ("Fixed

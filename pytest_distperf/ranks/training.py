@@ -138,7 +138,7 @@ def calibrate(ctx: RankContext) -> None:
 def check(ctx: RankContext) -> None:
     """What only a built model can refuse; a strategy that cannot train is refused at
     collection already."""
-    if ctx.record.train_cost is None:
+    if ctx.record.train_refusal:
         raise ValueError(f"strategy {ctx.spec.strategy!r} cannot train: {ctx.record.train_refusal}")
     unfit = ctx.record.check(ctx.model.shape, ctx.spec.devices)
     if unfit:

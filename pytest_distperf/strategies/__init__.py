@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.calibration import message_sizes
-from pytest_distperf.perfmodel.predict import predict, predict_all
+from pytest_distperf.perfmodel.predict import message_sizes, predict, predict_all
 from pytest_distperf.perfmodel.train import predict_train, train_message_sizes
 from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
 from pytest_distperf.strategies.record import StrategyRecord
@@ -21,7 +20,7 @@ from pytest_distperf.strategies.record import StrategyRecord
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import MessageSizes
     from pytest_distperf.perfmodel.links import Links
-    from pytest_distperf.perfmodel.predict import Prediction
+    from pytest_distperf.perfmodel.prediction import Prediction
     from pytest_distperf.perfmodel.shape import ModelShape
 
 __all__ = [
@@ -58,8 +57,9 @@ def get_strategy(name: str) -> StrategyRecord:
         raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(STRATEGIES)}") from None
 
 
-def _names(names: str | Iterable[str]) -> tuple[str, ...]:
-    return (names,) if isinstance(names, str) else tuple(names)
+def _records(names: str | Iterable[str]) -> list[StrategyRecord]:
+    """The records of one name or several."""
+    return [get_strategy(n) for n in ((names,) if isinstance(names, str) else names)]
 
 
 def message_sizes_for(
@@ -70,9 +70,7 @@ def message_sizes_for(
     batch: int = 1,
 ) -> MessageSizes:
     """`perfmodel.message_sizes` for the strategies named (one name or several)."""
-    return message_sizes(
-        shape, [get_strategy(n) for n in _names(names)], devices, dtype_bytes, batch
-    )
+    return message_sizes(shape, _records(names), devices, dtype_bytes, batch)
 
 
 def predict_for(
@@ -90,8 +88,8 @@ def predict_all_for(
     **kwargs: Any,
 ) -> list[Prediction]:
     """`perfmodel.predict_all` for every registered strategy (or the ones named), in order."""
-    chosen = strategy_names() if names is None else _names(names)
-    return predict_all(shape, devices, links, [get_strategy(n) for n in chosen], **kwargs)
+    records = _records(strategy_names() if names is None else names)
+    return predict_all(shape, devices, links, records, **kwargs)
 
 
 def predict_train_for(
@@ -113,7 +111,7 @@ def train_message_sizes_for(
 ) -> MessageSizes:
     """`perfmodel.train_message_sizes` for the strategies named (those that cannot train add
     nothing)."""
-    records = [get_strategy(n) for n in _names(names)]
+    records = _records(names)
     return train_message_sizes(
         shape, records, devices, param_bytes, comm_bytes, batch_size, seq_length
     )

@@ -13,15 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.terms import GB
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 from pytest_distperf.strategies.tp import activation_bytes
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.cost import StrategyInput
-    from pytest_distperf.perfmodel.links import Links
     from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.step import StepInput
 
 TOKEN_BYTES = 8  # one int64 token id per batch row
 TRAIN_REFUSAL = (
@@ -41,30 +40,26 @@ def check(config: ModelShape, devices: int) -> str | None:
     return None
 
 
-def _chain(links: Links, nbytes: float, hops: int, across: int) -> tuple[float, float]:
-    """(transfer, latency) of `hops` hops of `nbytes` stage to stage, `across` of them between
-    two nodes (a job over several nodes), the others within one."""
-    within = hops - across
-    transfer, latency = links.hop_time(nbytes, False) if within else (0.0, 0.0)
-    transfer, latency = within * transfer, within * latency
-    if across:
-        network_transfer, network_latency = links.hop_time(nbytes, True)
-        transfer += across * network_transfer
-        latency += across * network_latency
-    return transfer, latency
-
-
-def cost(x: StrategyInput) -> StrategyCost:
+def cost(x: StepInput) -> StepCost:
+    """A decode step's hops: the activation stage to stage, the sampled token back to the
+    first; one stream, so each waits for the one before (none overlappable)."""
     n = x.devices
-    activation = activation_bytes(x.config, x.dtype_bytes, x.batch_size)
+    activation = activation_bytes(x.shape, x.comm_bytes, x.batch_size)
     token = x.batch_size * TOKEN_BYTES
     hops = n - 1
     across = x.links.hops_across_nodes(n)  # stages on different nodes: the network between
-    on_transfer, on_latency = _chain(x.links, activation, hops, across)
-    # One stage keeps its token: there is no hop back either. The last stage's node is the
-    # first's only when all stages share one node.
-    back = x.links.crosses_nodes(n)
-    back_transfer, back_latency = x.links.hop_time(token, back) if hops else (0.0, 0.0)
+    # One stage keeps its token: there is no hop back either (priced at nothing on one rank).
+    # The last stage's node is the first's only when all stages share one node.
+    chain = (
+        (hops - across, activation, False),
+        (across, activation, True),
+        (1, token, x.links.crosses_nodes(n)),
+    )
+    sends = tuple(
+        Collective("p2p", calls * nbytes, calls, overlappable=False, across_nodes=network)
+        for calls, nbytes, network in chain
+        if calls
+    )
     if x.links.p2p_measured:
         basis = "pipeline hops: send/recv measured in the ranks"
     else:
@@ -74,13 +69,10 @@ def cost(x: StrategyInput) -> StrategyCost:
             f"({x.links.latency_s * 1e6:.3g} us), which errs slow"
         )
     crossing = f"pipeline: {across} of the {hops} hop(s) and the token back cross the network"
-    terms = {"p2p": on_transfer + back_transfer, "latency": on_latency + back_latency}
-    return StrategyCost(
+    return StepCost(
         f"pipeline {n} stages (send/recv)",
-        terms,
-        {"p2p_bytes": float(hops * activation + token)},
-        hops + 1,
-        activation,
+        sends,
+        ("p2p", activation),
         (
             f"pipeline: the whole model's compute in turn, {hops} hop(s) of the {activation} B "
             f"activation and the {token} B token back per token; one stream, so no stage "
@@ -88,8 +80,7 @@ def cost(x: StrategyInput) -> StrategyCost:
             basis,
             *((crossing,) if across else ()),
         ),
-        overlappable=False,
-        message_op="p2p",
+        hidden_behind=0.0,
     )
 
 

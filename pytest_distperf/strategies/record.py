@@ -1,7 +1,7 @@
-"""One strategy, one pure record: what it costs per token, what it calibrates, where it runs.
+"""One strategy, one pure record: what a step costs it, what it calibrates, where it runs.
 
 No torch here, not even lazily: the plugin validates markers and the performance model predicts
-from these records (they implement `perfmodel.cost.StrategyModel`). How a rank builds, wraps and
+from these records (they implement `perfmodel.step.StrategyModel`). How a rank builds, wraps and
 steps the strategy is its rank half, registered under the same name in
 `pytest_distperf.ranks.strategies`.
 """
@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.calibration import MessageSizes
-    from pytest_distperf.perfmodel.cost import StrategyCost, StrategyInput
     from pytest_distperf.perfmodel.shape import ModelShape
-    from pytest_distperf.perfmodel.train import TrainInput
+    from pytest_distperf.perfmodel.step import StepCost, StepInput
 
 CPU_AND_CUDA = frozenset({"cpu", "cuda"})
 
@@ -40,33 +39,31 @@ def fits_any(config: ModelShape, devices: int) -> str | None:
 class StrategyRecord:
     """Everything the plugin and the performance model need to know of a strategy.
 
-    `cost(x)` the strategy's own per-token terms (perfmodel.cost); `replicas(devices)` how many
-    independent decode streams the run has; `message_sizes(config, dtype_bytes, batch)` the
-    collective sizes worth calibrating for that model; `check(config, devices)` why the model
+    `cost(x)` the strategy's own share of a decode or training step (`x.training`): its
+    collectives and overheads (perfmodel.step); `replicas(devices)` how many independent decode
+    streams the run has; `message_sizes(config, dtype_bytes, batch)` the collective sizes worth
+    calibrating for that model's decode; `check(config, devices)` why the model
     cannot be split over `devices` ranks (the plugin asks at collection, the rank once built),
     or None. `decodes_across_ranks`: no rank holds the logits to sample from, so the rank half
     steps the decode itself (its `next_token`: pipeline) and no user `generate=` loop or compiled
     step can run; tensor parallel is False, every rank samples its whole logits.
 
-    Training (perfmodel/train.py): `train_cost(x)` the strategy's own terms of one step, None
-    when it cannot train (`train_refusal` says why); `train_message_sizes(config, param_bytes,
-    comm_bytes, batch_size, seq_length)` the sizes a step's collectives move.
+    Training (perfmodel/train.py): `train_refusal` why it cannot train ("": it can, and `cost`
+    takes a training step, whose collectives are the sizes to calibrate).
     """
 
     name: str
     description: str
     family: str  # the module that defines it: "replicated", "fsdp", ...
     sharded: bool  # parameters sharded across ranks: the whole model exists only before wrapping
-    cost: Callable[[StrategyInput], StrategyCost]
+    cost: Callable[[StepInput], StepCost]
     replicas: Callable[[int], int]
     message_sizes: Callable[[ModelShape, int, int], MessageSizes]
     runs_on: frozenset[str]  # accelerators it can be built on
     min_ranks: int
     check: Callable[[ModelShape, int], str | None] = fits_any
     decodes_across_ranks: bool = False
-    train_cost: Callable[[TrainInput], StrategyCost] | None = None
     train_refusal: str = ""
-    train_message_sizes: Callable[[ModelShape, int, int, int, int], MessageSizes] | None = None
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:
         """Why this strategy cannot run on `devices` x `accelerator`, or None when it can."""

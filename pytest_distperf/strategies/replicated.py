@@ -12,15 +12,14 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import NO_MESSAGES, MessageSizes
-from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.terms import MB
 from pytest_distperf.perfmodel.train import BACKWARD_SHARE
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.cost import StrategyInput
     from pytest_distperf.perfmodel.shape import ModelShape
-    from pytest_distperf.perfmodel.train import TrainInput
+    from pytest_distperf.perfmodel.step import StepInput
 
 MIB = 1024 * 1024
 # DDP's default bucket_cap_mb=25 (MiB), and the smaller first bucket its reducer rebuilds with
@@ -28,18 +27,6 @@ MIB = 1024 * 1024
 # of the last layers' gradients starts early.
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
-
-
-def replicated_cost(x: StrategyInput) -> StrategyCost:
-    """No per-token term beyond the compute: also every strategy's cost on one device."""
-    return StrategyCost(
-        "replicated",
-        {},
-        {},
-        0,
-        x.config.block_param_count() * x.dtype_bytes,
-        ("replicated: no collective in an inference forward",),
-    )
 
 
 def ddp_buckets(total_bytes: int) -> list[int]:
@@ -61,21 +48,28 @@ def _gradient_bytes(config: ModelShape, param_bytes: int) -> int:
     return params * param_bytes
 
 
-def train_cost(x: TrainInput) -> StrategyCost:
-    """DDP's gradient all-reduce of every parameter, bucket by bucket, during backward; on one
-    device (Fabric's single-device strategy) no collective at all."""
+def cost(x: StepInput) -> StepCost:
+    """Decode: no collective (DDP communicates in backward only). Training: DDP's gradient
+    all-reduce of every parameter, bucket by bucket, during backward; on one device (Fabric's
+    single-device strategy) no collective at all."""
+    if not x.training:
+        block = x.shape.block_param_count() * x.comm_bytes
+        notes = ("replicated: no collective in an inference forward",)
+        return StepCost("replicated", (), ("all_gather", block), notes)
     if x.devices == 1:
-        return StrategyCost("one device", {}, {}, 0, 0, ("one device: no gradient all-reduce",))
+        notes = ("one device: no gradient all-reduce",)
+        return StepCost("one device", (), ("all_gather", 0), notes)
     total = _gradient_bytes(x.shape, x.param_bytes)
     buckets = ddp_buckets(total)
-    times = [x.links.collective_time("all_reduce", size, x.devices) for size in buckets]
-    last = sum(times[-1])
-    return StrategyCost(
+    # the last bucket starts when backward ends: nothing runs beside it
+    reductions = tuple(
+        Collective("all_reduce", size, overlappable=i < len(buckets) - 1, term="grad_all_reduce")
+        for i, size in enumerate(buckets)
+    )
+    return StepCost(
         "DDP",
-        {"grad_all_reduce": sum(t for t, _ in times), "latency": sum(lat for _, lat in times)},
-        {"all_reduce_bytes": float(total)},
-        len(buckets),
-        max(buckets),
+        reductions,
+        ("all_reduce", max(buckets)),
         (
             f"DDP: every gradient all-reduced once per step, {total / MB:.4g} MB in "
             f"{len(buckets)} buckets ({DDP_FIRST_BUCKET_BYTES // MIB} MiB first, then "
@@ -83,18 +77,8 @@ def train_cost(x: TrainInput) -> StrategyCost:
             "DDP: buckets all-reduce during backward as they fill (backward = 2/3 of the "
             "compute); the last bucket starts when backward ends, so nothing hides it",
         ),
-        message_op="all_reduce",
         hidden_behind=BACKWARD_SHARE,
-        exposed_s=last,
-        by_kind={"all_reduce": (float(len(buckets)), float(total))},
     )
-
-
-def train_message_sizes(
-    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
-) -> MessageSizes:
-    """DDP's bucket sizes: the first, a full one and the last (the rest)."""
-    return MessageSizes((), tuple(sorted(set(ddp_buckets(_gradient_bytes(config, param_bytes))))))
 
 
 def _no_messages(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
@@ -105,13 +89,11 @@ _replicated = partial(
     StrategyRecord,
     family="replicated",
     sharded=False,
-    cost=replicated_cost,
+    cost=cost,
     replicas=data_parallel,
     message_sizes=_no_messages,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
-    train_cost=train_cost,
-    train_message_sizes=train_message_sizes,
 )
 
 RECORDS = (

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import MessageSizes
-from pytest_distperf.perfmodel.cost import StrategyCost
+from pytest_distperf.perfmodel.shape import kv_cache_bytes
+from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.train import flops_split
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.cost import StrategyInput
     from pytest_distperf.perfmodel.shape import ModelShape
-    from pytest_distperf.perfmodel.train import TrainInput
+    from pytest_distperf.perfmodel.step import StepInput
 
 
 def check(config: ModelShape, devices: int) -> str | None:
@@ -35,86 +35,59 @@ def check(config: ModelShape, devices: int) -> str | None:
     return None
 
 
-def compute_share(x: StrategyInput) -> float:
-    """Share of the bytes a rank streams per token: its 1/N of the blocks' weights and of the
-    KV cache (its heads' groups), and the head whole, since every rank keeps it."""
-    cfg = x.config
-    blocks = cfg.n_layer * cfg.block_param_count() * x.dtype_bytes
-    head = cfg.padded_vocab_size * cfg.n_embd * x.dtype_bytes
-    kv = 2 * x.batch_size * cfg.n_query_groups * cfg.head_size * x.seq_length * x.dtype_bytes
-    kv *= cfg.n_layer
+def compute_share(x: StepInput) -> float:
+    """Decode: the share of the bytes a rank streams per token, its 1/N of the blocks' weights
+    and of the KV cache (its heads' groups), and the head whole, since every rank keeps it.
+    Training: its share of the model FLOPs, 1/N of the blocks' and the head whole."""
+    cfg = x.shape
+    if x.training:
+        blocks, head = flops_split(cfg, x.batch_size, x.seq_length)
+        return (blocks / x.devices + head) / (blocks + head)
+    blocks = cfg.n_layer * cfg.block_param_count() * x.comm_bytes
+    head = cfg.padded_vocab_size * cfg.n_embd * x.comm_bytes
+    kv = kv_cache_bytes(cfg, x.batch_size, x.seq_length, x.comm_bytes)
     return ((blocks + kv) / x.devices + head) / (blocks + kv + head)
 
 
-def activation_bytes(config: ModelShape, dtype_bytes: int, batch: int) -> int:
-    """One decode step's activation, batch x 1 x n_embd: what each all-reduce (or hop) moves."""
-    return batch * config.n_embd * dtype_bytes
+def activation_bytes(config: ModelShape, dtype_bytes: int, batch: int, tokens: int = 1) -> int:
+    """The activation each all-reduce (or hop) moves, batch x tokens x n_embd: one token a row
+    in a decode step, the sequence in a training step."""
+    return batch * tokens * config.n_embd * dtype_bytes
 
 
-def cost(x: StrategyInput) -> StrategyCost:
-    size = activation_bytes(x.config, x.dtype_bytes, x.batch_size)
-    count = 2 * x.config.n_layer
-    transfer, latency = x.links.collective_time("all_reduce", size, x.devices)
-    share = compute_share(x)
-    terms = {"all_reduce": count * transfer, "latency": count * latency}
-    return StrategyCost(
-        f"TP {x.devices}-way (by hand)",
-        terms,
-        {"all_reduce_bytes": float(count * size)},
-        count,
-        size,
-        (
-            f"TP: every rank streams 1/{x.devices} of the blocks and of the KV cache, and the "
-            "head whole (replicated, as in LitGPT's tp.py)",
-            f"TP: 2 all-reduces per block ({count} per token) of the {size} B activation, each "
-            "the next layer's input, so nothing hides behind them",
-        ),
-        compute_share=share,
-        overlappable=False,
-        message_op="all_reduce",
-    )
-
-
-def train_activation_bytes(config: ModelShape, comm_bytes: int, batch: int, seq: int) -> int:
-    """A training step's activation, batch x seq_length x n_embd: what each all-reduce moves."""
-    return batch * seq * config.n_embd * comm_bytes
-
-
-def train_cost(x: TrainInput) -> StrategyCost:
-    """Per block 2 activation all-reduces in forward (after attention, after the MLP) and 2 in
-    backward (the gradient of each split layer's input), none overlappable."""
-    cfg, n = x.shape, x.devices
-    size = train_activation_bytes(cfg, x.comm_bytes, x.batch_size, x.seq_length)
-    count = 4 * cfg.n_layer
-    transfer, latency = x.links.collective_time("all_reduce", size, n)
-    blocks, head = flops_split(cfg, x.batch_size, x.seq_length)
-    params = cfg.n_layer * cfg.block_param_count()
-    return StrategyCost(
-        f"TP {n}-way (by hand)",
-        {"all_reduce": count * transfer, "latency": count * latency},
-        {"all_reduce_bytes": float(count * size)},
-        count,
-        size,
-        (
+def cost(x: StepInput) -> StepCost:
+    """Per block 2 activation all-reduces every pass (after attention, after the MLP; in
+    backward the gradient of each split layer's input), none overlappable."""
+    n, shape = x.devices, x.shape
+    size = activation_bytes(shape, x.comm_bytes, x.batch_size, x.tokens_per_row)
+    count = 2 * x.passes * shape.n_layer
+    if x.training:
+        params, others = shape.n_layer * shape.block_param_count(), shape.non_block_param_count()
+        optimizer_share = (params / n + others) / (params + others)
+        notes = (
             f"TP training: every rank computes 1/{n} of the blocks' model FLOPs (their matmuls "
             "and attention) and the head whole; norms and embedding whole on every rank",
             f"TP training: 4 all-reduces per block ({count} per step) of the {size} B "
             "activation (2 forward, 2 backward), each the next operation's input, so nothing "
             "hides behind them; replicated parameters need no gradient reduction",
-        ),
-        compute_share=(blocks / n + head) / (blocks + head),
-        overlappable=False,
-        message_op="all_reduce",
-        optimizer_share=(params / n + cfg.non_block_param_count())
-        / (params + cfg.non_block_param_count()),
-        by_kind={"all_reduce": (float(count), float(count * size))},
+        )
+    else:
+        optimizer_share = 1.0
+        notes = (
+            f"TP: every rank streams 1/{n} of the blocks and of the KV cache, and the "
+            "head whole (replicated, as in LitGPT's tp.py)",
+            f"TP: 2 all-reduces per block ({count} per token) of the {size} B activation, each "
+            "the next layer's input, so nothing hides behind them",
+        )
+    return StepCost(
+        f"TP {n}-way (by hand)",
+        (Collective("all_reduce", float(count * size), count, overlappable=False),),
+        ("all_reduce", size),
+        notes,
+        compute_share=compute_share(x),
+        optimizer_share=optimizer_share,
+        hidden_behind=0.0,
     )
-
-
-def _train_message_sizes(
-    config: ModelShape, param_bytes: int, comm_bytes: int, batch_size: int, seq_length: int
-) -> MessageSizes:
-    return MessageSizes((), (train_activation_bytes(config, comm_bytes, batch_size, seq_length),))
 
 
 def _message_sizes(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
@@ -134,7 +107,5 @@ RECORDS = (
         runs_on=CPU_AND_CUDA,
         min_ranks=1,  # one rank is the whole model, as every strategy on one device
         check=check,
-        train_cost=train_cost,
-        train_message_sizes=_train_message_sizes,
     ),
 )

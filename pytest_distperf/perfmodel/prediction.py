@@ -1,0 +1,166 @@
+"""A prediction (`Prediction`: a rate and its named terms, decode or training) and the verdict
+text built from it: the threshold, the one-line description, the failure message. Pure; each
+term and its reasoning: docs/perfmodel.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_distperf.perfmodel.network import NetworkCharge
+from pytest_distperf.perfmodel.step import Collectives, describe
+from pytest_distperf.perfmodel.terms import (
+    GB,
+    LINK_TERMS,
+    MB,
+    TERM_DESCRIPTIONS,
+    TRAIN_TERM_DESCRIPTIONS,
+    ms,
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A predicted rate and its named terms.
+
+    `mode` "generate": terms, bytes and collectives per token (a decode step). `mode` "train"
+    (`perfmodel.train.predict_train`): terms, bytes and collectives per training STEP, whose
+    time is `step_time_s`; `time_per_token_s` is that step over its `tokens_per_step` (every
+    data-parallel replica's tokens), and `tokens_per_sec` those tokens over the step.
+    """
+
+    strategy: str
+    devices: int
+    tokens_per_sec: float
+    time_per_token_s: float
+    terms: dict[str, float]  # seconds per token, by name (TERM_DESCRIPTIONS)
+    bound: str  # the largest term's name
+    bytes_per_token: dict[str, float]
+    link_class: str
+    bandwidth_used: float  # bytes/s: bus bandwidth at the strategy's main message size
+    assumptions: tuple[str, ...]
+    implementation: str = ""
+    measured_links: bool = False
+    collectives_per_token: int = 0
+    batch_size: int = 1  # rows decoded in each step: a step of time_per_token_s yields this many
+    # kind -> (calls, bytes) per token: what the strategy's model expects, and what the ranks
+    # counted (None: not counted); the terms charge the counted ones (perfmodel/step.py).
+    expected_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
+    counted_collectives: dict[str, tuple[float, float]] | None = None
+    mode: str = "generate"  # or "train": see the class docstring for the units
+    step_time_s: float | None = None  # train: seconds per optimizer step
+    tokens_per_step: int = 0  # train: tokens of one step over all data-parallel replicas
+    # A job over several nodes: the share of the link terms the network between them sets.
+    network: NetworkCharge | None = None
+
+    @property
+    def bound_description(self) -> str:
+        words = TRAIN_TERM_DESCRIPTIONS if self.mode == "train" else TERM_DESCRIPTIONS
+        text = words.get(self.bound, self.bound)
+        if self.bound in LINK_TERMS:
+            text += f" over {self.link_class}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            "strategy": self.strategy,
+            "devices": self.devices,
+            "implementation": self.implementation,
+            "tokens_per_sec": self.tokens_per_sec,
+            "time_per_token_s": self.time_per_token_s,
+            "terms": dict(self.terms),
+            "bound": self.bound,
+            "bound_description": self.bound_description,
+            "bytes_per_token": dict(self.bytes_per_token),
+            "collectives_per_token": self.collectives_per_token,
+            "batch_size": self.batch_size,
+            "expected_collectives": _collectives_json(self.expected_collectives),
+            "counted_collectives": None
+            if self.counted_collectives is None
+            else _collectives_json(self.counted_collectives),
+            "link_class": self.link_class,
+            "bandwidth_used": self.bandwidth_used,
+            "measured_links": self.measured_links,
+            "assumptions": list(self.assumptions),
+            "mode": self.mode,
+            "step_time_s": self.step_time_s,
+            "tokens_per_step": self.tokens_per_step,
+        }
+        if self.network is not None:  # a single node's prediction is written as it always was
+            data["network"] = self.network.to_dict()
+        return data
+
+
+def _collectives_json(collectives: Collectives) -> dict[str, dict[str, float]]:
+    return {kind: {"calls": c, "bytes": b} for kind, (c, b) in sorted(collectives.items())}
+
+
+# --------------------------------------------------------------------------- verdict text
+
+
+# Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
+# fails; the threshold is the coarse gate, small drops are the baselines' job. Why this figure:
+# docs/perfmodel.md ("Threshold").
+DEFAULT_EFFICIENCY = 0.7
+
+
+def threshold(prediction: Prediction, efficiency: float) -> float:
+    """The lowest tokens/sec a run may reach: `efficiency` x predicted, efficiency in (0, 1]."""
+    if isinstance(efficiency, bool) or not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency must be in (0, 1], got {efficiency!r}")
+    return efficiency * prediction.tokens_per_sec
+
+
+def describe_prediction(prediction: Prediction) -> str:
+    """One line: predicted rate, its bound, the link and the bytes moved; a training step's
+    "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
+    p = prediction
+    per = "step" if p.mode == "train" else "token"
+    terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
+    kind = "measured" if p.measured_links else "nominal"
+    link = f"link {p.link_class} at {kind} {p.bandwidth_used / GB:.3g} GB/s bus bandwidth"
+    tail = "" if p.network is None else f"; {p.network.describe(per)}"
+    if p.counted_collectives is not None:  # the model's collectives beside the ranks' count
+        expected = describe(p.expected_collectives) or "none"
+        counted = describe(p.counted_collectives) or "none"
+        tail = f"; collectives per {per}, predicted: {expected}; counted: {counted}{tail}"
+    if p.mode == "train":
+        step = p.time_per_token_s * p.tokens_per_step if p.step_time_s is None else p.step_time_s
+        return (
+            f"predicted {p.tokens_per_sec:.3g} tok/s (step {ms(step)}: {terms}; bound: {p.bound}, "
+            f"{p.bound_description}); {p.tokens_per_step} tokens per step over all data-parallel "
+            f"replicas; {link}; {p.collectives_per_token} collectives per step{tail}"
+        )
+    received = p.bytes_per_token.get("all_gather_received", 0.0)
+    rows = "/token" if p.batch_size == 1 else f" per step of {p.batch_size} rows"
+    return (
+        f"predicted {p.tokens_per_sec:.3g} tok/s ({ms(p.time_per_token_s)}{rows}), bound by "
+        f"{p.bound} ({p.bound_description}, {ms(p.terms[p.bound])}); {link}; "
+        f"{received / MB:.4g} MB received per token per rank in {p.collectives_per_token} "
+        f"collectives; terms: {terms}{tail}"
+    )
+
+
+def failure_message(
+    prediction: Prediction, measured_tokens_per_sec: float, efficiency: float
+) -> str:
+    """Why a run below `threshold(prediction, efficiency)` failed, in terms a user can act on."""
+    p = prediction
+    limit = threshold(p, efficiency)
+    ratio = measured_tokens_per_sec / p.tokens_per_sec if p.tokens_per_sec else 0.0
+    impl = f" ({p.implementation})" if p.implementation else ""
+    return (
+        f"{p.strategy}{impl} on {p.devices} device(s): measured {measured_tokens_per_sec:.3g} "
+        f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the modelled "
+        f"{p.tokens_per_sec:.3g} tok/s); measured/predicted = {ratio:.2f}.\n"
+        f"  {describe_prediction(p)}{_compute_source(p)}"
+    )
+
+
+def _compute_source(p: Prediction) -> str:
+    """Where the predicted compute came from."""
+    notes = [a for a in p.assumptions if a.startswith("compute")]
+    if not notes:
+        return ""
+    return "\n  " + "\n  ".join(notes)

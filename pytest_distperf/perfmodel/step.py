@@ -1,0 +1,215 @@
+"""One step of one rank as the performance model sees it, decode and training alike: what a
+strategy's cost function receives (`StepInput`) and returns (`StepCost`: its collectives and
+per-unit overheads), the interface its pure record implements (`StrategyModel`), and the
+counted collectives a run's ranks charge in place of the expected ones. Pure; perfmodel names no
+strategy and imports none (the registry, `pytest_distperf.strategies`, sits above both).
+
+A decode step is one forward of `batch_size` rows of one token each; a training step is a
+forward and a backward (two passes) of `batch_size` sequences of `seq_length` tokens. How the
+step's terms are summed: `perfmodel.predict.predict_step`; docs/perfmodel.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.calibration import MessageSizes
+    from pytest_distperf.perfmodel.links import Links
+    from pytest_distperf.perfmodel.shape import ModelShape
+    from pytest_distperf.perfmodel.terms import Overheads
+
+#: kind -> (calls, bytes) per decode token (a training step: per step), bytes in nccl-tests'
+#: convention (all calls together), as the ranks count them (pytest_distperf/work.py)
+Collectives = Mapping[str, tuple[float, float]]
+
+# The calibrated figures that time each collective kind: a ring reduce-scatter moves what an
+# all-gather of the same size moves, (n-1)/n of its bytes through each link. A "p2p" hop is
+# timed as one (Links.hop_time); its counts are one rank's and do not show a chain's length.
+CHARGED_AS = {
+    "all_gather": "all_gather",
+    "all_reduce": "all_reduce",
+    "reduce_scatter": "all_gather",
+}
+SAME_BYTES = 0.01  # counts are exact; bytes may differ by rounding to whole elements per rank
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """Everything a strategy's cost function may look at: one step of one data-parallel rank.
+
+    `seq_length`: decode, prompt + new tokens (the static KV cache's length); training, the
+    tokens of each sequence. `param_bytes` per stored parameter; `comm_bytes` per element the
+    collectives move (decode: the model's dtype; training, e.g. bf16-mixed: 2 for FSDP's
+    MixedPrecision and autocast activations, the caller's choice).
+    """
+
+    shape: ModelShape
+    devices: int
+    device_type: str  # "cuda" or "cpu": a strategy may be built differently on each
+    batch_size: int
+    seq_length: int
+    param_bytes: int
+    comm_bytes: int
+    links: Links
+    overheads: Overheads
+    training: bool = False
+
+    @property
+    def passes(self) -> int:
+        """Passes over the model in one step: a forward, or a forward and a backward."""
+        return 2 if self.training else 1
+
+    @property
+    def tokens_per_row(self) -> int:
+        """Tokens of each row one pass computes: one per decode step, the sequence in training."""
+        return self.seq_length if self.training else 1
+
+
+@dataclass(frozen=True)
+class Collective:
+    """`calls` collectives of one kind, `bytes` of them all together (nccl-tests' sizes: an
+    all-gather's gathered output). Not `overlappable`: nothing runs beside it (each is the next
+    operation's input; the first gather, the last reduction)."""
+
+    kind: str  # "all_gather", "all_reduce", "reduce_scatter" or "p2p" (a hop between two ranks)
+    bytes: float
+    calls: float = 1
+    overlappable: bool = True
+    term: str = ""  # the term that charges it (default: its kind; DDP: "grad_all_reduce")
+    across_nodes: bool = False  # a p2p hop between two nodes of a job
+
+    @property
+    def charged_to(self) -> str:
+        return self.term or self.kind
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A strategy's own share of one step, on top of the compute every strategy pays: its
+    collectives in issue order, and its wrapper's host work (`units` x `unit_s` every pass, plus
+    `collective_s` per gather or reduction, copies in and out of their buffers when `copies`)."""
+
+    implementation: str
+    collectives: tuple[Collective, ...]
+    message: tuple[str, float]  # (op, bytes) of the bus bandwidth the prediction reports
+    assumptions: tuple[str, ...] = ()
+    units: int = 0
+    unit_s: float = 0.0
+    collective_s: float = 0.0
+    copies: bool = False
+    moved: dict[str, float] = field(default_factory=dict)  # bytes beyond the collectives'
+    # Share of the single-rank compute (tensor parallel: its shard of the weights) and of the
+    # optimizer's update (sharded: its shard) this rank does; of the compute the transfers may
+    # hide behind (DDP: the backward; 0: none, each is the next operation's input).
+    compute_share: float = 1.0
+    optimizer_share: float = 1.0
+    hidden_behind: float = 1.0
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """A step's single-rank work, before any strategy: its terms, bytes and notes (decode:
+    measured or a roofline; training: measured or model FLOPs), and a decode's measured prefill
+    (its seconds, one step's, the tokens its excess is spread over)."""
+
+    terms: dict[str, float]
+    moved: dict[str, float]
+    notes: tuple[str, ...]
+    prefill: tuple[float, float, int] | None = None
+
+
+@runtime_checkable
+class StrategyModel(Protocol):
+    """A strategy as `predict`, `predict_train` and the message sizes see it; the pure strategy
+    records (`pytest_distperf.strategies.StrategyRecord`) implement it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def train_refusal(self) -> str:
+        """Why it cannot train ("": it can)."""
+        ...
+
+    @property
+    def runs_on(self) -> frozenset[str]:
+        """The accelerators it builds on ("cpu", "cuda")."""
+        ...
+
+    def cost(self, x: StepInput) -> StepCost:
+        """The strategy's own share of a decode or training step (`x.training`)."""
+        ...
+
+    def replicas(self, devices: int) -> int:
+        """Independent decode streams (data-parallel replicas) in a run on `devices` ranks."""
+        ...
+
+    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
+        """The collective sizes worth calibrating for this model's decode under it."""
+        ...
+
+
+# --------------------------------------------------------------------------- counted collectives
+
+
+def expected_collectives(cost: StepCost) -> dict[str, tuple[float, float]]:
+    """What the strategy's cost charges per token (a training cost: per step), by kind (a
+    pipeline's hops as "send/recv")."""
+    kinds: dict[str, tuple[float, float]] = {}
+    for c in cost.collectives:
+        kind = "send/recv" if c.kind == "p2p" else c.kind
+        calls, nbytes = kinds.get(kind, (0, 0.0))  # whole calls stay ints in JSON
+        kinds[kind] = (calls + c.calls, nbytes + c.bytes)
+    return kinds
+
+
+def charged_collectives(
+    cost: StepCost, counted: Collectives, per: str
+) -> tuple[tuple[Collective, ...], tuple[str, ...]]:
+    """The collectives to charge, and a note when they are not the expected ones: the counted
+    all-gathers, all-reduces and reduce-scatters where they differ from what `cost` charges,
+    under the terms it names them by; a pipeline's hops stay its own (docs/perfmodel.md)."""
+    charged = {k: v for k, v in counted.items() if k in CHARGED_AS and v[0] > 0}
+    expected = {k: v for k, v in expected_collectives(cost).items() if k in CHARGED_AS}
+    if same_collectives(expected, charged):
+        return cost.collectives, ()
+    terms = {c.kind: c.charged_to for c in cost.collectives}
+    kept = tuple(c for c in cost.collectives if c.kind not in CHARGED_AS)
+    added = tuple(
+        Collective(kind, nbytes, calls, term=terms.get(kind, kind))
+        for kind, (calls, nbytes) in sorted(charged.items())
+    )
+    note = (
+        f"collectives as counted in this run's ranks ({describe(charged)} per {per}), not as "
+        f"the strategy's model expects ({describe(expected) or 'none'})"
+    )
+    return kept + added, (note,)
+
+
+def describe(collectives: Collectives) -> str:
+    """E.g. "all_gather 7 x 8.04 MB, all_reduce 6 x 64 B" (bytes per call)."""
+    return ", ".join(
+        f"{kind} {calls:g} x {_size(nbytes / calls if calls else 0.0)}"
+        for kind, (calls, nbytes) in sorted(collectives.items())
+    )
+
+
+def same_collectives(expected: Collectives, counted: Collectives) -> bool:
+    """The same kinds, calls and (within `SAME_BYTES`) bytes."""
+    if expected.keys() != counted.keys():
+        return False
+    for kind, (calls, nbytes) in expected.items():
+        counted_calls, counted_bytes = counted[kind]
+        if calls != counted_calls or abs(counted_bytes - nbytes) > SAME_BYTES * max(nbytes, 1.0):
+            return False
+    return True
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
