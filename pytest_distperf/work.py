@@ -204,13 +204,11 @@ class WorkComparison:
     changes: tuple[WorkChange, ...]
 
     @property
-    def more(self) -> tuple[WorkChange, ...]:
-        """Changes that are more work (or new structure): the gate fails on these."""
+    def more(self) -> tuple[WorkChange, ...]:  # more work (or new structure): the gate fails
         return tuple(c for c in self.changes if c.more)
 
     @property
-    def less(self) -> tuple[WorkChange, ...]:
-        """Changes that are less work: the baseline is stale."""
+    def less(self) -> tuple[WorkChange, ...]:  # less work: the baseline is stale
         return tuple(c for c in self.changes if not c.more)
 
     @property
@@ -234,18 +232,8 @@ def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkCompari
         if before is None or after is None:  # another mode: its test identity differs anyway
             continue
         changes.extend(_collective_changes(phase, before, after, tolerance))
-        for figure in ("ops", "flops", "kernels"):
-            change = _scalar_change(
-                phase, figure, getattr(before, figure), getattr(after, figure), tolerance
-            )
-            if change is not None:
-                changes.append(change)
-    for figure in ("graph_breaks", "recompiles"):
-        change = _scalar_change(
-            "", figure, getattr(baseline, figure), getattr(current, figure), 0.0
-        )
-        if change is not None:
-            changes.append(change)
+        changes.extend(_scalar_changes(phase, _PHASE_SCALARS, before, after, tolerance))
+    changes.extend(_scalar_changes("", ("graph_breaks", "recompiles"), baseline, current, 0.0))
     return WorkComparison(tuple(changes))
 
 
@@ -277,6 +265,7 @@ def _collective_changes(
     return changes
 
 
+_PHASE_SCALARS = ("ops", "flops", "kernels")
 _SCALAR_WORDS = {
     "ops": "ops",
     "flops": "FLOPs",
@@ -286,18 +275,25 @@ _SCALAR_WORDS = {
 }
 
 
-def _scalar_change(
-    phase: str, figure: str, old: float | None, new: float | None, tolerance: float
-) -> WorkChange | None:
-    if old is None or new is None or not _beyond(old, new, tolerance):
-        return None
-    words = _SCALAR_WORDS[figure]
-    if phase:
-        text = _flops if figure == "flops" else _number
-        message = f"{words} {_PER[phase]}: {text(old)} -> {text(new)} ({_signed_percent(old, new)})"
-    else:
-        message = f"{words}: {_number(old)} -> {_number(new)}"
-    return WorkChange(phase, figure, old, new, new > old, message)
+def _scalar_changes(
+    phase: str, figures: Sequence[str], before: Any, after: Any, tolerance: float
+) -> list[WorkChange]:
+    """A change for each of `figures` (attributes of both) beyond `tolerance`; "" phase: a
+    run-wide count, told without its percentage."""
+    changes = []
+    for figure in figures:
+        old, new = getattr(before, figure), getattr(after, figure)
+        if old is None or new is None or not _beyond(old, new, tolerance):
+            continue
+        words = _SCALAR_WORDS[figure]
+        if phase:
+            text = _flops if figure == "flops" else _number
+            change = f"{text(old)} -> {text(new)} ({_signed_percent(old, new)})"
+            message = f"{words} {_PER[phase]}: {change}"
+        else:
+            message = f"{words}: {_number(old)} -> {_number(new)}"
+        changes.append(WorkChange(phase, figure, old, new, new > old, message))
+    return changes
 
 
 def _beyond(old: float, new: float, tolerance: float) -> int:

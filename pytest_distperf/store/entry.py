@@ -32,29 +32,7 @@ READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
 # the window is ignored, and one in more widens the tolerance until it leaves).
 RUN_HISTORY = 10
 
-# Absent from older files (SCHEMA says since when), read as empty.
-_LIST_FIELDS = (
-    "run_medians",
-    "relative_samples",
-    "off_cpu_share_samples",
-    "relative_run_medians",
-    "host_loop_run_medians",
-    "host_cpu_run_medians",
-    "device_time_run_medians",
-    *(
-        _WAIT_FIELDS := (
-            "run_queue_wait_run_medians",
-            "steal_run_medians",
-            "off_cpu_share_run_medians",
-        )
-    ),
-)
-_OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
-# Lists where zero is a value (no wait at all), not a missing measure.
-_SHARES = "off_cpu_share_samples"  # shares of a wall time, each in [0, 1]
-# What `_rounded` holds a list's values to, as its message says it.
-_POSITIVE, _NON_NEGATIVE_NUMBERS, _IN_0_1 = "positive numbers", "non-negative numbers", "in [0, 1]"
-_NON_NEGATIVE = frozenset({*_WAIT_FIELDS, _SHARES})
+_WAIT_FIELDS = ("run_queue_wait_run_medians", "steal_run_medians", "off_cpu_share_run_medians")
 # One value per recorded run, extended by every refresh (`following`).
 _HISTORIES = (
     "relative_run_medians",
@@ -63,6 +41,14 @@ _HISTORIES = (
     "device_time_run_medians",
     *_WAIT_FIELDS,
 )
+# Absent from older files (SCHEMA says since when), read as empty.
+_LIST_FIELDS = ("run_medians", "relative_samples", "off_cpu_share_samples", *_HISTORIES)
+_OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
+# Lists where zero is a value (no wait at all), not a missing measure.
+_SHARES = "off_cpu_share_samples"  # shares of a wall time, each in [0, 1]
+# What `_rounded` holds a list's values to, as its message says it.
+_POSITIVE, _NON_NEGATIVE_NUMBERS, _IN_0_1 = "positive numbers", "non-negative numbers", "in [0, 1]"
+_NON_NEGATIVE = frozenset({*_WAIT_FIELDS, _SHARES})
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
 _SIGNIFICANT_DIGITS = 6

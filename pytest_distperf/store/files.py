@@ -7,14 +7,11 @@ import tempfile
 from pathlib import Path
 
 
-def atomic_write_text(
-    path: str | os.PathLike[str], text: str, temp_prefix: str | None = None
-) -> Path:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write `text` to `path` through a temporary file in the same directory, fsync, rename."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    prefix = temp_prefix or f".{target.name}."
-    fd, tmp_name = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:

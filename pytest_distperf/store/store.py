@@ -161,7 +161,7 @@ class BaselineStore:
                 topology_key, old_topology if new_topology is None else new_topology, merged
             )
             if raw != text.encode("utf-8"):
-                atomic_write_text(path, text, temp_prefix=_temp_prefix(path))
+                atomic_write_text(path, text)
         finally:
             lock.release()
         return path
@@ -264,15 +264,8 @@ def _parse(
     return topology, entries
 
 
-# --- atomic writes ------------------------------------------------------------------------------
-
-
-def _temp_prefix(path: Path) -> str:
-    return f".{path.name}."
-
-
 def _remove_orphaned_temps(path: Path) -> None:
-    # Temp files are only created while holding the lock, so one that exists while we hold it
-    # belongs to a writer that died between writing and renaming.
-    for orphan in path.parent.glob(f"{_temp_prefix(path)}*.tmp"):
+    # Temp files (atomic_write_text's) are only created while holding the lock, so one that
+    # exists while we hold it belongs to a writer that died between writing and renaming.
+    for orphan in path.parent.glob(f".{path.name}.*.tmp"):
         orphan.unlink(missing_ok=True)

@@ -11,9 +11,6 @@ from pytest_distperf.topology.detect import probe
 from pytest_distperf.topology.files import load_nvidia_smi_topo, load_topology
 from pytest_distperf.topology.host import probe_cpu
 from pytest_distperf.topology.model import (
-    LOOPBACK,
-    SCHEMA,
-    UNKNOWN,
     Device,
     Link,
     Network,
@@ -24,15 +21,9 @@ from pytest_distperf.topology.model import (
     link_rank,
 )
 from pytest_distperf.topology.nvml import probe_nvml
-from pytest_distperf.topology.smi import (
-    parse_nvidia_smi_topo,
-    probe_nvidia_smi,
-)
+from pytest_distperf.topology.smi import parse_nvidia_smi_topo
 
 __all__ = [
-    "LOOPBACK",
-    "SCHEMA",
-    "UNKNOWN",
     "Device",
     "Link",
     "Network",
@@ -46,7 +37,6 @@ __all__ = [
     "parse_nvidia_smi_topo",
     "probe",
     "probe_cpu",
-    "probe_nvidia_smi",
     "probe_nvml",
     "resolve_visible_devices",
 ]
