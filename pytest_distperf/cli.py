@@ -1,14 +1,6 @@
-"""`distperf`: the plugin's command for humans.
-
-    distperf topology [--accelerator auto|cpu|cuda] [--devices N]
-                      [--nvidia-smi-topo FILE | --topology FILE] [--calibration FILE] [--json]
-    distperf predict --model NAME --devices N [--strategy S ...] [--precision bf16]
-                     [--batch-size 1] [--prompt-length 8] [--max-new-tokens 50]
-                     [--nvidia-smi-topo FILE | --topology FILE] [--calibration FILE]
-                     [--compute-ms-per-token X] [--memory-bandwidth-gbps X]
-                     [--bus-bandwidth-gbps X] [--json]
-                     [--mode train --seq-length N (--matmul-tflops X | --step-compute-ms X)]
-    distperf plot (REPORT.json | --history BASELINE_DIR) -o OUT.png    (output/charts.py)
+"""`distperf`: the plugin's command for humans (`distperf COMMAND --help` for each command's
+options): `topology` prints the devices' links, `predict` each strategy's tokens/sec, `plot`
+draws a report or a baseline history (output/charts.py).
 
 No command imports torch: they answer at once and run on a laptop without GPUs. Bad input
 (a missing or malformed file, a device count the topology does not have, an unknown model) exits
@@ -22,13 +14,13 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from pytest_distperf import cli_predict, perfmodel, topology
 from pytest_distperf.output import charts
-from pytest_distperf.perfmodel import GB, MB, Calibration, Links, Prediction
+from pytest_distperf.perfmodel import GB, MB, Calibration, Links
 from pytest_distperf.spec import PRECISION_BYTES, PRECISIONS, TRAIN_ONLY_PRECISIONS
 from pytest_distperf.strategies import predict_all_for, strategy_names
 from pytest_distperf.topology import Topology, TopologyError
@@ -43,24 +35,32 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------- parser
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _positive(kind: type, noun: str) -> Callable[[str], Any]:
+    """An argparse type: a `kind` above zero (and finite), else a message naming `noun`."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {noun}, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            shown = value if kind is int else repr(text)
+            raise argparse.ArgumentTypeError(f"expected a positive {noun}, got {shown}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+_positive_int, _positive_float = _positive(int, "integer"), _positive(float, "number")
+# predict's optional figures (X): the flag and its help.
+_FIGURES = {
+    "--compute-ms-per-token": "measured single-rank ms per token (e.g. 1000 / the auto run's "
+    "tok/s); default: a roofline from the memory bandwidth",
+    "--memory-bandwidth-gbps": "device memory bandwidth for the roofline, GB/s (default: from "
+    "the GPU model)",
+    "--bus-bandwidth-gbps": "all-gather bus bandwidth of the slowest link, GB/s (default: "
+    "nominal per class)",
+}
 
 
 def _add_source_options(parser: argparse.ArgumentParser) -> None:
@@ -130,25 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--batch-size", type=_positive_int, default=1)
     pred.add_argument("--prompt-length", type=_positive_int, default=8)
     pred.add_argument("--max-new-tokens", type=_positive_int, default=50)
-    pred.add_argument(
-        "--compute-ms-per-token",
-        type=_positive_float,
-        metavar="X",
-        help="measured single-rank ms per token (e.g. 1000 / the auto run's tok/s); default: "
-        "a roofline from the memory bandwidth",
-    )
-    pred.add_argument(
-        "--memory-bandwidth-gbps",
-        type=_positive_float,
-        metavar="X",
-        help="device memory bandwidth for the roofline, GB/s (default: from the GPU model)",
-    )
-    pred.add_argument(
-        "--bus-bandwidth-gbps",
-        type=_positive_float,
-        metavar="X",
-        help="all-gather bus bandwidth of the slowest link, GB/s (default: nominal per class)",
-    )
+    for flag, text in _FIGURES.items():
+        pred.add_argument(flag, type=_positive_float, metavar="X", help=text)
     cli_predict.add_train_options(pred)
     _add_source_options(pred)
     charts.add_parser(sub)
@@ -274,11 +257,6 @@ def _pair_rows(topo: Topology) -> list[dict[str, Any]]:
     return rows
 
 
-def _bandwidth_matrix(topo: Topology, pairs: list[dict[str, Any]]) -> str:
-    by_pair = {(p["a"], p["b"]): p["nominal_busbw_gbps"] for p in pairs}
-    return topo.matrix(lambda a, b: f"{by_pair[min(a, b), max(a, b)]:.3g}", diagonal="X")
-
-
 def _calibration_summary(calibration: Calibration) -> dict[str, Any]:
     largest = calibration.all_gather[-1] if calibration.all_gather else None
     return {
@@ -320,7 +298,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
     if pairs:
         print()
         print("Nominal all-gather bus bandwidth per pair (GB/s):")
-        print(_bandwidth_matrix(topo, pairs), end="")
+        by_pair = {(p["a"], p["b"]): p["nominal_busbw_gbps"] for p in pairs}
+        print(topo.matrix(lambda a, b: f"{by_pair[min(a, b), max(a, b)]:.3g}", "X"), end="")
         print()
         for p in pairs:
             print(f"  {p['a']}-{p['b']} {p['link_class']}: {p['basis']}")
@@ -343,21 +322,6 @@ def cmd_topology(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- predict command
 
 
-def _links(args: argparse.Namespace, topo: Topology, calibration: Calibration | None) -> Links:
-    try:
-        return perfmodel.run_links(
-            topo,
-            args.devices,
-            calibration,
-            memory_bandwidth=args.memory_bandwidth_gbps * GB
-            if args.memory_bandwidth_gbps
-            else None,
-            bus_bandwidth=args.bus_bandwidth_gbps * GB if args.bus_bandwidth_gbps else None,
-        )
-    except ValueError as exc:
-        raise UsageError(f"--devices {args.devices}: {exc}") from None
-
-
 def _inputs(args: argparse.Namespace) -> tuple[Any, Topology, Links]:
     config = _load_config(args.model)
     topo = _load_topology(args, args.devices)
@@ -367,10 +331,27 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, Topology, Links]:
             f"{topo.device_count} device(s)"
         )
     calibration = _load_calibration(args.calibration, args.devices)
-    return config, topo, _links(args, topo, calibration)
+    memory, bus = args.memory_bandwidth_gbps, args.bus_bandwidth_gbps
+    try:
+        links = perfmodel.run_links(
+            topo,
+            args.devices,
+            calibration,
+            memory_bandwidth=memory * GB if memory else None,
+            bus_bandwidth=bus * GB if bus else None,
+        )
+    except ValueError as exc:
+        raise UsageError(f"--devices {args.devices}: {exc}") from None
+    return config, topo, links
 
 
-def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Prediction]]:
+def cmd_predict(args: argparse.Namespace) -> int:
+    if args.mode == "train":
+        config, topo, links = _inputs(args)
+        try:
+            return cli_predict.cmd_predict_train(args, config, topo, links)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     if args.precision in TRAIN_ONLY_PRECISIONS:
         raise UsageError(f"--precision {args.precision}: training only (--mode train)")
     config, topo, links = _inputs(args)
@@ -379,7 +360,6 @@ def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Predic
             f"--prompt-length {args.prompt_length} + --max-new-tokens {args.max_new_tokens} "
             f"exceeds {args.model}'s block_size {config.block_size}"
         )
-    compute = args.compute_ms_per_token / 1e3 if args.compute_ms_per_token else None
     predictions = predict_all_for(
         config,
         args.devices,
@@ -390,19 +370,8 @@ def _predictions(args: argparse.Namespace) -> tuple[Topology, Links, list[Predic
         prompt_length=args.prompt_length,
         max_new_tokens=args.max_new_tokens,
         dtype_bytes=PRECISION_BYTES[args.precision],
-        compute_time_s=compute,
+        compute_time_s=args.compute_ms_per_token / 1e3 if args.compute_ms_per_token else None,
     )
-    return topo, links, predictions
-
-
-def cmd_predict(args: argparse.Namespace) -> int:
-    if args.mode == "train":
-        config, topo, links = _inputs(args)
-        try:
-            return cli_predict.cmd_predict_train(args, config, topo, links)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-    topo, links, predictions = _predictions(args)
     return cli_predict.print_decode(args, topo, links, predictions)
 
 
