@@ -1,12 +1,7 @@
-"""Charts of distperf results as PNG files (matplotlib, the `plot` extra).
-
-    distperf plot REPORT.json -o results.png       tok/s per strategy (and per rank count) of a
-                                                   JSON report (--distperf-json), with each run's
-                                                   predicted rate and threshold marked
-    distperf plot --history BASELINE_DIR -o history.png
-                                                   each test's recorded run medians across
-                                                   baseline refreshes, with the tolerance band
-                                                   the next run is held to
+"""Charts of distperf results as PNG files (matplotlib, the `plot` extra): `distperf plot
+REPORT.json` draws tok/s per strategy and rank count of a JSON report (--distperf-json), each
+run's predicted rate and threshold marked; `distperf plot --history BASELINE_DIR` each test's
+recorded run medians across baseline refreshes, with the tolerance band the next run is held to.
 
 matplotlib is imported only when a chart is drawn, and drawn on its Agg canvas without pyplot,
 so no display and no global backend state are involved. Without matplotlib the command says
@@ -31,6 +26,7 @@ INSTALL_HINT = "pip install 'pytest-distperf[plot]'"
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
 _PREDICTED, _THRESHOLD, _FAILED = "#111111", "#d62728", "#d62728"
 _DPI = 110
+_LABEL = {"xytext": (0, 4), "textcoords": "offset points", "ha": "center", "va": "bottom"}
 
 
 class ChartError(Exception):
@@ -126,16 +122,9 @@ def store_histories(directory: str | Path) -> list[History]:
             held = compare_to_recorded_runs(
                 entry.samples, entry.samples, runs, tolerance_floor=floor
             )
+            level, tolerance = held.baseline_median, held.tolerance
             histories.append(
-                History(
-                    key,
-                    test_id,
-                    runs,
-                    entry.samples,
-                    held.baseline_median,
-                    held.tolerance,
-                    held.tolerance_runs,
-                )
+                History(key, test_id, runs, entry.samples, level, tolerance, held.tolerance_runs)
             )
     if not histories:
         raise ChartError(f"{directory}: no baselines recorded there")
@@ -208,17 +197,9 @@ def _draw_bar(ax: Any, x: float, width: float, bar: ResultBar, colour: str) -> N
     ax.bar(x, bar.tokens_per_sec, width * 0.92, color=colour, edgecolor=edge, linewidth=2)
     # Above the bar and its marks, so that neither covers the figure.
     top = max(bar.tokens_per_sec, bar.predicted or 0, bar.threshold or 0)
-    ax.annotate(
-        _rate(bar.tokens_per_sec) + (" FAIL" if bar.failed else ""),
-        (x, top),
-        xytext=(0, 4),
-        textcoords="offset points",
-        ha="center",
-        va="bottom",
-        fontsize=9,
-        weight="bold",
-        color=_FAILED if bar.failed else "black",
-    )
+    label = _rate(bar.tokens_per_sec) + (" FAIL" if bar.failed else "")
+    colour = _FAILED if bar.failed else "black"
+    ax.annotate(label, (x, top), color=colour, fontsize=9, weight="bold", **_LABEL)
     half = width * 0.46
     if bar.predicted:
         ax.hlines(bar.predicted, x - half, x + half, colors=_PREDICTED, linewidth=2.5)
@@ -264,28 +245,18 @@ def plot_history(histories: Sequence[History], out: str | Path, title: str = "")
         runs = history.run_medians
         xs = list(range(1, len(runs) + 1))
         low, high = history.level * (1 - history.tolerance), history.level * (1 + history.tolerance)
-        source = (
-            f"the spread of {history.tolerance_runs} recorded runs"
-            if history.tolerance_runs
-            else "the latest repeats"
-        )
+        spread = history.tolerance_runs
+        source = f"the spread of {spread} recorded runs" if spread else "the latest repeats"
         ax.axhspan(low, high, color="#2ca02c", alpha=0.15, label="tolerance band (next run)")
         ax.axhline(history.level, color="#2ca02c", linestyle="--", linewidth=1.2, label="level")
         ax.axhline(low, color=_THRESHOLD, linewidth=1, alpha=0.7, label="drop beyond the tolerance")
         level = f"median of {len(runs)} runs" if len(runs) >= 3 else "latest run"
-        ax.scatter(
-            [xs[-1]] * len(history.latest_samples),
-            history.latest_samples,
-            color="#7f7f7f",
-            s=12,
-            zorder=3,
-            label="latest repeats",
-        )
+        latest, label = history.latest_samples, "latest repeats"
+        ax.scatter([xs[-1]] * len(latest), latest, color="#7f7f7f", s=12, zorder=3, label=label)
         ax.plot(xs, runs, marker="o", color=_COLOURS[0], zorder=4, label="run median")
         ax.set_xticks(xs)
         ax.set_xlim(0.5, len(runs) + 0.5)
-        top = max(high, *runs, *history.latest_samples)
-        ax.set_ylim(min(low, *runs, *history.latest_samples) * 0.85, top * 1.1)
+        ax.set_ylim(min(low, *runs, *latest) * 0.85, max(high, *runs, *latest) * 1.1)
         ax.set_xlabel("recorded run (oldest first)")
         ax.set_ylabel("tokens/sec")
         name = history.test_id if len(keys) == 1 else f"{history.test_id} ({history.topology_key})"
@@ -300,13 +271,8 @@ def plot_history(histories: Sequence[History], out: str | Path, title: str = "")
         ax.set_visible(False)
     handles, labels = axes[0].get_legend_handles_labels()
     order = sorted(range(len(labels)), key=lambda i: not labels[i].startswith("run median"))
-    figure.legend(
-        [handles[i] for i in order],
-        [labels[i] for i in order],
-        fontsize=9,
-        loc="outside lower center",
-        ncols=3,
-    )
+    handles, labels = [handles[i] for i in order], [labels[i] for i in order]
+    figure.legend(handles, labels, fontsize=9, loc="outside lower center", ncols=3)
     where = keys[0] if len(keys) == 1 else f"{len(keys)} topology keys"
     figure.suptitle(title or f"distperf baseline history: {where}", fontsize=12)
     return _save(figure, out)
