@@ -1,24 +1,15 @@
-"""Every distperf run as a benchmark of pytest-benchmark's session, when that plugin is active.
+"""Every distperf run as a benchmark of pytest-benchmark's session, when that plugin is active:
+its saving, comparing (`--benchmark-compare-fail` included), tables and exports then work on
+distperf tests unchanged. A round is one timed generation: the slowest rank's wall time of
+prefill + decode (`measured.Sample.total_s`), in seconds; the figures declared with
+Report.BENCHMARK_EXTRA ride in `extra_info`; the group is the test function.
 
-pytest-benchmark then saves, compares, tabulates and exports distperf tests like its own:
-`--benchmark-autosave/--benchmark-save`, `--benchmark-compare[-fail]`, `--benchmark-json`,
-`--benchmark-histogram` and `pytest-benchmark compare` work unchanged, with its statistics,
-machine and commit info. With `-p no:benchmark` (or without pytest-benchmark) nothing here runs.
-
-A round is one timed generation: the slowest rank's wall time of prefill + decode
-(`measured.Sample.total_s`), in seconds, so lower is better as for any pytest-benchmark timing.
-The figures declared with Report.BENCHMARK_EXTRA (figures.py: tokens/sec, strategy, ranks,
-topology key, the predicted rate and its bound, ...) ride in `extra_info`; the group is the
-test function, so its strategies and rank counts share a table.
-
-How it hooks in: the `benchmark` fixture, once it has timed something, appends its stats object
-(`pytest_benchmark.stats.Metadata`) to the session's `benchmarks` list, and everything the
-session does later (saving, comparing, `--benchmark-compare-fail`, the table) reads that list.
-The rounds here were timed in the ranks, not by the fixture's timer, so a `Metadata` is built
-around a record of what the fixture would know of the test, its rounds added with its public
-`update()`. The session is found by the name pytest-benchmark registers it under (a public
-pluggy lookup) rather than through `config._benchmarksession`. Machine info is extended through
-the documented `pytest_benchmark_update_machine_info` hook (plugin.py).
+How it hooks in: the `benchmark` fixture appends its stats object (`pytest_benchmark.stats.
+Metadata`) to the session's `benchmarks` list, which everything the session does later reads.
+Here the rounds were timed in the ranks, so a `Metadata` is built around a record of what the
+fixture would know of the test, its rounds added with its public `update()`. The session is
+found by the name pytest-benchmark registers it under (a public pluggy lookup); machine info is
+extended through the `pytest_benchmark_update_machine_info` hook (plugin.py).
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     python -m pytest_distperf.output.markdown distperf.json [--title TITLE]
 
-prints one table row per result, a column for every figure declared with a Markdown column
-(figures.py: test, strategy, devices, tok/s, and, when the run has them, the baseline, the
-change (current / baseline - 1), the relative speed and its change, and the verdict); then the
-message of every check that failed or warned. It renders `SummaryRow`s, made from judged runs
-(`SummaryRow.of`) or from a saved JSON report (`parse_report`, which refuses a malformed file
-with the reason). No torch: it runs wherever the report is.
+prints a row per result, a column per figure declared with a Markdown column (figures.py), then
+the message of every check that failed or warned. Rows come from judged runs (`SummaryRow.of`)
+or a saved JSON report (`parse_report`, which refuses a malformed file with the reason).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pytest_distperf.figures import TABLE, Figure, TableColumn, declared
@@ -22,16 +22,16 @@ def write_json_report(path: str | os.PathLike[str], records: Sequence[JudgedRun]
     return atomic_write_text(path, text + "\n")
 
 
-def _shown() -> list[tuple[Figure, TableColumn]]:
-    """The table's figures and their columns, left to right."""
+def _line(text: Callable[[Figure, TableColumn], str]) -> str:
+    """A line of the table: each figure declared with Report.TABLE, left to right, as `text`
+    writes it after its column's separator (none before the first)."""
     shown = [(f, f.table) for f in declared(TABLE) if f.table is not None]
-    return sorted(shown, key=lambda pair: pair[1].at)
+    shown.sort(key=lambda pair: pair[1].at)
+    return "".join(column.sep + text(f, column) for f, column in shown)[len(shown[0][1].sep) :]
 
 
 def result_header() -> str:
-    """The table's heading: a column for every figure declared with Report.TABLE."""
-    cells = [column.sep + column.heading() for _, column in _shown()]
-    return "".join(cells)[len(_shown()[0][1].sep) :]
+    return _line(lambda _, column: column.heading())
 
 
 def format_result_line(record: JudgedRun, outcome: str) -> str:
@@ -40,13 +40,11 @@ def format_result_line(record: JudgedRun, outcome: str) -> str:
     A figure the run does not have (no prediction, no baseline yet) shows as "-"; one the
     record was not made with raises AttributeError.
     """
-    shown = _shown()
-    cells = [
-        column.sep
-        + column.text(record.value(f) if column.cell is None else column.cell(record, outcome))
-        for f, column in shown
-    ]
-    return "".join(cells)[len(shown[0][1].sep) :]
+
+    def cell(f: Figure, column: TableColumn) -> str:
+        return column.text(record.value(f) if column.cell is None else column.cell(record, outcome))
+
+    return _line(cell)
 
 
 def result_lines(

@@ -64,7 +64,7 @@ def _nvlink_ends(nv: Any, handle: Any, gpu_buses: set[str]) -> list[_LinkEnd]:
         if _nvml_try(nv, "nvmlDeviceGetNvLinkState", handle, link) != enabled:
             continue
         pci = _nvml_try(nv, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
-        remote = normal_bus_id(pci.busId) if pci is not None else None
+        remote = normal_bus_id(getattr(pci, "busId", ""))
         kind = _nvml_try(nv, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
         if kind == _REMOTE_NPU:
             continue  # an NVLink to a POWER CPU: host traffic, not GPU-to-GPU
@@ -141,10 +141,9 @@ def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
         env = os.environ.get("CUDA_VISIBLE_DEVICES")
         visible, env_notes = resolve_visible_devices(env, uuids)
         wanted = pick_devices(visible, indices, env)
-        buses = []
-        for h in handles:
-            pci = _nvml_try(nv, "nvmlDeviceGetPciInfo", h)
-            buses.append(normal_bus_id(pci.busId) if pci is not None else None)
+        # No PCI info (None): no busId, which normal_bus_id reads as no bus.
+        pcis = [_nvml_try(nv, "nvmlDeviceGetPciInfo", h) for h in handles]
+        buses = [normal_bus_id(getattr(pci, "busId", "")) for pci in pcis]
         gpu_buses = {bus for bus in buses if bus is not None}
         devices = []
         for cuda_index in wanted:

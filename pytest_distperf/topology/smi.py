@@ -3,6 +3,7 @@ NVML's Python binding fails."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -142,15 +143,10 @@ class _Matrix:
             if note not in self.notes:
                 self.notes.append(note)
             token = new
-        try:
-            link_rank(token)
-        except ValueError:
-            raise TopologyParseError(
-                f"row GPU{i} column GPU{j}: unknown link token {token!r}"
-            ) from None
-        if token in (LOOPBACK, UNKNOWN):
-            raise TopologyParseError(f"row GPU{i} column GPU{j}: unknown link token {token!r}")
-        return token
+        with contextlib.suppress(ValueError):  # NV<n> and PCIe words; not LOOPBACK nor unknown
+            if link_rank(token) > link_rank(LOOPBACK):
+                return token
+        raise TopologyParseError(f"row GPU{i} column GPU{j}: unknown link token {token!r}")
 
 
 def _find_header(lines: Sequence[str]) -> int | None:
