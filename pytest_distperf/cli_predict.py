@@ -1,15 +1,11 @@
 """`distperf predict`'s output: the decode predictions as cli.py computed them, and with
 `--mode train` the predicted training step of every strategy that can train.
 
-    distperf predict --model NAME --devices N --mode train [--seq-length N] [--batch-size B]
-                     [--precision fp32|bf16|fp16|bf16-mixed]
-                     (--matmul-tflops X | --step-compute-ms X) [topology/link options] [--json]
-
-The command measures nothing, so the compute term needs a figure: a matmul rate (model FLOPs
-over it, the way MFU counts them) or a measured single-process step. The links are the same as
-for the decode prediction (nominal from the topology, or a calibration file). No torch import.
-`pytest_distperf.cli` parses the options and loads the inputs; this module adds the training
-options and prints. Bad input raises ValueError naming the option (the caller exits 2).
+The command measures nothing, so the training step's compute term needs a figure: a matmul rate
+(--matmul-tflops: model FLOPs over it, the way MFU counts them) or a measured single-process
+step (--step-compute-ms). The links are the decode prediction's. No torch import. cli.py parses
+the options and loads the inputs; this module adds the training options and prints. Bad input
+raises ValueError naming the option (the caller exits 2).
 """
 
 from __future__ import annotations

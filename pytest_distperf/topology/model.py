@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pytest_distperf.platform import PLATFORMS
@@ -25,6 +25,7 @@ _LOOPBACK_RANK = 1
 _UNKNOWN_RANK = 0
 _NV_BASE_RANK = 100  # every NVLink bundle beats every PCIe path; more links beat fewer
 _NV_RE = re.compile(r"NV(\d+)")
+_TEXT = {"name": str, "bus_id": str}  # a Device's text fields; the others are counts
 
 
 class TopologyError(ValueError):
@@ -266,18 +267,12 @@ class Topology:
             where = f"devices[{i}]"
             if not isinstance(d, Mapping):
                 raise ValueError(f"{where} must be an object")
-            devices.append(
-                Device(
-                    index=_get(d, "index", int, where),
-                    name=_get(d, "name", str, where),
-                    memory_bytes=_get(d, "memory_bytes", int, where),
-                    pcie_gen_max=_get(d, "pcie_gen_max", int, where, optional=True),
-                    pcie_gen_current=_get(d, "pcie_gen_current", int, where, optional=True),
-                    pcie_width_max=_get(d, "pcie_width_max", int, where, optional=True),
-                    pcie_width_current=_get(d, "pcie_width_current", int, where, optional=True),
-                    bus_id=_get(d, "bus_id", str, where, optional=True),
-                )
-            )
+            # Every field in declaration order; those with a default (None) are optional.
+            values = {
+                f.name: _get(d, f.name, _TEXT.get(f.name, int), where, optional=f.default is None)
+                for f in fields(Device)
+            }
+            devices.append(Device(**values))
         links = []
         for i, raw in enumerate(links_raw):
             where = f"links[{i}]"
