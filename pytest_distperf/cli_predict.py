@@ -127,11 +127,11 @@ def shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
     return list(dict.fromkeys(text for p in predictions for text in p.assumptions))
 
 
-def _json(
-    workload: dict[str, Any], topology: dict[str, Any], links: Links, rows: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """`distperf predict --json`'s document, decode or training."""
-    return {
+def _print_json(
+    workload: dict[str, Any], topology: dict[str, Any], links: Links, rows: list[Any], **more: Any
+) -> int:
+    """Print `distperf predict --json`'s document, decode or training."""
+    out = {
         "workload": workload,
         "topology": topology,
         "link_class": links.link_class,
@@ -139,6 +139,8 @@ def _json(
         "measured_links": links.measured,
         "predictions": rows,
     }
+    print(json.dumps(out | more, indent=2))
+    return 0
 
 
 def _print_links(topo: Topology, links: Links) -> None:
@@ -169,9 +171,7 @@ def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, lin
             "step_compute_ms": args.step_compute_ms,
         }
         topology = {"key": topo.key(), "source": topo.source}
-        out = _json(workload, topology, links, rows) | {"cannot_train": dict(refused)}
-        print(json.dumps(out, indent=2))
-        return 0
+        return _print_json(workload, topology, links, rows, cannot_train=dict(refused))
     if rate:
         compute = f"model FLOPs at {args.matmul_tflops:g} TFLOP/s per device"
     else:
@@ -213,9 +213,7 @@ def print_decode(
     if args.json:
         pairs = [{"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links]
         topology = {"key": topo.key(), "source": topo.source, "pairs": pairs}
-        out = _json(workload, topology, links, [p.to_dict() for p in predictions])
-        print(json.dumps(out, indent=2))
-        return 0
+        return _print_json(workload, topology, links, [p.to_dict() for p in predictions])
     print(
         f"{args.model} on {args.devices} {topo.accelerator} device(s), {args.precision}, batch "
         f"{args.batch_size}, {args.prompt_length}-token prompt + {args.max_new_tokens} new tokens"

@@ -21,18 +21,11 @@ WORKLOAD_MARKER = "distperf"
 
 def register(config: pytest.Config) -> None:
     """Marker help for `pytest --markers`, and for --strict-markers."""
-    config.addinivalue_line(
-        "markers",
+    for text in (
         f"{STRATEGY_MARKER}(*names): run this distperf test once per parallel strategy; "
         f"names: {', '.join(strategy_names())}",
-    )
-    config.addinivalue_line(
-        "markers",
         f"{DEVICES_MARKER}(*counts): run this distperf test once per rank count, e.g. "
         "devices(1, 2, 4); without it, --distperf-devices",
-    )
-    config.addinivalue_line(
-        "markers",
         f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
         "precision='fp32', seed=1234, slowdown=0.0, generate=None, shard_unit=None, "
         "tp_plan=None, comm_delay=0.0, compile=None, efficiency=None, tolerance=None, "
@@ -40,7 +33,8 @@ def register(config: pytest.Config) -> None:
         "distperf test generates (mode='train': optimizer steps on batch_size sequences of "
         "seq_length tokens), and its per-test gate settings (gates=False: measured and "
         "reported, never failed by a check)",
-    )
+    ):
+        config.addinivalue_line("markers", text)
 
 
 def strategy_names_of(metafunc: pytest.Metafunc, where: str) -> list[str]:

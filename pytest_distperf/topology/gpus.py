@@ -11,7 +11,7 @@ import importlib.util
 import os
 import re
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_distperf.topology.cuda import as_text, resolve_visible_devices
@@ -30,20 +30,13 @@ def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
         return 0
     failures = 0
     for uuids in (_nvml_uuids, _smi_uuids):
-        try:
-            return _count(uuids, environ.get("CUDA_VISIBLE_DEVICES"))
+        try:  # ValueError for a MIG slice
+            return len(resolve_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), uuids())[0])
         except NoDriver:
             continue
         except Exception:  # noqa: BLE001 - any other trouble: let torch answer
             failures += 1
-    if not failures:
-        return 0
-    return _torch_count()
-
-
-def _count(uuids: Callable[[], list[str]], env: str | None) -> int:
-    visible, _ = resolve_visible_devices(env, uuids())  # ValueError for a MIG slice
-    return len(visible)
+    return _torch_count() if failures else 0
 
 
 def _nvml_uuids() -> list[str]:
