@@ -32,9 +32,6 @@ class UsageError(Exception):
     """Bad input; the message names the value and where it came from."""
 
 
-# --------------------------------------------------------------------------- parser
-
-
 def _positive(kind: type, noun: str) -> Callable[[str], Any]:
     """An argparse type: a `kind` above zero (and finite), else a message naming `noun`."""
 
@@ -138,9 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# --------------------------------------------------------------------------- inputs
-
-
 def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
     try:
         if args.nvidia_smi_topo:
@@ -235,9 +229,6 @@ def _load_config(name: str) -> Any:
     return shape
 
 
-# --------------------------------------------------------------------------- topology command
-
-
 def _pair_rows(topo: Topology) -> list[dict[str, Any]]:
     rows = []
     for link in topo.links:
@@ -319,9 +310,6 @@ def cmd_topology(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- predict command
-
-
 def _inputs(args: argparse.Namespace) -> tuple[Any, Topology, Links]:
     config = _load_config(args.model)
     topo = _load_topology(args, args.devices)
@@ -373,9 +361,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
         compute_time_s=args.compute_ms_per_token / 1e3 if args.compute_ms_per_token else None,
     )
     return cli_predict.print_decode(args, topo, links, predictions)
-
-
-# --------------------------------------------------------------------------- entry point
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -54,15 +54,6 @@ _NON_NEGATIVE = frozenset({*_WAIT_FIELDS, _SHARES})
 _SIGNIFICANT_DIGITS = 6
 
 
-def validate_test_id(test_id: str) -> str:
-    """Return ``test_id`` if usable as an entry key (non-empty, one line), else raise ValueError."""
-    if not isinstance(test_id, str) or not test_id.strip():
-        raise ValueError(f"test id must be a non-empty string, got {test_id!r}")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in test_id):
-        raise ValueError(f"test id {test_id!r} contains control characters")
-    return test_id
-
-
 @dataclass(frozen=True)
 class BaselineEntry:
     """The stored measurement of one test on one topology."""
@@ -119,7 +110,11 @@ class BaselineEntry:
         return statistics.median(self.relative_samples) if self.relative_samples else None
 
     def __post_init__(self) -> None:
-        validate_test_id(self.test_id)
+        test_id = self.test_id  # an entry's key: a non-empty string of one line
+        if not isinstance(test_id, str) or not test_id.strip():
+            raise ValueError(f"test id must be a non-empty string, got {test_id!r}")
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in test_id):
+            raise ValueError(f"test id {test_id!r} contains control characters")
         samples = tuple(self.samples)
         if not samples:
             raise ValueError(f"{self.test_id}: no samples")
