@@ -222,6 +222,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            "launch to the first timed token"),
     Figure("reference_token_s", "s", slowest_rank("reference_token_s"),
            "per-token time of the whole model alone"),
+    Figure("reference_source", "", first_rank("reference_source"),
+           "how the reference (reference_token_s, reference_step_s) was obtained"),
     Figure("retimed_tokens_per_sec", "tok/s", from_result("retimed_tokens_per_sec", _S),
            "CPU ranks, one GPU: the same step timed again after the repeats, knobs off"),
     Figure("relative_speed_samples", "", from_result("relative_speed_samples", _S),

@@ -60,6 +60,7 @@ class RankResult:
     replicas: int  # independent decode streams in the run
     timed_from: float  # epoch seconds when this rank began its timed generations
     reference_token_s: float | None = None  # see workload.reference_token_time
+    reference_source: str = ""  # how the reference (token or step) was obtained; "" if none
     # The bare model's generation run right after each timed one (worker.py), when it has one.
     bare_samples: tuple[Sample, ...] = ()
     # Seconds of hostspeed's fixed interpreter loop, timed right after each timed generation.

@@ -65,7 +65,7 @@ JSON_KEYS = frozenset(
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
-        *("retimed_tokens_per_sec", "threshold_check"),
+        *("retimed_tokens_per_sec", "threshold_check", "reference_source"),
         "host_loop_cpu_samples",
         *(
             "work_s",
@@ -111,7 +111,7 @@ SUMMARY_KEYS = frozenset(
         "host_loop_cpu_samples",
         "run_queue_wait_per_token_s",
         *("steal_per_token_s", "off_cpu_share"),
-        "retimed_tokens_per_sec",
+        *("retimed_tokens_per_sec", "reference_source"),
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
     }

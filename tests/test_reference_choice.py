@@ -10,6 +10,8 @@ import pytest
 from pytest_distperf.measured import Sample
 from pytest_distperf.ranks import reference
 from pytest_distperf.ranks.reference import (
+    BEFORE_WRAPPING,
+    BESIDE,
     ReferenceChoice,
     choose_reference,
     pairs_beside,
@@ -46,31 +48,34 @@ def test_where_the_reference_is_timed(
 def test_replicated_takes_the_median_of_the_bare_runs_beside_the_samples() -> None:
     bare = [_bare(4.9, 0.3), _bare(9.8, 0.1), _bare(2.45, 0.2)]  # 50 tokens: 49 decode steps
     chosen = choose_reference(False, 50, STEPS, False, bare, None)
-    assert chosen == ReferenceChoice(token_s=pytest.approx(0.1), prefill_s=0.2, eager=False)
+    assert chosen == ReferenceChoice(pytest.approx(0.1), prefill_s=0.2, eager=False, source=BESIDE)
 
 
 def test_sharded_keeps_the_reference_timed_before_wrapping() -> None:
     bare = [_bare(4.9), _bare(4.9)]  # the whole copy beside the samples: its prefill only
     chosen = choose_reference(True, 50, STEPS, False, bare, BEFORE)
-    assert chosen == ReferenceChoice(token_s=0.5, prefill_s=0.1, eager=False)
+    assert chosen == ReferenceChoice(0.5, prefill_s=0.1, eager=False, source=BEFORE_WRAPPING)
 
 
 def test_sharded_without_a_copy_beside_keeps_both_figures_from_before_wrapping() -> None:
-    assert choose_reference(True, 50, STEPS, False, [], BEFORE) == ReferenceChoice(0.5, 0.25, False)
+    chosen = choose_reference(True, 50, STEPS, False, [], BEFORE)
+    assert chosen == ReferenceChoice(0.5, 0.25, False, BEFORE_WRAPPING)
 
 
 def test_a_short_generation_keeps_the_reference_timed_before_wrapping() -> None:
     chosen = choose_reference(False, 4, STEPS, False, [_bare(0.3)], BEFORE)
     assert chosen.token_s == 0.5 and chosen.prefill_s == 0.1 and not chosen.eager
+    assert chosen.source == BEFORE_WRAPPING
 
 
 def test_compiled_takes_the_compiled_bare_runs_even_when_sharded() -> None:
     chosen = choose_reference(True, 50, STEPS, True, [_bare(0.98), _bare(0.98)], BEFORE)
-    assert chosen.token_s == pytest.approx(0.02) and not chosen.eager
+    assert chosen.token_s == pytest.approx(0.02) and not chosen.eager and chosen.source == BESIDE
 
 
 def test_compiled_without_a_copy_beside_says_its_reference_is_eager() -> None:
-    assert choose_reference(True, 50, STEPS, True, [], BEFORE) == ReferenceChoice(0.5, 0.25, True)
+    chosen = choose_reference(True, 50, STEPS, True, [], BEFORE)
+    assert chosen == ReferenceChoice(0.5, 0.25, True, BEFORE_WRAPPING)
 
 
 def test_no_reference_at_all() -> None:

@@ -294,6 +294,8 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> Sessi
 
 @pytest.mark.slow
 def test_every_strategy_reports_its_steps(trained: Session) -> None:
+    from pytest_distperf.ranks.training import WHOLE_STEP
+
     trained.result.stdout.fnmatch_lines(["*strategy 'pipeline' cannot train: *"])
     rows = trained.rows()
     for strategy in TRAINING:
@@ -304,6 +306,7 @@ def test_every_strategy_reports_its_steps(trained: Session) -> None:
         assert 0 < row["mfu"] <= 1 and "matmul" in row["peak_flops_source"]
         # CPU ranks time the step again after the timed ones: the threshold's re-timing
         assert row["threshold_check"] == "re-timing" and row["retimed_tokens_per_sec"] > 0, row
+        assert row["reference_step_s"] > 0 and row["reference_source"] == WHOLE_STEP, row
 
 
 @pytest.mark.slow

@@ -363,6 +363,7 @@ def result(ctx: RankContext) -> None:
         **common_result_fields(ctx),
         tokens=tuple(tuple(int(t) for t in row) for row in ctx.tokens.tolist()),
         reference_token_s=chosen.token_s,
+        reference_source=chosen.source,
         bare_samples=tuple(ctx.bare_samples),
         compile_s=ctx.compile_s,
         compiled=steps.how if steps else "",

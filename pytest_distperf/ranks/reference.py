@@ -26,6 +26,11 @@ class ReferenceChoice:
     token_s: float | None  # seconds per decode step of the bare model
     prefill_s: float | None  # seconds of its prefill (None for a user's own loop)
     eager: bool  # a compiled run whose reference is the eager model's (no compiled copy ran)
+    source: str = ""  # how token_s was obtained (BESIDE, BEFORE_WRAPPING); "" where none
+
+
+BESIDE = "the bare model beside each timed generation"
+BEFORE_WRAPPING = "the unwrapped model timed until steady before wrapping"
 
 
 def pairs_beside(sharded: bool, max_new_tokens: int, reference_steps: int) -> bool:
@@ -54,14 +59,16 @@ def choose_reference(
     `before_wrap`: (seconds per step, prefill seconds) timed before wrapping, or None.
     """
     token_s, prefill_s = before_wrap if before_wrap is not None else (None, None)
+    source = BEFORE_WRAPPING if before_wrap is not None else ""
     paired = pairs_beside(sharded, max_new_tokens, reference_steps)
     if (paired or compiled_loop) and bare_samples:
         token_s = statistics.median(step_seconds(s, max_new_tokens) for s in bare_samples)
+        source = BESIDE
     # The bare runs' prefill; with no copy beside the run, the one timed before wrapping.
     if bare_samples:
         prefill_s = median_prefill(bare_samples)
     eager = compiled_loop and token_s is not None and not bare_samples
-    return ReferenceChoice(token_s, prefill_s, eager)
+    return ReferenceChoice(token_s, prefill_s, eager, source)
 
 
 def step_seconds(sample: Sample, steps: int) -> float:

@@ -29,6 +29,7 @@ from pytest_distperf.strategies import train_message_sizes_for
 # A small rate: the steps must run AdamW's real arithmetic without moving far from the seed's
 # weights, so that every repeat does the same work.
 LEARNING_RATE = 1e-4
+WHOLE_STEP = "the whole model's step timed until steady before wrapping"
 # A CPU warm-up goes on until no rank's heap grew in SETTLED_STEPS steps in a row, for at most
 # MAX_SETTLING steps beyond the warm-up asked for. A step that faulted in fewer than GROWN_PAGES
 # pages (a few MB: the interpreter's own, not a tensor's) did not grow it.
@@ -280,6 +281,7 @@ def result(ctx: RankContext) -> None:
         loss=train.loss,
         reference_loss=train.reference_loss,
         reference_step_s=train.reference_step_s,
+        reference_source=WHOLE_STEP if train.reference_step_s is not None else "",
         matmul_flops_per_s=train.matmul_flops_per_s,
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
