@@ -39,6 +39,12 @@ MIN_RUNS_FOR_QUARTILES = 5
 RUNS_FOR_SETTLED_FLOOR = MIN_RUNS_FOR_QUARTILES
 
 
+def recorded_level(history: Sequence[float]) -> float:
+    """The recorded runs' level, as the throughput's: their median from MIN_RUNS_FOR_DRIFT on,
+    the latest run before that."""
+    return statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
+
+
 def drift_sigmas(runs: int, alpha: float = 0.01) -> float:
     """How many drift spreads one more run may fall from the recorded runs' level before the
     gate calls it a change: the one-sided (1 - alpha) prediction interval for a new run from
