@@ -99,13 +99,6 @@ class BusyEvidence:
         """Time per token taken outright: the wait for a core and the steal."""
         return (self.run_queue_wait_per_token_s or 0.0) + (self.steal_per_token_s or 0.0)
 
-    def to_dict(self) -> dict[str, float | None]:
-        return {
-            "run_queue_wait_per_token_s": self.run_queue_wait_per_token_s,
-            "steal_per_token_s": self.steal_per_token_s,
-            "core_slowdown": self.core_slowdown,
-        }
-
 
 NO_EVIDENCE = BusyEvidence(None, None, None)
 
