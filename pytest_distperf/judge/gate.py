@@ -169,13 +169,11 @@ class Gate:
         threshold = threshold_check_of(result, prediction, settings.efficiency, why_none)
         if self.update:
             why = "not compared: this run records the baseline (--distperf-update-baselines)"
+            compared = ("relative_speed", "memory", "work", "device_time")
             return Decision(
                 threshold=threshold,
                 baseline=detectable_check(result.tokens_per_sec_samples, settings),
-                relative_speed=skipped_check("relative_speed", why),
-                memory=skipped_check("memory", why),
-                work=skipped_check("work", why),
-                device_time=skipped_check("device_time", why),
+                **{name: skipped_check(name, why) for name in compared},
                 **_loss(result),  # a baseline must train the right function too
             )
         entry = self.store.get(self.topology_key, test_identity(result))
