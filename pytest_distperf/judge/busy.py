@@ -20,6 +20,7 @@ from pytest_distperf.judge.checks import (
     BusyFigures,
     Check,
     CheckStatus,
+    Figures,
     GateSettings,
     MachineFigures,
     RelativeSpeedFigures,
@@ -28,7 +29,6 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.tolerance import drift_tolerance, recorded_level
 from pytest_distperf.store.entry import BaselineEntry
 
-NOT_FAILED = "so something outside this rank took its time. Not failed"
 RANK_OWN = (
     "the rest is the rank's own: its code computes more, or it waits (a sleep, a host-device "
     "sync, I/O, a lock, a peer in a collective), which no machine excuses"
@@ -171,24 +171,24 @@ def busy_check(
     said = _evidence_words(evidence, lost_s, wall_s)
     if steady and said and beyond <= figures.tolerance:
         excuse = (
-            f"machine busy: wall time per token {busy.wall_change:+.1%}; measured outside the "
-            f"rank: {said}; without them {beyond:+.1%} (tolerance {figures.tolerance:.1%}), "
-            f"{_steady_words(device_time, cpu, core)}, {NOT_FAILED}"
+            f"wall time per token {busy.wall_change:+.1%}; measured outside the rank: {said}; "
+            f"without them {beyond:+.1%} (tolerance {figures.tolerance:.1%}), "
+            f"{_steady_words(device_time, cpu, core)}"
         )
         excused = replace(figures, busy=busy, verdict=MACHINE_BUSY)
-        baseline = Check(baseline.name, CheckStatus.WARN, f"{excuse}: {baseline.message}", excused)
-    else:
-        why = f"{said}: {busy.explained_share:.0%} of the lost time" if said else "nothing"
-        if cpu_rose and cpu is not None:
-            why += f", while its CPU time per token rose {(1.0 + cpu[0]) / core - 1.0:+.1%}"
-        message = f"{baseline.message}\nnot a busy machine: measured outside the rank, {why}; "
-        baseline = Check(
-            baseline.name,
-            baseline.status,
-            message + RANK_OWN,
-            replace(figures, busy=busy),
-        )
-    return baseline, relative
+        return _excused(baseline, excuse, excused), relative
+    why = f"{said}: {busy.explained_share:.0%} of the lost time" if said else "nothing"
+    if cpu_rose and cpu is not None:
+        why += f", while its CPU time per token rose {(1.0 + cpu[0]) / core - 1.0:+.1%}"
+    message = f"{baseline.message}\nnot a busy machine: measured outside the rank, {why}; "
+    kept = replace(baseline, message=message + RANK_OWN, figures=replace(figures, busy=busy))
+    return kept, relative
+
+
+def _excused(check: Check, excuse: str, figures: Figures) -> Check:
+    """`check` as a "machine busy" warning: the excuse first, then what the check found."""
+    message = f"machine busy: {excuse}, so something outside this rank took its time. Not failed"
+    return Check(check.name, CheckStatus.WARN, f"{message}: {check.message}", figures)
 
 
 def _busy_relative(
@@ -211,13 +211,11 @@ def _busy_relative(
     if change < -figures.tolerance:
         return relative
     excuse = (
-        f"machine busy: this run waited {waited * 1e3:.3g} ms per token for a core beyond the "
-        f"baseline's (run queue); with each generation's wait for a core taken out of its time, "
-        f"the relative speed changed {change:+.1%} (tolerance {figures.tolerance:.1%}), "
-        f"{NOT_FAILED}"
+        f"this run waited {waited * 1e3:.3g} ms per token for a core beyond the baseline's (run "
+        "queue); with each generation's wait for a core taken out of its time, the relative "
+        f"speed changed {change:+.1%} (tolerance {figures.tolerance:.1%})"
     )
-    excused = replace(figures, verdict=MACHINE_BUSY)
-    return Check(relative.name, CheckStatus.WARN, f"{excuse}: {relative.message}", excused)
+    return _excused(relative, excuse, replace(figures, verdict=MACHINE_BUSY))
 
 
 def busy_threshold(threshold: Check, work: Check, unqueued_tokens_per_sec: float | None) -> Check:
@@ -234,11 +232,11 @@ def busy_threshold(threshold: Check, work: Check, unqueued_tokens_per_sec: float
     ):
         return threshold
     excuse = (
-        f"machine busy: without the ranks' wait for a core (run queue, measured on their timing "
-        f"threads) it ran at {unqueued_tokens_per_sec:.4g} tok/s, above the threshold "
-        f"{figures.threshold_tokens_per_sec:.4g} tok/s, {NOT_FAILED}"
+        "without the ranks' wait for a core (run queue, measured on their timing threads) it ran "
+        f"at {unqueued_tokens_per_sec:.4g} tok/s, above the threshold "
+        f"{figures.threshold_tokens_per_sec:.4g} tok/s"
     )
-    return Check(threshold.name, CheckStatus.WARN, f"{excuse}: {threshold.message}", figures)
+    return _excused(threshold, excuse, figures)
 
 
 def _regressed(check: Check) -> bool:
