@@ -4,12 +4,9 @@ links and the calibration predict (perfmodel/), which `distperf predict` shows t
 
 Where ranks time themselves no collective crosses a link that a model could charge, so the
 floor is the run's own step timed again just after its repeats, the same way, with the knobs
-off (ranks/retime.py).
-Where the bare model ran beside each repeat it ran beside each re-timing too, and the two are
-also compared as speeds relative to it: this host's speed drifts between seconds, the pair
-alike; a run fails only where both comparisons say its repeats ran slow.
-Its job is to catch a run slowed or disturbed while it was timed; a slower strategy or model is
-the baseline's and the work gate's to catch. With several GPUs the modelled prediction judges.
+off (ranks/retime.py), with the bare model beside it where one ran beside the repeats. Its job
+is to catch a run slowed or disturbed while it was timed; a slower strategy or model is the
+baseline's and the work gate's to catch.
 """
 
 from __future__ import annotations
