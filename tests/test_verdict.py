@@ -34,6 +34,7 @@ from pytest_distperf.judge.counted import device_time_check, with_work_reason, w
 from pytest_distperf.judge.threshold import threshold_check
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.perfmodel import Prediction
+from pytest_distperf.reductions import json_value
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work
@@ -573,7 +574,7 @@ def test_evidence_is_measured_beyond_the_baselines_own_level() -> None:
     old = busy_evidence(_work_entry(), 0.005, 0.001, [0.023])
     assert old == BusyEvidence(None, None, None)
     assert busy_evidence(None, 0.005, 0.001, [0.023]) == old
-    assert old.to_dict() == {
+    assert json_value(old) == {  # as the JSON report writes it
         "run_queue_wait_per_token_s": None,
         "steal_per_token_s": None,
         "core_slowdown": None,

@@ -1,20 +1,8 @@
-"""When a slower run is the machine's fault, and only on evidence that it is.
-
-"Machine busy" stands only on what was measured to have been taken from a rank by something
-outside it, beyond what was taken when the baseline was recorded:
-
-* the run-queue delay of its threads (Linux schedstat): time they were runnable and waited for
-  a core another process held;
-* the host's steal (`/proc/stat`): time the hypervisor gave this VM's CPUs to another guest;
-* the fixed interpreter loop's CPU time (hostspeed.py): a core that runs the same work slower
-  (a neighbour on its SMT sibling, a lower clock), which stretches the rank's own time too.
-
-A regression is excused when that evidence, taken out of the wall time per token, leaves it
-within the baseline's tolerance. What a rank chose to wait for (a sleep, a host-device sync,
-I/O, a lock, a peer in a collective) is not runnable time, shows in none of these, and so is
-never an excuse: the rank regressed. Flat CPU time per token is the absence of one kind of
-evidence, not evidence: it can only veto (a rank whose CPU time rose did more itself). Pure: no
-I/O, no pytest. Mechanics: docs/gates.md, "What can excuse a slower run".
+"""When a slower run is the machine's fault, and only on evidence that it is: what something
+outside a rank measurably took from it (its threads' run-queue wait, the host's steal, a slower
+core), beyond what it took when the baseline was recorded. A wait the rank chose is never an
+excuse, and flat CPU time per token is no evidence: it can only veto. Pure: no I/O, no pytest.
+Mechanics: docs/gates.md, "Machine check" and "What can excuse a slower run".
 """
 
 from __future__ import annotations
@@ -26,30 +14,25 @@ from dataclasses import replace
 from pytest_distperf.judge.checks import (
     MACHINE_BUSY,
     MACHINE_SLOWER,
+    NO_EVIDENCE,
     BaselineFigures,
     BusyEvidence,
     BusyFigures,
     Check,
     CheckStatus,
+    Figures,
     GateSettings,
     MachineFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
 )
-from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, drift_tolerance
+from pytest_distperf.judge.tolerance import drift_tolerance, recorded_level
 from pytest_distperf.store.entry import BaselineEntry
 
-NOT_FAILED = "so something outside this rank took its time. Not failed"
 RANK_OWN = (
     "the rest is the rank's own: its code computes more, or it waits (a sleep, a host-device "
     "sync, I/O, a lock, a peer in a collective), which no machine excuses"
 )
-
-
-def _level(history: Sequence[float]) -> float:
-    """The recorded runs' level, set as the throughput's: their median from MIN_RUNS_FOR_DRIFT
-    on, the latest run before that."""
-    return statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
 
 
 def cpu_change(
@@ -61,17 +44,16 @@ def cpu_change(
     if host_cpu_s is None or not history:
         return None
     tolerance = max(settings.cpu_tolerance_floor, drift_tolerance(history, settings.alpha))
-    return host_cpu_s / _level(history) - 1.0, tolerance
+    return host_cpu_s / recorded_level(history) - 1.0, tolerance
 
 
 def core_slowdown(entry: BaselineEntry | None, loop_cpu_samples: Sequence[float]) -> float:
-    """How much slower this run's cores ran than the baseline's: the fixed loop's CPU time now
-    over its time when recorded (on the idle machine a baseline is recorded on, its wall time
-    is its CPU time); 1 where unknown, and never below 1, so that it only ever takes a slower
+    """The fixed loop's CPU time now over its time when recorded (on the idle machine a baseline
+    is recorded on, its wall time): 1 where unknown and never below 1, so it only takes a slower
     core out."""
     if entry is None or not entry.host_loop_run_medians or not loop_cpu_samples:
         return 1.0
-    then = _level(entry.host_loop_run_medians)
+    then = recorded_level(entry.host_loop_run_medians)
     return max(statistics.median(loop_cpu_samples) / then, 1.0)
 
 
@@ -85,10 +67,10 @@ def busy_evidence(
     baseline lacks it (a baseline recorded before the measure existed excuses nothing)."""
 
     def beyond(now: float | None, history: Sequence[float]) -> float | None:
-        return None if now is None or not history else max(now - _level(history), 0.0)
+        return None if now is None or not history else max(now - recorded_level(history), 0.0)
 
     if entry is None:
-        return BusyEvidence(None, None, None)
+        return NO_EVIDENCE
     known_core = bool(entry.host_loop_run_medians and loop_cpu_samples)
     return BusyEvidence(
         beyond(waited_per_token_s, entry.run_queue_wait_run_medians),
@@ -104,22 +86,11 @@ def machine_check(
     host_loop_samples: Sequence[float],
     host_paced: bool = True,
 ) -> Check:
-    """`baseline`, turned into a warning when the machine's own slowdown accounts for its
-    regression.
-
-    A fixed interpreter loop (hostspeed.py), which runs no model code, is timed beside each
-    repeat and recorded with the baseline. Its loss of speed is the most a slower host can take
-    off a run whose time is all host work: eager decode time moves with the loop's, by less
-    than the loop's own change, never more (docs/benchmarks/h200-2026-11-30-gate.md, data in
-    docs/benchmarks/data/noise-v3/). That much is taken out of the throughput change; when
-    what is left is within the tolerance, and the speed relative to the bare model beside each
-    repeat neither failed nor fell by more than that tolerance (the strategy kept pace), the
-    run warns "machine slower" with its figures instead of failing. Whatever the loop does not
-    account for still fails: code that got slower by itself does not slow that loop. A run
-    partly bound by the device is excused a little more than its host share warrants, the
-    price of not knowing that share. A run whose timed steps replayed as CUDA graphs
-    (`host_paced` False) is paced by the device: a slower host explains none of it.
-    """
+    """`baseline`, a "machine slower" warning where the fixed interpreter loop's loss of speed
+    (hostspeed.py), the most a slower host can take off a run of host work, accounts for its
+    regression down to the tolerance and the relative speed kept pace (docs/gates.md, "Machine
+    check"). A run partly bound by the device is excused a little more than its host share
+    warrants; one replayed as CUDA graphs (`host_paced` False) is paced by the device: never."""
     figures, relative_figures = baseline.figures, relative.figures
     if (
         not host_paced
@@ -135,10 +106,7 @@ def machine_check(
     ):
         return baseline
     change, relative_change, tolerance = figures.change, relative_figures.change, figures.tolerance
-    levels = entry.host_loop_run_medians
-    # As compare_to_recorded_runs sets the throughput's level: the runs' median from
-    # MIN_RUNS_FOR_DRIFT on, the latest run before that.
-    host_then = statistics.median(levels) if len(levels) >= MIN_RUNS_FOR_DRIFT else levels[-1]
+    host_then = recorded_level(entry.host_loop_run_medians)  # as the throughput's level
     host_now = statistics.median(host_loop_samples)
     host_change = host_then / host_now - 1  # of speed: negative when the loop took longer
     beyond_host = (1 + change) / (1 + host_change) - 1
@@ -203,24 +171,24 @@ def busy_check(
     said = _evidence_words(evidence, lost_s, wall_s)
     if steady and said and beyond <= figures.tolerance:
         excuse = (
-            f"machine busy: wall time per token {busy.wall_change:+.1%}; measured outside the "
-            f"rank: {said}; without them {beyond:+.1%} (tolerance {figures.tolerance:.1%}), "
-            f"{_steady_words(device_time, cpu, core)}, {NOT_FAILED}"
+            f"wall time per token {busy.wall_change:+.1%}; measured outside the rank: {said}; "
+            f"without them {beyond:+.1%} (tolerance {figures.tolerance:.1%}), "
+            f"{_steady_words(device_time, cpu, core)}"
         )
         excused = replace(figures, busy=busy, verdict=MACHINE_BUSY)
-        baseline = Check(baseline.name, CheckStatus.WARN, f"{excuse}: {baseline.message}", excused)
-    else:
-        why = f"{said}: {busy.explained_share:.0%} of the lost time" if said else "nothing"
-        if cpu_rose and cpu is not None:
-            why += f", while its CPU time per token rose {(1.0 + cpu[0]) / core - 1.0:+.1%}"
-        message = f"{baseline.message}\nnot a busy machine: measured outside the rank, {why}; "
-        baseline = Check(
-            baseline.name,
-            baseline.status,
-            message + RANK_OWN,
-            replace(figures, busy=busy),
-        )
-    return baseline, relative
+        return _excused(baseline, excuse, excused), relative
+    why = f"{said}: {busy.explained_share:.0%} of the lost time" if said else "nothing"
+    if cpu_rose and cpu is not None:
+        why += f", while its CPU time per token rose {(1.0 + cpu[0]) / core - 1.0:+.1%}"
+    message = f"{baseline.message}\nnot a busy machine: measured outside the rank, {why}; "
+    kept = replace(baseline, message=message + RANK_OWN, figures=replace(figures, busy=busy))
+    return kept, relative
+
+
+def _excused(check: Check, excuse: str, figures: Figures) -> Check:
+    """`check` as a "machine busy" warning: the excuse first, then what the check found."""
+    message = f"machine busy: {excuse}, so something outside this rank took its time. Not failed"
+    return Check(check.name, CheckStatus.WARN, f"{message}: {check.message}", figures)
 
 
 def _busy_relative(
@@ -243,13 +211,11 @@ def _busy_relative(
     if change < -figures.tolerance:
         return relative
     excuse = (
-        f"machine busy: this run waited {waited * 1e3:.3g} ms per token for a core beyond the "
-        f"baseline's (run queue); with each generation's wait for a core taken out of its time, "
-        f"the relative speed changed {change:+.1%} (tolerance {figures.tolerance:.1%}), "
-        f"{NOT_FAILED}"
+        f"this run waited {waited * 1e3:.3g} ms per token for a core beyond the baseline's (run "
+        "queue); with each generation's wait for a core taken out of its time, the relative "
+        f"speed changed {change:+.1%} (tolerance {figures.tolerance:.1%})"
     )
-    excused = replace(figures, verdict=MACHINE_BUSY)
-    return Check(relative.name, CheckStatus.WARN, f"{excuse}: {relative.message}", excused)
+    return _excused(relative, excuse, replace(figures, verdict=MACHINE_BUSY))
 
 
 def busy_threshold(threshold: Check, work: Check, unqueued_tokens_per_sec: float | None) -> Check:
@@ -266,11 +232,11 @@ def busy_threshold(threshold: Check, work: Check, unqueued_tokens_per_sec: float
     ):
         return threshold
     excuse = (
-        f"machine busy: without the ranks' wait for a core (run queue, measured on their timing "
-        f"threads) it ran at {unqueued_tokens_per_sec:.4g} tok/s, above the threshold "
-        f"{figures.threshold_tokens_per_sec:.4g} tok/s, {NOT_FAILED}"
+        "without the ranks' wait for a core (run queue, measured on their timing threads) it ran "
+        f"at {unqueued_tokens_per_sec:.4g} tok/s, above the threshold "
+        f"{figures.threshold_tokens_per_sec:.4g} tok/s"
     )
-    return Check(threshold.name, CheckStatus.WARN, f"{excuse}: {threshold.message}", figures)
+    return _excused(threshold, excuse, figures)
 
 
 def _regressed(check: Check) -> bool:

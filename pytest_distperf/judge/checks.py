@@ -12,7 +12,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pytest_distperf.judge.stats import (
     Comparison,
@@ -52,15 +52,7 @@ class CheckStatus(str, enum.Enum):
 CheckName = Literal[
     "threshold", "baseline", "relative_speed", "memory", "work", "device_time", "loss"
 ]
-CHECK_NAMES: tuple[CheckName, ...] = (
-    "threshold",
-    "baseline",
-    "relative_speed",
-    "memory",
-    "work",
-    "device_time",
-    "loss",
-)
+CHECK_NAMES: tuple[CheckName, ...] = get_args(CheckName)  # in the order a reader wants them
 #: A comparison's verdict, or the machine or busy check's excuse for a regression.
 BaselineVerdict = Literal[Verdict, "machine slower", "machine busy"]
 MACHINE_SLOWER: BaselineVerdict = "machine slower"
@@ -106,13 +98,6 @@ class BusyEvidence:
     def outside_s(self) -> float:
         """Time per token taken outright: the wait for a core and the steal."""
         return (self.run_queue_wait_per_token_s or 0.0) + (self.steal_per_token_s or 0.0)
-
-    def to_dict(self) -> dict[str, float | None]:
-        return {
-            "run_queue_wait_per_token_s": self.run_queue_wait_per_token_s,
-            "steal_per_token_s": self.steal_per_token_s,
-            "core_slowdown": self.core_slowdown,
-        }
 
 
 NO_EVIDENCE = BusyEvidence(None, None, None)
@@ -370,11 +355,6 @@ def comparison_status(comparison: Comparison, settings: GateSettings) -> CheckSt
     }[comparison.verdict]
 
 
-_NOT_COUNTED = Check("work", CheckStatus.SKIP, "not run")
-_NO_DEVICE_TIME = Check("device_time", CheckStatus.SKIP, "not run")
-_NO_LOSS = Check("loss", CheckStatus.SKIP, "not a training run")
-
-
 @dataclass(frozen=True)
 class Decision:
     """Every check of one run, in the order a reader wants them."""
@@ -384,24 +364,16 @@ class Decision:
     relative_speed: Check
     memory: Check
     gates: bool = True  # False: reported only; the verdict says "off" and nothing fails the test
-    work: Check = _NOT_COUNTED  # the counted work against the baseline's (judge/counted.py)
-    device_time: Check = _NO_DEVICE_TIME
-    loss: Check = _NO_LOSS  # training: the first step's loss against one process's
+    work: Check = Check("work", CheckStatus.SKIP, "not run")  # judge/counted.py
+    device_time: Check = Check("device_time", CheckStatus.SKIP, "not run")
+    loss: Check = Check("loss", CheckStatus.SKIP, "not a training run")  # training only
     # What something outside the ranks took, against the baseline's (judge/busy.py); None
     # without a baseline to compare with.
     busy_evidence: BusyEvidence | None = None
 
     @property
     def checks(self) -> tuple[Check, ...]:
-        return (
-            self.threshold,
-            self.baseline,
-            self.relative_speed,
-            self.memory,
-            self.work,
-            self.device_time,
-            self.loss,
-        )
+        return tuple(getattr(self, name) for name in CHECK_NAMES)
 
     @property
     def failed(self) -> bool:

@@ -1,13 +1,7 @@
-"""Checks on what the counted generation saw: the work gate, the device time per token, and
-the reasons a slower run gets (its work changed, the same work got slower, or the machine was
-busy).
-
-Counts do not move between unchanged runs, so the work gate compares them exactly (calls and
-collective kinds) or within a small tolerance (bytes, ops, FLOPs, kernels). A rank's CPU time
-per token rises when its own code does more and stays put when a neighbour takes its core:
-where tok/s dropped but neither the counted work nor the CPU time per token (nor, on GPU ranks,
-the device time per token) moved beyond its noise, the throughput's failure becomes a "machine
-busy" warning. Pure: no I/O, no pytest. Mechanics: docs/gates.md, "The work gate".
+"""Checks on what the counted generation saw: the work gate (counts do not move between
+unchanged runs: calls and collective kinds exact, the rest within a small tolerance), the
+device time per token, and the reason a slower run gets (its work changed, or the same work got
+slower). Pure: no I/O, no pytest. Mechanics: docs/gates.md, "The work gate".
 """
 
 from __future__ import annotations

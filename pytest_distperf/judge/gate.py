@@ -31,7 +31,7 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.judge.threshold import threshold_check_of
-from pytest_distperf.judge.training import loss_check, train_prediction
+from pytest_distperf.judge.training import loss_check
 from pytest_distperf.judge.waits import waits_check
 from pytest_distperf.measured import RunResult, off_cpu_shares
 from pytest_distperf.perfmodel import (
@@ -43,10 +43,10 @@ from pytest_distperf.perfmodel import (
     measured_network,
     run_links,
 )
-from pytest_distperf.spec import PRECISION_BYTES, Workload
+from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.store import BaselineStore
-from pytest_distperf.strategies import message_sizes_for, predict_for
+from pytest_distperf.strategies import message_sizes_for, predict_for, predict_train_for
 from pytest_distperf.topology import Topology
 
 BASELINE_DIR_NAME = "distperf-baselines"
@@ -97,23 +97,33 @@ class Gate:
             return None, f"model {workload.model!r}: the ranks did not report its shape"
         suffix = transport_suffix(self.topology.accelerator)
         links = run_links(self.topology, result.devices, calibration, suffix)
+        run = (shape, result.strategy, result.devices, links)
+        common = {
+            "device_type": result.spec.accelerator,
+            "batch_size": workload.batch_size,
+            "overheads": run_overheads(result),
+            "counted_collectives": counted_collectives(result),
+        }
         if result.training:
-            overheads, counted = run_overheads(result), counted_collectives(result)
-            return train_prediction(result, shape, links, overheads, counted), ""
+            rates = [r.matmul_flops_per_s for r in result.ranks if r.matmul_flops_per_s]
+            step = predict_train_for(
+                *run,
+                seq_length=workload.seq_length or 0,
+                param_bytes=PRECISION_BYTES[workload.precision],
+                comm_bytes=COMM_BYTES[workload.precision],
+                step_compute_s=result.reference_step_s,
+                matmul_flops_per_s=min(rates) if rates else None,  # the slowest rank's
+                **common,
+            )
+            return step, ""
         prediction = predict_for(
-            shape,
-            result.strategy,
-            result.devices,
-            links,
-            device_type=result.spec.accelerator,
-            batch_size=workload.batch_size,
+            *run,
             prompt_length=workload.prompt_length,
             max_new_tokens=workload.max_new_tokens,
             dtype_bytes=PRECISION_BYTES[workload.precision],
             compute_time_s=result.reference_token_s,
             prefill_time_s=result.reference_prefill_s,
-            overheads=run_overheads(result),
-            counted_collectives=counted_collectives(result),
+            **common,
         )
         if result.eager_reference:
             note = (
@@ -159,13 +169,11 @@ class Gate:
         threshold = threshold_check_of(result, prediction, settings.efficiency, why_none)
         if self.update:
             why = "not compared: this run records the baseline (--distperf-update-baselines)"
+            compared = ("relative_speed", "memory", "work", "device_time")
             return Decision(
                 threshold=threshold,
                 baseline=detectable_check(result.tokens_per_sec_samples, settings),
-                relative_speed=skipped_check("relative_speed", why),
-                memory=skipped_check("memory", why),
-                work=skipped_check("work", why),
-                device_time=skipped_check("device_time", why),
+                **{name: skipped_check(name, why) for name in compared},
                 **_loss(result),  # a baseline must train the right function too
             )
         entry = self.store.get(self.topology_key, test_identity(result))
@@ -316,24 +324,16 @@ def session_message_sizes(
     (RunSpec.calibrate_model)."""
     from pytest_distperf.models import shape_of
 
-    gather: set[int] = set()
-    reduce: set[int] = set()
-    p2p: set[int] = set()
+    used = []
     for strategy, workload in workloads:
         shape = None if workload.training else shape_of(workload.model)
-        if shape is None:  # unknown until a rank builds it; a training step's calibrated there
-            continue
-        sizes = message_sizes_for(
-            shape,
-            strategy,
-            devices,
-            PRECISION_BYTES[workload.precision],
-            workload.batch_size,
-        )
-        gather.update(sizes.all_gather)
-        reduce.update(sizes.all_reduce)
-        p2p.update(sizes.p2p)
-    if not gather:
+        if shape is not None:  # unknown until a rank builds it; a training step's calibrated there
+            precision = PRECISION_BYTES[workload.precision]
+            used.append(message_sizes_for(shape, strategy, devices, precision, workload.batch_size))
+
+    def union(kind: str) -> tuple[int, ...]:
+        return tuple(sorted({size for sizes in used for size in getattr(sizes, kind)}))
+
+    if not union("all_gather"):
         return None
-    sizes = MessageSizes(tuple(sorted(gather)), tuple(sorted(reduce)), tuple(sorted(p2p)))
-    return sizes.up_to(max_bytes)
+    return MessageSizes(union("all_gather"), union("all_reduce"), union("p2p")).up_to(max_bytes)

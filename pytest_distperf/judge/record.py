@@ -165,11 +165,8 @@ class JudgedRun:
 
     @property
     def detectable(self) -> BaselineFigures | DetectableFigures | None:
-        """The baseline check's figures that say the smallest drop it catches, or would as a
-        baseline of this run."""
-        check = self.ran.get("baseline")
-        figures = None if check is None else check.figures
-        return figures if isinstance(figures, BaselineFigures | DetectableFigures) else None
+        """The smallest drop the baseline check catches, or would as a baseline of this run."""
+        return _figures(self.ran.get("baseline"), BaselineFigures | DetectableFigures)
 
     def value(self, declared_figure: Figure | str) -> Any:
         """A declared figure's value for this run: None where the run has none, ABSENT where

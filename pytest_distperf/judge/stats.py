@@ -1,18 +1,8 @@
 """Noise-aware regression decisions on repeated throughput samples (pure functions, no I/O).
 
-A measured run is called a regression only when BOTH hold:
-
-1. its median is below the baseline median by more than a *tolerance* (practical significance:
-   run-to-run drift, clocks, and neighbours move whole runs, which within-run repeats cannot see),
-2. a one-sided test says the samples are slower than the baseline's at level ``alpha``
-   (statistical significance: a few unlucky repeats must not fail CI).
-
-The tolerance alone would turn every noisy median into a red job; the test alone would call a
-0.5% run-to-run offset "highly significant" with tight repeats. Requiring both keeps the false-alarm
-rate below ``alpha`` and ignores changes nobody would act on.
-
-The significance tests are in significance.py; the tolerance and the smallest drop a
-comparison can catch in tolerance.py.
+A run regressed only when its median fell by more than the tolerance (tolerance.py: whole runs
+drift, which repeats cannot see) AND a one-sided test at ``alpha`` says its samples are slower
+(significance.py: a few unlucky repeats must not fail CI). Why both: docs/gates.md, "Baselines".
 """
 
 from __future__ import annotations
@@ -198,16 +188,11 @@ def compare_to_recorded_runs(
     unit: str = "tok/s",
     subject: str = "throughput",
 ) -> Comparison:
-    """:func:`compare` for a quantity whose whole runs agree better than their repeats do.
-
-    The relative speed (measured.RunResult) is one: a repeat straddling a switch of the host's
-    speed pairs a wrapped run at one speed with a bare run at the other, so its repeats spread
-    far more widely than the medians of unchanged runs do (docs/benchmarks/h200-2026-11-30.md).
-    So from MIN_RUNS_FOR_DRIFT recorded runs on, their median is the baseline's level (the
-    latest run's repeats, rescaled to it, keep their shape for the significance test) and the
-    default tolerance is max(floor, their :func:`run_drift` times :func:`drift_sigmas`); the
-    repeats' own spread no longer enters, as the runs' medians already carry it. With fewer
-    runs this is :func:`compare`.
+    """:func:`compare` for a quantity whose whole runs agree better than their repeats do (the
+    relative speed: docs/benchmarks/h200-2026-11-30.md). From MIN_RUNS_FOR_DRIFT recorded runs
+    on, their median is the level (the latest repeats, rescaled to it, keep their shape for the
+    test) and the default tolerance max(floor, their drift tolerance); the repeats' own spread
+    no longer enters. With fewer runs this is :func:`compare`.
     """
     runs = checked_rates(run_medians, "run_medians") if run_medians else []
     if len(runs) < MIN_RUNS_FOR_DRIFT:
@@ -240,11 +225,8 @@ def compare_to_recorded_runs(
 def compare_memory(
     baseline_bytes: int | None, current_bytes: int | None, tolerance: float = 0.10
 ) -> str | None:
-    """Failure message when peak memory grew by more than ``tolerance`` (relative), else None.
-
-    None on either side means "not measured" (e.g. a CPU run without an allocator hook), which is
-    not a failure: there is nothing to compare.
-    """
+    """Failure message when peak memory grew by more than ``tolerance`` (relative), else None,
+    as where either side was not measured (a CPU run without an allocator hook)."""
     check_fraction(tolerance, "tolerance", upper=math.inf)
     if baseline_bytes is None or current_bytes is None:
         return None

@@ -39,21 +39,20 @@ MIN_RUNS_FOR_QUARTILES = 5
 RUNS_FOR_SETTLED_FLOOR = MIN_RUNS_FOR_QUARTILES
 
 
+def recorded_level(history: Sequence[float]) -> float:
+    """The recorded runs' level, as the throughput's: their median from MIN_RUNS_FOR_DRIFT on,
+    the latest run before that."""
+    return statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
+
+
 def drift_sigmas(runs: int, alpha: float = 0.01) -> float:
     """How many drift spreads one more run may fall from the recorded runs' level before the
     gate calls it a change: the one-sided (1 - alpha) prediction interval for a new run from
     `runs` recorded ones, Student's t quantile with runs - 1 degrees of freedom times
-    sqrt(1 + 1 / runs), and never fewer than TOLERANCE_SIGMAS.
-
-    A spread estimated from three runs is itself a guess: 3 of them would leave about 6% of
-    unchanged runs outside (t with 2 degrees of freedom), per test, and a host that changes
-    speed fails more than that (docs/gates.md, docs/benchmarks/h200-2026-11-30-gate.md). The
-    factor is 8.0 from 3 runs, 4.1 from 5, 3.4 from 7, and TOLERANCE_SIGMAS from 10 on: the
-    report's detectable drop says what the gate is worth until enough runs are recorded.
-
-    An approximation: the interval is for a mean and a standard deviation, while the level is
-    a median and, from MIN_RUNS_FOR_QUARTILES runs, the spread interquartile, which carries
-    fewer effective degrees of freedom; for 5-9 runs the factor is slightly too small.
+    sqrt(1 + 1 / runs), and never fewer than TOLERANCE_SIGMAS: 8.0 from 3 runs, 4.1 from 5
+    (a spread from three runs is itself a guess: docs/benchmarks/h200-2026-11-30-gate.md).
+    An approximation: the level is a median and the spread, from MIN_RUNS_FOR_QUARTILES runs,
+    interquartile, with fewer effective degrees of freedom; for 5-9 runs it is slightly small.
     """
     from scipy.special import stdtrit  # lazy: keeps `import pytest_distperf...` cheap
 
@@ -70,8 +69,7 @@ def default_tolerance(
     alpha: float = 0.01,
 ) -> float:
     """The tolerance used when none is given: max(floor, 3 x robust relative spread of the
-    baseline's repeats, the drift of the recorded runs' medians when there are enough of them
-    (:func:`run_drift`) times :func:`drift_sigmas`)."""
+    baseline's repeats, :func:`drift_tolerance`)."""
     check_fraction(tolerance_floor, "tolerance_floor", upper=math.inf)
     return max(
         tolerance_floor,
@@ -87,18 +85,13 @@ def drift_tolerance(run_medians: Sequence[float], alpha: float) -> float:
 
 
 def run_drift(run_medians: Sequence[float]) -> float:
-    """Relative spread of per-run medians; 0 with fewer than MIN_RUNS_FOR_DRIFT runs.
+    """Relative spread of per-run medians; 0 with fewer than MIN_RUNS_FOR_DRIFT runs. From
+    MIN_RUNS_FOR_QUARTILES runs on the interquartile range / 1.349 / median, before that the
+    larger of the MAD-based spread and the coefficient of variation.
 
-    From MIN_RUNS_FOR_QUARTILES runs on: interquartile range / 1.349 (a standard deviation for
-    normal data) / median. Before that: the larger of the MAD-based spread and the coefficient
-    of variation.
-
-    Not the MAD: a host with two speed levels gives run medians such as (100, 100, 160), or six
-    at one level and four at the other, whose MAD is 0, and unchanged runs then fail. The
-    quartiles see a second level once it holds a quarter of the runs, yet ignore one run at a
-    new level among ten (an accepted speed-up, say), which a standard deviation would turn into
-    a tolerance of ~90% for ten refreshes. Three or four runs have no quartiles worth the name,
-    and replayed gate runs failed fewer unchanged runs with this rule than with the quartiles
+    Not the MAD alone: a host with two speed levels gives medians such as (100, 100, 160), whose
+    MAD is 0. The quartiles see a second level once it holds a quarter of the runs, yet ignore
+    one accepted speed-up among ten, which a standard deviation would turn into a ~90% tolerance
     (docs/benchmarks/h200-2026-11-30.md).
     """
     if len(run_medians) < MIN_RUNS_FOR_DRIFT:

@@ -1,18 +1,12 @@
-"""What the gate does differently for `distperf(mode="train")`: the step's prediction and the
-first-step loss against one process's. Pure: no torch, no pytest."""
+"""The training run's own check (`distperf(mode="train")`): its first-step loss against one
+process's. Pure: no torch, no pytest."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.judge.checks import Check, CheckStatus
 from pytest_distperf.measured import RunResult
-from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
-
-if TYPE_CHECKING:
-    from pytest_distperf.perfmodel import Links, Overheads, Prediction
-    from pytest_distperf.perfmodel.shape import ModelShape
 
 # How far the wrapped model's first loss may sit from one process's, relative: float32 sums in
 # another order only; half precision rounds every product.
@@ -44,32 +38,3 @@ def loss_check(result: RunResult) -> Check:
             "loss", CheckStatus.FAIL, text + f": {result.strategy} trains another function"
         )
     return Check("loss", CheckStatus.OK, text)
-
-
-def train_prediction(
-    result: RunResult, shape: ModelShape, links: Links, overheads: Overheads, counted: Any
-) -> Prediction:
-    """The step's predicted rate (perfmodel/train.py) for this run's strategy and workload."""
-    from pytest_distperf.strategies import predict_train_for
-
-    workload = result.spec.workload
-    return predict_train_for(
-        shape,
-        result.strategy,
-        result.devices,
-        links,
-        device_type=result.spec.accelerator,
-        batch_size=workload.batch_size,
-        seq_length=workload.seq_length or 0,
-        param_bytes=PRECISION_BYTES[workload.precision],
-        comm_bytes=COMM_BYTES[workload.precision],
-        step_compute_s=result.reference_step_s,
-        matmul_flops_per_s=_rank_rate(result),
-        overheads=overheads,
-        counted_collectives=counted,
-    )
-
-
-def _rank_rate(result: RunResult) -> float | None:
-    rates = [r.matmul_flops_per_s for r in result.ranks if r.matmul_flops_per_s]
-    return min(rates) if rates else None

@@ -1,14 +1,8 @@
-"""A rank that waits has regressed: its time off the CPU by its own doing, against the baseline's.
-
-Each timed generation's wall time splits, per rank's timing thread (Linux schedstat), into time
-on a core, time runnable in the run queue (a busy neighbour's doing) and the rest: time the
-thread chose to wait for something, a sleep, a host-device sync that blocks, I/O, a lock, a
-peer in a collective. When that last share of the wall time rose beyond its tolerance, the
-baseline check fails, however wide the throughput's own tolerance: the host's speed moves a
-rank's time on a core, not what it waits for. A peer or a thread of the rank that waited for a
-core makes the rank wait too, so the evidence a busy machine leaves (the run-queue wait and the
-steal beyond the baseline's) is taken off the rise first; nothing else is. Pure: no I/O, no
-pytest. Mechanics: docs/gates.md, "What can excuse a slower run".
+"""A rank that waits has regressed: the share of each generation's wall time its timing thread
+spent neither on a core nor runnable (a wait it chose), against the baseline's. The host's
+speed moves time on a core, not what a rank waits for; the busy evidence (run queue, steal) is
+taken off the rise first, nothing else. Pure: no I/O, no pytest. Mechanics: docs/gates.md,
+"What can excuse a slower run".
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ from pytest_distperf.judge.tolerance import (
     MIN_RUNS_FOR_QUARTILES,
     TOLERANCE_SIGMAS,
     drift_sigmas,
+    recorded_level,
 )
 from pytest_distperf.store.entry import BaselineEntry
 
@@ -38,11 +33,9 @@ from pytest_distperf.store.entry import BaselineEntry
 def wait_tolerance(
     history: Sequence[float], shares: Sequence[float], settings: GateSettings
 ) -> float:
-    """How far the share may rise by itself: the floor, TOLERANCE_SIGMAS x the spread of the
-    recorded run's repeats (interquartile; a rank that waits on its peers waits a different
-    share each repeat) and, from MIN_RUNS_FOR_DRIFT recorded runs, their spread times the
-    prediction factor the throughput's drift uses; the largest of them. The baseline's own
-    noise, never this run's: a regression must not widen its own tolerance."""
+    """How far the share may rise by itself: the largest of the floor, the recorded repeats'
+    spread and the recorded runs' drift. The baseline's noise, never this run's: a regression
+    must not widen its own tolerance."""
     within = 0.0
     if len(shares) >= MIN_RUNS_FOR_QUARTILES:
         quartiles = statistics.quantiles(shares, n=4)
@@ -60,17 +53,14 @@ def waits_check(
     evidence: BusyEvidence,
     settings: GateSettings,
 ) -> Check:
-    """`baseline`, failed where the ranks' own waits grew beyond their tolerance, whatever the
-    throughput's verdict was (a host that ran faster meanwhile hides a wait from the
-    throughput, not from this); with the waits' figures attached wherever both sides have
-    them."""
+    """`baseline`, failed where the ranks' own waits grew beyond their tolerance whatever the
+    throughput's verdict (a faster host hides a wait from it, not from this); with the waits'
+    figures attached wherever both sides have them."""
     figures = baseline.figures
-    if entry is None or not isinstance(figures, BaselineFigures) or not shares:
+    history = () if entry is None else entry.off_cpu_share_run_medians
+    if entry is None or not history or not isinstance(figures, BaselineFigures) or not shares:
         return baseline
-    history = entry.off_cpu_share_run_medians
-    if not history:
-        return baseline
-    level = statistics.median(history) if len(history) >= MIN_RUNS_FOR_DRIFT else history[-1]
+    level = recorded_level(history)
     share = statistics.median(shares)
     wall_s = 1.0 / (figures.baseline_tokens_per_sec * (1.0 + figures.change))
     outside = min(evidence.outside_s / wall_s, 1.0)
