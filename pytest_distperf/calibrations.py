@@ -1,10 +1,11 @@
 """Which collectives a run calibrates, and the machine's calibration kept between sessions.
 
 The first run of each rank count calibrates the session's message sizes (plugin.py collects
-them); a builder's model and a training step are calibrated at their own sizes by their first
-run's ranks. A single host's calibration is kept in pytest's cache, keyed by its topology,
-rank count and software versions: a later session that needs no size beyond it measures
-nothing (`--distperf-recalibrate` measures again). A job over several nodes always measures.
+them); on several GPUs a builder's model and a training step are calibrated at their own sizes
+by their first run's ranks (where ranks time themselves the modelled rate judges nothing). A
+single host's calibration is kept in pytest's cache, keyed by its topology, rank count and
+software versions: a later session that needs no size beyond it measures nothing
+(`--distperf-recalibrate` measures again). A job over several nodes always measures.
 Pytest-side: no torch.
 """
 
@@ -33,6 +34,8 @@ def prepare(plugin: Any, spec: RunSpec, cache: Any) -> RunSpec:
         else:
             spec = dataclasses.replace(spec, calibration_sizes=sizes)
     own_sizes = spec.workload.is_custom_builder or spec.workload.training
+    # Where ranks time themselves the model judges nothing: the session's sizes inform its rate.
+    own_sizes = own_sizes and not spec.platform.ranks_time_themselves(spec.devices)
     if own_sizes and builder_key(spec) not in plugin.builders_calibrated:
         spec = dataclasses.replace(spec, calibrate_model=True)
     return spec

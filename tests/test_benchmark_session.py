@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import shared_cache
+from helpers import shared_cache, use_shared_pool
 
 from pytest_distperf.judge.checks import (
     Check,
@@ -157,12 +157,14 @@ def test_gen(measured, strategy):
 
 @pytest.fixture
 def run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
-    """`run(*args, **env)`: pytest in a subprocess, in pytester's directory, with `env` set."""
+    """`run(*args, pool=None, **env)`: pytest in a subprocess, in pytester's directory, with
+    `env` set; `pool`: in the suite's shared ranks at that address."""
 
-    def run(*args: str, **env: str) -> pytest.RunResult:
+    def run(*args: str, pool: str | None = None, **env: str) -> pytest.RunResult:
         for name, value in env.items():
             monkeypatch.setenv(name, value)
-        return pytester.runpytest_subprocess(*shared_cache(), *args)
+        shared = use_shared_pool(monkeypatch, pool) if pool else ()
+        return pytester.runpytest_subprocess(*shared_cache(), *shared, *args)
 
     return run
 
@@ -289,12 +291,13 @@ NOT_COUNTED = "--distperf-count=off"
 
 @pytest.mark.slow
 def test_benchmark_compare_fail_catches_slower_attention(
-    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult]
+    pytester: pytest.Pytester, run: Callable[..., pytest.RunResult], shared_pool: str
 ) -> None:
     pytester.makepyfile(slowattention=SLOW_ATTENTION_BUILDER)
     pytester.makepyfile(SLOW_ATTENTION_TEST)
     storage = f"--benchmark-storage={pytester.path / 'bench-store'}"
-    saved = run(*RANKS, NOT_COUNTED, "--benchmark-autosave", storage)
+    # Saved in the suite's shared ranks; the slowed run in its own (they read the delay).
+    saved = run(*RANKS, NOT_COUNTED, "--benchmark-autosave", storage, pool=shared_pool)
     saved.assert_outcomes(passed=1)
     saved.stdout.fnmatch_lines(["*distperf results*", "*test_generate[[]auto-2cpu[]]*"])
     [file] = list((pytester.path / "bench-store").rglob("0001_*.json"))

@@ -50,8 +50,8 @@ def _calibration(gather: tuple[int, ...] = (1024, 4096)) -> Calibration:
     return Calibration(2, "gloo", "cpu", figures, reduce, 1e10, 1e-4)
 
 
-def _spec(**workload: Any) -> RunSpec:
-    return RunSpec("t::x[auto-2cpu]", "auto", 2, "cpu", Workload(**workload), 5, 1, 600.0)
+def _spec(accelerator: str = "cpu", **workload: Any) -> RunSpec:
+    return RunSpec("t::x[auto-2]", "auto", 2, accelerator, Workload(**workload), 5, 1, 600.0)
 
 
 def test_a_session_calibrates_once_and_a_later_one_reuses_what_it_kept() -> None:
@@ -89,9 +89,17 @@ def test_no_cache_or_a_job_over_nodes_keeps_nothing() -> None:
     assert not cache and job.calibrations[2] == _calibration()
 
 
-def test_a_builder_is_calibrated_at_its_own_sizes_once() -> None:
+def test_a_builder_is_calibrated_at_its_own_sizes_once_on_several_gpus() -> None:
     plugin, cache = Plugin(), Cache()
-    spec = calibrations.prepare(plugin, _spec(model="my_models:gpt"), cache)
+    spec = calibrations.prepare(plugin, _spec("cuda", model="my_models:gpt"), cache)
     assert spec.calibrate_model
     calibrations.record(plugin, Result(spec, _calibration()), cache)
-    assert not calibrations.prepare(plugin, _spec(model="my_models:gpt"), cache).calibrate_model
+    again = _spec("cuda", model="my_models:gpt")
+    assert not calibrations.prepare(plugin, again, cache).calibrate_model
+
+
+def test_where_ranks_time_themselves_a_builder_or_a_step_keeps_the_sessions_sizes() -> None:
+    # There the modelled rate judges nothing: no calibration of their own sizes.
+    for workload in ({"model": "my_models:gpt"}, {"mode": "train"}):
+        spec = calibrations.prepare(Plugin(), _spec(**workload), Cache())
+        assert not spec.calibrate_model and spec.calibration_sizes == SIZES

@@ -35,11 +35,13 @@ RANKS = ("--distperf-devices=2", "--distperf-accelerator=cpu", "--distperf-json=
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def recorded(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> Path:
+    # In the suite's shared ranks; the regressed session in ranks of its own, which read
+    # VERDICT_REGRESSED from their environment.
     path = tmp_path_factory.mktemp("matrix")
     shutil.copy(MODELS, path / "verdict_models.py")
     (path / "test_matrix.py").write_text(SUITE)
-    session = run_session(path, *RANKS, "--distperf-update-baselines")
+    session = run_session(path, *RANKS, "--distperf-update-baselines", pool=shared_pool)
     assert session.result.ret == 0, session.output()
     return path
 
