@@ -45,6 +45,16 @@ def test_where_the_reference_is_timed(
     assert times_before_wrapping(sharded, max_new_tokens, reference_steps) is before
 
 
+def test_where_ranks_time_themselves_a_short_replicated_run_takes_the_bare_model_beside() -> None:
+    # The reference judges nothing there: no timing of its own before wrapping for it. A
+    # sharded run keeps the whole model timed before wrapping (its copy beside gives a prefill).
+    assert pairs_beside(False, 2, STEPS, retimed=True)
+    assert not times_before_wrapping(False, 2, STEPS, retimed=True)
+    assert times_before_wrapping(True, 50, STEPS, retimed=True)
+    chosen = choose_reference(False, 4, STEPS, False, [_bare(0.3)], None, retimed=True)
+    assert chosen.token_s == pytest.approx(0.1) and chosen.source == BESIDE
+
+
 def test_replicated_takes_the_median_of_the_bare_runs_beside_the_samples() -> None:
     bare = [_bare(4.9, 0.3), _bare(9.8, 0.1), _bare(2.45, 0.2)]  # 50 tokens: 49 decode steps
     chosen = choose_reference(False, 50, STEPS, False, bare, None)

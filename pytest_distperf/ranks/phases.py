@@ -171,7 +171,8 @@ def reference(ctx: RankContext) -> None:
     beside the samples (ranks/reference.py); then its caches go."""
     spec, workload, model = ctx.spec, ctx.workload, ctx.model
     steps = spec.reference_steps
-    if not times_before_wrapping(ctx.record.sharded, workload.max_new_tokens, steps):
+    retimed = ctx.platform.ranks_time_themselves(spec.devices)
+    if not times_before_wrapping(ctx.record.sharded, workload.max_new_tokens, steps, retimed):
         model.clear_caches()  # a builder's model may come with caches or rope buffers made
         return
     # The run's cache length at least: attention reads the whole static cache every step.
@@ -296,6 +297,7 @@ def pick_reference(ctx: RankContext) -> None:
         ctx.compiled_loop,
         ctx.bare_samples,
         ctx.before_wrap,
+        ctx.platform.ranks_time_themselves(ctx.spec.devices),
     )
 
 

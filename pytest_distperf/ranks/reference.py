@@ -6,7 +6,8 @@ the host's own speed may switch between levels within seconds (docs/benchmarks/
 h200-2026-11-30.md), which moves the wrapped and the bare run alike, so their ratio stays put
 where tokens/sec does not. A replicated model is timed beside its samples; a sharded model (and
 a generation too short to time a reference beside it, a step or two of a tiny model being all
-noise) is timed until steady before wrapping. Compiled, the reference is the compiled bare model
+noise, unless the ranks time themselves: the reference then judges nothing) is timed until
+steady before wrapping. Compiled, the reference is the compiled bare model
 beside the samples, never the eager one timed before wrapping, unless no copy ran beside them.
 """
 
@@ -33,15 +34,21 @@ BESIDE = "the bare model beside each timed generation"
 BEFORE_WRAPPING = "the unwrapped model timed until steady before wrapping"
 
 
-def pairs_beside(sharded: bool, max_new_tokens: int, reference_steps: int) -> bool:
+def pairs_beside(
+    sharded: bool, max_new_tokens: int, reference_steps: int, retimed: bool = False
+) -> bool:
     """Whether the reference is the bare generations beside the samples (else the one timed
-    before wrapping, when there is one)."""
-    return not sharded and max_new_tokens > reference_steps
+    before wrapping, when there is one). `retimed`: the ranks time themselves, so the reference
+    judges nothing and a short generation's noisy bare steps are not worth a timing of their own."""
+    return not sharded and (max_new_tokens > reference_steps or retimed)
 
 
-def times_before_wrapping(sharded: bool, max_new_tokens: int, reference_steps: int) -> bool:
+def times_before_wrapping(
+    sharded: bool, max_new_tokens: int, reference_steps: int, retimed: bool = False
+) -> bool:
     """Whether the unwrapped model is timed until steady before wrapping."""
-    return bool(reference_steps) and not pairs_beside(sharded, max_new_tokens, reference_steps)
+    beside = pairs_beside(sharded, max_new_tokens, reference_steps, retimed)
+    return bool(reference_steps) and not beside
 
 
 def choose_reference(
@@ -51,6 +58,7 @@ def choose_reference(
     compiled_loop: bool,
     bare_samples: Sequence[Sample],
     before_wrap: tuple[float, float | None] | None,
+    retimed: bool = False,
 ) -> ReferenceChoice:
     """The reference of a run.
 
@@ -60,7 +68,7 @@ def choose_reference(
     """
     token_s, prefill_s = before_wrap if before_wrap is not None else (None, None)
     source = BEFORE_WRAPPING if before_wrap is not None else ""
-    paired = pairs_beside(sharded, max_new_tokens, reference_steps)
+    paired = pairs_beside(sharded, max_new_tokens, reference_steps, retimed)
     if (paired or compiled_loop) and bare_samples:
         token_s = statistics.median(step_seconds(s, max_new_tokens) for s in bare_samples)
         source = BESIDE
