@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_distperf.figures import Figure, Source, figure, run_row
-from pytest_distperf.reductions import slowest
+from pytest_distperf.reductions import slowest_known
 from pytest_distperf.spec import RunSpec
 from pytest_distperf.work import Work
 
@@ -216,8 +216,8 @@ class RunResult:
 
     @property
     def reference_prefill_s(self) -> float | None:
-        """The slowest rank's prefill of the whole model alone; None when some rank timed none."""
-        return slowest(r.reference_prefill_s for r in self.ranks)
+        """The slowest prefill of the whole model alone of the ranks that timed one."""
+        return slowest_known(r.reference_prefill_s for r in self.ranks)
 
     @property
     def eager_reference(self) -> bool:

@@ -58,6 +58,13 @@ def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) ->
     return None if not known or None in known else largest(known)
 
 
+def slowest_known(values: Iterable[Any]) -> Any:
+    """The largest of the ranks that have one; None where none has. For the whole model timed
+    alone (and compiling it): any rank's timing of the same model stands for the run's."""
+    known = [value for value in values if value is not None]
+    return max(known) if known else None
+
+
 def slowest_phases(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Seconds of each phase of a test, the slowest rank's (RankResult.phase_s); {} where some
     rank reported none."""
@@ -96,6 +103,15 @@ def slowest_rank(
     how for a record; None when some rank has none."""
     return Reduction(
         how, Source.RUN, lambda result: slowest((getattr(r, field) for r in result.ranks), largest)
+    )
+
+
+def slowest_known_rank(field: str) -> Reduction:
+    """slowest_known over the ranks' `field`."""
+    return Reduction(
+        "slowest rank that has one",
+        Source.RUN,
+        lambda result: slowest_known(getattr(r, field) for r in result.ranks),
     )
 
 

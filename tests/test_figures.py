@@ -329,6 +329,10 @@ def test_reductions_over_ranks() -> None:
     assert figures.slowest_rank("compile_s").compute(result) is None  # no rank reports one
     one = replace(result, ranks=(replace(result.ranks[0], compile_s=2.0), *result.ranks[1:]))
     assert figures.slowest_rank("compile_s").compute(one) is None  # the other may be slowest
+    # The whole model timed alone (or compiling it): any rank's stands for the run's.
+    assert figures.slowest_known_rank("compile_s").compute(one) == 2.0
+    one = replace(one, ranks=(replace(one.ranks[0], reference_token_s=0.002), *one.ranks[1:]))
+    assert one.reference_token_s == 0.002 and one.compile_s == 2.0
     assert result.peak_memory_bytes == 1001  # a declared figure is the run's attribute
     assert figures.judged("baseline.machine.bare_change").compute(_record()) == -0.3
     assert figures.judged("prediction.bound").compute(_record()) is figures.ABSENT

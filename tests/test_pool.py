@@ -430,8 +430,7 @@ def test_a_calibration_in_the_test_is_not_its_peak(
     monkeypatch: pytest.MonkeyPatch, phase: str, built: int, after: int, reported: int
 ) -> None:
     # The peak read after calibrating holds only what came after it; the one before stays
-    # (the session's sizes in a fresh or job rank; a builder's own sizes once it is built), on
-    # several GPUs, where the calibration comes before the timed work.
+    # (the session's sizes in a fresh or job rank; a builder's own sizes once it is built).
     from types import SimpleNamespace
 
     from pytest_distperf.platform import CUDA
@@ -455,34 +454,6 @@ def test_a_calibration_in_the_test_is_not_its_peak(
         bare=SimpleNamespace(reported_peak=lambda peak, kind: (peak, kind)),
     )
     getattr(phases, phase)(ctx)
-    phases.calibrate_late(ctx)
     assert resets == ["calibrated", "reset"] and ctx.peak_floor == built
     phases.memory_peak(ctx)
     assert ctx.peak_memory == (reported, "RSS")
-
-
-@pytest.mark.parametrize("calibrate_model", [False, True])
-def test_ranks_that_time_themselves_calibrate_after_the_timed_work(
-    monkeypatch: pytest.MonkeyPatch, calibrate_model: bool
-) -> None:
-    # There the calibration only informs the modelled rate beside the re-timing check: measured
-    # after the test's timed work, not between the session's start and its first timed token.
-    from types import SimpleNamespace
-
-    from pytest_distperf.platform import CPU
-    from pytest_distperf.ranks import phases
-
-    calibrated: list[object] = []
-    monkeypatch.setattr(phases, "calibrated", lambda ctx, own, dtype: calibrated.append(own))
-    monkeypatch.setattr(phases, "_own_sizes", lambda ctx, model: "own" if model else "none")
-    ctx = SimpleNamespace(
-        spec=SimpleNamespace(calibrate_model=calibrate_model, calibration_sizes=(), devices=2),
-        platform=CPU,
-        dtype=None,
-        calibration=None,
-    )
-    phases.calibrate(ctx)
-    phases.calibrate_model(ctx)
-    assert calibrated == []
-    phases.calibrate_late(ctx)
-    assert calibrated == ["own" if calibrate_model else "none"]

@@ -77,8 +77,6 @@ def join(ctx: RankContext) -> None:
 
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the session's sizes, before the model takes any memory."""
-    if _calibrates_late(ctx):
-        return
     if ctx.spec.calibration_sizes is not None and not ctx.spec.calibrate_model:
         _calibrate_outside_the_peak(ctx, model=False)
 
@@ -103,20 +101,8 @@ def build(ctx: RankContext) -> None:
 def calibrate_model(ctx: RankContext) -> None:
     """Collectives at every size any strategy would use for this model: a builder's message
     sizes are known only once it is built."""
-    if ctx.spec.calibrate_model and not _calibrates_late(ctx):
+    if ctx.spec.calibrate_model:
         _calibrate_outside_the_peak(ctx, model=True)
-
-
-def calibrate_late(ctx: RankContext) -> None:
-    """Where ranks time themselves the calibration only informs the modelled rate reported
-    beside the re-timing check: measured after the test's timed work, not before its first token."""
-    spec = ctx.spec
-    if _calibrates_late(ctx) and (spec.calibration_sizes is not None or spec.calibrate_model):
-        ctx.calibration = calibrated(ctx, _own_sizes(ctx, spec.calibrate_model), ctx.dtype)
-
-
-def _calibrates_late(ctx: RankContext) -> bool:
-    return ctx.platform.ranks_time_themselves(ctx.spec.devices)
 
 
 def check(ctx: RankContext) -> None:

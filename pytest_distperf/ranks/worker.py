@@ -20,7 +20,7 @@ from pytest_distperf.spec import RunSpec
 # One test, in order; each phase sets its part of the test's RankContext (ranks/context.py).
 PHASES: tuple[Phase, ...] = (
     phases.join,  # the process group
-    phases.calibrate,  # collectives at the session's sizes, before any model memory (2+ GPUs)
+    phases.calibrate,  # collectives at the session's sizes, before any model memory
     phases.build,  # the model, from the seed
     phases.calibrate_model,  # collectives at a builder's own sizes
     phases.check,  # the test's own loop; what only a built model can refuse
@@ -35,7 +35,6 @@ PHASES: tuple[Phase, ...] = (
     phases.memory_peak,  # the test's peak memory
     phases.retime,  # CPU ranks, one GPU: the wrapped generation timed again, knobs off
     phases.count_work,  # one more generation, untimed, its work counted per token
-    phases.calibrate_late,  # where ranks time themselves: the calibration, after the timed work
     phases.result,  # the RankResult
 )
 
@@ -64,7 +63,6 @@ PHASE_ORDER = (
 )
 PHASE_KEYS = {
     "calibrate_model": "calibrate",
-    "calibrate_late": "calibrate",
     "check": "build",
     "launch": "build",
     "prompt": "build",
