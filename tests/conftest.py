@@ -41,13 +41,9 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One pytest cache for the pytest sessions the suite runs: the first session of a rank
     count calibrates the collectives, later ones reuse them (the calibration's own tests keep
     their own caches)."""
-    saved = os.environ.get(SHARED_CACHE_VARIABLE)
-    os.environ[SHARED_CACHE_VARIABLE] = str(tmp_path_factory.mktemp("shared-cache"))
-    yield
-    if saved is None:
-        os.environ.pop(SHARED_CACHE_VARIABLE, None)
-    else:
-        os.environ[SHARED_CACHE_VARIABLE] = saved
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SHARED_CACHE_VARIABLE, str(tmp_path_factory.mktemp("shared-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ TAG_VARIABLE = "DISTPERF_TEST_TAG"  # ranks inherit it: their pids can be found 
 # Set by conftest.py for the suite: the pytest cache its sessions share, so that only the first
 # session of a rank count calibrates its collectives (calibrations.py keeps them there).
 SHARED_CACHE_VARIABLE = "DISTPERF_TEST_SHARED_CACHE"
+SHARED_POOL_VARIABLE = "DISTPERF_TEST_SHARED_POOL"  # the address of tests/shared_pool.py's host
 
 
 def shared_cache() -> tuple[str, ...]:
@@ -181,7 +182,7 @@ def run_session(
     environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     environ.update(env or {})
     if pool is not None:
-        environ.update(DISTPERF_TEST_SHARED_POOL=pool, PYTHONPATH=_with_tests(environ))
+        environ.update(_shared_pool_environ(pool, environ))
         args = ("-p", "shared_pool", *args)
     value = uuid.uuid4().hex if tag else None
     if value is not None:
@@ -202,14 +203,15 @@ def run_session(
 def use_shared_pool(monkeypatch: pytest.MonkeyPatch, address: str) -> tuple[str, ...]:
     """Arguments (and environment) that run a pytester subprocess session's tests in the suite's
     shared ranks (tests/shared_pool.py)."""
-    monkeypatch.setenv("DISTPERF_TEST_SHARED_POOL", address)
-    monkeypatch.setenv("PYTHONPATH", _with_tests(os.environ))
+    for name, value in _shared_pool_environ(address, os.environ).items():
+        monkeypatch.setenv(name, value)
     return ("-p", "shared_pool")
 
 
-def _with_tests(environ: Mapping[str, str]) -> str:
-    """PYTHONPATH with this directory added (for `-p shared_pool`)."""
-    return os.pathsep.join(p for p in (str(TESTS), environ.get("PYTHONPATH", "")) if p)
+def _shared_pool_environ(address: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The host's address, and this directory on PYTHONPATH for `-p shared_pool`."""
+    path = os.pathsep.join(p for p in (str(TESTS), environ.get("PYTHONPATH", "")) if p)
+    return {SHARED_POOL_VARIABLE: address, "PYTHONPATH": path}
 
 
 def write_files(path: Path, **files: str) -> None:

@@ -20,8 +20,8 @@ from multiprocessing.connection import Client, Listener
 from typing import Any
 
 import pytest
+from helpers import SHARED_POOL_VARIABLE
 
-ADDRESS_VARIABLE = "DISTPERF_TEST_SHARED_POOL"
 AUTHKEY = b"distperf-suite"
 RUN, STOP = "run", "stop"
 
@@ -81,7 +81,7 @@ class SharedPools:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     plugin = config.pluginmanager.get_plugin("distperf-session")
-    plugin.pools = SharedPools(os.environ[ADDRESS_VARIABLE])
+    plugin.pools = SharedPools(os.environ[SHARED_POOL_VARIABLE])
 
 
 if __name__ == "__main__":
