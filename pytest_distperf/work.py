@@ -1,6 +1,7 @@
-"""The counted work of a run: collectives, ops, FLOPs and kernels per decode token and per prefill,
-or per optimizer step. Counts, not timings: an unchanged run repeats them, so the work gate
-compares kinds and calls exactly, the rest within a small tolerance. Pure: no torch, no pytest.
+"""The counted work of a run: collectives, ops, FLOPs, kernels and host-device syncs per decode
+token and per prefill, or per optimizer step. Counts, not timings: an unchanged run repeats
+them, so the work gate compares kinds, calls and syncs exactly, the rest within a small
+tolerance. Pure: no torch, no pytest.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ _KIND_ORDER = tuple(KIND_ABBREVIATIONS)
 PHASES = ("decode", "prefill", "step")
 # How each phase's figures read in a message: decode is per token, prefill per generation.
 _PER = {"decode": "per token", "prefill": "per prefill", "step": "per step"}
-_PHASE_FIELDS = frozenset({"collectives", "ops", "flops", "kernels"})
+_PHASE_FIELDS = frozenset({"collectives", "ops", "flops", "kernels", "syncs"})
 _WORK_FIELDS = frozenset({*PHASES, "graph_breaks", "recompiles"})
 _COUNT_FIELDS = frozenset({"calls", "bytes"})
 
@@ -54,32 +55,47 @@ class CollectiveCount:
 
 @dataclass(frozen=True)
 class PhaseWork:
-    """One phase's work: collectives by kind (an absent kind made no call), ops, FLOPs, kernels."""
+    """One phase's work: collectives by kind (an absent kind made no call), ops, FLOPs, kernels,
+    and the host's waits for the device by kind (`SYNC_KINDS`)."""
 
     collectives: Mapping[str, CollectiveCount]
     ops: float  # aten ops dispatched
     flops: float  # torch.utils.flop_counter's formulas
     kernels: float | None = None  # launched (a graph replay: all its kernels); None on CPU
+    # Host-device syncs by kind (an absent kind made none); None where no device was seen.
+    syncs: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         # A read-only, key-sorted copy: equal work compares equal and prints in one order.
         frozen = MappingProxyType(dict(sorted(self.collectives.items())))
         object.__setattr__(self, "collectives", frozen)
+        if self.syncs is not None:
+            object.__setattr__(self, "syncs", MappingProxyType(dict(sorted(self.syncs.items()))))
 
     def __hash__(self) -> int:
-        return hash((tuple(self.collectives.items()), self.ops, self.flops, self.kernels))
+        syncs = None if self.syncs is None else tuple(self.syncs.items())
+        return hash((tuple(self.collectives.items()), self.ops, self.flops, self.kernels, syncs))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A mappingproxy does not pickle, and a rank's result travels pickled.
-        return (type(self), (dict(self.collectives), self.ops, self.flops, self.kernels))
+        syncs = None if self.syncs is None else dict(self.syncs)
+        return (type(self), (dict(self.collectives), self.ops, self.flops, self.kernels, syncs))
+
+    @property
+    def total_syncs(self) -> float | None:
+        """All host-device syncs of the phase; None where they were not counted."""
+        return None if self.syncs is None else sum(self.syncs.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "collectives": {kind: c.to_json() for kind, c in self.collectives.items()},
             "ops": _whole(self.ops),
             "flops": _whole(self.flops),
             "kernels": None if self.kernels is None else _whole(self.kernels),
         }
+        if self.syncs is not None:  # absent, not zero, where no device was seen
+            data["syncs"] = {kind: _whole(count) for kind, count in self.syncs.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: object, where: str) -> PhaseWork:
@@ -93,11 +109,16 @@ class PhaseWork:
         kernels = get_field(obj, "kernels", (*NUMBER, NULL), where, optional=True)
         if kernels is not None:
             kernels = _non_negative(obj, "kernels", where)
+        syncs = None
+        if "syncs" in obj:
+            raw_syncs = json_object(get_field(obj, "syncs", Mapping, where), f"{where}.syncs")
+            syncs = {str(k): _non_negative(raw_syncs, k, f"{where}.syncs") for k in raw_syncs}
         return cls(
             collectives=collectives,
             ops=_non_negative(obj, "ops", where),
             flops=_non_negative(obj, "flops", where),
             kernels=kernels,
+            syncs=syncs,
         )
 
 
@@ -175,11 +196,17 @@ def _busiest_phase(phases: Sequence[PhaseWork]) -> PhaseWork:
         )
         for kind in kinds
     }
+    counted = [p.syncs for p in phases if p.syncs is not None]
+    syncs = None
+    if counted:
+        kinds = sorted({kind for s in counted for kind in s})
+        syncs = {kind: max(s.get(kind, 0) for s in counted) for kind in kinds}
     return PhaseWork(
         collectives=collectives,
         ops=max(p.ops for p in phases),
         flops=max(p.flops for p in phases),
         kernels=_max_known([p.kernels for p in phases]),
+        syncs=syncs,
     )
 
 
@@ -197,9 +224,11 @@ class WorkChange:
 
 @dataclass(frozen=True)
 class WorkComparison:
-    """What differs between a baseline's work and a run's, in the order a reader checks it."""
+    """What differs between a baseline's work and a run's, in the order a reader checks it;
+    `notes`: counters the run has and the baseline was recorded without (not compared)."""
 
     changes: tuple[WorkChange, ...]
+    notes: tuple[str, ...] = ()
 
     @property
     def more(self) -> tuple[WorkChange, ...]:  # more work (or new structure): the gate fails
@@ -224,15 +253,40 @@ def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkCompari
     if not 0 <= tolerance < 1:
         raise ValueError(f"work tolerance must be in [0, 1), got {tolerance!r}")
     changes: list[WorkChange] = []
+    notes: list[str] = []
     for phase in PHASES:
         before: PhaseWork | None = getattr(baseline, phase)
         after: PhaseWork | None = getattr(current, phase)
         if before is None or after is None:  # another mode: its test identity differs anyway
             continue
         changes.extend(_collective_changes(phase, before, after, tolerance))
+        changes.extend(_sync_changes(phase, before, after))
         changes.extend(_scalar_changes(phase, _PHASE_SCALARS, before, after, tolerance))
+        if before.syncs is None and after.syncs is not None:
+            notes.append(
+                f"host syncs {_PER[phase]} ({_sync_text(after.syncs)}) not compared: the baseline "
+                "was recorded before they were counted; update it to gate them"
+            )
     changes.extend(_scalar_changes("", ("graph_breaks", "recompiles"), baseline, current, 0.0))
-    return WorkComparison(tuple(changes))
+    return WorkComparison(tuple(changes), tuple(notes))
+
+
+def _sync_changes(phase: str, before: PhaseWork, after: PhaseWork) -> list[WorkChange]:
+    """Host-device syncs by kind, exact as collective calls: each one stalls the host's queue."""
+    if before.syncs is None or after.syncs is None:
+        return []
+    changes = []
+    for kind in sorted(set(before.syncs) | set(after.syncs)):
+        old, new = before.syncs.get(kind, 0), after.syncs.get(kind, 0)
+        if old != new:
+            message = f"host syncs {_PER[phase]}: {_number(old)} -> {_number(new)} ({kind})"
+            changes.append(WorkChange(phase, f"{kind} syncs", old, new, new > old, message))
+    return changes
+
+
+def _sync_text(syncs: Mapping[str, float]) -> str:
+    """``24 device synchronize, 1 stream synchronize``; ``none`` for no sync."""
+    return ", ".join(f"{_number(n)} {kind}" for kind, n in syncs.items() if n) or "none"
 
 
 def _collective_changes(
@@ -307,8 +361,8 @@ def _beyond(old: float, new: float, tolerance: float) -> int:
 
 
 def work_cell(work: Work | None) -> str:
-    """The collectives per decode token (or step) as a table cell, ``AG 16x 5.3GB``; "-" for
-    none."""
+    """The collectives and host syncs per decode token (or step) as a table cell, ``AG 16x
+    5.3GB, sync 24x``; "-" for none."""
     if work is None:
         return "-"
     parts = []
@@ -321,6 +375,8 @@ def work_cell(work: Work | None) -> str:
         if count.bytes:
             part += " " + format_bytes(count.bytes).replace(" ", "")
         parts.append(part)
+    if main.total_syncs:
+        parts.append(f"sync {_number(main.total_syncs)}x")
     return ", ".join(parts) or "-"
 
 

@@ -36,6 +36,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             os.environ[FORBID_RANKS] = saved
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `gpu` skips, saying why, where torch sees no CUDA device."""
+    if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device; torch sees none here")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """One pytest cache for the pytest sessions the suite runs: the first session of a rank

@@ -23,7 +23,7 @@ from distperf_model.model import build_model
 from helpers import Session, run_session, write_files
 
 from pytest_distperf.ranks import counting
-from pytest_distperf.ranks.counting import COUNTED_DECODE_STEPS, count_work, kernel_totals
+from pytest_distperf.ranks.counting import COUNTED_DECODE_STEPS, count_work
 from pytest_distperf.ranks.hostspeed import host_times
 from pytest_distperf.ranks.timing import Fences, StepOverride, run_workload
 from pytest_distperf.work import CollectiveCount
@@ -204,8 +204,8 @@ def test_kernels_are_the_traces_kernel_events_and_their_time() -> None:
         event("gpu_memset", 2.0),
         event("cuda_runtime", 30.0),
     ]
-    kernels, seconds = kernel_totals(events)
-    assert (kernels, seconds) == (4, pytest.approx(7e-6))
+    profiled = counting.device_totals(events)
+    assert (profiled.kernels, profiled.seconds) == (4, pytest.approx(7e-6))
 
 
 def test_the_phase_skips_when_off_and_goes_on_without_a_count(

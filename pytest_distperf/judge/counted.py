@@ -45,8 +45,13 @@ def work_check(
         less=tuple(c.message for c in comparison.less),
     )
     rule = (
-        f"(collective kinds and calls exact; bytes, ops, FLOPs and kernels within {tolerance:.1%})"
+        f"(collective kinds and calls exact; bytes, ops, FLOPs and kernels within "
+        f"{tolerance:.1%}; host syncs exact)"
     )
+    if work.main.syncs is None:  # CPU ranks: no device for the host to wait on
+        rule += "; host syncs not counted here (no device): the ranks' waits stand in for them"
+    if comparison.notes:
+        rule += "; " + "; ".join(comparison.notes)
     if comparison.more:
         message = f"the counted work changed: {comparison.message()} {rule}"
         return Check("work", CheckStatus.FAIL, message, figures)

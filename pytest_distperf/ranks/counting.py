@@ -4,8 +4,9 @@ it (the model, FSDP and DDP hooks, DTensor, a strategy's step, the user's loop):
 (flop_counter's formulas) and collectives by kind, bytes in nccl-tests' terms. Compiled code runs
 compiled, so it sees a compiled step's extern kernels and collectives, not fused kernels nor a
 CUDA graph's replay; where kernels queue, a second generation under torch.profiler counts the
-kernels per token, replays included, and their device time. Work below the dispatcher (inside a
-kernel, a library's copies without an op) stays unseen.
+kernels per token, replays included, their device time, and the host's syncs with the device
+(the CUDA runtime's device, stream and event synchronizations, by kind). Work below the
+dispatcher (inside a kernel, a library's copies without an op) stays unseen.
 """
 
 from __future__ import annotations
@@ -156,15 +157,19 @@ class _Tally:
         self.collectives: dict[str, list[int]] = {}  # kind -> [calls, bytes]
         self.steps = 0
 
-    def work(self, steps: int, kernels: float | None) -> PhaseWork:
-        """Per step (per decode token, or the one prefill)."""
+    def work(self, steps: int, profiled: Profiled | None) -> PhaseWork:
+        """Per step (per decode token, or the one prefill); `profiled`: the phase's kernels and
+        syncs where kernels queue."""
         per = 1 / steps if steps else 0.0
         collectives = {
             kind: CollectiveCount(calls * per, size * per)
             for kind, (calls, size) in self.collectives.items()
         }
-        scaled = None if kernels is None else kernels * per
-        return PhaseWork(collectives, self.ops * per, self.flops * per, scaled)
+        if profiled is None:
+            return PhaseWork(collectives, self.ops * per, self.flops * per)
+        syncs = {kind: count * per for kind, count in profiled.syncs.items()}
+        kernels = profiled.kernels * per
+        return PhaseWork(collectives, self.ops * per, self.flops * per, kernels, syncs)
 
 
 class WorkCounter(TorchDispatchMode):
@@ -278,25 +283,25 @@ def count_work(
     queued = platform_of(prompt.device.type).queues_kernels
     profiled = profile_kernels(generation) if queued else None
     prefill = counter.phases["prefill"]
-    prefill_kernels, prefill_s = profiled["prefill"] if profiled else (None, None)
+    prefill_profiled = profiled["prefill"] if profiled else None
     if split:
         decode, decode_steps = counter.phases["decode"], counter.phases["decode"].steps
-        decode_kernels, decode_s = profiled["decode"] if profiled else (None, None)
+        decode_profiled = profiled["decode"] if profiled else None
     else:
-        decode, decode_steps, decode_kernels, decode_s = prefill, tokens, prefill_kernels, prefill_s
+        decode, decode_steps, decode_profiled = prefill, tokens, prefill_profiled
     breaks = recompiles = None
     if compiled_since is not None:
         now = dynamo_mark()
         breaks, recompiles = now.graph_breaks - compiled_since.graph_breaks, now.frames - frames
     work = Work(
-        decode=decode.work(decode_steps, decode_kernels),
-        prefill=prefill.work(prefill.steps, prefill_kernels),
+        decode=decode.work(decode_steps, decode_profiled),
+        prefill=prefill.work(prefill.steps, prefill_profiled),
         graph_breaks=breaks,
         recompiles=recompiles,
     )
     device_time = None
-    if decode_s is not None and decode_steps:
-        device_time = decode_s / decode_steps
+    if decode_profiled is not None and decode_steps:
+        device_time = decode_profiled.seconds / decode_steps
     return Counted(work, device_time)
 
 
@@ -310,8 +315,8 @@ def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
         mark(None)
 
     counter = _counted(once)
-    kernels = profile_kernels(once)["step"][0] if queues_kernels else None
-    return Counted(Work(step=counter.phases["step"].work(1, kernels)), None)
+    profiled = profile_kernels(once)["step"] if queues_kernels else None
+    return Counted(Work(step=counter.phases["step"].work(1, profiled)), None)
 
 
 def _counted(generation: Generation) -> WorkCounter:
@@ -323,26 +328,43 @@ def _counted(generation: Generation) -> WorkCounter:
     return counter
 
 
-def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
-    """phase -> (kernels launched, their summed device seconds) of one profiled generation, a
-    CUDA-graph replay's every kernel included: one CUDA-only profiler session per phase, far
-    cheaper than tracing every host op to tell the phases apart."""
-    from torch.profiler import ProfilerActivity, profile
+@dataclass(frozen=True)
+class Profiled:
+    """What one phase's profiled run saw on the device: kernels launched, their summed device
+    seconds, and the host's syncs with the device by kind (`SYNC_KINDS`)."""
 
-    found: dict[str, tuple[int, float]] = {
-        phase: (0, 0.0) for phase in ("prefill", "decode", "step")
-    }
+    kernels: int
+    seconds: float
+    syncs: Mapping[str, int]
+
+    def __add__(self, other: Profiled) -> Profiled:
+        syncs = {
+            k: self.syncs.get(k, 0) + other.syncs.get(k, 0) for k in {*self.syncs, *other.syncs}
+        }
+        return Profiled(self.kernels + other.kernels, self.seconds + other.seconds, syncs)
+
+
+# The CUDA runtime's host-blocking syncs as the profiler's sync events name them. "Stream Wait
+# Event" is left out: the device waits there, not the host.
+SYNC_KINDS: Mapping[str, str] = {
+    "Context Sync": "device synchronize",
+    "Stream Sync": "stream synchronize",
+    "Event Sync": "event synchronize",
+}
+_NOTHING = Profiled(0, 0.0, {})
+
+
+def profile_kernels(generation: Generation) -> dict[str, Profiled]:
+    """phase -> what one profiled generation ran on the device, a CUDA-graph replay's every
+    kernel included: one CUDA-only profiler session per phase, far cheaper than tracing every
+    host op to tell the phases apart. The syncs a session itself makes are taken off."""
+    found = {phase: _NOTHING for phase in ("prefill", "decode", "step")}
     open_session: list[tuple[str, Any]] = []
+    own = _session_syncs()
 
     def close() -> None:
         phase, session = open_session.pop()
-        torch.cuda.synchronize()  # a kernel still running when the session stops is lost
-        session.stop()
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "trace.json"
-            session.export_chrome_trace(str(path))
-            kernels, seconds = kernel_totals(json.loads(path.read_text())["traceEvents"])
-        found[phase] = (found[phase][0] + kernels, found[phase][1] + seconds)
+        found[phase] = found[phase] + _without(_stopped(session), own)
 
     def mark(phase: str | None) -> None:
         if open_session and open_session[-1][0] == phase:
@@ -350,9 +372,7 @@ def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
         if open_session:
             close()
         if phase is not None:
-            session = profile(activities=[ProfilerActivity.CUDA])
-            session.start()
-            open_session.append((phase, session))
+            open_session.append((phase, _started()))
 
     try:
         generation(mark)
@@ -362,11 +382,50 @@ def profile_kernels(generation: Generation) -> dict[str, tuple[int, float]]:
     return found
 
 
-def kernel_totals(events: list[dict[str, Any]]) -> tuple[int, float]:
-    """(kernels, their summed time in seconds) among a chrome trace's events; copies, memsets
-    and the host's calls left out."""
+def _started() -> Any:
+    from torch.profiler import ProfilerActivity, profile
+
+    config = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+    session = profile(activities=[ProfilerActivity.CUDA], experimental_config=config)
+    session.start()
+    return session
+
+
+def _stopped(session: Any) -> Profiled:
+    torch.cuda.synchronize()  # a kernel still running when the session stops is lost
+    session.stop()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        session.export_chrome_trace(str(path))
+        return device_totals(json.loads(path.read_text())["traceEvents"])
+
+
+_OWN_SYNCS: list[Mapping[str, int]] = []  # per process: the same torch every time
+
+
+def _session_syncs() -> Mapping[str, int]:
+    """The syncs an empty profiler session records (the flush before its stop, the profiler's
+    own): what every phase's session holds beside the phase's work."""
+    if not _OWN_SYNCS:
+        _OWN_SYNCS.append(_stopped(_started()).syncs)
+    return _OWN_SYNCS[0]
+
+
+def _without(profiled: Profiled, own: Mapping[str, int]) -> Profiled:
+    syncs = {kind: n - own.get(kind, 0) for kind, n in profiled.syncs.items()}
+    return Profiled(profiled.kernels, profiled.seconds, {k: n for k, n in syncs.items() if n > 0})
+
+
+def device_totals(events: list[dict[str, Any]]) -> Profiled:
+    """Kernels, their summed time in seconds, and host syncs by kind among a chrome trace's
+    events; copies, memsets and the host's calls left out."""
     durations = [e["dur"] for e in events if e.get("cat") == "kernel"]
-    return len(durations), sum(durations) * 1e-6  # the trace's times are microseconds
+    syncs: dict[str, int] = {}
+    for event in events:
+        kind = SYNC_KINDS.get(event.get("name", "")) if event.get("cat") == "cuda_sync" else None
+        if kind is not None:
+            syncs[kind] = syncs.get(kind, 0) + 1
+    return Profiled(len(durations), sum(durations) * 1e-6, syncs)  # the trace's times: us
 
 
 def warn(rank: int, error: BaseException) -> None:
