@@ -301,7 +301,8 @@ class DistperfPlugin:
         """This machine's entries that no test of the session matched while some test found
         none (store.orphans.Orphans), or None; an xdist controller's gate is on its workers."""
         gate = self._gate
-        if self._orphans is None and gate is not None and gate.looked_up:
+        missing = gate is not None and not all(found for _, found in gate.looked_up.values())
+        if self._orphans is None and missing:
             from pytest_distperf.store.identity import repository_nodeid
             from pytest_distperf.store.orphans import find_orphans
             from pytest_distperf.store.store import BaselineFileError
