@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pytest_distperf.judge.gate import BASELINE_DIR_NAME
-from pytest_distperf.judge.tolerance import run_drift
+from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, run_drift
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.identity import split_identity
 from pytest_distperf.store.snapshot import Snapshot, SnapshotError, read_directory, read_source
@@ -113,6 +113,8 @@ def cmd_baselines(args: argparse.Namespace) -> int:
         return action(args)
     except SnapshotError as error:
         raise BaselinesError(str(error)) from None
+    except (OSError, TimeoutError) as error:  # an unwritable directory, a lock held too long
+        raise BaselinesError(f"{type(error).__name__}: {error}") from None
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -130,7 +132,7 @@ def _row(key: str, entry: BaselineEntry) -> dict[str, Any]:
         "last_recorded": entry.recorded_at,
         "commit": entry.commit,
         "median_tokens_per_sec": entry.median,
-        "drift": run_drift(runs) or None,  # too few runs to tell
+        "drift": run_drift(runs) if len(runs) >= MIN_RUNS_FOR_DRIFT else None,
         "work": work_cell(entry.work),
     }
 
