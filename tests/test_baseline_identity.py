@@ -136,7 +136,7 @@ def test_a_renamed_file_is_named_as_orphan_and_found_after_baselines_rename(
         [
             f"*{ORPHANS_HEADING}*",
             "1 test(s) found no baseline, while 1 entry of this machine's baseline file "
-            f"{baselines}/*.json match no collected test:",
+            f"{baselines}/*.json matches no collected test:",
             "  no baseline:  perf/test_new.py::test_decode[[]auto-2cpu[]] [[]*",
             "  orphaned:     perf/test_old.py::test_decode[[]auto-2cpu[]] [[]*",
             f"  likely: perf/test_old.py::test_decode[[]auto-2cpu[]]: {FILE_RENAMED} "

@@ -69,10 +69,11 @@ class Orphans:
 
     def lines(self) -> list[str]:
         """The terminal summary's warning."""
+        one = len(self.orphaned) == 1
         lines = [
             f"{len(self.without_baseline)} test(s) found no baseline, while "
-            f"{len(self.orphaned)} entr{'y' if len(self.orphaned) == 1 else 'ies'} of this "
-            f"machine's baseline file {self.baseline_file} match no collected test:",
+            f"{len(self.orphaned)} entr{'y' if one else 'ies'} of this machine's baseline file "
+            f"{self.baseline_file} match{'es' if one else ''} no collected test:",
             *(f"  no baseline:  {test_id}" for test_id in self.without_baseline),
             *(f"  orphaned:     {test_id}" for test_id in self.orphaned),
         ]
