@@ -20,6 +20,7 @@ from typing import Any
 
 from pytest_distperf.judge.gate import BASELINE_DIR_NAME
 from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, run_drift
+from pytest_distperf.store.diff import diff_markdown, diff_rows, diff_text
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.identity import split_identity
 from pytest_distperf.store.snapshot import Snapshot, SnapshotError, read_directory, read_source
@@ -351,7 +352,7 @@ def _recorded(entry: BaselineEntry) -> datetime:
 
 def _diff(args: argparse.Namespace) -> int:
     old, new = read_source(args.old), read_source(args.new)
-    rows = _diff_rows(old, new)
+    rows = diff_rows(old, new)
     if args.json:
         _print_json(
             {
@@ -363,7 +364,7 @@ def _diff(args: argparse.Namespace) -> int:
             }
         )
     else:
-        lines = _diff_markdown(rows) if args.markdown else _diff_text(rows)
+        lines = diff_markdown(rows) if args.markdown else diff_text(rows)
         shown = sum(row["status"] != "unchanged" for row in rows)
         print(
             f"distperf baselines diff {old.source} -> {new.source}: {shown} of {len(rows)} "
@@ -371,87 +372,6 @@ def _diff(args: argparse.Namespace) -> int:
         )
         print("\n".join([*lines, *(f"note: {n}" for n in [*old.notes, *new.notes])]))
     return max(_report_unreadable(old), _report_unreadable(new))
-
-
-def _diff_rows(old: Snapshot, new: Snapshot) -> list[dict[str, Any]]:
-    rows = []
-    for key in sorted(old.entries.keys() | new.entries.keys()):
-        before, after = old.entries.get(key, {}), new.entries.get(key, {})
-        for test_id in sorted(before.keys() | after.keys()):
-            a, b = before.get(test_id), after.get(test_id)
-            status = "added" if a is None else "removed" if b is None else "changed"
-            if a is not None and b is not None and a.to_dict() == b.to_dict():
-                status = "unchanged"
-            rows.append(
-                {
-                    "topology_key": key,
-                    "test_id": test_id,
-                    "status": status,
-                    "old_median_tokens_per_sec": a and a.median,
-                    "new_median_tokens_per_sec": b and b.median,
-                    "change": b.median / a.median - 1 if a and b else None,
-                    "old_runs": a and len(a.run_medians or (a.median,)),
-                    "new_runs": b and len(b.run_medians or (b.median,)),
-                    "old_work": a and work_cell(a.work),
-                    "new_work": b and work_cell(b.work),
-                    "new_commit": b and b.commit,
-                }
-            )
-    return rows
-
-
-def _diff_text(rows: list[dict[str, Any]]) -> list[str]:
-    lines = []
-    for row in rows:
-        if row["status"] == "unchanged":
-            continue
-        lines.append(f"  {row['status']:<8} {row['topology_key']}: {row['test_id']}")
-        lines.append(
-            f"           median {_rate(row, 'old')} -> {_rate(row, 'new')} tok/s"
-            f"{_change(row)}, runs {row['old_runs'] or '-'} -> {row['new_runs'] or '-'}"
-            f"; work {_work(row)}"
-        )
-    return lines
-
-
-def _diff_markdown(rows: list[dict[str, Any]]) -> list[str]:
-    changed = [row for row in rows if row["status"] != "unchanged"]
-    if not changed:
-        return ["", "No baseline changed."]
-    lines = [
-        "",
-        "| status | machine | test | old tok/s | new tok/s | change | runs | work |",
-        "|---|---|---|---:|---:|---:|---|---|",
-    ]
-    for row in changed:
-        test = row["test_id"].replace("|", "\\|")
-        runs = f"{row['old_runs'] or '-'} → {row['new_runs'] or '-'}"
-        cells = [
-            row["status"],
-            f"`{row['topology_key']}`",
-            f"`{test}`",
-            _rate(row, "old"),
-            _rate(row, "new"),
-            _change(row).strip(" ()") or "-",
-            runs,
-            _work(row),
-        ]
-        lines.append(f"| {' | '.join(cells)} |")
-    return lines
-
-
-def _rate(row: dict[str, Any], side: str) -> str:
-    value = row[f"{side}_median_tokens_per_sec"]
-    return "-" if value is None else f"{value:.4g}"
-
-
-def _change(row: dict[str, Any]) -> str:
-    return "" if row["change"] is None else f" ({row['change']:+.1%})"
-
-
-def _work(row: dict[str, Any]) -> str:
-    old, new = row["old_work"], row["new_work"]
-    return f"{new} (same)" if old == new else f"{old or '-'} -> {new or '-'}"
 
 
 # --- output ------------------------------------------------------------------------------------
