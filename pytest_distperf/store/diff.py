@@ -11,6 +11,8 @@ from pytest_distperf.work import work_cell
 
 
 def diff_rows(old: Snapshot, new: Snapshot) -> list[dict[str, Any]]:
+    """One row per test of either snapshot, by topology key and test id: added, removed,
+    changed (any field, a refresh's date included) or unchanged."""
     rows = []
     for key in sorted(old.entries.keys() | new.entries.keys()):
         before, after = old.entries.get(key, {}), new.entries.get(key, {})
