@@ -1,6 +1,7 @@
 """`distperf`: the plugin's command for humans (`distperf COMMAND --help` for each command's
 options): `topology` prints the devices' links, `predict` each strategy's tokens/sec, `plot`
-draws a report or a baseline history (output/charts.py).
+draws a report or a baseline history (output/charts.py), `baselines` keeps a baseline directory
+(cli_baselines.py).
 
 No command imports torch: they answer at once and run on a laptop without GPUs. Bad input
 (a missing or malformed file, a device count the topology does not have, an unknown model) exits
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf import cli_predict, perfmodel, topology
+from pytest_distperf import cli_baselines, cli_predict, perfmodel, topology
 from pytest_distperf.output import charts
 from pytest_distperf.perfmodel import GB, MB, Calibration, Links
 from pytest_distperf.spec import PRECISION_BYTES, PRECISIONS, TRAIN_ONLY_PRECISIONS
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_predict.add_train_options(pred)
     _add_source_options(pred)
     charts.add_parser(sub)
+    cli_baselines.add_parser(sub)
     return parser
 
 
@@ -366,10 +368,15 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on malformed options
-    handler = {"topology": cmd_topology, "predict": cmd_predict, "plot": charts.cmd_plot}
+    handler = {
+        "topology": cmd_topology,
+        "predict": cmd_predict,
+        "plot": charts.cmd_plot,
+        "baselines": cli_baselines.cmd_baselines,
+    }
     try:
         return handler[args.command](args)
-    except (UsageError, charts.ChartError) as exc:
+    except (UsageError, charts.ChartError, cli_baselines.BaselinesError) as exc:
         print(f"distperf {args.command}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     except BrokenPipeError:

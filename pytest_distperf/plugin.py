@@ -115,6 +115,9 @@ class DistperfPlugin:
     live_output: bool = False  # pytest -s: the ranks' output streams to the terminal
     config: Any = field(default=None, repr=False)  # pytest.Config
     topology: Any = None  # the Topology an xdist worker's runs were held to (controller only)
+    # Node ids of the session's tests, run or not: their baseline entries are no orphans.
+    collected: set[str] = field(default_factory=set, repr=False)
+    _orphans: tuple[Any, ...] | None = field(default=None, repr=False)  # (Orphans,) once found
 
     @property
     def writes_files(self) -> bool:
@@ -176,6 +179,7 @@ class DistperfPlugin:
             topology = topology if self.job is None else self.job.topology(topology)
             directory = self.settings.baseline_dir or default_baseline_dir(self.rootpath)
             self._gate = Gate(
+                rootpath=self.rootpath,
                 topology=topology,
                 store=BaselineStore(directory),
                 update=self.settings.update_baselines,
@@ -228,8 +232,17 @@ class DistperfPlugin:
     ) -> None:
         collection.prepare(config, items, self.resolve().devices)
 
+    @pytest.hookimpl
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        self.collected.update(xdist.plain_nodeid(item.nodeid) for item in items)
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.collected.add(xdist.plain_nodeid(report.nodeid))
+
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter prints the collection report
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.collected.update(xdist.plain_nodeid(item.nodeid) for item in session.items)
         # After -k, -m and --lf have deselected: only the tests that will run are measured.
         if session.config.getoption("collectonly"):
             return
@@ -277,10 +290,38 @@ class DistperfPlugin:
         # An xdist worker's runs ride on its test reports; the controller writes the files.
         if not self.writes_files or xdist.is_worker(session.config):
             return
+        orphans = self.baseline_orphans()
         if self.settings.json:
             from pytest_distperf.output.report import write_json_report
 
-            write_json_report(self.settings.json, self.records)
+            extra = {} if orphans is None else {"baseline_orphans": orphans.to_json()}
+            write_json_report(self.settings.json, self.records, extra)
+
+    def baseline_orphans(self) -> Any:
+        """This machine's entries that no test of the session matched while some test found
+        none (store.orphans.Orphans), or None; an xdist controller's gate is on its workers."""
+        gate = self._gate
+        missing = gate is not None and not all(found for _, found in gate.looked_up.values())
+        if self._orphans is None and missing:
+            from pytest_distperf.store.identity import repository_nodeid
+            from pytest_distperf.store.orphans import find_orphans
+            from pytest_distperf.store.store import BaselineFileError
+
+            try:
+                entries = gate.store.load(gate.topology_key)
+            except BaselineFileError:  # the tests failed naming it already
+                entries = {}
+            forms = [(n, repository_nodeid(n, self.rootpath)) for n in self.collected]
+            found = find_orphans(
+                entries,
+                gate.looked_up,
+                {form for pair in forms for form in pair},
+                topology_key=gate.topology_key,
+                baseline_file=str(gate.store.path(gate.topology_key)),
+                directory=str(gate.store.directory),
+            )
+            self._orphans = () if found is None else (found,)  # looked for once
+        return self._orphans[0] if self._orphans else None
 
     # pytest-benchmark's hooks (output/benchmark_session.py); optional: it may not be loaded.
     @pytest.hookimpl(optionalhook=True)
@@ -311,8 +352,17 @@ class DistperfPlugin:
             if getattr(report, "when", None) == "call"
         }
         shown = [record for record in self.records if record.run.test_id in outcomes]
-        if not shown:
-            return
+        if shown:
+            self._write_results(terminalreporter, shown, outcomes)
+        orphans = self.baseline_orphans() if self.writes_files else None
+        if orphans is not None:
+            terminalreporter.write_sep("-", "distperf baseline orphans", yellow=True)
+            for line in orphans.lines():
+                terminalreporter.write_line(line)
+
+    def _write_results(
+        self, terminalreporter: Any, shown: list[Any], outcomes: dict[str, str]
+    ) -> None:
         terminalreporter.write_sep("-", "distperf results")
         if self.topology_of_gate() is not None:
             from pytest_distperf.header import topology_line

@@ -86,7 +86,7 @@ def test_round_trip(tmp_path: Path) -> None:
     assert store.get(KEY, "other") is None
     assert store.topology(KEY) == {"gpus": 4, "link": "NV18"}
     document = json.loads(path.read_text())
-    assert document["schema"] == SCHEMA == 6
+    assert document["schema"] == SCHEMA == 7
     assert document["topology_key"] == KEY
 
 
@@ -565,7 +565,7 @@ def test_schema_4_files_are_read_without_the_counts(tmp_path: Path) -> None:
     store.save(KEY, {"t": newer})
     stored = store.get(KEY, "t")
     assert stored.work == _work() and stored.host_cpu_run_medians == (0.01,)
-    assert json.loads(store.path(KEY).read_text())["schema"] == SCHEMA == 6
+    assert json.loads(store.path(KEY).read_text())["schema"] == SCHEMA == 7
 
 
 def test_bad_work_in_an_entry_names_the_entry_and_the_field() -> None:

@@ -444,3 +444,69 @@ def test_run_without_a_report(tmp_path: Path, stub_python: Path) -> None:
         "No distperf report at `r/distperf.json` (pytest exit status 3)"
         in (tmp_path / "r" / "summary.md").read_text()
     )
+
+
+# --- the refresh's pull / merge request summary: `distperf baselines diff` ------------------------
+
+
+def _summary_block(job_script: str) -> tuple[str, str]:
+    """The lines of a template's update job that write the refresh's summary, and the variable
+    naming the file they write."""
+    lines = job_script.splitlines()
+    [first] = [i for i, line in enumerate(lines) if 'refresh-baselines.md"' in line]
+    last = next(i for i in range(first, len(lines)) if lines[i].lstrip().startswith("} >"))
+    return "\n".join(lines[first : last + 1]), lines[first].split("=")[0].strip()
+
+
+def _update_scripts() -> dict[str, str]:
+    github = "\n".join(
+        step["run"] for step in _github()["jobs"]["update"]["steps"] if "run" in step
+    )
+    gitlab = "\n".join(_load(GITLAB)["distperf:update"]["script"])
+    return {"github": github, "gitlab": gitlab}
+
+
+def test_the_refresh_request_carries_the_baselines_diff() -> None:
+    scripts = _update_scripts()
+    diff = '-m pytest_distperf.cli baselines diff --markdown "HEAD:$BASELINE_DIR" "$BASELINE_DIR"'
+    for name, script in scripts.items():
+        assert diff in script, name
+        # made before the commit: HEAD still holds the committed baselines
+        assert script.index(diff) < script.index("commit --quiet"), name
+    assert scripts["github"].count('--body-file "$body"') == 2  # a new request, or the open one
+    assert 'cat "$body" >>"$GITHUB_STEP_SUMMARY"' in scripts["github"]
+    assert '-F "$message"' in scripts["gitlab"]  # a new merge request's description
+
+
+@pytest.mark.parametrize("template", ["github", "gitlab"])
+def test_the_refresh_summary_names_each_changed_test(template: str, tmp_path: Path) -> None:
+    """The templates' own lines, run in a repository whose committed baseline was refreshed."""
+    from pytest_distperf.store.entry import BaselineEntry
+    from pytest_distperf.store.store import BaselineStore
+
+    environ = {**os.environ, "PYTHON": sys.executable, "BASELINE_DIR": "perf/baselines",
+               "REPORT_DIR": "out", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+               "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}  # fmt: skip
+    # what the CI services set
+    for name in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID", "GITHUB_SHA",
+                 "CI_COMMIT_SHORT_SHA", "CI_JOB_URL"):  # fmt: skip
+        environ[name] = f"<{name}>"
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    store = BaselineStore(tmp_path / "perf" / "baselines")
+    test_id = "perf/test_decode.py::test_decode[fsdp-2cpu] [model=pythia-14m]"
+    for rate, commit in ((100.0, True), (90.0, False)):
+        entry = BaselineEntry.from_samples(test_id, [rate, rate, rate], None, {})
+        store.save("cpu_x2_loopbackx1_2cpus", {test_id: entry}, {})
+        if commit:
+            for args in (["init", "-q"], ["add", "perf"], ["commit", "-q", "-m", "baselines"]):
+                subprocess.run(["git", *args], cwd=tmp_path, env=environ, check=True)
+    (tmp_path / "out").mkdir()
+    block, variable = _summary_block(_update_scripts()[template])
+    script = f'set -euo pipefail\n{block}\ncat "${variable}"\n'
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=environ, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"| changed | `cpu_x2_loopbackx1_2cpus` | `{test_id}` | 100 | 90 | -10.0% |" in done.stdout
+    )
+    assert "diff failed" not in done.stdout

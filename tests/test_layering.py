@@ -57,6 +57,7 @@ FORBIDDEN_AT_IMPORT = {
     "xdist": ("torch", "xdist"),
     "cli": ("torch",),
     "cli_predict": ("torch",),
+    "cli_baselines": ("torch",),
     "work": ("torch", "pytest", "_pytest"),
 }
 PYTEST_SIDE = (
@@ -75,6 +76,7 @@ PYTEST_SIDE = (
     "progress",
     "cli",
     "cli_predict",
+    "cli_baselines",
 )
 # part -> parts (of pytest_distperf) or top-level packages it must not import, even in a function
 NEVER_IMPORTS = {

@@ -45,6 +45,7 @@ from pytest_distperf.perfmodel import (
 )
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES, Workload
 from pytest_distperf.store.entry import BaselineEntry
+from pytest_distperf.store.identity import repository_nodeid
 from pytest_distperf.store.store import BaselineStore
 from pytest_distperf.strategies import message_sizes_for, predict_for, predict_train_for
 from pytest_distperf.topology import Topology
@@ -52,9 +53,10 @@ from pytest_distperf.topology import Topology
 BASELINE_DIR_NAME = "distperf-baselines"
 
 
-def test_identity(result: RunResult) -> str:
+def test_identity(result: RunResult, nodeid: str | None = None) -> str:
     """What makes two runs comparable: node id (strategy and ranks are in it) and workload.
 
+    `nodeid`: the node id as the identity names it (store/identity.py), default pytest's own.
     The slow-down knobs are left out on purpose: a slowed run must meet its normal baseline.
     Arguments left unset (None) are left out too, so adding one keeps existing identities.
     """
@@ -67,7 +69,7 @@ def test_identity(result: RunResult) -> str:
     if result.spec.compile:  # from the marker or --distperf-compile: never an eager baseline
         params["compile"] = True
     described = " ".join(f"{k}={params[k]}" for k in sorted(params))
-    return f"{result.spec.test_id} [{described}]"
+    return f"{nodeid or result.spec.test_id} [{described}]"
 
 
 @dataclass
@@ -77,6 +79,10 @@ class Gate:
     update: bool = False
     writes: bool = True  # False on ranks other than 0 of a launched job
     commit: str | None = None
+    # pytest's rootdir, which node ids are relative to; None: identities are the node ids
+    rootpath: Path | None = None
+    # identity -> (the older rootdir-relative form, found or not), of each run looked up
+    looked_up: dict[str, tuple[str, bool]] = field(default_factory=dict, repr=False)
     _known_keys: list[str] | None = field(default=None, repr=False)
 
     @property
@@ -176,7 +182,7 @@ class Gate:
                 **{name: skipped_check(name, why) for name in compared},
                 **_loss(result),  # a baseline must train the right function too
             )
-        entry = self.store.get(self.topology_key, test_identity(result))
+        entry = self.baseline_entry(result)
         samples = result.tokens_per_sec_samples
         baseline = baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
         relative = relative_speed_check(entry, result.relative_speed_samples, settings)
@@ -219,6 +225,22 @@ class Gate:
             busy_evidence=None if entry is None else evidence,
         )
 
+    def identities(self, result: RunResult) -> tuple[str, str]:
+        """This run's baseline identity (its file relative to the repository holding it) and
+        the rootdir-relative form entries were stored under before; alike outside git."""
+        legacy = test_identity(result)
+        if self.rootpath is None:
+            return legacy, legacy
+        return test_identity(result, repository_nodeid(result.spec.test_id, self.rootpath)), legacy
+
+    def baseline_entry(self, result: RunResult) -> BaselineEntry | None:
+        """The entry under this run's identity, else under its older form (noted for the
+        session's orphan warning)."""
+        identity, legacy = self.identities(result)
+        entry = self.store.find(self.topology_key, identity, legacy)
+        self.looked_up[identity] = (legacy, entry is not None)
+        return entry
+
     def known_keys(self) -> list[str]:
         if self._known_keys is None:
             self._known_keys = self.store.keys()
@@ -232,8 +254,9 @@ class Gate:
         figures = decision.threshold.figures
         judged = getattr(figures, "predicted_tokens_per_sec", None)
         extra = {"predicted_tokens_per_sec": judged} if judged else None
+        identity, legacy = self.identities(result)
         entry = BaselineEntry.from_samples(
-            test_identity(result),
+            identity,
             result.tokens_per_sec_samples,
             peak_memory_bytes=result.peak_memory_bytes,
             versions=result.versions,
@@ -251,7 +274,12 @@ class Gate:
             },
             off_cpu_shares=off_cpu_shares([r.samples for r in result.ranks]),
         )
-        self.store.save(self.topology_key, {entry.test_id: entry}, self.topology.to_dict())
+        self.store.save(
+            self.topology_key,
+            {entry.test_id: entry},
+            self.topology.to_dict(),
+            moved_from={identity: legacy},  # an entry stored under the older form moves here
+        )
         return True
 
 

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pytest_distperf.figures import TABLE, Figure, TableColumn, declared
 from pytest_distperf.judge.record import JudgedRun
@@ -15,10 +16,16 @@ from pytest_distperf.store.files import atomic_write_text
 REPORT_SCHEMA = 1
 
 
-def write_json_report(path: str | os.PathLike[str], records: Sequence[JudgedRun]) -> Path:
-    """Write every run's row atomically: a reader never sees half a report."""
+def write_json_report(
+    path: str | os.PathLike[str],
+    records: Sequence[JudgedRun],
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write every run's row atomically: a reader never sees half a report. `extra`: the
+    session's own fields (``baseline_orphans``), present only when there is something to say."""
     rows = [record.to_json() for record in records]
-    text = json.dumps({"schema": REPORT_SCHEMA, "results": rows}, indent=2, sort_keys=True)
+    document = {**(extra or {}), "schema": REPORT_SCHEMA, "results": rows}
+    text = json.dumps(document, indent=2, sort_keys=True)
     return atomic_write_text(path, text + "\n")
 
 

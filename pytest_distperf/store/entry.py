@@ -24,9 +24,10 @@ from pytest_distperf.work import Work
 
 # 2 added run_medians, 3 the relative speed, 4 the host's own speed, 5 the counted work and
 # the CPU and device time per token, 6 the waits for a core, the steal and the ranks' own
-# waits off the CPU; older files are read (without them), written as 6
-SCHEMA = 6
-READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6)
+# waits off the CPU, 7 each recorded run's date and commit; older files are read (without
+# them), written as 7
+SCHEMA = 7
+READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
 # of speed leaves the window (the spread is interquartile, so a change in under a quarter of
 # the window is ignored, and one in more widens the tolerance until it leaves).
@@ -43,7 +44,9 @@ _HISTORIES = (
 )
 # Absent from older files (SCHEMA says since when), read as empty.
 _LIST_FIELDS = ("run_medians", "relative_samples", "off_cpu_share_samples", *_HISTORIES)
-_OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, "work"})
+# When and at which commit each recorded run was made (strings, not numbers; schema 7).
+_RUN_RECORDS = ("run_recorded_at", "run_commits")
+_OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, *_RUN_RECORDS, "work"})
 # Lists where zero is a value (no wait at all), not a missing measure.
 _SHARES = "off_cpu_share_samples"  # shares of a wall time, each in [0, 1]
 # What `_rounded` holds a list's values to, as its message says it.
@@ -104,6 +107,10 @@ class BaselineEntry:
     #: that share per repeat of the latest run, whose spread is the waits' own noise.
     off_cpu_share_run_medians: tuple[float, ...] = ()
     off_cpu_share_samples: tuple[float, ...] = ()
+    #: When, and at which commit (None: unknown), each recorded run of `run_medians` was made,
+    #: oldest first; runs recorded before schema 7 have neither, so these align with its end.
+    run_recorded_at: tuple[str, ...] = ()
+    run_commits: tuple[str | None, ...] = ()
 
     @property
     def relative_median(self) -> float | None:
@@ -165,9 +172,26 @@ class BaselineEntry:
                         f"{self.test_id}: {name} must be {kind} numbers, got {value!r}"
                     )
             object.__setattr__(self, name, tuple(float(v) for v in values))
+        self._check_run_records()
         object.__setattr__(self, "samples", tuple(float(v) for v in samples))
         object.__setattr__(self, "versions", MappingProxyType(dict(sorted(self.versions.items()))))
         object.__setattr__(self, "extra", MappingProxyType(extra))
+
+    def _check_run_records(self) -> None:
+        dates, commits = tuple(self.run_recorded_at), tuple(self.run_commits)
+        runs = max(len(self.run_medians), 1)
+        for name, values in (("run_recorded_at", dates), ("run_commits", commits)):
+            if len(values) > runs:
+                raise ValueError(
+                    f"{self.test_id}: {name} has {len(values)} values for {runs} recorded runs"
+                )
+        for value in dates:
+            _parse_timestamp(value, self.test_id)
+        for value in commits:
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{self.test_id}: run_commits must be strings or null")
+        object.__setattr__(self, "run_recorded_at", dates)
+        object.__setattr__(self, "run_commits", commits)
 
     @classmethod
     def from_samples(
@@ -198,6 +222,7 @@ class BaselineEntry:
         when = datetime.now(timezone.utc) if now is None else now
         if when.tzinfo is None:
             raise ValueError("now must be timezone-aware (baselines record UTC)")
+        recorded_at = when.astimezone(timezone.utc).isoformat(timespec="seconds")
         return cls(
             test_id=test_id,
             samples=rounded,
@@ -206,8 +231,10 @@ class BaselineEntry:
             stdev=_round(statistics.stdev(rounded)) if len(rounded) > 1 else 0.0,
             n=len(rounded),
             peak_memory_bytes=peak_memory_bytes,
-            recorded_at=when.astimezone(timezone.utc).isoformat(timespec="seconds"),
+            recorded_at=recorded_at,
             commit=commit,
+            run_recorded_at=(recorded_at,),
+            run_commits=(commit,),
             versions=dict(versions),
             extra=dict(extra or {}),
             run_medians=(_round(statistics.median(rounded)),),
@@ -229,14 +256,24 @@ class BaselineEntry:
         earlier_relative = previous.relative_run_medians
         if not earlier_relative and previous.relative_median is not None:
             earlier_relative = (previous.relative_median,)
-        histories = {name: getattr(previous, name) for name in ("run_medians", *_HISTORIES)}
+        kept = ("run_medians", *_HISTORIES, *_RUN_RECORDS)
+        histories = {name: getattr(previous, name) for name in kept}
         before = {**histories, "run_medians": earlier, "relative_run_medians": earlier_relative}
+        # A file from before schema 7 knows the date and commit of its latest run only.
+        before["run_recorded_at"] = previous.run_recorded_at or (previous.recorded_at,)
+        before["run_commits"] = previous.run_commits or (previous.commit,)
         if previous == replace(self, **histories):  # the same run saved again: no new run
             return replace(self, **before)
         # A run without a bare model (or host loop, ...) breaks that history: no spread across
         # gaps.
         extended = {name: _extended(before[name], getattr(self, name)) for name in _HISTORIES}
-        return replace(self, **extended, run_medians=(*earlier, self.median)[-RUN_HISTORY:])
+        return replace(
+            self,
+            **extended,
+            run_medians=(*earlier, self.median)[-RUN_HISTORY:],
+            run_recorded_at=(*before["run_recorded_at"], self.recorded_at)[-RUN_HISTORY:],
+            run_commits=(*before["run_commits"], self.commit)[-RUN_HISTORY:],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -251,7 +288,7 @@ class BaselineEntry:
             "commit": self.commit,
             "versions": dict(self.versions),
             "extra": json.loads(json.dumps(dict(self.extra))),
-            **{name: list(getattr(self, name)) for name in _LIST_FIELDS},
+            **{name: list(getattr(self, name)) for name in (*_LIST_FIELDS, *_RUN_RECORDS)},
             # left out when not counted: an entry without it reads as before schema 5
             **({} if self.work is None else {"work": self.work.to_json()}),
         }
@@ -284,6 +321,7 @@ class BaselineEntry:
             work=work,
             off_cpu_share_samples=shares,
             **{name: tuple(values) for name, values in lists.items()},
+            **{name: tuple(get_field(data, name, list, default=[])) for name in _RUN_RECORDS},
         )
 
 

@@ -14,7 +14,8 @@ entries. Add ``*.lock`` to the baseline directory's ``.gitignore``.
 
 A file that cannot be read (truncated, not JSON, unknown schema, wrong shape) raises
 :class:`BaselineFileError` and is never overwritten: it may hold reviewed numbers that a person
-should repair, not a test run.
+should repair, not a test run. `rewrite` (the `distperf baselines` commands) holds to the same
+rules, and removes a file whose last entry it removes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,12 @@ class BaselineStore:
     def get(self, topology_key: str, test_id: str) -> BaselineEntry | None:
         return self.load(topology_key).get(test_id)
 
+    def find(self, topology_key: str, *test_ids: str) -> BaselineEntry | None:
+        """The entry stored under the first of `test_ids` that has one (an identity, then the
+        older forms of it), or None."""
+        entries = self.load(topology_key)
+        return next((entries[t] for t in test_ids if t in entries), None)
+
     def save(
         self,
         topology_key: str,
@@ -110,11 +119,13 @@ class BaselineStore:
         topology: Mapping[str, Any] | None = None,
         *,
         keep_history: bool = True,
+        moved_from: Mapping[str, str] | None = None,
     ) -> Path:
         """Merge ``entries`` into the file for ``topology_key``; other test ids are kept.
 
         With ``keep_history`` an entry that replaces a stored one carries the stored entry's run
-        medians before its own (`BaselineEntry.following`).
+        medians before its own (`BaselineEntry.following`). ``moved_from`` maps a test id to an
+        older one: where only the older is stored, the entry takes its place and its history.
 
         ``topology`` replaces the stored description when given. Raises BaselineFileError (and
         leaves the file byte-identical) when the existing file is unreadable, and TimeoutError
@@ -137,20 +148,14 @@ class BaselineStore:
                 raise ValueError(f"topology must be JSON-serializable ({exc})") from exc
 
         self.directory.mkdir(parents=True, exist_ok=True)
-        lock = filelock.FileLock(f"{path}.lock", timeout=self.lock_timeout)
-        try:
-            lock.acquire()
-        except filelock.Timeout as exc:
-            raise TimeoutError(
-                f"could not lock {path} within {self.lock_timeout:g} s: another writer holds "
-                f"{path}.lock"
-            ) from exc
-        try:
-            _remove_orphaned_temps(path)
+        with self._locked(path):
             raw = _bytes(path)
             # Parsing inside the lock is what makes this a merge rather than last-writer-wins;
             # an unreadable file raises here, before anything is written.
             old_topology, merged = ({}, {}) if raw is None else _parse(path, raw, topology_key)
+            for test_id, older in (moved_from or {}).items():
+                if test_id in updates and test_id not in merged and older in merged:
+                    merged[test_id] = replace(merged.pop(older), test_id=test_id)
             if keep_history:
                 # Read under the lock, so two refreshes of one test both land in its history.
                 for test_id, entry in updates.items():
@@ -162,9 +167,50 @@ class BaselineStore:
             )
             if raw != text.encode("utf-8"):
                 atomic_write_text(path, text)
+        return path
+
+    def rewrite(
+        self,
+        topology_key: str,
+        change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
+    ) -> dict[str, BaselineEntry]:
+        """Replace the entries of ``topology_key``'s file by ``change(entries)``, read and written
+        under the lock; a file left without entries is removed. Returns what it holds now.
+
+        Raises BaselineFileError (the file left byte-identical) when it is unreadable,
+        FileNotFoundError when there is none, and ValueError from ``change``.
+        """
+        path = self.path(topology_key)
+        with self._locked(path):
+            raw = _bytes(path)
+            if raw is None:
+                raise FileNotFoundError(f"no baseline file {path}")
+            topology, entries = _parse(path, raw, topology_key)
+            changed = change(dict(entries))
+            for test_id, entry in changed.items():
+                if test_id != entry.test_id:
+                    raise ValueError(f"entry under {test_id!r} has test_id {entry.test_id!r}")
+            if not changed:
+                path.unlink()
+            elif changed != entries:
+                atomic_write_text(path, _render(topology_key, topology, changed))
+        return changed
+
+    @contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        lock = filelock.FileLock(f"{path}.lock", timeout=self.lock_timeout)
+        try:
+            lock.acquire()
+        except filelock.Timeout as exc:
+            raise TimeoutError(
+                f"could not lock {path} within {self.lock_timeout:g} s: another writer holds "
+                f"{path}.lock"
+            ) from exc
+        try:
+            _remove_orphaned_temps(path)
+            yield
         finally:
             lock.release()
-        return path
 
     def _read(self, topology_key: str) -> tuple[dict[str, Any] | None, dict[str, BaselineEntry]]:
         """The stored topology and entries; (None, {}) when there is no file yet."""
@@ -210,6 +256,14 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def read_document(
+    path: Path, raw: bytes, topology_key: str
+) -> tuple[dict[str, Any], dict[str, BaselineEntry]]:
+    """The topology and entries of a baseline file's bytes (``path`` names it in errors: it may
+    come from a commit rather than the disk); BaselineFileError when it is no such file."""
+    return _parse(path, raw, topology_key)
 
 
 def _parse(
