@@ -1,37 +1,27 @@
 """One judged run as one typed value, and its one serialisation for the reports.
 
-The gate (gate.py) builds a `JudgedRun` from a RunResult, its prediction and its checks; the
-terminal table, the Markdown summary and the pytest-benchmark export read its figures through
-`value()`. Which figures there are, and which report shows each, is declared once in
-pytest_distperf/figures.py (`RUN_FIGURES`): `to_json()` (the JSON report, --distperf-json) and
-`junit_properties()` (`distperf_<field>`) write what is declared there, under names that users'
-scripts and CI templates read and that do not change. Pure: no I/O, no pytest.
+The gate (gate.py) builds a `JudgedRun` from a RunResult, its prediction and its checks;
+`to_dict()` is its row of the JSON report (--distperf-json): the run's figures
+(`RunResult.to_dict`) and the gate's, under names that users' scripts and CI templates read and
+that do not change. The terminal table, JUnit properties, Markdown summary, pytest-benchmark
+export and charts (output/) read that row. Pure: no I/O, no pytest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from pytest_distperf.figures import (
-    ABSENT,
-    JUNIT,
-    REPORT_JSON,
-    Figure,
-    Report,
-    Source,
-    declared,
-    figure,
-    json_value,
-)
+from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.checks import (
     BaselineFigures,
     Check,
     CheckStatus,
     Decision,
     DetectableFigures,
+    DeviceTimeFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
 )
@@ -41,66 +31,11 @@ from pytest_distperf.perfmodel import Calibration, Prediction
 F = TypeVar("F")
 
 
-class FigureValues(Mapping[str, Any]):
-    """Figures by name, read-only; each is an attribute too (`values.tokens_per_sec`), and one
-    that is not there raises AttributeError naming it rather than reading as missing."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        object.__setattr__(self, "_values", {k: _frozen(v) for k, v in values.items()})
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no figure {name!r}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (dict(self._values),))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._values!r})"
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(value)
-    if isinstance(value, dict):
-        return MappingProxyType(dict(value))
-    return value
-
-
-class RunFigures(FigureValues):
-    """What one run measured: every figure declared with `Source.RUN`, reduced from the ranks'
-    results (figures.py says how) when the run is recorded; `run.tokens_per_sec` reads one."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, result: RunResult) -> RunFigures:
-        return cls({f.name: f.reduce.compute(result) for f in declared(source=Source.RUN)})
-
-
 @dataclass(frozen=True)
 class JudgedRun:
     """A run, what it was held to, and what came of it."""
 
-    run: RunFigures
+    run: RunResult
     decision: Decision
     prediction: Prediction | None  # None: nothing to predict from (a user's own builder)
     topology_key: str
@@ -121,7 +56,7 @@ class JudgedRun:
         session_started_at: float,
     ) -> JudgedRun:
         return cls(
-            run=RunFigures.of(result),
+            run=result,
             decision=decision,
             prediction=prediction,
             topology_key=topology_key,
@@ -168,30 +103,66 @@ class JudgedRun:
         """The smallest drop the baseline check catches, or would as a baseline of this run."""
         return _figures(self.ran.get("baseline"), BaselineFigures | DetectableFigures)
 
-    def value(self, declared_figure: Figure | str) -> Any:
-        """A declared figure's value for this run: None where the run has none, ABSENT where
-        it has nothing to report under that name (a check that did not run)."""
-        if isinstance(declared_figure, str):
-            declared_figure = figure(declared_figure)
-        if declared_figure.source is Source.RUN:
-            # AttributeError for a figure the run was not recorded with, never a silent "-"
-            return getattr(self.run, declared_figure.name)
-        return declared_figure.reduce.compute(self)
-
-    def reported(self, report: Report, *, nulls: bool = False) -> list[tuple[Figure, Any]]:
-        """The figures declared for `report`, in order, with this run's values: those it has
-        nothing to report under left out, and those without a value (None) unless `nulls`."""
-        pairs = [(f, self.value(f)) for f in declared(report)]
-        return [(f, v) for f, v in pairs if v is not ABSENT and (nulls or v is not None)]
-
-    def to_json(self) -> dict[str, Any]:
-        """The row of the JSON report: plain JSON values, field names kept across versions."""
-        return {f.name: json_value(value) for f, value in self.reported(REPORT_JSON, nulls=True)}
-
-    def junit_properties(self) -> list[tuple[str, Any]]:
-        """(name, value) pairs for the test report's `user_properties` (JUnit XML), in the
-        declared order; a figure without a value is left out."""
-        return [(f.junit_name, f.junit_value(value)) for f, value in self.reported(JUNIT)]
+    def to_dict(self) -> dict[str, Any]:
+        """The row of the JSON report: the run's figures, then the gate's, as plain JSON. A
+        check that did not run leaves its keys out; a figure the run has not is null."""
+        row = self.run.to_dict()
+        row.update(
+            topology_key=self.topology_key,
+            verdict=self.decision.verdict,
+            busy_evidence=json_value(self.decision.busy_evidence),
+            bandwidth_utilization=self.bandwidth_utilization,
+            baseline_recorded=self.baseline_recorded,
+            prediction=json_value(self.prediction),
+            calibration=json_value(self.calibration),
+            session_to_first_timed_s=self.session_to_first_timed_s,
+        )
+        for check in self.ran.values():
+            row[f"{check.name}_status"] = check.status.value
+            row[f"{check.name}_message"] = check.message
+        if (threshold := self.threshold) is not None:
+            row.update(
+                predicted_tokens_per_sec=threshold.predicted_tokens_per_sec,
+                threshold_tokens_per_sec=threshold.threshold_tokens_per_sec,
+                efficiency=threshold.efficiency,
+                bound=threshold.bound,
+                bound_description=threshold.bound_description,
+                link_class=threshold.link_class,
+                ratio_to_predicted=threshold.ratio_to_predicted,
+                threshold_check=threshold.check,
+            )
+        if (detectable := self.detectable) is not None:
+            row["detectable_drop"] = detectable.detectable_drop
+        if (baseline := self.baseline) is not None:
+            row.update(
+                baseline_tokens_per_sec=baseline.baseline_tokens_per_sec,
+                change=baseline.change,
+                tolerance=baseline.tolerance,
+                tolerance_runs=baseline.tolerance_runs,
+                p_value=baseline.p_value,
+                baseline_verdict=baseline.verdict,
+                baseline_recorded_at=baseline.recorded_at,
+                baseline_commit=baseline.commit,
+            )
+            if baseline.machine is not None:
+                row.update(json_value(baseline.machine))  # bare_, host_change, change_beyond_host
+            if baseline.busy is not None:
+                row["host_cpu_change"] = baseline.busy.host_cpu_change
+            if baseline.waits is not None:
+                row["off_cpu_share_change"] = baseline.waits.rise
+        if (relative := self.relative_speed) is not None:
+            row.update(
+                relative_speed_baseline=relative.baseline,
+                relative_speed_change=relative.change,
+                relative_speed_tolerance=relative.tolerance,
+                relative_speed_p_value=relative.p_value,
+                relative_speed_detectable_drop=relative.detectable_drop,
+                relative_speed_verdict=relative.verdict,
+            )
+        device_time = _figures(self.ran.get("device_time"), DeviceTimeFigures)
+        if device_time is not None:
+            row["device_time_change"] = device_time.change
+        return row
 
 
 def _figures(check: Check | None, kind: type[F]) -> F | None:
