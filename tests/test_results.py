@@ -21,9 +21,9 @@ from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.output.markdown import SummaryRow, parse_report, render_markdown
 from pytest_distperf.output.report import (
-    RESULT_HEADER,
     format_result_line,
     junit_properties,
+    result_header,
     write_json_report,
 )
 from pytest_distperf.spec import RunSpec, Workload
@@ -192,7 +192,7 @@ def test_result_line_shows_the_relative_speed_change_and_what_it_can_detect() ->
     line = format_result_line(record, "passed")
     assert "-33.5%    21%   +3.8%    14%  FAIL (baseline)" in line
     assert line.endswith(" t") and "2 x cuda" in line and "compute" in line
-    assert "rel.chg detect  verdict" in RESULT_HEADER
+    assert "rel.chg detect  verdict" in result_header()
     without = _decision(relative=Check("relative_speed", CheckStatus.NOTE, "no bare model"))
     passing = replace(without, baseline=replace(without.baseline, status=CheckStatus.OK))
     assert "      -      -  ok" in format_result_line(_record(passing), "passed")

@@ -154,6 +154,3 @@ def phase_line(record: JudgedRun) -> str:
     timed, beside = spent.get("timed", 0.0), sum(spent.get(name, 0.0) for name in MEASURING)
     share = f"; bare + measure + count = {beside / timed:.0%} of timed" if timed else ""
     return f"    phases, s: {parts}{share}"
-
-
-RESULT_HEADER = result_header()
