@@ -9,26 +9,22 @@ export and charts (output/) read that row. Pure: no I/O, no pytest.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.checks import (
     BaselineFigures,
-    Check,
     CheckStatus,
     Decision,
     DetectableFigures,
     DeviceTimeFigures,
+    Figures,
     RelativeSpeedFigures,
     ThresholdFigures,
 )
 from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel import Calibration, Prediction
-
-F = TypeVar("F")
 
 
 @dataclass(frozen=True)
@@ -80,29 +76,6 @@ class JudgedRun:
         # a forward reads the weights once and yields a token for every batch row
         return weights * rate / prediction.batch_size / calibration.memory_bandwidth
 
-    @property
-    def ran(self) -> Mapping[str, Check]:
-        """The checks that ran, by name (a skipped check reports nothing)."""
-        checks = self.decision.checks
-        return MappingProxyType({c.name: c for c in checks if c.status is not CheckStatus.SKIP})
-
-    @property
-    def threshold(self) -> ThresholdFigures | None:
-        return _figures(self.ran.get("threshold"), ThresholdFigures)
-
-    @property
-    def baseline(self) -> BaselineFigures | None:
-        return _figures(self.ran.get("baseline"), BaselineFigures)
-
-    @property
-    def relative_speed(self) -> RelativeSpeedFigures | None:
-        return _figures(self.ran.get("relative_speed"), RelativeSpeedFigures)
-
-    @property
-    def detectable(self) -> BaselineFigures | DetectableFigures | None:
-        """The smallest drop the baseline check catches, or would as a baseline of this run."""
-        return _figures(self.ran.get("baseline"), BaselineFigures | DetectableFigures)
-
     def to_dict(self) -> dict[str, Any]:
         """The row of the JSON report: the run's figures, then the gate's, as plain JSON. A
         check that did not run leaves its keys out; a figure the run has not is null."""
@@ -117,54 +90,54 @@ class JudgedRun:
             calibration=json_value(self.calibration),
             session_to_first_timed_s=self.session_to_first_timed_s,
         )
-        for check in self.ran.values():
-            row[f"{check.name}_status"] = check.status.value
-            row[f"{check.name}_message"] = check.message
-        if (threshold := self.threshold) is not None:
-            row.update(
-                predicted_tokens_per_sec=threshold.predicted_tokens_per_sec,
-                threshold_tokens_per_sec=threshold.threshold_tokens_per_sec,
-                efficiency=threshold.efficiency,
-                bound=threshold.bound,
-                bound_description=threshold.bound_description,
-                link_class=threshold.link_class,
-                ratio_to_predicted=threshold.ratio_to_predicted,
-                threshold_check=threshold.check,
-            )
-        if (detectable := self.detectable) is not None:
-            row["detectable_drop"] = detectable.detectable_drop
-        if (baseline := self.baseline) is not None:
-            row.update(
-                baseline_tokens_per_sec=baseline.baseline_tokens_per_sec,
-                change=baseline.change,
-                tolerance=baseline.tolerance,
-                tolerance_runs=baseline.tolerance_runs,
-                p_value=baseline.p_value,
-                baseline_verdict=baseline.verdict,
-                baseline_recorded_at=baseline.recorded_at,
-                baseline_commit=baseline.commit,
-            )
-            if baseline.machine is not None:
-                row.update(json_value(baseline.machine))  # bare_, host_change, change_beyond_host
-            if baseline.busy is not None:
-                row["host_cpu_change"] = baseline.busy.host_cpu_change
-            if baseline.waits is not None:
-                row["off_cpu_share_change"] = baseline.waits.rise
-        if (relative := self.relative_speed) is not None:
-            row.update(
-                relative_speed_baseline=relative.baseline,
-                relative_speed_change=relative.change,
-                relative_speed_tolerance=relative.tolerance,
-                relative_speed_p_value=relative.p_value,
-                relative_speed_detectable_drop=relative.detectable_drop,
-                relative_speed_verdict=relative.verdict,
-            )
-        device_time = _figures(self.ran.get("device_time"), DeviceTimeFigures)
-        if device_time is not None:
-            row["device_time_change"] = device_time.change
+        for check in self.decision.checks:
+            if check.status is not CheckStatus.SKIP:  # a skipped check reports nothing
+                row[f"{check.name}_status"] = check.status.value
+                row[f"{check.name}_message"] = check.message
+                row.update(_figure_keys(check.figures))
         return row
 
 
-def _figures(check: Check | None, kind: type[F]) -> F | None:
-    figures = None if check is None else check.figures
-    return figures if isinstance(figures, kind) else None
+def _figure_keys(figures: Figures | None) -> dict[str, Any]:
+    """A check's figures under the keys the JSON report has always called them."""
+    if isinstance(figures, ThresholdFigures):
+        return {
+            "predicted_tokens_per_sec": figures.predicted_tokens_per_sec,
+            "threshold_tokens_per_sec": figures.threshold_tokens_per_sec,
+            "efficiency": figures.efficiency,
+            "bound": figures.bound,
+            "bound_description": figures.bound_description,
+            "link_class": figures.link_class,
+            "ratio_to_predicted": figures.ratio_to_predicted,
+            "threshold_check": figures.check,
+        }
+    if isinstance(figures, DetectableFigures):  # the baseline check's, without a baseline
+        return {"detectable_drop": figures.detectable_drop}
+    if isinstance(figures, BaselineFigures):
+        busy, waits = figures.busy, figures.waits
+        return {
+            "baseline_tokens_per_sec": figures.baseline_tokens_per_sec,
+            "change": figures.change,
+            "tolerance": figures.tolerance,
+            "tolerance_runs": figures.tolerance_runs,
+            "p_value": figures.p_value,
+            "detectable_drop": figures.detectable_drop,
+            "baseline_verdict": figures.verdict,
+            "baseline_recorded_at": figures.recorded_at,
+            "baseline_commit": figures.commit,
+            **json_value(figures.machine or {}),  # bare_change, host_change, change_beyond_host
+            **({} if busy is None else {"host_cpu_change": busy.host_cpu_change}),
+            **({} if waits is None else {"off_cpu_share_change": waits.rise}),
+        }
+    if isinstance(figures, RelativeSpeedFigures):
+        return {
+            "relative_speed_baseline": figures.baseline,
+            "relative_speed_change": figures.change,
+            "relative_speed_tolerance": figures.tolerance,
+            "relative_speed_p_value": figures.p_value,
+            "relative_speed_detectable_drop": figures.detectable_drop,
+            "relative_speed_verdict": figures.verdict,
+        }
+    if isinstance(figures, DeviceTimeFigures):
+        return {"device_time_change": figures.change}
+    return {}
