@@ -175,6 +175,11 @@ class RunResult:
 
     def __post_init__(self) -> None:
         reduced = reduce_ranks(self.spec, self.ranks, self.launch_s, self.launched_at)
+        figures = {f.name for f in fields(self) if not f.init}
+        if reduced.keys() != figures:  # a field without its reduction, or the other way round
+            raise TypeError(
+                f"RunResult and reduce_ranks differ: {sorted(figures ^ reduced.keys())}"
+            )
         for name, value in reduced.items():
             object.__setattr__(self, name, value)
 

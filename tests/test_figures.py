@@ -220,6 +220,15 @@ def test_the_run_row_holds_every_figure_of_the_record() -> None:
     assert all(row[name] == json_value(getattr(result, name)) for name in RUN_KEYS)
 
 
+def test_a_figure_without_its_reduction_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_distperf import measured
+
+    reduce = measured.reduce_ranks
+    monkeypatch.setattr(measured, "reduce_ranks", lambda *args: {**reduce(*args), "util": 0.5})
+    with pytest.raises(TypeError, match=r"RunResult and reduce_ranks differ: \['util'\]"):
+        _result()
+
+
 def test_junit_properties_keep_their_names_and_order() -> None:
     properties = junit_properties(_record())
     assert tuple(name for name, _ in properties) == JUNIT_NAMES
