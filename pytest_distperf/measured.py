@@ -1,7 +1,7 @@
 """What the ranks measured and how the pytest process reduces it: one timed generation
 (`Sample`), one rank's figures (`RankResult`), every rank's reduced to one record of the run's
-figures (`RunResult.of`). Plain frozen dataclasses (picklable, no torch), so the plugin can read
-results without torch.
+figures (`RunResult`, by `reduce_ranks`). Plain frozen dataclasses (picklable, no torch), so
+the plugin can read results without torch.
 
 Each repeat's time is the slowest rank's, since the ranks advance in lock-step through
 collectives; a rate is the median over repeats. What each figure counts: docs/running.md ("What
