@@ -3,7 +3,6 @@ the session's plugin, judges the result and fails the test on a failed gate."""
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -69,7 +68,6 @@ class DistperfRun:
             repeats=settings.repeats,
             warmup=settings.warmup,
             timeout=settings.timeout,
-            marker_file=os.environ.get("DISTPERF_MARKER_FILE"),
             numa_binding=settings.numa_binding,
             sys_path=tuple(sys.path),  # what the test can import, its ranks can
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
@@ -156,9 +154,11 @@ class DistperfRun:
         plugin.records.append(record)
         self._item.stash.setdefault(xdist.RECORDS, []).append(record)
         # The JUnit XML properties; the terminal table is made from the records.
-        self._item.user_properties.extend(record.junit_properties())
+        from pytest_distperf.output.report import junit_properties
+
+        self._item.user_properties.extend(junit_properties(record))
         if plugin.writes_files:  # one copy of each run, as for the reports
             from pytest_distperf.output.benchmark_session import add_benchmark
 
-            add_benchmark(self._item, result, record, occurrence=len(self.results))
+            add_benchmark(self._item, record, occurrence=len(self.results))
         return record.decision.failure_text()

@@ -1,4 +1,5 @@
-"""Reading the fields of parsed JSON, with errors that say where and what was wrong.
+"""Reading the fields of parsed JSON, with errors that say where and what was wrong, and
+writing a figure as plain JSON (`json_value`).
 
 One helper for every file the plugin reads back (baselines, saved reports; topologies and
 calibrations could use it too). Pure: no I/O, no imports beyond the standard library.
@@ -6,6 +7,8 @@ calibrations could use it too). Pure: no I/O, no imports beyond the standard lib
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 from collections.abc import Mapping
 from typing import Any
 
@@ -80,3 +83,20 @@ def _describe(kinds: tuple[type, ...]) -> str:
         kinds = (float, *(k for k in kinds if k not in NUMBER))
     words = dict.fromkeys(_WORDS.get(k, k.__name__) for k in kinds)
     return " or ".join(words)
+
+
+def json_value(value: Any) -> Any:
+    """A figure's value as plain JSON: records as objects, tuples as lists, enums as words."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if callable(getattr(value, "to_dict", None)):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {key: json_value(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_value(item) for item in value]
+    return value

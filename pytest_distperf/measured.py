@@ -1,24 +1,24 @@
 """What the ranks measured and how the pytest process reduces it: one timed generation
-(`Sample`), one rank's figures (`RankResult`), every rank's reduced to one row (`RunResult`).
-Plain frozen dataclasses (picklable, no torch), so the plugin can read results without torch.
+(`Sample`), one rank's figures (`RankResult`), every rank's reduced to one record of the run's
+figures (`RunResult`, by `reduce_ranks`). Plain frozen dataclasses (picklable, no torch), so
+the plugin can read results without torch.
 
 Each repeat's time is the slowest rank's, since the ranks advance in lock-step through
-collectives; a rate is the median over repeats. What each figure counts: figures.py and
-docs/running.md ("What is measured"); `replicas` is the run's independent decode streams
-(every rank's under data parallelism, devices / group size under tensor or pipeline parallelism).
+collectives; a rate is the median over repeats. What each figure counts: docs/running.md ("What
+is measured"); `replicas` is the run's independent decode streams (every rank's under data
+parallelism, devices / group size under tensor or pipeline parallelism).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from pytest_distperf.figures import Figure, Source, figure, run_row
-from pytest_distperf.reductions import slowest_known
-from pytest_distperf.spec import RunSpec
-from pytest_distperf.work import Work
+from pytest_distperf.jsonfields import json_value
+from pytest_distperf.spec import RunSpec, Workload
+from pytest_distperf.work import Work, busiest
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Implementation:
 
 @dataclass(frozen=True)
 class RankResult:
-    """One rank's figures; one reported under its own name is described in figures.py."""
+    """One rank's figures; those the run reports under the same name are its `RunResult`'s."""
 
     rank: int
     samples: tuple[Sample, ...]
@@ -100,29 +100,96 @@ class RankResult:
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase (worker.py)
 
 
+def _reduced() -> Any:
+    """A figure of the run: set once, from every rank's results, by `reduce_ranks`."""
+    return field(init=False)
+
+
 @dataclass(frozen=True)
 class RunResult:
-    """What `distperf.run()` returns: every rank's figures reduced to one row. Each figure that
-    figures.py declares from the run is an attribute (`result.peak_memory_bytes`), reduced as
-    declared there; the properties here hold the arithmetic those declarations read."""
+    """What `distperf.run()` returns: one record of the run's figures, each reduced once from
+    every rank's results by `reduce_ranks` when the record is made. `to_dict()` is its JSON row
+    (the keys of --distperf-json); docs/running.md ("What is measured") says what each counts."""
 
-    spec: RunSpec
-    ranks: tuple[RankResult, ...]
-    launch_s: float  # wall time of the whole launch, process start to last rank exit
+    spec: RunSpec  # what the test asked for
+    ranks: tuple[RankResult, ...]  # every rank's results, by rank
+    launch_s: float  # the launch's wall time, process start to last rank exit
     launched_at: float  # epoch seconds when the launch began
-    extras: dict[str, Any] = field(default_factory=dict)
+    samples: tuple[Sample, ...] = _reduced()  # per repeat, the slowest rank's
+    # What was asked (the spec's).
+    test_id: str = _reduced()
+    strategy: str = _reduced()
+    devices: int = _reduced()
+    accelerator: str = _reduced()  # "cpu" or "cuda"
+    nodes: int = _reduced()  # hosts the ranks ran on
+    mode: str = _reduced()  # "generate" or "train"
+    workload: Workload = _reduced()
+    repeats: int = _reduced()  # timed generations (training: steps)
+    warmup: int = _reduced()  # untimed ones before them
+    # Rates: median of repeats, each repeat the slowest rank's.
+    tokens_per_sec: float = _reduced()  # a generation's new tokens over its wall time
+    tokens_per_sec_samples: tuple[float, ...] = _reduced()  # tokens_per_sec of each repeat
+    decode_tokens_per_sec: float | None = _reduced()  # decode steps' tokens over decode time
+    ttft_s: float | None = _reduced()  # time to the first new token (prefill)
+    aggregate_tokens_per_sec: float = _reduced()  # every independent stream's tokens
+    relative_speed: float | None = _reduced()  # bare model's time / wrapped one's
+    relative_speed_samples: tuple[float, ...] = _reduced()  # relative_speed of each repeat
+    retimed_tokens_per_sec: float | None = _reduced()  # the step timed again after the repeats
+    # Training (None in generate mode): the step, its model FLOPs and loss.
+    step_time_s: float | None = _reduced()  # one optimizer step
+    mfu: float | None = _reduced()  # model FLOPs per second over the ranks' summed matmul rate
+    loss: float | None = _reduced()  # the first step's loss on data-parallel rank 0's batch
+    reference_loss: float | None = _reduced()  # the same weights' and batch's loss in one process
+    reference_step_s: float | None = _reduced()  # the whole model's step alone, before wrapping
+    model_flops_per_step: float | None = _reduced()  # over every data-parallel replica
+    peak_flops: float | None = _reduced()  # the ranks' summed matmul rate (MFU's)
+    peak_flops_source: str | None = _reduced()  # how that rate was measured
+    # What ran and what it held.
+    implementation: Implementation = _reduced()
+    device_name: str = _reduced()
+    versions: dict[str, str] = _reduced()  # package versions in the ranks
+    compiled: str = _reduced()  # how the step was compiled; "" eager
+    cuda_graphs: bool = _reduced()  # every rank replayed the timed steps as CUDA graphs
+    graph_breaks: bool = _reduced()  # some rank compiled around the wrapper's hooks
+    peak_memory_bytes: int = _reduced()  # the busiest rank's peak
+    peak_memory_per_rank: tuple[int, ...] = _reduced()
+    memory_kind: str = _reduced()  # what the peak measures
+    # The counted generation and the machine beside the repeats: the slowest rank's.
+    work: Work | None = _reduced()  # collectives, ops, FLOPs, kernels per token
+    device_time_per_token_s: float | None = _reduced()  # kernel time per decode token (CUDA)
+    host_cpu_per_token_s: float | None = _reduced()  # process CPU time per new token
+    run_queue_wait_per_token_s: float | None = _reduced()  # threads' wait for a core
+    steal_per_token_s: float | None = _reduced()  # the hypervisor's steal per CPU per token
+    off_cpu_share: float | None = _reduced()  # of a repeat, by its own doing
+    host_loop_samples: tuple[float, ...] = _reduced()  # the host-speed loop beside each repeat
+    host_loop_cpu_samples: tuple[float, ...] = _reduced()  # its CPU time: the core's speed
+    reference_token_s: float | None = _reduced()  # per-token time of the whole model alone
+    reference_source: str = _reduced()  # how the reference was obtained
+    # Where the time went.
+    startup_s: float = _reduced()  # launch to the first timed token
+    work_s: float | None = _reduced()  # a rank's time on the test
+    harness_s: float | None = _reduced()  # launch_s - work_s: what the launch cost beyond the test
+    compile_s: float | None = _reduced()  # compiling the step
+    count_s: float | None = _reduced()  # the counted generation after the timed ones
+    phase_s: dict[str, float] = _reduced()  # seconds of each phase of the test
 
-    def __getattr__(self, name: str) -> Any:
-        # Only for a name that is no field or property: a property's own AttributeError stays.
-        declared = None if name.startswith("_") or hasattr(type(self), name) else _figure(name)
-        if declared is None:
-            raise AttributeError(f"{type(self).__name__} has no attribute or figure {name!r}")
-        return declared.reduce.compute(self)
+    def __post_init__(self) -> None:
+        reduced = reduce_ranks(self.spec, self.ranks, self.launch_s, self.launched_at)
+        figures = {f.name for f in fields(self) if not f.init}
+        if reduced.keys() != figures:  # a field without its reduction, or the other way round
+            raise TypeError(
+                f"RunResult and reduce_ranks differ: {sorted(figures ^ reduced.keys())}"
+            )
+        for name, value in reduced.items():
+            object.__setattr__(self, name, value)
 
-    @property
-    def samples(self) -> tuple[Sample, ...]:
-        """Per repeat, the slowest rank's sample (the step is as slow as its slowest member)."""
-        return slowest_per_repeat(self._per_rank)
+    def to_dict(self) -> dict[str, Any]:
+        """The run's JSON row: every figure under its name, as plain JSON (the keys of
+        --distperf-json, which adds the gate's figures)."""
+        raw = ("spec", "ranks", "launched_at", "samples")
+        return {
+            f.name: json_value(getattr(self, f.name)) for f in fields(self) if f.name not in raw
+        }
 
     @property
     def training(self) -> bool:
@@ -132,27 +199,7 @@ class RunResult:
     def new_tokens(self) -> int:
         """Tokens one timed repeat yields: a generation's new tokens on one rank; a training
         step's tokens over every data-parallel replica."""
-        workload = self.spec.workload
-        if workload.training:
-            return self.ranks[0].replicas * workload.batch_size * (workload.seq_length or 0)
-        return workload.max_new_tokens * workload.batch_size
-
-    @property
-    def tokens_per_sec_samples(self) -> tuple[float, ...]:
-        return tuple(self.new_tokens / s.total_s for s in self.samples)
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return statistics.median(self.tokens_per_sec_samples)
-
-    @property
-    def retimed_tokens_per_sec(self) -> float | None:
-        """The rate of the step timed again just after the repeats (the slowest rank's each
-        time, median); None where some rank did not re-time it."""
-        runs = [r.retimed_samples for r in self.ranks]
-        if not runs or not all(runs) or len({len(r) for r in runs}) > 1:
-            return None
-        return statistics.median(self.new_tokens / s.total_s for s in slowest_per_repeat(runs))
+        return _new_tokens(self.spec, self.ranks[0].replicas)
 
     @property
     def retimed_relative_speed_samples(self) -> tuple[float, ...]:
@@ -161,58 +208,6 @@ class RunResult:
         return bare_over_wrapped(
             [r.retimed_bare_samples for r in self.ranks], [r.retimed_samples for r in self.ranks]
         )
-
-    @property
-    def decode_tokens_per_sec(self) -> float | None:
-        steps = (self.spec.workload.max_new_tokens - 1) * self.spec.workload.batch_size
-        decode = [s.decode_s for s in self.samples]
-        return _median([steps / s for s in decode] if steps and None not in decode else None)
-
-    @property
-    def ttft_s(self) -> float | None:
-        ttft = [s.ttft_s for s in self.samples]
-        return _median(None if None in ttft else ttft)
-
-    @property
-    def aggregate_tokens_per_sec(self) -> float:
-        if self.training:  # a step's tokens count every replica already
-            return self.tokens_per_sec
-        return self.ranks[0].replicas * self.tokens_per_sec
-
-    @property
-    def step_time_s(self) -> float | None:
-        """Training: the median over repeats of the slowest rank's optimizer step."""
-        return _median([s.total_s for s in self.samples] if self.training else None)
-
-    @property
-    def peak_flops(self) -> float | None:
-        """Training: the summed dense matmul rate the ranks measured (MFU's denominator)."""
-        rates = [r.matmul_flops_per_s for r in self.ranks]
-        return None if not rates or None in rates else float(sum(rates))  # type: ignore[arg-type]
-
-    @property
-    def model_flops_per_step(self) -> float | None:
-        """Training: model FLOPs of one step over every data-parallel replica."""
-        flops = self.ranks[0].model_flops_per_step
-        return None if flops is None else flops * self.ranks[0].replicas
-
-    @property
-    def mfu(self) -> float | None:
-        """Training: model FLOPs per second over the ranks' summed measured matmul rate."""
-        flops, peak, step = self.model_flops_per_step, self.peak_flops, self.step_time_s
-        return None if flops is None or not peak or not step else flops / step / peak
-
-    @property
-    def startup_s(self) -> float:
-        """Fixed cost of the test: launch to first timed token (spawn, imports, rendezvous,
-        Fabric, model build, warm-up), as the slowest rank saw it."""
-        return max(r.timed_from for r in self.ranks) - self.launched_at
-
-    @property
-    def harness_s(self) -> float | None:
-        """What the launch cost beyond the test's own work: starting ranks, messages, waits."""
-        work_s = self.work_s
-        return None if work_s is None else max(self.launch_s - work_s, 0.0)
 
     @property
     def reference_prefill_s(self) -> float | None:
@@ -226,39 +221,10 @@ class RunResult:
         return any(r.eager_reference for r in self.ranks)
 
     @property
-    def relative_speed_samples(self) -> tuple[float, ...]:
-        """Per repeat: the bare model's generation time over the wrapped one's. A host whose
-        speed drifts moves both alike."""
-        return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank)
-
-    @property
     def relative_speed_unqueued_samples(self) -> tuple[float, ...]:
-        """The same with each side's wait for a core taken out of its time."""
-        return bare_over_wrapped([r.bare_samples for r in self.ranks], self._per_rank, unqueued)
-
-    @property
-    def relative_speed(self) -> float | None:
-        return _median(self.relative_speed_samples or None)
-
-    @property
-    def off_cpu_share(self) -> float | None:
-        return _median(off_cpu_shares(self._per_rank) or None)
-
-    @property
-    def host_loop_samples(self) -> tuple[float, ...]:
-        """Per repeat, the slowest rank's time for the host-speed loop (hostspeed.py): the
-        speed of the machine itself beside each sample; empty when some rank has none."""
-        return slowest_per_repeat_of([r.host_loop_s for r in self.ranks], self.spec.repeats)
-
-    @property
-    def host_loop_cpu_samples(self) -> tuple[float, ...]:
-        """Per repeat, the slowest rank's CPU time for that loop: how fast its core ran when
-        it ran (a neighbour on a shared core slows it too); empty when some rank has none."""
-        return slowest_per_repeat_of([r.host_loop_cpu_s for r in self.ranks], self.spec.repeats)
-
-    @property
-    def _per_rank(self) -> list[tuple[Sample, ...]]:
-        return [r.samples for r in self.ranks]
+        """relative_speed_samples with each side's wait for a core taken out of its time."""
+        bare = [r.bare_samples for r in self.ranks]
+        return bare_over_wrapped(bare, [r.samples for r in self.ranks], unqueued)
 
     @property
     def calibration(self) -> Any:
@@ -268,24 +234,138 @@ class RunResult:
     def tokens(self) -> tuple[tuple[int, ...], ...]:
         return self.ranks[0].tokens
 
-    def summary(self) -> dict[str, Any]:
-        """A JSON-able row for reports: every figure that figures.py declares for the JSON
-        report and computes from the run, under the same keys as --distperf-json, then
-        `extras`."""
-        return {**run_row(self), **self.extras}
+
+def reduce_ranks(
+    spec: RunSpec, ranks: tuple[RankResult, ...], launch_s: float, launched_at: float
+) -> dict[str, Any]:
+    """Every figure of `RunResult` from every rank's results: the one place each is reduced."""
+    workload, first = spec.workload, ranks[0]
+    training = workload.training
+    per_rank = [r.samples for r in ranks]
+    samples = slowest_per_repeat(per_rank)
+    new_tokens = _new_tokens(spec, first.replicas)
+    rates = tuple(new_tokens / s.total_s for s in samples)
+    tokens_per_sec = statistics.median(rates)
+    steps = (workload.max_new_tokens - 1) * workload.batch_size
+    decode, ttft = [s.decode_s for s in samples], [s.ttft_s for s in samples]
+    # None for a user's own generation loop: its split is unknown
+    decode_rates = [steps / s for s in decode] if steps and None not in decode else None
+    relative = bare_over_wrapped([r.bare_samples for r in ranks], per_rank)
+    work_s = slowest(r.work_s for r in ranks)
+    return dict(
+        samples=samples,
+        test_id=spec.test_id,
+        strategy=spec.strategy,
+        devices=spec.devices,
+        accelerator=spec.accelerator,
+        nodes=spec.nodes,
+        mode=workload.mode,
+        workload=workload,
+        repeats=spec.repeats,
+        warmup=spec.warmup,
+        tokens_per_sec=tokens_per_sec,
+        tokens_per_sec_samples=rates,
+        decode_tokens_per_sec=_median(decode_rates),  # type: ignore[arg-type]
+        ttft_s=_median(None if None in ttft else ttft),  # type: ignore[arg-type]
+        # a training step's tokens count every replica already
+        aggregate_tokens_per_sec=tokens_per_sec * (1 if training else first.replicas),
+        relative_speed=_median(relative or None),
+        relative_speed_samples=relative,
+        retimed_tokens_per_sec=_retimed_rate(ranks, new_tokens),
+        **_training_figures(training, ranks, samples),
+        implementation=first.implementation,
+        device_name=first.device_name,
+        versions=first.versions,
+        compiled=first.compiled,
+        cuda_graphs=all(r.cuda_graphs for r in ranks),
+        graph_breaks=any(r.graph_breaks for r in ranks),
+        peak_memory_bytes=max(r.peak_memory_bytes for r in ranks),
+        peak_memory_per_rank=tuple(r.peak_memory_bytes for r in ranks),
+        memory_kind=first.memory_kind,
+        work=slowest((r.work for r in ranks), busiest),
+        device_time_per_token_s=slowest(r.device_time_per_token_s for r in ranks),
+        host_cpu_per_token_s=slowest(r.host_cpu_per_token_s for r in ranks),
+        run_queue_wait_per_token_s=slowest(r.run_queue_wait_per_token_s for r in ranks),
+        steal_per_token_s=slowest(r.steal_per_token_s for r in ranks),
+        off_cpu_share=_median(off_cpu_shares(per_rank) or None),
+        host_loop_samples=slowest_per_repeat_of([r.host_loop_s for r in ranks], spec.repeats),
+        host_loop_cpu_samples=slowest_per_repeat_of(
+            [r.host_loop_cpu_s for r in ranks], spec.repeats
+        ),
+        # the whole model timed alone (or compiled): any rank's stands for the run's
+        reference_token_s=slowest_known(r.reference_token_s for r in ranks),
+        reference_source=first.reference_source,
+        startup_s=max(r.timed_from for r in ranks) - launched_at,
+        work_s=work_s,
+        harness_s=None if work_s is None else max(launch_s - work_s, 0.0),
+        compile_s=slowest_known(r.compile_s for r in ranks),
+        count_s=slowest(r.count_s for r in ranks),
+        phase_s=_slowest_phases([r.phase_s for r in ranks]),
+    )
+
+
+def _training_figures(
+    training: bool, ranks: tuple[RankResult, ...], samples: tuple[Sample, ...]
+) -> dict[str, Any]:
+    """A training step's figures; None (the loss: the ranks' own) for a generation."""
+    first = ranks[0]
+    step_time_s = _median([s.total_s for s in samples] if training else None)
+    flops = first.model_flops_per_step
+    model_flops = None if flops is None else flops * first.replicas
+    matmul = [r.matmul_flops_per_s for r in ranks]
+    peak_flops = None if None in matmul else float(sum(matmul))  # type: ignore[arg-type]
+    known = model_flops is not None and peak_flops and step_time_s
+    return dict(
+        step_time_s=step_time_s,
+        mfu=model_flops / step_time_s / peak_flops if known else None,  # type: ignore[operator]
+        loss=first.loss,
+        reference_loss=first.reference_loss,
+        reference_step_s=slowest(r.reference_step_s for r in ranks),
+        model_flops_per_step=model_flops,
+        peak_flops=peak_flops,
+        peak_flops_source=first.matmul_source if training else None,
+    )
+
+
+def _new_tokens(spec: RunSpec, replicas: int) -> int:
+    workload = spec.workload
+    if workload.training:
+        return replicas * workload.batch_size * (workload.seq_length or 0)
+    return workload.max_new_tokens * workload.batch_size
+
+
+def _retimed_rate(ranks: Sequence[RankResult], new_tokens: int) -> float | None:
+    """The rate of the step timed again just after the repeats (the slowest rank's each time,
+    median); None where some rank did not re-time it."""
+    runs = [r.retimed_samples for r in ranks]
+    if not runs or not all(runs) or len({len(r) for r in runs}) > 1:
+        return None
+    return statistics.median(new_tokens / s.total_s for s in slowest_per_repeat(runs))
 
 
 def _median(values: Sequence[float] | None) -> float | None:
     return None if values is None else statistics.median(values)
 
 
-def _figure(name: str) -> Figure | None:
-    """The figure of that name that figures.py reduces from the run; None for any other."""
-    try:
-        declared = figure(name)
-    except KeyError:
-        return None
-    return declared if declared.source is Source.RUN else None
+def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) -> Any:
+    """The slowest rank's value: the largest of every rank's (`largest` says how for a record);
+    None when some rank has none, since that rank may have been the slowest."""
+    known = list(values)
+    return None if not known or None in known else largest(known)
+
+
+def slowest_known(values: Iterable[Any]) -> Any:
+    """The largest of the ranks that have one; None where none has."""
+    known = [value for value in values if value is not None]
+    return max(known) if known else None
+
+
+def _slowest_phases(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Seconds of each phase, the slowest rank's; {} where some rank reported none."""
+    if not per_rank or not all(per_rank):
+        return {}
+    names = dict.fromkeys(name for phases in per_rank for name in phases)
+    return {name: max(phases.get(name, 0.0) for phases in per_rank) for name in names}
 
 
 def slowest_per_repeat(per_rank: Iterable[Sequence[Sample]]) -> tuple[Sample, ...]:

@@ -92,7 +92,6 @@ class RunSpec:
     # Decode steps of the unwrapped model timed before wrapping (ranks/reference.py); 0: none.
     reference_steps: int = 8
     calibration_sizes: Any = None  # perfmodel.MessageSizes to calibrate in this run, or None
-    marker_file: str | None = None  # written by rank 0 once ranks run (used by tests)
     numa_binding: str | None = None  # torch.numa.binding.AffinityMode value; None: no binding
     compile: bool = False  # compile the decode step (ranks/compiled.py)
     sys_path: tuple[str, ...] = ()  # the pytest process's: what a test imports, its ranks can

@@ -151,7 +151,7 @@ class Work:
         phases = {name: work.to_json() for name, work in self.phases()}
         return {**phases, "graph_breaks": self.graph_breaks, "recompiles": self.recompiles}
 
-    to_dict = to_json  # figures.json_value writes a record through its to_dict
+    to_dict = to_json  # jsonfields.json_value writes a record through its to_dict
 
     @classmethod
     def from_json(cls, data: object, where: str) -> Work:

@@ -15,25 +15,25 @@ import numpy.fft  # noqa: F401
 import pytest
 import torch  # noqa: F401
 from helpers import SHARED_CACHE_VARIABLE, TAG_VARIABLE, TESTS, wait_until_gone
+from rank_guard import FORBID_RANKS, PLUGIN, install
 
-from pytest_distperf.launch.guard import FORBID_RANKS
+install()
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator:
     """The fast tier starts no rank process: in a test not marked `slow` (its fixtures and
-    the pytest sessions it runs included), the pool and the launchers refuse to start ranks."""
+    the pytest sessions it runs included, which load the guard), the pool and the launchers
+    refuse to start ranks (rank_guard.py)."""
     if item.get_closest_marker("slow") is not None:
         return (yield)
-    saved = os.environ.get(FORBID_RANKS)
-    os.environ[FORBID_RANKS] = item.nodeid
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(FORBID_RANKS, item.nodeid)
+        patch.setenv("PYTEST_PLUGINS", PLUGIN)
+        patch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, (str(TESTS), os.environ.get("PYTHONPATH"))))
+        )
         return (yield)
-    finally:
-        if saved is None:
-            os.environ.pop(FORBID_RANKS, None)
-        else:
-            os.environ[FORBID_RANKS] = saved
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

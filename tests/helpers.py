@@ -69,7 +69,7 @@ def spawn_gloo_ranks(
     return value per rank (picklable, and `target` importable by name). A rank that raises or
     stays silent for `timeout` seconds fails the test with its traceback."""
 
-    from pytest_distperf.launch.guard import refuse_ranks
+    from rank_guard import refuse_ranks
 
     refuse_ranks()
     ctx = multiprocessing.get_context("spawn")
@@ -265,6 +265,13 @@ def hanging(seed, device, dtype):
 
 def chatty(seed, device, dtype):
     print(f"model built on rank {os.environ['RANK']}", flush=True)
+    return _tiny(seed, device, dtype)
+
+
+def running(seed, device, dtype):
+    # Rank 0 says the ranks run, beside this module: a test may interrupt its session then.
+    if os.environ["RANK"] == "0":
+        Path(__file__).with_name("ranks-running").write_text(str(os.getpid()))
     return _tiny(seed, device, dtype)
 """
 

@@ -1,32 +1,17 @@
-"""The run's figures, declared once (pytest_distperf/figures.py), and every output that reads
-the declaration: the JSON report, `RunResult.summary()`, the JUnit properties, pytest-benchmark's
-`extra_info`, the terminal table and the Markdown summary."""
+"""The run's figures, one record (`RunResult`, reduced once by `reduce_ranks`), and every
+output that reads it: the JSON report and `RunResult.to_dict()`, the JUnit properties,
+pytest-benchmark's `extra_info`, the terminal table and the Markdown summary."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
 import pytest
 
-from pytest_distperf import figures, reductions
-from pytest_distperf.figures import (
-    BENCHMARK_EXTRA,
-    JUNIT,
-    MARKDOWN,
-    REPORT_JSON,
-    TABLE,
-    Figure,
-    JUnitName,
-    MarkdownColumn,
-    Reduction,
-    Source,
-    TableColumn,
-    declared,
-)
-from pytest_distperf.jsonfields import NUMBER
+from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.checks import (
-    CHECK_NAMES,
     BaselineFigures,
     BusyFigures,
     Check,
@@ -39,16 +24,16 @@ from pytest_distperf.judge.checks import (
     WaitFigures,
     WorkFigures,
 )
-from pytest_distperf.judge.record import JudgedRun, RunFigures
+from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
-from pytest_distperf.output import markdown
-from pytest_distperf.output.benchmark_session import extra_info
-from pytest_distperf.output.markdown import SummaryRow, parse_report, render_markdown
+from pytest_distperf.output.benchmark_session import EXTRA_INFO, extra_info
+from pytest_distperf.output.markdown import SummaryRow
 from pytest_distperf.output.report import (
-    RESULT_HEADER,
+    COUNTED,
+    SCALARS,
     format_result_line,
+    junit_properties,
     result_header,
-    write_json_report,
 )
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work
@@ -98,8 +83,8 @@ JSON_KEYS = frozenset(
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
     }
 )
-# The keys of `RunResult.summary()`, the unjudged run's row.
-SUMMARY_KEYS = frozenset(
+# The keys of `RunResult.to_dict()`, the unjudged run's row.
+RUN_KEYS = frozenset(
     {
         *("test_id", "strategy", "devices", "accelerator", "workload", "repeats", "warmup"),
         "nodes",
@@ -114,6 +99,7 @@ SUMMARY_KEYS = frozenset(
         *("retimed_tokens_per_sec", "reference_source"),
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
+        *("compile_s", "count_s", "compiled", "cuda_graphs", "graph_breaks", "phase_s"),
     }
 )
 # JUnit XML properties, in this order.
@@ -176,7 +162,7 @@ def _rank(rank: int, totals: tuple[float, ...]) -> RankResult:
 def _result() -> RunResult:
     spec = RunSpec("t", "fsdp", 2, "cuda", Workload(), repeats=2, warmup=0, timeout=9.0)
     ranks = (_rank(0, (1.0, 2.0)), _rank(1, (1.1, 2.0)))
-    return RunResult(spec=spec, ranks=ranks, launch_s=2.0, launched_at=0.0)
+    return RunResult(spec, ranks, launch_s=2.0, launched_at=0.0)
 
 
 BASELINE = BaselineFigures(
@@ -220,17 +206,31 @@ def _record(result: RunResult | None = None) -> JudgedRun:
 
 
 def test_the_json_row_keeps_every_key() -> None:
-    row = _record().to_json()
+    row = _record().to_dict()
     assert set(row) == JSON_KEYS
     assert json.loads(json.dumps(row)) == row
 
 
-def test_the_summary_keeps_every_key() -> None:
-    assert set(_result().summary()) >= SUMMARY_KEYS
+def test_the_run_row_holds_every_figure_of_the_record() -> None:
+    result = _result()
+    row = result.to_dict()
+    assert set(row) == RUN_KEYS
+    raw = {"spec", "ranks", "launched_at", "samples"}  # what the row does not repeat
+    assert {f.name for f in dataclasses.fields(RunResult)} == RUN_KEYS | raw
+    assert all(row[name] == json_value(getattr(result, name)) for name in RUN_KEYS)
+
+
+def test_a_figure_without_its_reduction_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_distperf import measured
+
+    reduce = measured.reduce_ranks
+    monkeypatch.setattr(measured, "reduce_ranks", lambda *args: {**reduce(*args), "util": 0.5})
+    with pytest.raises(TypeError, match=r"RunResult and reduce_ranks differ: \['util'\]"):
+        _result()
 
 
 def test_junit_properties_keep_their_names_and_order() -> None:
-    properties = _record().junit_properties()
+    properties = junit_properties(_record())
     assert tuple(name for name, _ in properties) == JUNIT_NAMES
     assert dict(properties)["distperf_ttft_ms"] == pytest.approx(10.0)
 
@@ -240,122 +240,63 @@ def test_benchmark_extra_info_keeps_its_keys_and_order() -> None:
 
 
 def test_the_table_header_is_unchanged() -> None:
-    assert RESULT_HEADER == RESULT_HEADER_TEXT
+    assert result_header() == RESULT_HEADER_TEXT
 
 
-# --- the declaration --------------------------------------------------------------------------
+def test_every_output_names_keys_of_the_json_row() -> None:
+    # A misspelt name would read as a figure the run has not: a silent "-" or a missing key.
+    keys = JSON_KEYS | {"loss_status", "loss_message"}
+    assert set(SCALARS) | set(COUNTED) | set(EXTRA_INFO) <= keys
+    read = {f.name for f in dataclasses.fields(SummaryRow)} - {"messages"}
+    assert read <= keys
 
 
-def test_the_declaration_is_consistent() -> None:
-    names = [f.name for f in figures.RUN_FIGURES]
-    assert len(names) == len(set(names))
-    # a figure is an attribute of RunFigures and SummaryRow: no name may hide a method
-    taken = set(dir(RunFigures)) | {"figures", "messages"}
-    assert all(name.isidentifier() and name not in taken for name in names)
-    assert figures._CHECKS == CHECK_NAMES
-    for report, column in ((TABLE, "table"), (MARKDOWN, "markdown")):
-        positions = [getattr(f, column).at for f in declared(report) if getattr(f, column)]
-        assert len(positions) == len(set(positions)), column
-    for f in declared(MARKDOWN):  # read back from saved reports
-        assert f.json_type is not None, f.name
-        assert f.markdown is None or f.markdown.style in reductions.MARKDOWN_STYLES
-    assert set(reductions.MARKDOWN_STYLES) == set(markdown._STYLES)
-    assert all(f.unit is not None and f.description for f in figures.RUN_FIGURES)
-
-
-def test_a_declaration_that_contradicts_itself_is_refused() -> None:
-    reduce = figures.from_spec("repeats")
-    with pytest.raises(ValueError, match="a table column goes with Report.TABLE"):
-        Figure("x", "", reduce, "x", REPORT_JSON | TABLE)
-    with pytest.raises(ValueError, match="a table column goes with Report.TABLE"):
-        Figure("x", "", reduce, "x", REPORT_JSON, table=TableColumn("x", 1))
-    with pytest.raises(ValueError, match="needs Report.MARKDOWN"):
-        Figure("x", "", reduce, "x", markdown=MarkdownColumn("x", 1, "text"))
-    with pytest.raises(ValueError, match="junit_as needs Report.JUNIT"):
-        Figure("x", "", reduce, "x", junit_as=JUnitName("y"))
-
-
-# A generation's record has no training figures: JUnit and extra_info leave out what is None,
-# and the JSON row a check that did not run.
-TRAIN_ONLY = {"step_time_s", "mfu", "loss", "model_flops_per_step", "peak_flops"}
-NO_LOSS_CHECK = {"loss_status", "loss_message"}
-
-
-def test_each_output_shows_exactly_the_figures_declared_for_it() -> None:
-    record = _record()
-    assert set(record.to_json()) == {f.name for f in declared(REPORT_JSON)} - NO_LOSS_CHECK
-    run_json = {f.name for f in declared(REPORT_JSON, Source.RUN)}
-    assert set(_result().summary()) == run_json
-    junit = [f.junit_name for f in declared(JUNIT) if f.name not in TRAIN_ONLY]
-    assert [n for n, _ in record.junit_properties()] == junit
-    extra = [
-        f.name
-        for f in declared(BENCHMARK_EXTRA)
-        if f.name not in {*TRAIN_ONLY, "peak_flops_source"}
-    ]
-    assert list(extra_info(record)) == extra
-    header = result_header()
-    for f in figures.RUN_FIGURES:
-        assert (f.table is not None and f.table.header in header) == bool(f.reports & TABLE)
-    row = SummaryRow.of(record)
-    assert set(row.figures) == {f.name for f in declared(MARKDOWN)}
-    table_head = render_markdown([record]).splitlines()[4]
-    assert table_head == "| " + " | ".join(c.header for c in _markdown_columns()) + " |"
-
-
-def _markdown_columns() -> list[MarkdownColumn]:
-    columns = [f.markdown for f in declared(MARKDOWN) if f.markdown is not None]
-    return sorted(columns, key=lambda c: c.at)
-
-
+# A generation's record has no training figures: JUnit and extra_info leave out what is None.
 def test_a_figure_none_for_this_run_is_null_in_json_and_left_out_elsewhere() -> None:
     result = _result()
-    result = replace(
-        result,
-        ranks=tuple(replace(r, samples=(Sample(1.0, None, None),) * 2) for r in result.ranks),
-    )
-    record = _record(result)
-    assert record.to_json()["ttft_s"] is None and record.to_json()["decode_tokens_per_sec"] is None
-    assert "distperf_ttft_ms" not in dict(record.junit_properties())
+    ranks = tuple(replace(r, samples=(Sample(1.0, None, None),) * 2) for r in result.ranks)
+    record = _record(RunResult(result.spec, ranks, 2.0, 0.0))
+    assert record.to_dict()["ttft_s"] is None and record.to_dict()["decode_tokens_per_sec"] is None
+    assert "distperf_ttft_ms" not in dict(junit_properties(record))
     assert "ttft_s" not in extra_info(record)
     assert "        -" in format_result_line(record, "passed")  # ttft and decode: "-"
 
 
 def test_reductions_over_ranks() -> None:
     result = _result()
-    assert figures.first_rank("device_name").compute(result) == "gpu"
-    assert figures.each_rank("peak_memory_bytes").compute(result) == (1000, 1001)
-    assert figures.slowest_rank("peak_memory_bytes").compute(result) == 1001
-    assert figures.slowest_rank("compile_s").compute(result) is None  # no rank reports one
-    one = replace(result, ranks=(replace(result.ranks[0], compile_s=2.0), *result.ranks[1:]))
-    assert figures.slowest_rank("compile_s").compute(one) is None  # the other may be slowest
+    assert result.device_name == "gpu"
+    assert result.peak_memory_per_rank == (1000, 1001)
+    assert result.peak_memory_bytes == 1001  # the busiest rank's
+    assert result.host_cpu_per_token_s == 0.011  # the slowest rank's
+    assert result.compile_s is None  # no rank reports one
+
+    def with_first(**changes: object) -> RunResult:
+        first = replace(result.ranks[0], **changes)
+        return RunResult(result.spec, (first, *result.ranks[1:]), 2.0, 0.0)
+
+    assert with_first(count_s=2.0).count_s is None  # the other may have been slowest
     # The whole model timed alone (or compiling it): any rank's stands for the run's.
-    assert figures.slowest_known_rank("compile_s").compute(one) == 2.0
-    one = replace(one, ranks=(replace(one.ranks[0], reference_token_s=0.002), *one.ranks[1:]))
-    assert one.reference_token_s == 0.002 and one.compile_s == 2.0
-    assert result.peak_memory_bytes == 1001  # a declared figure is the run's attribute
-    assert figures.judged("baseline.machine.bare_change").compute(_record()) == -0.3
-    assert figures.judged("prediction.bound").compute(_record()) is figures.ABSENT
+    assert with_first(compile_s=2.0).compile_s == 2.0
+    assert with_first(reference_token_s=0.002).reference_token_s == 0.002
+    assert with_first(work=None).work is None  # a rank without counts: none for the run
 
 
 def test_json_values_are_plain() -> None:
     value = {"counts": (1, 2), "kind": CheckStatus.OK, "what": Implementation("a", "b", "c", "d")}
-    assert figures.json_value(value) == {
+    assert json_value(value) == {
         "counts": [1, 2],
         "kind": "ok",
         "what": {"fabric_strategy": "a", "sharding": "b", "backend": "c", "wrapper": "d"},
     }
 
 
-def test_run_figures_are_read_only_and_travel_to_the_xdist_controller() -> None:
+def test_the_record_is_read_only_and_travels_to_the_xdist_controller() -> None:
     record = _record()
-    with pytest.raises(AttributeError, match="read-only"):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         record.run.tokens_per_sec = 1.0  # type: ignore[misc]
-    with pytest.raises(AttributeError, match="no figure 'util'"):
-        _ = record.run.util
     payload = detach(_attached(record))
     assert isinstance(payload, Payload)
-    assert payload.records[0].to_json() == record.to_json()
+    assert payload.records[0].to_dict() == record.to_dict()
     assert payload.records[0].run == record.run
 
 
@@ -365,76 +306,23 @@ def _attached(record: JudgedRun) -> pytest.TestReport:
     return report
 
 
-# --- adding a figure ----------------------------------------------------------------------------
-
-
-def _counts(result: RunResult) -> object:
-    # nested per-token counts, which only some runs have (None otherwise)
-    return None if result.spec.strategy == "ddp" else {"flops": {"matmul": 2.5e6}, "bytes": 4096}
-
-
-ADDED = (
-    Figure("answer", "", Reduction("always", Source.RUN, lambda _: 42), "a test's figure",
-           REPORT_JSON | JUNIT | BENCHMARK_EXTRA),
-    Figure("counts", "", Reduction("rank 0's", Source.RUN, _counts), "counts per token",
-           REPORT_JSON | BENCHMARK_EXTRA),
-    Figure("util", "", Reduction("of the run", Source.RUN, lambda _: 0.25), "a utilisation",
-           REPORT_JSON | MARKDOWN | TABLE, TableColumn("util", 125, "5.2f"),
-           MarkdownColumn("Util", 75, "ratio"), json_type=NUMBER),
-    Figure("predicted_ms", "ms", figures.judged("threshold.predicted_tokens_per_sec"),
-           "the gate's figure", JUNIT, junit_as=JUnitName("predicted_x2", 2.0)),
-)  # fmt: skip
-
-
-def test_an_added_figure_reaches_every_output_it_is_declared_for(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
-    monkeypatch.setattr(figures, "RUN_FIGURES", (*figures.RUN_FIGURES, *ADDED))
-    record = _record()
-    row = record.to_json()
-    assert (row["answer"], row["counts"], row["util"]) == (
-        42,
-        ADDED[1].reduce.compute(_result()),
-        0.25,
-    )
-    assert "predicted_ms" not in row
-    assert _result().summary()["counts"] == {"flops": {"matmul": 2.5e6}, "bytes": 4096}
-    junit = record.junit_properties()
-    assert junit[-2:] == [("distperf_answer", 42), ("distperf_predicted_x2", 80.0)]
-    assert [n for n, _ in junit[:-2]] == list(JUNIT_NAMES)
-    extra = extra_info(record)
-    assert (extra["answer"], extra["counts"]["bytes"]) == (42, 4096) and "util" not in extra
-    assert "rel.chg detect  util  verdict" in result_header()
-    assert " 0.25  FAIL (baseline)" in format_result_line(record, "passed")
-    text = render_markdown([record])
-    assert "| Rel. change | Util | Verdict |" in text and "| 0.250 |" in text
-    saved = parse_report(json.loads(write_json_report(tmp_path / "r.json", [record]).read_text()))
-    assert render_markdown(saved) == text
-
-    ddp = _record(replace(_result(), spec=replace(_result().spec, strategy="ddp")))
-    assert ddp.to_json()["counts"] is None and "counts" not in extra_info(ddp)
-
-
 def test_the_counted_work_and_its_check_reach_every_output() -> None:
     record = _record()
-    row = record.to_json()
+    row = record.to_dict()
     assert row["work"] == WORK.to_json()
     assert row["work"]["decode"]["collectives"]["all_gather"] == {"calls": 16, "bytes": 5300000000}
     assert (row["host_cpu_per_token_s"], row["device_time_per_token_s"]) == (0.011, 0.005)
     assert (row["work_status"], row["work_message"]) == ("ok", "the same work")
     assert (row["device_time_status"], row["device_time_change"]) == ("ok", 0.01)
     assert row["host_cpu_change"] == 0.3
-    junit = dict(record.junit_properties())
+    junit = dict(junit_properties(record))
     assert json.loads(junit["distperf_work"]) == WORK.to_json()  # a JUnit property is text
     assert junit["distperf_host_cpu_per_token_s"] == 0.011
     assert extra_info(record)["work"] == WORK.to_json()
     assert " AG 16x 5.3GB " in format_result_line(record, "passed")
-    uncounted = _result()
-    uncounted = replace(
-        uncounted, ranks=(replace(uncounted.ranks[0], work=None), uncounted.ranks[1])
-    )
-    record = _record(uncounted)
-    assert record.to_json()["work"] is None and "distperf_work" not in dict(
-        record.junit_properties()
-    )
+    result = _result()
+    uncounted = (replace(result.ranks[0], work=None), result.ranks[1])
+    record = _record(RunResult(result.spec, uncounted, 2.0, 0.0))
+    assert record.to_dict()["work"] is None
+    assert "distperf_work" not in dict(junit_properties(record))
     assert " compute       -                 25.50" in format_result_line(record, "passed")

@@ -50,8 +50,6 @@ FORBIDDEN_AT_IMPORT = {
     "gitinfo": ("torch",),
     "collection": ("torch",),
     "items": ("torch",),
-    "figures": ("torch",),
-    "reductions": ("torch", "pytest"),
     "header": ("torch",),
     "progress": ("torch",),
     "xdist": ("torch", "xdist"),

@@ -22,11 +22,10 @@ from distperf_model.parallelize import (
     split_blocks,
     tensor_parallel,
 )
-from helpers import greedy_logits
+from helpers import fake_result, greedy_logits
 from torch import nn
 
 from pytest_distperf.judge import gate
-from pytest_distperf.measured import RunResult
 from pytest_distperf.options import SettingError, workload_from_marker
 from pytest_distperf.perfmodel import (
     Calibration,
@@ -195,7 +194,7 @@ def test_marker_tp_plan_and_comm_delay() -> None:
             workload_from_marker(bad, "t", ("tiny",))
     # a delayed run must meet its normal baseline, and an unset plan keeps old identities
     spec = RunSpec("t::x", "tp", 2, "cpu", Workload(comm_delay=0.01), 1, 0, 10.0)
-    identity = gate.test_identity(RunResult(spec, (), 0.0, 0.0))
+    identity = gate.test_identity(fake_result(spec))
     assert "comm_delay" not in identity and "tp_plan" not in identity
 
 

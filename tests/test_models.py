@@ -324,7 +324,9 @@ def test_model_arguments_are_accepted_and_keep_old_identities() -> None:
 # --------------------------------------------------------------------------- a user's loop
 
 
-def _result(workload: Workload, samples: tuple[Sample, ...] = ()) -> RunResult:
+def _result(
+    workload: Workload, samples: tuple[Sample, ...] = (Sample(1.0, None, None),)
+) -> RunResult:
     spec = RunSpec("t.py::t", "auto", 1, "cpu", workload, repeats=len(samples), warmup=0, timeout=1)
     rank = RankResult(
         rank=0,

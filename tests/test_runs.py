@@ -242,7 +242,7 @@ def test_hung_rank_is_stopped_with_stack_dump_and_next_test_runs(
 LONG_TEST = """
 import pytest
 
-@pytest.mark.distperf(model="tiny", max_new_tokens=200)
+@pytest.mark.distperf(model="builders:running", max_new_tokens=200)
 def test_long(distperf):
     distperf.run()
 
@@ -265,15 +265,13 @@ def _interrupted_session(
 ) -> tuple[int, str]:
     """Run LONG_TEST's session in a process group of its own, call `interrupt` on it once its
     ranks run, and return its exit status and output."""
-    pytester.makepyfile(LONG_TEST)
-    marker = pytester.path / "ranks-running"
-    env = {**os.environ, "DISTPERF_MARKER_FILE": str(marker)}
+    pytester.makepyfile(LONG_TEST, builders=BUILDERS)
+    marker = pytester.path / "ranks-running"  # the builder's, once the ranks run
     command = [sys.executable, "-c", AS_IN_A_TERMINAL, "-p", "no:cacheprovider", "-v"]
     command += ["--distperf-devices=2", "--distperf-repeats=1000"]
     process = subprocess.Popen(
         command,
         cwd=pytester.path,
-        env=env,
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

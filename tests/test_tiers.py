@@ -1,5 +1,6 @@
 """The fast tier starts no rank process: tests/conftest.py names each test not marked `slow`
-in DISTPERF_FORBID_RANKS, and the pool, the launchers and the early start refuse there."""
+in DISTPERF_FORBID_RANKS, and the pool, the launchers and the early start refuse there
+(tests/rank_guard.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import os
 
 import pytest
 from helpers import spawn_gloo_ranks
+from rank_guard import FORBID_RANKS, ranks_forbidden, refuse_ranks
 
-from pytest_distperf.launch.guard import FORBID_RANKS, ranks_forbidden, refuse_ranks
 from pytest_distperf.spec import RunSpec, Workload
 
 SPEC = RunSpec(
@@ -36,7 +37,8 @@ def test_collected_only(distperf):
 
 POOLS_REPORT = """
 def pytest_unconfigure(config):
-    print("POOLS", config.pluginmanager.get_plugin("distperf-session").pools)
+    pools = config.pluginmanager.get_plugin("distperf-session").pools
+    print("POOL", pools and pools.current)
 """
 
 
@@ -84,10 +86,11 @@ def test_a_nested_session_is_refused_too(pytester: pytest.Pytester) -> None:
     """The session starts no pool ahead of its tests; the one that asks for ranks fails with
     the refusal, the one that only takes the fixture passes."""
     pytester.makepyfile(RUNNING_TEST)
-    result = pytester.runpytest("--distperf-accelerator=cpu", "--distperf-devices=2")
+    # In a process of its own, the session loads the guard from PYTEST_PLUGINS.
+    result = pytester.runpytest_subprocess("--distperf-accelerator=cpu", "--distperf-devices=2")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*rank processes are not allowed in *test_a_nested_session*"])
     pytester.makeconftest(POOLS_REPORT)
     collected_only = pytester.runpytest("--distperf-accelerator=cpu", "-k", "collected")
     collected_only.assert_outcomes(passed=1, deselected=1)
-    collected_only.stdout.fnmatch_lines(["POOLS None"])
+    collected_only.stdout.fnmatch_lines(["POOL None"])

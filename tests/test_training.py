@@ -111,7 +111,7 @@ def test_a_steps_rate_counts_every_replicas_tokens() -> None:
     assert result.aggregate_tokens_per_sec == result.tokens_per_sec
     # two replicas' model FLOPs per step over the two ranks' summed rate
     assert result.mfu == pytest.approx(2 * 1e9 / 0.2 / 1e11)
-    row = result.summary()
+    row = result.to_dict()
     assert row["mode"] == "train" and row["loss"] == 5.5 and row["step_time_s"] == 0.2
     assert row["model_flops_per_step"] == 2e9 and row["peak_flops"] == 1e11
 

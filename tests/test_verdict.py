@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.busy import (
     busy_check,
     busy_evidence,
@@ -34,7 +35,6 @@ from pytest_distperf.judge.counted import device_time_check, with_work_reason, w
 from pytest_distperf.judge.threshold import threshold_check
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.perfmodel import Prediction
-from pytest_distperf.reductions import json_value
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.work import CollectiveCount, PhaseWork, Work

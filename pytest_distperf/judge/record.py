@@ -1,106 +1,37 @@
 """One judged run as one typed value, and its one serialisation for the reports.
 
-The gate (gate.py) builds a `JudgedRun` from a RunResult, its prediction and its checks; the
-terminal table, the Markdown summary and the pytest-benchmark export read its figures through
-`value()`. Which figures there are, and which report shows each, is declared once in
-pytest_distperf/figures.py (`RUN_FIGURES`): `to_json()` (the JSON report, --distperf-json) and
-`junit_properties()` (`distperf_<field>`) write what is declared there, under names that users'
-scripts and CI templates read and that do not change. Pure: no I/O, no pytest.
+The gate (gate.py) builds a `JudgedRun` from a RunResult, its prediction and its checks;
+`to_dict()` is its row of the JSON report (--distperf-json): the run's figures
+(`RunResult.to_dict`) and the gate's, under names that users' scripts and CI templates read and
+that do not change. The terminal table, JUnit properties, Markdown summary, pytest-benchmark
+export and charts (output/) read that row. Pure: no I/O, no pytest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
-from pytest_distperf.figures import (
-    ABSENT,
-    JUNIT,
-    REPORT_JSON,
-    Figure,
-    Report,
-    Source,
-    declared,
-    figure,
-    json_value,
-)
+from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.checks import (
     BaselineFigures,
-    Check,
     CheckStatus,
     Decision,
     DetectableFigures,
+    DeviceTimeFigures,
+    Figures,
     RelativeSpeedFigures,
     ThresholdFigures,
 )
 from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel import Calibration, Prediction
 
-F = TypeVar("F")
-
-
-class FigureValues(Mapping[str, Any]):
-    """Figures by name, read-only; each is an attribute too (`values.tokens_per_sec`), and one
-    that is not there raises AttributeError naming it rather than reading as missing."""
-
-    __slots__ = ("_values",)
-
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        object.__setattr__(self, "_values", {k: _frozen(v) for k, v in values.items()})
-
-    def __getitem__(self, name: str) -> Any:
-        return self._values[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
-
-    def __len__(self) -> int:
-        return len(self._values)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no figure {name!r}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"{type(self).__name__} is read-only")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (dict(self._values),))
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._values!r})"
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(value)
-    if isinstance(value, dict):
-        return MappingProxyType(dict(value))
-    return value
-
-
-class RunFigures(FigureValues):
-    """What one run measured: every figure declared with `Source.RUN`, reduced from the ranks'
-    results (figures.py says how) when the run is recorded; `run.tokens_per_sec` reads one."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, result: RunResult) -> RunFigures:
-        return cls({f.name: f.reduce.compute(result) for f in declared(source=Source.RUN)})
-
 
 @dataclass(frozen=True)
 class JudgedRun:
     """A run, what it was held to, and what came of it."""
 
-    run: RunFigures
+    run: RunResult
     decision: Decision
     prediction: Prediction | None  # None: nothing to predict from (a user's own builder)
     topology_key: str
@@ -121,7 +52,7 @@ class JudgedRun:
         session_started_at: float,
     ) -> JudgedRun:
         return cls(
-            run=RunFigures.of(result),
+            run=result,
             decision=decision,
             prediction=prediction,
             topology_key=topology_key,
@@ -145,55 +76,68 @@ class JudgedRun:
         # a forward reads the weights once and yields a token for every batch row
         return weights * rate / prediction.batch_size / calibration.memory_bandwidth
 
-    @property
-    def ran(self) -> Mapping[str, Check]:
-        """The checks that ran, by name (a skipped check reports nothing)."""
-        checks = self.decision.checks
-        return MappingProxyType({c.name: c for c in checks if c.status is not CheckStatus.SKIP})
-
-    @property
-    def threshold(self) -> ThresholdFigures | None:
-        return _figures(self.ran.get("threshold"), ThresholdFigures)
-
-    @property
-    def baseline(self) -> BaselineFigures | None:
-        return _figures(self.ran.get("baseline"), BaselineFigures)
-
-    @property
-    def relative_speed(self) -> RelativeSpeedFigures | None:
-        return _figures(self.ran.get("relative_speed"), RelativeSpeedFigures)
-
-    @property
-    def detectable(self) -> BaselineFigures | DetectableFigures | None:
-        """The smallest drop the baseline check catches, or would as a baseline of this run."""
-        return _figures(self.ran.get("baseline"), BaselineFigures | DetectableFigures)
-
-    def value(self, declared_figure: Figure | str) -> Any:
-        """A declared figure's value for this run: None where the run has none, ABSENT where
-        it has nothing to report under that name (a check that did not run)."""
-        if isinstance(declared_figure, str):
-            declared_figure = figure(declared_figure)
-        if declared_figure.source is Source.RUN:
-            # AttributeError for a figure the run was not recorded with, never a silent "-"
-            return getattr(self.run, declared_figure.name)
-        return declared_figure.reduce.compute(self)
-
-    def reported(self, report: Report, *, nulls: bool = False) -> list[tuple[Figure, Any]]:
-        """The figures declared for `report`, in order, with this run's values: those it has
-        nothing to report under left out, and those without a value (None) unless `nulls`."""
-        pairs = [(f, self.value(f)) for f in declared(report)]
-        return [(f, v) for f, v in pairs if v is not ABSENT and (nulls or v is not None)]
-
-    def to_json(self) -> dict[str, Any]:
-        """The row of the JSON report: plain JSON values, field names kept across versions."""
-        return {f.name: json_value(value) for f, value in self.reported(REPORT_JSON, nulls=True)}
-
-    def junit_properties(self) -> list[tuple[str, Any]]:
-        """(name, value) pairs for the test report's `user_properties` (JUnit XML), in the
-        declared order; a figure without a value is left out."""
-        return [(f.junit_name, f.junit_value(value)) for f, value in self.reported(JUNIT)]
+    def to_dict(self) -> dict[str, Any]:
+        """The row of the JSON report: the run's figures, then the gate's, as plain JSON. A
+        check that did not run leaves its keys out; a figure the run has not is null."""
+        row = self.run.to_dict()
+        row.update(
+            topology_key=self.topology_key,
+            verdict=self.decision.verdict,
+            busy_evidence=json_value(self.decision.busy_evidence),
+            bandwidth_utilization=self.bandwidth_utilization,
+            baseline_recorded=self.baseline_recorded,
+            prediction=json_value(self.prediction),
+            calibration=json_value(self.calibration),
+            session_to_first_timed_s=self.session_to_first_timed_s,
+        )
+        for check in self.decision.checks:
+            if check.status is not CheckStatus.SKIP:  # a skipped check reports nothing
+                row[f"{check.name}_status"] = check.status.value
+                row[f"{check.name}_message"] = check.message
+                row.update(_figure_keys(check.figures))
+        return row
 
 
-def _figures(check: Check | None, kind: type[F]) -> F | None:
-    figures = None if check is None else check.figures
-    return figures if isinstance(figures, kind) else None
+def _figure_keys(figures: Figures | None) -> dict[str, Any]:
+    """A check's figures under the keys the JSON report has always called them."""
+    if isinstance(figures, ThresholdFigures):
+        return {
+            "predicted_tokens_per_sec": figures.predicted_tokens_per_sec,
+            "threshold_tokens_per_sec": figures.threshold_tokens_per_sec,
+            "efficiency": figures.efficiency,
+            "bound": figures.bound,
+            "bound_description": figures.bound_description,
+            "link_class": figures.link_class,
+            "ratio_to_predicted": figures.ratio_to_predicted,
+            "threshold_check": figures.check,
+        }
+    if isinstance(figures, DetectableFigures):  # the baseline check's, without a baseline
+        return {"detectable_drop": figures.detectable_drop}
+    if isinstance(figures, BaselineFigures):
+        busy, waits = figures.busy, figures.waits
+        return {
+            "baseline_tokens_per_sec": figures.baseline_tokens_per_sec,
+            "change": figures.change,
+            "tolerance": figures.tolerance,
+            "tolerance_runs": figures.tolerance_runs,
+            "p_value": figures.p_value,
+            "detectable_drop": figures.detectable_drop,
+            "baseline_verdict": figures.verdict,
+            "baseline_recorded_at": figures.recorded_at,
+            "baseline_commit": figures.commit,
+            **json_value(figures.machine or {}),  # bare_change, host_change, change_beyond_host
+            **({} if busy is None else {"host_cpu_change": busy.host_cpu_change}),
+            **({} if waits is None else {"off_cpu_share_change": waits.rise}),
+        }
+    if isinstance(figures, RelativeSpeedFigures):
+        return {
+            "relative_speed_baseline": figures.baseline,
+            "relative_speed_change": figures.change,
+            "relative_speed_tolerance": figures.tolerance,
+            "relative_speed_p_value": figures.p_value,
+            "relative_speed_detectable_drop": figures.detectable_drop,
+            "relative_speed_verdict": figures.verdict,
+        }
+    if isinstance(figures, DeviceTimeFigures):
+        return {"device_time_change": figures.change}
+    return {}

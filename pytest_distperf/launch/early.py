@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_distperf import xdist
-from pytest_distperf.launch.guard import ranks_forbidden
 
 NO_TEST_BODY = ("collectonly", "setuponly", "setupplan")
 
@@ -18,11 +17,9 @@ NO_TEST_BODY = ("collectonly", "setuponly", "setupplan")
 def start_first_pool(plugin: Any, config: Any, devices: int) -> None:
     """Start `plugin`'s pool of `devices` ranks unless the session will not use one: no test
     body, ranks that are no pool's (job, fresh ranks, NUMA binding), an xdist worker (on first
-    use), too few GPUs (the test skips), or ranks forbidden (launch/guard.py)."""
+    use) or too few GPUs (the test skips)."""
     settings = plugin.settings
     if plugin.job or settings.fresh_ranks or settings.numa_binding or xdist.is_worker(config):
-        return
-    if ranks_forbidden() is not None:
         return
     if any(getattr(config.option, name, False) for name in NO_TEST_BODY):
         return

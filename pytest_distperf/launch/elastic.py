@@ -25,7 +25,6 @@ from pytest_distperf.launch.failures import (
     timeout_headline,
     where,
 )
-from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.launch.signals import STOPPING_SIGNALS, SessionStopped, own_signals
 from pytest_distperf.measured import RankResult, RunResult
 from pytest_distperf.spec import RunSpec
@@ -48,7 +47,6 @@ def _environment(**values: str) -> Iterator[None]:
 
 def launch(spec: RunSpec) -> RunResult:
     """Run `spec` in `spec.devices` fresh ranks; raise RunFailed with the reason if any fails."""
-    refuse_ranks()
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

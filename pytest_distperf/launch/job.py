@@ -18,7 +18,6 @@ from pytest_distperf.launch.failures import (
     job_timeout_headline,
     rank_section,
 )
-from pytest_distperf.launch.guard import refuse_ranks
 from pytest_distperf.measured import RunResult
 from pytest_distperf.spec import RunSpec
 
@@ -133,7 +132,6 @@ def run_in_job(spec: RunSpec, notice: Callable[[str], None] | None = None) -> Ru
     """Run `spec` as this rank of the job: every rank's result. A run that fails in one rank
     fails in all with its error (the next test gets a new group); a timeout ends the job.
     `notice`: rank 0's `notice_writer`."""
-    refuse_ranks()
     from pytest_distperf.ranks.jobgroup import JobRunFailed, run_in_group
 
     launched_at, start = time.time(), time.perf_counter()

@@ -1,8 +1,8 @@
 """Every distperf run as a benchmark of pytest-benchmark's session, when that plugin is active:
 its saving, comparing (`--benchmark-compare-fail` included), tables and exports then work on
 distperf tests unchanged. A round is one timed generation: the slowest rank's wall time of
-prefill + decode (`measured.Sample.total_s`), in seconds; the figures declared with
-Report.BENCHMARK_EXTRA ride in `extra_info`; the group is the test function.
+prefill + decode (`measured.Sample.total_s`), in seconds; the figures of `EXTRA_INFO` ride in
+`extra_info`; the group is the test function.
 
 How it hooks in: the `benchmark` fixture appends its stats object (`pytest_benchmark.stats.
 Metadata`) to the session's `benchmarks` list, which everything the session does later reads.
@@ -21,13 +21,19 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf.figures import BENCHMARK_EXTRA, json_value
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.measured import RunResult
+from pytest_distperf.output.report import COUNTED, SCALARS
 
 # The name pytest-benchmark registers its BenchmarkSession under in pytest_configure.
 SESSION_PLUGIN = "pytest-benchmark"
 MACHINE_INFO_KEY = "distperf"
+# The run's figures in `extra_info`, in this order (keys of its JSON row, JudgedRun.to_dict).
+EXTRA_INFO = (
+    *SCALARS,
+    *("tokens_per_sec_samples", "aggregate_tokens_per_sec", "ttft_s", *COUNTED),
+    *("model_flops_per_step", "peak_flops", "peak_flops_source", "workload", "implementation"),
+    *("device_name", "bound_description", "link_class"),
+)
 
 
 @dataclass
@@ -53,13 +59,13 @@ def benchmark_session(config: pytest.Config) -> Any | None:
     return session
 
 
-def add_benchmark(item: pytest.Item, result: RunResult, record: JudgedRun, occurrence: int) -> bool:
+def add_benchmark(item: pytest.Item, record: JudgedRun, occurrence: int) -> bool:
     """Add the run to pytest-benchmark's session; False when that session is not recording.
 
     `occurrence` counts the runs of this test so far (1 for the first): a second run in one
     test gets its own name, so saved files and comparisons never merge the two.
     """
-    session = benchmark_session(item.config)
+    session, result = benchmark_session(item.config), record.run
     if session is None or not result.samples:
         return False
     from pytest_benchmark.stats import Metadata  # lazy: only when pytest-benchmark is active
@@ -103,9 +109,12 @@ def function_id(item: pytest.Item) -> str:
 
 
 def extra_info(record: JudgedRun) -> dict[str, Any]:
-    """The figures declared with Report.BENCHMARK_EXTRA, in order, those without a value left
+    """The figures of EXTRA_INFO and the tokens of one generation, those without a value left
     out: plain JSON, non-finite numbers as strings."""
-    return _finite({f.name: json_value(v) for f, v in record.reported(BENCHMARK_EXTRA)})
+    row = record.to_dict()
+    row["new_tokens_per_generation"] = record.run.new_tokens
+    names = (*EXTRA_INFO, "new_tokens_per_generation")
+    return _finite({name: row[name] for name in names if row.get(name) is not None})
 
 
 def update_machine_info(machine_info: dict[str, Any], records: Iterable[JudgedRun]) -> None:

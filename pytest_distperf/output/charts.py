@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.figures import figure
-from pytest_distperf.jsonfields import get_field, json_object
-
 INSTALL_HINT = "pip install 'pytest-distperf[plot]'"
 # One colour per rank count (matplotlib's default cycle), the marks in fixed contrasting colours.
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
@@ -56,33 +53,27 @@ def report_bars(document: object, source: str = "report") -> list[ResultBar]:
     from pytest_distperf.output.markdown import ReportError, parse_report
 
     try:
-        rows = parse_report(document, source)  # the report's own validation
-        raw = document if isinstance(document, list) else json_object(document, source)["results"]
-        bars = []
-        for i, (row, data) in enumerate(zip(rows, raw, strict=True)):
-            rate = row.tokens_per_sec
-            if rate is None or not math.isfinite(rate):
-                continue  # a run that measured nothing has no bar
-            where = f"{source}: results[{i}]"
-            marks = {  # checked against the declared figure's JSON type (figures.py)
-                name: get_field(data, name, figure(name).json_type or object, where, optional=True)
-                for name in ("predicted_tokens_per_sec", "threshold_tokens_per_sec", "bound")
-            }
-            bars.append(
-                ResultBar(
-                    test=row.test_id.split("[", 1)[0],
-                    strategy=row.strategy or "?",
-                    devices=row.devices,
-                    tokens_per_sec=rate,
-                    predicted=marks["predicted_tokens_per_sec"],
-                    threshold=marks["threshold_tokens_per_sec"],
-                    bound=marks["bound"],
-                    failed=(row.verdict or "").upper().startswith("FAIL"),
-                    topology_key=row.topology_key,
-                )
-            )
-    except (ReportError, ValueError, KeyError) as error:
+        rows = parse_report(document, source)
+    except ReportError as error:
         raise ChartError(str(error)) from None
+    bars = []
+    for row in rows:
+        rate = row.tokens_per_sec
+        if rate is None or not math.isfinite(rate):
+            continue  # a run that measured nothing has no bar
+        bars.append(
+            ResultBar(
+                test=row.test_id.split("[", 1)[0],
+                strategy=row.strategy or "?",
+                devices=row.devices,
+                tokens_per_sec=rate,
+                predicted=row.predicted_tokens_per_sec,
+                threshold=row.threshold_tokens_per_sec,
+                bound=row.bound,
+                failed=(row.verdict or "").upper().startswith("FAIL"),
+                topology_key=row.topology_key,
+            )
+        )
     return bars
 
 

@@ -2,9 +2,9 @@
 
     python -m pytest_distperf.output.markdown distperf.json [--title TITLE]
 
-prints a row per result, a column per figure declared with a Markdown column (figures.py), then
-the message of every check that failed or warned. Rows come from judged runs (`SummaryRow.of`)
-or a saved JSON report (`parse_report`, which refuses a malformed file with the reason).
+prints a row per result, a column per figure of `COLUMNS`, then the message of every check that
+failed or warned. Rows come from a saved JSON report (`parse_report`, which refuses a malformed
+file with the reason) or from judged runs, through the same row (`JudgedRun.to_dict`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.figures import ABSENT, MARKDOWN, declared
-from pytest_distperf.jsonfields import get_field, json_object
+from pytest_distperf.jsonfields import NUMBER, get_field, json_object
 from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
-from pytest_distperf.judge.record import FigureValues, JudgedRun
+from pytest_distperf.judge.record import JudgedRun
 
 REPORT_SCHEMAS = (1,)
 _PASSING = frozenset({"ok", "pass", "passed"})
@@ -43,46 +42,59 @@ class Message:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """What the summary shows of one run: the figures declared with Report.MARKDOWN, each an
-    attribute too (`row.tokens_per_sec`); None where the run (or an older report) has none."""
+    """What the summary (and a chart, output/charts.py) shows of one run, read from its JSON
+    row; None where the run (or an older report) has no such figure."""
 
-    figures: FigureValues
-    messages: tuple[Message, ...]  # every check's, in the order the checks run
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("figures", "messages"):
-            raise AttributeError(name)
-        return getattr(self.figures, name)
-
-    @classmethod
-    def of(cls, record: JudgedRun) -> SummaryRow:
-        values = {f.name: record.value(f) for f in declared(MARKDOWN)}
-        return cls(
-            figures=FigureValues({k: None if v is ABSENT else v for k, v in values.items()}),
-            messages=tuple(
-                Message(check.name, check.status, check.message)
-                for check in record.decision.checks
-                if check.status is not CheckStatus.SKIP
-            ),
-        )
+    test_id: str
+    messages: tuple[Message, ...]  # every check's that ran, in the order the checks run
+    strategy: str | None
+    devices: int | None
+    accelerator: str | None
+    device_name: str | None
+    topology_key: str | None
+    tokens_per_sec: float | None
+    baseline_tokens_per_sec: float | None
+    change: float | None
+    relative_speed: float | None
+    relative_speed_change: float | None
+    verdict: str | None
+    predicted_tokens_per_sec: float | None
+    threshold_tokens_per_sec: float | None
+    bound: str | None
 
     @classmethod
     def from_json(cls, row: object, where: str) -> SummaryRow:
         """A row of a JSON report; ValueError naming `where` and the field when it is not one."""
         data = json_object(row, where)
 
-        def optional(name: str, kind: type | tuple[type, ...] | None) -> Any:
-            return get_field(data, name, object if kind is None else kind, where, optional=True)
+        def read(name: str, kind: type | tuple[type, ...] = str) -> Any:
+            return get_field(data, name, kind, where, optional=True)
 
-        get_field(data, "test_id", str, where)  # a row names its test
+        test_id = get_field(data, "test_id", str, where)  # a row names its test
         messages = []
         for name in CHECK_NAMES:
-            status = optional(f"{name}_status", str)
+            status = read(f"{name}_status")
             if status is not None:
                 status = CheckStatus.parse(status, f"{where}: {name}_status")
-                messages.append(Message(name, status, optional(f"{name}_message", str) or ""))
-        figures = {f.name: optional(f.name, f.json_type) for f in declared(MARKDOWN)}
-        return cls(figures=FigureValues(figures), messages=tuple(messages))
+                messages.append(Message(name, status, read(f"{name}_message") or ""))
+        return cls(
+            test_id=test_id,
+            messages=tuple(messages),
+            strategy=read("strategy"),
+            devices=read("devices", int),
+            accelerator=read("accelerator"),
+            device_name=read("device_name"),
+            topology_key=read("topology_key"),
+            tokens_per_sec=read("tokens_per_sec", NUMBER),
+            baseline_tokens_per_sec=read("baseline_tokens_per_sec", NUMBER),
+            change=read("change", NUMBER),
+            relative_speed=read("relative_speed", NUMBER),
+            relative_speed_change=read("relative_speed_change", NUMBER),
+            verdict=read("verdict"),
+            predicted_tokens_per_sec=read("predicted_tokens_per_sec", NUMBER),
+            threshold_tokens_per_sec=read("threshold_tokens_per_sec", NUMBER),
+            bound=read("bound"),
+        )
 
 
 def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
@@ -103,7 +115,10 @@ def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
 
 def render_markdown(rows: Sequence[SummaryRow | JudgedRun], title: str = "") -> str:
     """The Markdown summary of these runs."""
-    summary = [row if isinstance(row, SummaryRow) else SummaryRow.of(row) for row in rows]
+    summary = [
+        row if isinstance(row, SummaryRow) else SummaryRow.from_json(row.to_dict(), "record")
+        for row in rows
+    ]
     lines = [f"## {title or 'distperf results'}", ""]
     if not summary:
         lines.append("No distperf results: no test ran a measured generation.")
@@ -125,14 +140,10 @@ def render_markdown(rows: Sequence[SummaryRow | JudgedRun], title: str = "") -> 
         facts.append(", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())))
     lines += [" · ".join(facts), ""]
 
-    columns = sorted(
-        ((f, f.markdown) for f in declared(MARKDOWN) if f.markdown is not None),
-        key=lambda pair: pair[1].at,
-    )
-    lines.append("| " + " | ".join(column.header for _, column in columns) + " |")
-    lines.append("|" + "|".join(_ALIGN[column.style] for _, column in columns) + "|")
+    lines.append("| " + " | ".join(header for header, _, _ in COLUMNS) + " |")
+    lines.append("|" + "|".join(_ALIGN[style] for _, _, style in COLUMNS) + "|")
     for row in summary:
-        cells = [_written(row.figures[f.name], column.style) for f, column in columns]
+        cells = [_written(getattr(row, name), style) for _, name, style in COLUMNS]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
 
     telling = [
@@ -177,7 +188,7 @@ def _verdict(value: str) -> str:
     return value if value.lower() in _PASSING else f"**{value}**"
 
 
-# How each of reductions.MARKDOWN_STYLES writes a value, and aligns its column.
+# How each style writes a value, and aligns its column.
 _STYLES: dict[str, Callable[[Any], str]] = {
     "code": "`{}`".format,
     "text": str,
@@ -190,6 +201,20 @@ _STYLES: dict[str, Callable[[Any], str]] = {
 _ALIGN = {
     style: "--:" if style in ("count", "rate", "change", "ratio") else "---" for style in _STYLES
 }
+
+
+# The table's columns, left to right: header, SummaryRow field, style.
+COLUMNS = (
+    ("Test", "test_id", "code"),
+    ("Strategy", "strategy", "text"),
+    ("Devices", "devices", "count"),
+    ("tok/s", "tokens_per_sec", "rate"),
+    ("Baseline tok/s", "baseline_tokens_per_sec", "rate"),
+    ("Change", "change", "change"),
+    ("Relative speed", "relative_speed", "ratio"),
+    ("Rel. change", "relative_speed_change", "change"),
+    ("Verdict", "verdict", "verdict"),
+)
 
 
 def _written(value: Any, style: str) -> str:

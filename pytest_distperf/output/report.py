@@ -1,19 +1,35 @@
-"""The session's own renderings of judged runs: the JSON report and the terminal table (with
-`-v`, each test's phases beneath its row)."""
+"""The session's own renderings of judged runs, each read from the run's JSON row
+(`JudgedRun.to_dict`): the JSON report, the JUnit properties and the terminal table (with `-v`,
+each test's phases beneath its row)."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_distperf.figures import TABLE, Figure, TableColumn, declared
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.store.files import atomic_write_text
+from pytest_distperf.work import Work, work_cell
 
 REPORT_SCHEMA = 1
+
+# The figures CI scripts and saved benchmarks read (JUnit and pytest-benchmark's extra_info), in
+# the order they keep; a JUnit property is `distperf_<name>`.
+SCALARS = (
+    *("tokens_per_sec", "decode_tokens_per_sec", "strategy", "devices", "accelerator"),
+    *("topology_key", "predicted_tokens_per_sec", "threshold_tokens_per_sec", "bound"),
+    *("baseline_tokens_per_sec", "change", "tolerance", "detectable_drop", "relative_speed"),
+    *("relative_speed_change", "relative_speed_detectable_drop", "bare_change", "host_change"),
+    *("change_beyond_host", "verdict", "peak_memory_bytes"),
+)
+COUNTED = (
+    *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s", "device_time_per_token_s"),
+    *("mode", "step_time_s", "mfu", "loss"),
+)
 
 
 def write_json_report(
@@ -23,35 +39,99 @@ def write_json_report(
 ) -> Path:
     """Write every run's row atomically: a reader never sees half a report. `extra`: the
     session's own fields (``baseline_orphans``), present only when there is something to say."""
-    rows = [record.to_json() for record in records]
+    rows = [record.to_dict() for record in records]
     document = {**(extra or {}), "schema": REPORT_SCHEMA, "results": rows}
     text = json.dumps(document, indent=2, sort_keys=True)
     return atomic_write_text(path, text + "\n")
 
 
-def _line(text: Callable[[Figure, TableColumn], str]) -> str:
-    """A line of the table: each figure declared with Report.TABLE, left to right, as `text`
-    writes it after its column's separator (none before the first)."""
-    shown = [(f, f.table) for f in declared(TABLE) if f.table is not None]
-    shown.sort(key=lambda pair: pair[1].at)
-    return "".join(column.sep + text(f, column) for f, column in shown)[len(shown[0][1].sep) :]
+def junit_properties(record: JudgedRun) -> list[tuple[str, Any]]:
+    """(name, value) pairs for the test report's `user_properties` (JUnit XML), in the order of
+    SCALARS, then ttft in ms, then COUNTED; a figure without a value is left out, a record is
+    written as JSON text."""
+    row = record.to_dict()
+    ttft_s = row["ttft_s"]
+    row["ttft_ms"] = None if ttft_s is None else ttft_s * 1000
+    named = [(name, row.get(name)) for name in (*SCALARS, "ttft_ms", *COUNTED)]
+    return [(f"distperf_{name}", _text(value)) for name, value in named if value is not None]
+
+
+def _text(value: Any) -> Any:
+    if isinstance(value, dict | list):  # a JUnit property holds text
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return value
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the terminal table: its header, the format of its values and which value of
+    a row (`JudgedRun.to_dict`) it shows; None shows as "-"."""
+
+    header: str
+    spec: str  # format spec: "<" for left-aligned, width, precision
+    value: Callable[[Mapping[str, Any], str], Any]  # (row, the test's outcome) -> value
+    sep: str = " "  # text before the column
+
+    @property
+    def width(self) -> int:
+        return int("".join(c for c in self.spec.split(".")[0] if c.isdigit()) or 0)
+
+    def heading(self) -> str:
+        return format(self.header, ("<" if self.spec.startswith("<") else ">") + str(self.width))
+
+    def text(self, row: Mapping[str, Any], outcome: str) -> str:
+        value = self.value(row, outcome)
+        if value is None:
+            return "-".ljust(self.width) if self.spec.startswith("<") else "-".rjust(self.width)
+        return format(value, self.spec)
+
+
+def _figure(name: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], str], Any]:
+    def value(row: Mapping[str, Any], outcome: str) -> Any:
+        figure = row.get(name)
+        return figure if figure is None or scale == 1 else figure * scale
+
+    return value
+
+
+def _work(row: Mapping[str, Any], outcome: str) -> str | None:
+    work = row["work"]
+    return None if work is None else work_cell(Work.from_json(work, "work"))
+
+
+def _verdict(row: Mapping[str, Any], outcome: str) -> str:
+    # How the test came out: a run whose test failed otherwise may read "ok".
+    return row["verdict"] if outcome == "passed" else "FAILED"
+
+
+TABLE = (
+    Column("tok/s", "10.2f", _figure("tokens_per_sec")),
+    Column("decode", "9.2f", _figure("decode_tokens_per_sec")),
+    Column("ttft ms", "8.1f", _figure("ttft_s", 1000)),
+    Column("strategy", "<15", _figure("strategy")),
+    Column("ranks", "<9", lambda row, _: f"{row['devices']} x {row['accelerator']}"),
+    Column("predicted", "9.2f", _figure("predicted_tokens_per_sec")),
+    Column("bound", "<13", _figure("bound")),
+    Column("work", "<13", _work),
+    Column("baseline", "9.2f", _figure("baseline_tokens_per_sec")),
+    Column("change", "+7.1%", _figure("change")),
+    Column("detect", "6.0%", _figure("detectable_drop")),
+    Column("rel.chg", "+7.1%", _figure("relative_speed_change")),
+    Column("detect", "6.0%", _figure("relative_speed_detectable_drop")),
+    Column("verdict", "<18", _verdict, sep="  "),
+    Column("test", "", _figure("test_id")),
+)
 
 
 def result_header() -> str:
-    return _line(lambda _, column: column.heading())
+    return "".join(column.sep + column.heading() for column in TABLE)[1:]
 
 
 def format_result_line(record: JudgedRun, outcome: str) -> str:
     """One row of the table under `result_header()`; `outcome` is the test's ("passed", ...).
-
-    A figure the run does not have (no prediction, no baseline yet) shows as "-"; one the
-    record was not made with raises AttributeError.
-    """
-
-    def cell(f: Figure, column: TableColumn) -> str:
-        return column.text(record.value(f) if column.cell is None else column.cell(record, outcome))
-
-    return _line(cell)
+    A figure the run does not have (no prediction, no baseline yet) shows as "-"."""
+    row = record.to_dict()
+    return "".join(column.sep + column.text(row, outcome) for column in TABLE)[1:]
 
 
 def result_lines(
@@ -80,6 +160,3 @@ def phase_line(record: JudgedRun) -> str:
     timed, beside = spent.get("timed", 0.0), sum(spent.get(name, 0.0) for name in MEASURING)
     share = f"; bare + measure + count = {beside / timed:.0%} of timed" if timed else ""
     return f"    phases, s: {parts}{share}"
-
-
-RESULT_HEADER = result_header()

@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import astuple
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -140,8 +139,6 @@ def launch(ctx: RankContext) -> None:
     fabric.launch()
     if fabric.device != ctx.device:
         raise RuntimeError(f"Fabric placed this rank on {fabric.device}, not on {ctx.device}")
-    if spec.marker_file and fabric.global_rank == 0:
-        Path(spec.marker_file).write_text(str(os.getpid()))
     ctx.fabric = fabric
 
 
