@@ -28,7 +28,11 @@ from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
-from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
+from pytest_distperf.ranks.reference import (
+    choose_reference,
+    generations_after,
+    times_before_wrapping,
+)
 from pytest_distperf.ranks.retime import retimed
 from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
 from pytest_distperf.ranks.timing import (
@@ -153,12 +157,13 @@ def prompt(ctx: RankContext) -> None:
 
 
 def reference(ctx: RankContext) -> None:
-    """The unwrapped model timed until steady, where the reference is not the bare generations
-    beside the samples (ranks/reference.py); then its caches go."""
+    """The unwrapped model timed until steady, where the reference is timed before wrapping
+    (ranks/reference.py); then its caches go."""
     spec, workload, model = ctx.spec, ctx.workload, ctx.model
     steps = spec.reference_steps
-    retimed = ctx.platform.ranks_time_themselves(spec.devices)
-    if not times_before_wrapping(ctx.record.sharded, workload.max_new_tokens, steps, retimed):
+    ctx.bare_beside = bool(steps) and ctx.record.measures_relative_speed(spec.relative_speed)
+    sharded, beside = ctx.record.sharded, ctx.bare_beside
+    if not times_before_wrapping(sharded, beside, workload.max_new_tokens, steps):
         model.clear_caches()  # a builder's model may come with caches or rope buffers made
         return
     # The run's cache length at least: attention reads the whole static cache every step.
@@ -169,6 +174,13 @@ def reference(ctx: RankContext) -> None:
         model.module, ctx.prompt, steps, sync, ctx.generate, environment.all_ranks_done(ctx.device)
     )
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
+
+
+def copy_whole(ctx: RankContext) -> None:
+    """A sharded model's bare copy, copied whole before wrapping shards it where its memory
+    cannot run out mid-run (an RSS heap): cheaper than building it again from the seed."""
+    if ctx.bare_beside and ctx.record.sharded and not ctx.platform.allocator_memory:
+        ctx.bare = BareCopy.copied(ctx.model, ctx.workload, ctx.prompt, ctx.dtype, ctx.generate)
 
 
 def wrap(ctx: RankContext) -> None:
@@ -194,10 +206,18 @@ def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
 
 
 def bare_copy(ctx: RankContext) -> None:
-    """The bare model run beside every wrapped generation (ranks/bare.py)."""
+    """The bare model (ranks/bare.py): beside every wrapped generation where the relative
+    speed is measured; a replicated model's own module, timed after the repeats, elsewhere."""
     workload = ctx.workload
-    if ctx.spec.reference_steps and ctx.record.sharded:
-        ctx.bare = BareCopy.whole(workload, ctx.prompt, ctx.dtype, ctx.generate)
+    if ctx.bare is not None:  # copied before wrapping
+        return
+    if ctx.record.sharded:
+        beside = ctx.bare_beside
+        ctx.bare = (
+            BareCopy.whole(workload, ctx.prompt, ctx.dtype, ctx.generate)
+            if beside
+            else BareCopy(None, ctx.prompt, workload.max_new_tokens)
+        )
         return
     module = ctx.model.module if ctx.spec.reference_steps else None
     ctx.bare = BareCopy(module, ctx.prompt, workload.max_new_tokens, ctx.generate)
@@ -229,8 +249,8 @@ def compile_steps(ctx: RankContext) -> None:
 
 
 def time_generations(ctx: RankContext) -> None:
-    """Warm-up, then the timed repeats; after each, the bare model's generation and the host's
-    own speed (hostspeed.py), outside the timing."""
+    """Warm-up, then the timed repeats; after each, the bare model's generation (where the
+    relative speed is measured) and the host's own speed (hostspeed.py), outside the timing."""
     spec, workload, bare = ctx.spec, ctx.workload, ctx.bare
     if ctx.platform.allocator_memory:
         memory.reset_peak(ctx.device)
@@ -239,7 +259,8 @@ def time_generations(ctx: RankContext) -> None:
 
     def beside() -> tuple[Sample | None, tuple[float, float]]:
         began = time.perf_counter()
-        sample, loop = bare.generation(), interpreter_loop_times()
+        sample = bare.generation() if ctx.bare_beside else None
+        loop = interpreter_loop_times()
         bare_s.append(time.perf_counter() - began)
         return sample, loop
 
@@ -274,16 +295,26 @@ def time_generations(ctx: RankContext) -> None:
     ctx.note_host([loop for _, loop in besides], host, new_tokens)
 
 
+def reference_after(ctx: RankContext) -> None:
+    """A replicated model's reference where no bare generation ran beside the repeats: its own
+    module, warm, timed alone after them (ranks/reference.py)."""
+    workload = ctx.workload
+    count = generations_after(
+        ctx.record.sharded, ctx.bare_beside, workload.max_new_tokens, ctx.spec.reference_steps
+    )
+    timed = (ctx.bare.generation() for _ in range(count))
+    ctx.after_samples = [sample for sample in timed if sample is not None]
+
+
 def pick_reference(ctx: RankContext) -> None:
     """The reference the run reports (ranks/reference.py)."""
     ctx.reference = choose_reference(
         ctx.record.sharded,
         ctx.workload.max_new_tokens,
-        ctx.spec.reference_steps,
         ctx.compiled_loop,
         ctx.bare_samples,
+        ctx.after_samples,
         ctx.before_wrap,
-        ctx.platform.ranks_time_themselves(ctx.spec.devices),
     )
 
 
