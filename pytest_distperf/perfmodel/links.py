@@ -75,7 +75,8 @@ class Links:
             if world_size != cal.world_size:
                 # Measured at another size of group: the same link carries a different share.
                 transfer *= bus_factor(op, world_size) / bus_factor(op, cal.world_size)
-            return transfer, min(self.latency_s, total)
+            # Between host-run layers a call also pays the ranks' drift (in_step_latency_s).
+            return transfer, max(min(self.latency_s, total), cal.in_step_latency_s)
         if self.busbw <= 0:
             return math.inf, self.latency_s
         return nbytes * bus_factor(op, world_size) / self.busbw, self.latency_s
@@ -327,10 +328,16 @@ def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
     """Link figures measured in the ranks; `link_class` is the topology's slowest link."""
     gathers = calibration.all_gather
     busbw = gathers[-1].busbw if gathers else 0.0
-    notes = (
+    notes: tuple[str, ...] = (
         f"collectives measured in the ranks ({calibration.backend}, {calibration.world_size} "
         f"ranks) at {len(gathers)} all-gather sizes; memory bandwidth measured by a device copy",
     )
+    if calibration.in_step_latency_s > calibration.latency_s:
+        notes += (
+            f"collective latency {calibration.in_step_latency_s * 1e6:.3g} us a call: a small "
+            "all-reduce between bursts of host compute, the ranks' drift included (fenced by a "
+            f"barrier: {calibration.latency_s * 1e6:.3g} us)",
+        )
     return Links(
         link_class,
         calibration.world_size,

@@ -18,7 +18,6 @@ from pytest_distperf.perfmodel.calibration import (
     NO_MESSAGES,
     Calibration,
     MessageSizes,
-    calibration_cap,
 )
 from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
@@ -442,11 +441,11 @@ def _own_sizes(ctx: RankContext, model: bool) -> MessageSizes:
 
 
 def calibrated(ctx: RankContext, own: MessageSizes, dtype: torch.dtype) -> Calibration:
-    """Collectives at the session's sizes and `own`, capped where ranks time themselves."""
+    """Collectives at the session's sizes and `own`, up to the platform's largest."""
     from pytest_distperf.ranks.calibrate import calibrate
 
     session = ctx.spec.calibration_sizes or NO_MESSAGES
     union = (tuple(sorted({*a, *b})) for a, b in zip(astuple(session), astuple(own), strict=True))
     sizes = MessageSizes(*union)
-    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(ctx.spec.devices)))
+    sizes = sizes.up_to(ctx.platform.calibration_max_bytes)
     return calibrate(sizes.all_gather, sizes.all_reduce, ctx.device, dtype, sizes_p2p=sizes.p2p)

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from pytest_distperf.measured import RankResult, Sample
-from pytest_distperf.perfmodel.calibration import NO_MESSAGES
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
@@ -132,8 +131,6 @@ def calibrate(ctx: RankContext) -> None:
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
         if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
-        if ctx.platform.ranks_time_themselves(ctx.spec.devices):
-            sizes = NO_MESSAGES  # the model judges nothing there: the session's sizes only
         ctx.calibration = phases.calibrated(ctx, sizes, compute_dtype(ctx))
     rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
     ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
