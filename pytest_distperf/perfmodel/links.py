@@ -40,6 +40,18 @@ class Links:
     node: Links | None = None
     # The network's calls cost nothing: predict compares with it to name the network's share.
     network_free: bool = False
+    # What a collective between host-run layers costs at least, the ranks' drift included
+    # (Calibration.in_step_latency_s, or the run's own: `in_step`); 0: not measured.
+    in_step_latency_s: float = 0.0
+
+    def in_step(self, seconds: float) -> Links:
+        """These links with each collective call costing at least `seconds`, as timed between
+        the layers of the run's own model, and a note saying so."""
+        note = (
+            f"collective latency {seconds * 1e6:.3g} us a call: an all-reduce where the strategy "
+            "sums, timed in the ranks between the whole model's layers (the ranks' drift in it)"
+        )
+        return replace(self, in_step_latency_s=seconds, assumptions=(*self.assumptions, note))
 
     @property
     def fresh_copy_bandwidth(self) -> float | None:
@@ -76,10 +88,11 @@ class Links:
                 # Measured at another size of group: the same link carries a different share.
                 transfer *= bus_factor(op, world_size) / bus_factor(op, cal.world_size)
             # Between host-run layers a call also pays the ranks' drift (in_step_latency_s).
-            return transfer, max(min(self.latency_s, total), cal.in_step_latency_s)
+            return transfer, max(min(self.latency_s, total), self.in_step_latency_s)
+        latency = max(self.latency_s, self.in_step_latency_s)
         if self.busbw <= 0:
-            return math.inf, self.latency_s
-        return nbytes * bus_factor(op, world_size) / self.busbw, self.latency_s
+            return math.inf, latency
+        return nbytes * bus_factor(op, world_size) / self.busbw, latency
 
     @property
     def p2p_measured(self) -> bool:
@@ -349,6 +362,7 @@ def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
         notes,
         calibration.fresh_copy_bandwidth or None,
         calibration.overlap,
+        in_step_latency_s=calibration.in_step_latency_s,
     )
 
 

@@ -50,6 +50,7 @@ class RankContext:
     build_context: BuildContext | None = None  # launch
     fabric: Any = None  # launch
     before_wrap: tuple[float, float | None] | None = None  # reference: (step s, prefill s)
+    in_step_s: float | None = None  # reference: one collective between host-run layers
     wrapped: Any = None  # wrap
     fences: Fences | None = None  # wrap
     bare_beside: bool = False  # reference: the bare model runs beside every repeat

@@ -21,6 +21,7 @@ from pytest_distperf.perfmodel.calibration import (
 )
 from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.bare import BareCopy
+from pytest_distperf.ranks.collectives import in_step_seconds
 from pytest_distperf.ranks.context import DTYPES, RankContext
 from pytest_distperf.ranks.counting import dynamo_mark
 from pytest_distperf.ranks.fabric import fabric_module
@@ -172,6 +173,12 @@ def reference(ctx: RankContext) -> None:
     ctx.before_wrap = reference_token_time(
         model.module, ctx.prompt, steps, sync, ctx.generate, environment.all_ranks_done(ctx.device)
     )
+    points = ctx.half.collective_points
+    if points is not None and not ctx.platform.queues_kernels:  # the host runs the layers
+        alone_s = ctx.before_wrap[0]
+        ctx.in_step_s = in_step_seconds(
+            model.module, points, ctx.prompt, steps, sync, alone_s, ctx.generate
+        )
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
 
 
@@ -390,6 +397,7 @@ def result(ctx: RankContext) -> None:
         reference_prefill_s=chosen.prefill_s,
         eager_reference=chosen.eager,
         device_time_per_token_s=ctx.counted.device_time_per_token_s if ctx.counted else None,
+        in_step_collective_s=ctx.in_step_s,
     )
 
 
