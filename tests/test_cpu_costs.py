@@ -71,7 +71,7 @@ def test_training_auto_on_cpu_ranks_is_priced_near_its_measured_rate() -> None:
     assert 776 / 1.25 <= prediction.tokens_per_sec <= 776 / 0.8
 
 
-def _tp(in_step: float) -> tuple[float, dict[str, float]]:
+def _tp(in_step: float, own: float | None = None) -> tuple[float, dict[str, float]]:
     shape = shape_of("pythia-14m")
     assert shape is not None
     links = links_from_calibration(_calibration(in_step), "LOOPBACK")
@@ -86,6 +86,7 @@ def _tp(in_step: float) -> tuple[float, dict[str, float]]:
         dtype_bytes=4,
         compute_time_s=3.9 * MS,
         prefill_time_s=3.9 * MS,
+        collective_in_step_s=own,
     )
     return prediction.time_per_token_s, prediction.terms
 
@@ -111,3 +112,11 @@ def test_the_in_step_latency_is_kept_with_the_calibration_and_said() -> None:
     assert _calibration().merged(cal).in_step_latency_s == 0.9 * MS
     notes = links_from_calibration(cal, "LOOPBACK").assumptions
     assert any("900 us a call" in note and "266 us" in note for note in notes)
+
+
+def test_the_runs_own_in_step_all_reduce_prices_each_call_at_least_that() -> None:
+    # tp's all-reduces timed between the whole model's layers in the ranks (ranks/collectives.py)
+    assert _tp(in_step=0.0, own=1.2 * MS)[1]["latency"] == pytest.approx(12 * 1.2 * MS)
+    # the larger of the calibration's probe and the run's own figure
+    assert _tp(in_step=0.9 * MS, own=0.5 * MS)[1]["latency"] == pytest.approx(12 * 0.9 * MS)
+    assert _tp(in_step=0.0, own=0.0) == _tp(in_step=0.0)  # not measured: as calibrated

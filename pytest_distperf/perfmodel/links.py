@@ -45,13 +45,14 @@ class Links:
     in_step_latency_s: float = 0.0
 
     def in_step(self, seconds: float) -> Links:
-        """These links with each collective call costing at least `seconds`, as timed between
-        the layers of the run's own model, and a note saying so."""
+        """These links with each collective call costing at least `seconds` too, as timed
+        between the layers of the run's own model, and a note saying so."""
         note = (
-            f"collective latency {seconds * 1e6:.3g} us a call: an all-reduce where the strategy "
-            "sums, timed in the ranks between the whole model's layers (the ranks' drift in it)"
+            f"collective latency at least {seconds * 1e6:.3g} us a call: an all-reduce where the "
+            "strategy sums, timed in the ranks between the whole model's layers"
         )
-        return replace(self, in_step_latency_s=seconds, assumptions=(*self.assumptions, note))
+        latency = max(self.in_step_latency_s, seconds)
+        return replace(self, in_step_latency_s=latency, assumptions=(*self.assumptions, note))
 
     @property
     def fresh_copy_bandwidth(self) -> float | None:

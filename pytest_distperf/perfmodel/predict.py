@@ -275,7 +275,7 @@ def predict(
     check_step(devices, counts | {"dtype_bytes": dtype_bytes}, {"compute_time_s": compute_time_s})
     if prompt_length < 0:
         raise ValueError(f"prompt_length must be >= 0, got {prompt_length}")
-    if collective_in_step_s is not None:
+    if collective_in_step_s:
         links = links.in_step(collective_in_step_s)
     x = StepInput(config, devices, device_type, batch_size, prompt_length + max_new_tokens,
                   dtype_bytes, dtype_bytes, links, overheads)  # fmt: skip

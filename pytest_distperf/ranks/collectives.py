@@ -17,8 +17,9 @@ import torch.distributed as dist
 from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.ranks.timing import Fences, GenerateFn, timed_generation
 
-# Generations timed with the all-reduces in; the model is warm from its reference by then.
-GENERATIONS = 2
+# Pairs of generations, one without the all-reduces and one with them, back to back: a host
+# whose speed drifts moves both of a pair alike. The model is warm from its reference by then.
+PAIRS = 2
 
 
 @torch.no_grad()
@@ -28,13 +29,12 @@ def in_step_seconds(
     prompt: torch.Tensor,
     steps: int,
     sync: Callable[[], None],
-    alone_step_s: float,
     generate: GenerateFn | None = None,
 ) -> float | None:
     """Seconds one all-reduce of a point's output adds to a decode step of the whole model:
-    the median step with one after every point (`points_of(module)`), less `alone_step_s`,
-    over the points; None without a peer, or where the model has no such points (a builder's
-    own layout). Every rank must call it (the all-reduces pair up)."""
+    the median over pairs of (a step with one after every point (`points_of(module)`) less a
+    step without), over the points; None without a peer, or where the model has no such points
+    (a builder's own layout). Every rank must call it (the all-reduces pair up)."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     try:
@@ -43,19 +43,22 @@ def in_step_seconds(
         return None
     if not points:
         return None
-    handles = [point.register_forward_hook(_summed_copy) for point in points]
     local = Fences(sync=sync, barrier=lambda: None)
-    try:
-        times = [
-            step_seconds(
-                timed_generation(module, prompt, steps, local, generate=generate)[0], steps
-            )
-            for _ in range(GENERATIONS)
-        ]
-    finally:
-        for handle in handles:
-            handle.remove()
-    return max(statistics.median(times) - alone_step_s, 0.0) / len(points)
+
+    def step_s() -> float:
+        sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
+        return step_seconds(sample, steps)
+
+    excess = []
+    for _ in range(PAIRS):
+        alone = step_s()
+        handles = [point.register_forward_hook(_summed_copy) for point in points]
+        try:
+            excess.append(step_s() - alone)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return max(statistics.median(excess), 0.0) / len(points)
 
 
 def _summed_copy(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:

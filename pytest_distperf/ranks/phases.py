@@ -175,10 +175,8 @@ def reference(ctx: RankContext) -> None:
     )
     points = ctx.half.collective_points
     if points is not None and not ctx.platform.queues_kernels:  # the host runs the layers
-        alone_s = ctx.before_wrap[0]
-        ctx.in_step_s = in_step_seconds(
-            model.module, points, ctx.prompt, steps, sync, alone_s, ctx.generate
-        )
+        args = (model.module, points, ctx.prompt, steps, sync, ctx.generate)
+        ctx.in_step_s = in_step_seconds(*args)
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
 
 
