@@ -47,6 +47,15 @@ def test_where_the_reference_is_timed(
     assert times_before_wrapping(sharded, beside, max_new_tokens, reference_steps) is before
 
 
+def test_a_sharded_copy_taken_before_wrapping_is_the_reference_beside_the_samples() -> None:
+    # CPU ranks: the whole copy cannot run out of memory there, so it runs beside every repeat
+    # and nothing is timed before wrapping.
+    assert not times_before_wrapping(True, True, 50, STEPS, copied=True)
+    chosen = choose_reference(True, 50, False, [_bare(4.9, 0.3), _bare(9.8, 0.1)], [], None)
+    assert chosen.token_s == pytest.approx(0.15) and chosen.source == BESIDE
+    assert chosen.prefill_s == pytest.approx(0.2) and not chosen.eager
+
+
 def test_replicated_takes_the_median_of_the_bare_runs_beside_the_samples() -> None:
     bare = [_bare(4.9, 0.3), _bare(9.8, 0.1), _bare(2.45, 0.2)]  # 50 tokens: 49 decode steps
     chosen = choose_reference(False, 50, False, bare, [], None)

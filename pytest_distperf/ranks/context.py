@@ -54,6 +54,7 @@ class RankContext:
     wrapped: Any = None  # wrap
     fences: Fences | None = None  # wrap
     bare_beside: bool = False  # reference: the bare model runs beside every repeat
+    copies_whole: bool = False  # reference: a sharded model's copy taken before wrapping
     bare: BareCopy | None = None  # bare_copy (copy_whole: copied before wrapping)
     wrapped_steps: CompiledStep | None = None  # compile
     compile_s: float | None = None  # compile

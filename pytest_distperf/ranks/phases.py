@@ -20,7 +20,6 @@ from pytest_distperf.perfmodel.calibration import (
     MessageSizes,
 )
 from pytest_distperf.ranks import allocator, counting, environment, memory
-from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.collectives import in_step_seconds
 from pytest_distperf.ranks.context import DTYPES, RankContext
 from pytest_distperf.ranks.counting import dynamo_mark
@@ -30,7 +29,6 @@ from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
 from pytest_distperf.ranks.reference import (
     choose_reference,
-    generations_after,
     times_before_wrapping,
 )
 from pytest_distperf.ranks.retime import retimed
@@ -158,33 +156,32 @@ def prompt(ctx: RankContext) -> None:
 
 def reference(ctx: RankContext) -> None:
     """The unwrapped model timed until steady, where the reference is timed before wrapping
-    (ranks/reference.py); then its caches go."""
-    spec, workload, model = ctx.spec, ctx.workload, ctx.model
-    steps = spec.reference_steps
+    (ranks/reference.py), and the cost of a collective between its layers where the host runs
+    them (ranks/collectives.py); then its caches go."""
+    spec, workload, model, platform = ctx.spec, ctx.workload, ctx.model, ctx.platform
+    steps, sharded = spec.reference_steps, ctx.record.sharded
     ctx.bare_beside = bool(steps) and ctx.record.measures_relative_speed(spec.relative_speed)
-    sharded, beside = ctx.record.sharded, ctx.bare_beside
-    if not times_before_wrapping(sharded, beside, workload.max_new_tokens, steps):
-        model.clear_caches()  # a builder's model may come with caches or rope buffers made
+    # Where memory is an RSS heap the whole copy is taken before wrapping: it runs beside.
+    ctx.copies_whole = ctx.bare_beside and sharded and not platform.allocator_memory
+    before = times_before_wrapping(
+        sharded, ctx.bare_beside, workload.max_new_tokens, steps, ctx.copies_whole
+    )
+    points = ctx.half.collective_points if not platform.queues_kernels and steps else None
+    model.clear_caches()  # a builder's model may come with caches or rope buffers made
+    if not before and points is None:
         return
     # The run's cache length at least: attention reads the whole static cache every step.
     length = workload.prompt_length + max(workload.max_new_tokens, steps)
     model.setup_caches(workload.batch_size, length, device=ctx.device, dtype=ctx.dtype)
-    sync = device_sync(ctx.device)
-    ctx.before_wrap = reference_token_time(
-        model.module, ctx.prompt, steps, sync, ctx.generate, environment.all_ranks_done(ctx.device)
-    )
-    points = ctx.half.collective_points
-    if points is not None and not ctx.platform.queues_kernels:  # the host runs the layers
+    sync, all_done = device_sync(ctx.device), environment.all_ranks_done(ctx.device)
+    if before:
+        ctx.before_wrap = reference_token_time(
+            model.module, ctx.prompt, steps, sync, ctx.generate, all_done
+        )
+    if points is not None:
         args = (model.module, points, ctx.prompt, steps, sync, ctx.generate)
         ctx.in_step_s = in_step_seconds(*args)
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
-
-
-def copy_whole(ctx: RankContext) -> None:
-    """A sharded model's bare copy, copied whole before wrapping shards it where its memory
-    cannot run out mid-run (an RSS heap): cheaper than building it again from the seed."""
-    if ctx.bare_beside and ctx.record.sharded and not ctx.platform.allocator_memory:
-        ctx.bare = BareCopy.copied(ctx.model, ctx.workload, ctx.prompt, ctx.dtype, ctx.generate)
 
 
 def wrap(ctx: RankContext) -> None:
@@ -207,24 +204,6 @@ def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
     ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
     own_wrap = ctx.half.wrap
     return own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
-
-
-def bare_copy(ctx: RankContext) -> None:
-    """The bare model (ranks/bare.py): beside every wrapped generation where the relative
-    speed is measured; a replicated model's own module, timed after the repeats, elsewhere."""
-    workload = ctx.workload
-    if ctx.bare is not None:  # copied before wrapping
-        return
-    if ctx.record.sharded:
-        beside = ctx.bare_beside
-        ctx.bare = (
-            BareCopy.whole(workload, ctx.prompt, ctx.dtype, ctx.generate)
-            if beside
-            else BareCopy(None, ctx.prompt, workload.max_new_tokens)
-        )
-        return
-    module = ctx.model.module if ctx.spec.reference_steps else None
-    ctx.bare = BareCopy(module, ctx.prompt, workload.max_new_tokens, ctx.generate)
 
 
 def compile_steps(ctx: RankContext) -> None:
@@ -297,17 +276,6 @@ def time_generations(ctx: RankContext) -> None:
     ctx.bare_samples = bare_samples
     new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
     ctx.note_host([loop for _, loop in besides], host, new_tokens)
-
-
-def reference_after(ctx: RankContext) -> None:
-    """A replicated model's reference where no bare generation ran beside the repeats: its own
-    module, warm, timed alone after them (ranks/reference.py)."""
-    workload = ctx.workload
-    count = generations_after(
-        ctx.record.sharded, ctx.bare_beside, workload.max_new_tokens, ctx.spec.reference_steps
-    )
-    timed = (ctx.bare.generation() for _ in range(count))
-    ctx.after_samples = [sample for sample in timed if sample is not None]
 
 
 def pick_reference(ctx: RankContext) -> None:

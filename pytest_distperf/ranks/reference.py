@@ -9,7 +9,8 @@ the wrapped and the bare run alike, so their ratio stays put where tokens/sec do
 replicated model is the bare one behind a forward wrapper: its reference is those generations,
 or without them its own module timed after the repeats (warm, the same caches), a few
 generations of at least `reference_steps` decode steps in all. A sharded model exists whole only
-before wrapping: timed there until steady. Compiled, the reference is the compiled bare model
+before wrapping: timed there until steady, unless its whole copy, taken there where memory is an
+RSS heap (CPU ranks), runs beside the samples. Compiled, the reference is the compiled bare model
 beside the samples, never the eager one timed before wrapping, unless no copy ran beside them.
 """
 
@@ -50,11 +51,13 @@ def generations_after(
 
 
 def times_before_wrapping(
-    sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int
+    sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int, copied: bool = False
 ) -> bool:
     """Whether the unwrapped model is timed until steady before wrapping: a sharded model's
-    reference, or a replicated one's whose generation is too short to time after the repeats."""
-    if not reference_steps:
+    reference, unless its whole copy was `copied` before wrapping (it runs beside the repeats
+    then, where it cannot run out of memory), or a replicated one's whose generation is too
+    short to time after the repeats."""
+    if not reference_steps or copied:
         return False
     return sharded or (not beside and not generations_after(False, False, max_new_tokens, 1))
 
@@ -76,7 +79,7 @@ def choose_reference(
     """
     token_s, prefill_s = before_wrap if before_wrap is not None else (None, None)
     source = BEFORE_WRAPPING if before_wrap is not None else ""
-    if bare_samples and (not sharded or compiled_loop):
+    if bare_samples and (not sharded or compiled_loop or before_wrap is None):
         token_s, source = _median_step(bare_samples, max_new_tokens), BESIDE
     elif after_samples and not sharded:
         token_s, source = _median_step(after_samples, max_new_tokens), AFTER
