@@ -33,7 +33,8 @@ def _bare(decode_s: float, ttft_s: float | None = 0.1, total_s: float = 9.0) -> 
     [
         (False, True, 50, STEPS, 0, False),  # relative speed asked: the bare model beside
         (False, False, 50, STEPS, 1, False),  # replicated: one generation after the repeats
-        (False, False, 4, STEPS, 3, False),  # short: enough of them for 8 decode steps
+        (False, False, 8, STEPS, 1, False),
+        (False, False, 3, STEPS, 3, False),  # short: enough of them for 8 tokens
         (False, False, 1, STEPS, 0, True),  # no decode step to time after: before wrapping
         (True, True, 50, STEPS, 0, True),  # sharded: the whole model, timed before wrapping
         (False, False, 50, 0, 0, False),  # no reference asked for: nothing timed

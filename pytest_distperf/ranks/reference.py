@@ -43,11 +43,12 @@ def generations_after(
     sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int
 ) -> int:
     """How many bare generations are timed after the repeats: a replicated model's reference
-    where none ran beside them, at least `reference_steps` decode steps in all (0: none; a
-    generation of one token has no decode step to time)."""
+    where none ran beside them, at least `reference_steps` tokens in all, as many as the
+    reference timed before wrapping generated (0: none; a generation of one token has no
+    decode step to time)."""
     if sharded or beside or not reference_steps or max_new_tokens < 2:
         return 0
-    return math.ceil(reference_steps / (max_new_tokens - 1))
+    return math.ceil(reference_steps / max_new_tokens)
 
 
 def times_before_wrapping(

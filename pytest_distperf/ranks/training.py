@@ -36,6 +36,11 @@ WHOLE_STEP = "the whole model's step timed until steady before wrapping"
 SETTLED_STEPS = 2
 MAX_SETTLING = 20
 GROWN_PAGES = 1024
+# The whole model's step alone, after the first (the loss): timed until it stops improving,
+# at most REFERENCE_STEPS; a step is long enough to time once, and the reference stays a small
+# share of the timed steps.
+REFERENCE_PATIENCE = 1
+REFERENCE_STEPS = 3
 # Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
 # and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
 MIN_HEAP_PAD = 64 << 20
@@ -170,9 +175,12 @@ def reference(ctx: RankContext) -> None:
         return time.perf_counter() - start
 
     try:
-        train.reference_loss = float(step())
+        train.reference_loss = float(step())  # and the warm-up: AdamW's state, the allocator
         train.reference_step_s = steady_median(
-            once, all_done=environment.all_ranks_done(ctx.device)
+            once,
+            REFERENCE_PATIENCE,
+            REFERENCE_STEPS,
+            all_done=environment.all_ranks_done(ctx.device),
         )[0]
     except torch.OutOfMemoryError:
         train.reference_loss = train.reference_step_s = None  # the model's FLOPs stand in
