@@ -18,7 +18,8 @@ MEASURING = ("reference", "bare", "measure", "count")
 
 
 def rows(path: str) -> None:
-    results = json.load(open(path))["results"]
+    with open(path) as file:
+        results = json.load(file)["results"]
     print(f"== {path}")
     header = ("test", "tok/s", "model", "ratio", "timed", *MEASURING, "share", "first token")
     print(" | ".join(header))
