@@ -1,8 +1,9 @@
 """The bare model a rank runs beside every wrapped generation: no wrapper, no collectives.
 
 A replicated model is the same object after wrapping; a sharded one is copied whole before
-wrapping where memory is an RSS heap (CPU ranks), else rebuilt whole from the seed after it (its
-own KV cache too), kept only where it fits, dropped when it runs out of memory. Its
+wrapping where memory is an RSS heap (CPU ranks; a preset's or LitGPT's model), else rebuilt
+whole from the seed after it (its own KV cache too), kept only where it fits, dropped when it
+runs out of memory. Its
 memory stays out of the reported peak: its bytes come off each wrapped generation's allocator
 peak, or the RSS peak is the one read before it was built.
 """

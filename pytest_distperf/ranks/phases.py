@@ -161,8 +161,10 @@ def reference(ctx: RankContext) -> None:
     spec, workload, model, platform = ctx.spec, ctx.workload, ctx.model, ctx.platform
     steps, sharded = spec.reference_steps, ctx.record.sharded
     ctx.bare_beside = bool(steps) and ctx.record.measures_relative_speed(spec.relative_speed)
-    # Where memory is an RSS heap the whole copy is taken before wrapping: it runs beside.
-    ctx.copies_whole = ctx.bare_beside and sharded and not platform.allocator_memory
+    # Where memory is an RSS heap a preset's or LitGPT's whole copy is taken before wrapping (a
+    # builder's is built again: its construction is the contract); it runs beside the repeats.
+    copyable = not platform.allocator_memory and not workload.is_custom_builder
+    ctx.copies_whole = ctx.bare_beside and sharded and copyable
     before = times_before_wrapping(
         sharded, ctx.bare_beside, workload.max_new_tokens, steps, ctx.copies_whole
     )
