@@ -18,7 +18,8 @@ from pytest_distperf.ranks.reference import step_seconds
 from pytest_distperf.ranks.timing import Fences, GenerateFn, timed_generation
 
 # Pairs of generations, one without the all-reduces and one with them, back to back: a host
-# whose speed drifts moves both of a pair alike. The model is warm from its reference by then.
+# whose speed drifts moves both of a pair alike; after one untimed with them (the allocator,
+# the caches and the group's connections warm).
 PAIRS = 2
 
 
@@ -49,15 +50,19 @@ def in_step_seconds(
         sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
         return step_seconds(sample, steps)
 
-    excess = []
-    for _ in range(PAIRS):
-        alone = step_s()
+    def summed_step_s() -> float:
         handles = [point.register_forward_hook(_summed_copy) for point in points]
         try:
-            excess.append(step_s() - alone)
+            return step_s()
         finally:
             for handle in handles:
                 handle.remove()
+
+    summed_step_s()
+    excess = []
+    for _ in range(PAIRS):
+        alone = step_s()
+        excess.append(summed_step_s() - alone)
     return max(statistics.median(excess), 0.0) / len(points)
 
 
