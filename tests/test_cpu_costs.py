@@ -120,3 +120,40 @@ def test_the_runs_own_in_step_all_reduce_prices_each_call_at_least_that() -> Non
     # the larger of the calibration's probe and the run's own figure
     assert _tp(in_step=0.9 * MS, own=0.5 * MS)[1]["latency"] == pytest.approx(12 * 0.9 * MS)
     assert _tp(in_step=0.0, own=0.0) == _tp(in_step=0.0)  # not measured: as calibrated
+
+
+def test_the_in_step_all_reduce_is_the_excess_of_steps_with_it_over_steps_without(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ranks/collectives.py with the group faked: a step with an all-reduce after each of the two
+    # points takes 0.7 s of decode over 7 steps, one without 0.5 s.
+    import torch
+
+    from pytest_distperf.measured import Sample
+    from pytest_distperf.ranks import collectives
+
+    points = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    summed: list[int] = []
+    monkeypatch.setattr(collectives.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(collectives.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(collectives.dist, "all_reduce", lambda tensor: summed.append(1))
+
+    def generation(module, prompt, steps, fences, generate=None):  # type: ignore[no-untyped-def]
+        for point in points:  # a forward through both points: their hooks sum, if any
+            for hook in point._forward_hooks.values():
+                hook(point, (), torch.zeros(2))
+        hooked = bool(points[0]._forward_hooks)
+        return Sample(total_s=1.0, ttft_s=0.1, decode_s=0.7 if hooked else 0.5), None
+
+    monkeypatch.setattr(collectives, "timed_generation", generation)
+    seconds = collectives.in_step_seconds(None, lambda module: points, None, 8, lambda: None)
+    assert seconds == pytest.approx((0.7 - 0.5) / 7 / 2)
+    assert len(summed) == 2 * (1 + collectives.PAIRS)  # the untimed one, then each pair's
+    assert not any(point._forward_hooks for point in points)  # the model is left as it was
+
+    def no_points(module: object) -> list[torch.nn.Module]:
+        raise TypeError("a builder's own layout")
+
+    assert collectives.in_step_seconds(None, no_points, None, 8, lambda: None) is None
+    monkeypatch.setattr(collectives.dist, "get_world_size", lambda: 1)
+    assert collectives.in_step_seconds(None, lambda module: points, None, 8, lambda: None) is None
