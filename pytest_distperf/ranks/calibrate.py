@@ -28,10 +28,10 @@ from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.probes import (
     Group,
     Timer,
+    all_reduce_between_bursts,
     barrier_after_sync,
     copy_bandwidth,
     copy_times,
-    in_step_seconds,
     node_group,
     overlap_fraction,
     overlap_probe,
@@ -87,10 +87,10 @@ def calibrate(
     copies = copy_times(copy_bytes, device, timer, warmup, iters)
     overlap_times = overlap_probe(measured["all_gather"], device, dtype, timer, warmup, iters)
     # Where the host runs the compute, a collective between its layers also pays the ranks'
-    # drift (probes.in_step_seconds); where kernels queue, the device's own stream hides it.
+    # drift (probes.all_reduce_between_bursts); where kernels queue, their stream hides it.
     host_computes = not platform_of(device.type).queues_kernels
     small = min(sizes_all_reduce, default=LATENCY_PROBE_BYTES)
-    in_step = in_step_seconds(small, device, dtype, timer) if host_computes else 0.0
+    in_step = all_reduce_between_bursts(small, device, dtype, timer) if host_computes else 0.0
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     times = [t for _, t in (*measured.values(), *within.values())]
     *collective_times, (copy_time, fresh_copy_time), overlap, (in_step,) = slowest_of_all(

@@ -344,7 +344,9 @@ IN_STEP_CALLS = 30
 IN_STEP_ROUNDS = 3
 
 
-def in_step_seconds(nbytes: int, device: torch.device, dtype: torch.dtype, timer: Timer) -> float:
+def all_reduce_between_bursts(
+    nbytes: int, device: torch.device, dtype: torch.dtype, timer: Timer
+) -> float:
     """Mean seconds one small all-reduce adds to a stretch of host compute when issued between
     bursts of it, as a decode whose layers wait on the ranks' collectives issues it (tp's
     all-reduces): the ranks drift apart between calls, the first to arrive waits and is woken,
