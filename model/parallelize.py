@@ -140,6 +140,13 @@ def tensor_parallel(model: nn.Module, device_mesh: Any, training: bool = False) 
     return model
 
 
+def row_parallel_points(model: nn.Module) -> list[nn.Module]:
+    """The modules after whose output `tensor_parallel` sums over the ranks, in forward order:
+    each block's attention and MLP output projections (on the whole model, before any split)."""
+    root, _ = _tp_root(model)
+    return [linear for block in root.transformer.h for linear in (block.attn.proj, block.mlp.proj)]
+
+
 def _split_linear(linear: nn.Linear, style: str, rank: int, n: int, group: Any) -> None:
     """Keep this rank's contiguous slice of `linear` (its output rows, or its input columns)."""
     setattr(linear, SPLIT_ATTR, LinearSplit(style, n))

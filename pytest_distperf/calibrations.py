@@ -1,8 +1,8 @@
 """Which collectives a run calibrates, and the machine's calibration kept between sessions.
 
 The first run of each rank count calibrates the session's message sizes (plugin.py collects
-them); on several GPUs a builder's model and a training step are calibrated at their own sizes
-by their first run's ranks (where ranks time themselves the modelled rate judges nothing). A
+them); a builder's model and a training step are calibrated at their own sizes by their first
+run's ranks (up to the platform's largest message, Platform.calibration_max_bytes). A
 single host's calibration is kept in pytest's cache, keyed by its topology, rank count and
 software versions: a later session that needs no size beyond it measures nothing
 (`--distperf-recalibrate` measures again). A job over several nodes always measures.
@@ -34,8 +34,6 @@ def prepare(plugin: Any, spec: RunSpec, cache: Any) -> RunSpec:
         else:
             spec = dataclasses.replace(spec, calibration_sizes=sizes)
     own_sizes = spec.workload.is_custom_builder or spec.workload.training
-    # Where ranks time themselves the model judges nothing: the session's sizes inform its rate.
-    own_sizes = own_sizes and not spec.platform.ranks_time_themselves(spec.devices)
     if own_sizes and builder_key(spec) not in plugin.builders_calibrated:
         spec = dataclasses.replace(spec, calibrate_model=True)
     return spec
@@ -57,7 +55,14 @@ def record(plugin: Any, result: Any, cache: Any) -> Any:
 
 
 def covers(calibration: Any, sizes: Any) -> bool:
-    """Whether `calibration` measured every size of `sizes` (perfmodel.MessageSizes)."""
+    """Whether `calibration` measured every size of `sizes` (perfmodel.MessageSizes), and
+    the in-step latency where the host runs the compute (a calibration kept from before it)."""
+    from pytest_distperf.platform import PLATFORMS
+
+    platform = PLATFORMS.get(calibration.device_type)
+    host_computes = platform is not None and not platform.queues_kernels
+    if host_computes and calibration.world_size > 1 and not calibration.in_step_latency_s:
+        return False
     wanted = {"all_gather": sizes.all_gather, "all_reduce": sizes.all_reduce, "p2p": sizes.p2p}
     return all(
         set(needed) <= {f.bytes for f in calibration.figures(op)} for op, needed in wanted.items()

@@ -29,10 +29,11 @@ def register(config: pytest.Config) -> None:
         f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
         "precision='fp32', seed=1234, slowdown=0.0, generate=None, shard_unit=None, "
         "tp_plan=None, comm_delay=0.0, compile=None, efficiency=None, tolerance=None, "
-        "gates=None, work_tolerance=None, mode='generate', seq_length=None): the workload a "
-        "distperf test generates (mode='train': optimizer steps on batch_size sequences of "
-        "seq_length tokens), and its per-test gate settings (gates=False: measured and "
-        "reported, never failed by a check)",
+        "gates=None, work_tolerance=None, relative_speed=None, mode='generate', "
+        "seq_length=None): the workload a distperf test generates (mode='train': optimizer "
+        "steps on batch_size sequences of seq_length tokens), and its per-test gate settings "
+        "(gates=False: measured and reported, never failed by a check; relative_speed=True: "
+        "the bare model timed beside a replicated strategy's repeats too)",
     ):
         config.addinivalue_line("markers", text)
 

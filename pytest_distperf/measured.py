@@ -84,6 +84,9 @@ class RankResult:
     run_queue_wait_per_token_s: float | None = None  # None where the kernel keeps none
     steal_per_token_s: float | None = None
     device_time_per_token_s: float | None = None  # CUDA; None on CPU
+    # CPU ranks, tp: one all-reduce between the whole model's layers, timed before wrapping
+    # (ranks/collectives.py); None where not measured.
+    in_step_collective_s: float | None = None
     # Training (None otherwise): the first step's loss, the loss before wrapping, the step alone.
     loss: float | None = None
     reference_loss: float | None = None
@@ -208,6 +211,11 @@ class RunResult:
         return bare_over_wrapped(
             [r.retimed_bare_samples for r in self.ranks], [r.retimed_samples for r in self.ranks]
         )
+
+    @property
+    def in_step_collective_s(self) -> float | None:
+        """The largest cost of one collective between host-run layers the ranks timed."""
+        return slowest_known(r.in_step_collective_s for r in self.ranks)
 
     @property
     def reference_prefill_s(self) -> float | None:

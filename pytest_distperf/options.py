@@ -116,6 +116,14 @@ OPTIONS: tuple[OptionSpec, ...] = (
         "pytest's cache (same topology, rank count and versions)",
         True,
     ),
+    OptionSpec(
+        "relative_speed",
+        "",
+        "time the bare model beside every repeat (relative speed) for replicated strategies "
+        "too (auto, ddp); sharded and model-parallel strategies always measure it (a test's "
+        "distperf(relative_speed=...) wins)",
+        True,
+    ),
     OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
     OptionSpec(
         "numa_binding",
@@ -151,6 +159,7 @@ class Settings:
     gates: bool = True  # False: runs are measured and reported, no check fails them
     count: bool = True  # the counted generation (RunSpec.count_work)
     work_tolerance: float = 0.01
+    relative_speed: bool = False  # the bare model beside replicated runs too (RunSpec)
 
     def gate_value(self, name: str, marker: Mapping[str, Any]) -> Any:
         """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
@@ -366,20 +375,23 @@ def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> i
     return seq_length
 
 
-GATE_ARGUMENTS = ("efficiency", "tolerance", "gates", "work_tolerance")
+GATE_ARGUMENTS = ("efficiency", "tolerance", "gates", "work_tolerance", "relative_speed")
+# Marker twins of the switches: True or False, nothing else.
+_BOOLEAN_ARGUMENTS = ("gates", "relative_speed")
 
 
 def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The marker's per-test overrides of --distperf-efficiency, --distperf-tolerance,
-    --distperf-gates (`gates`: True or False) and --distperf-work-tolerance."""
+    --distperf-gates and --distperf-relative-speed (True or False) and
+    --distperf-work-tolerance."""
     gate: dict[str, Any] = {}
     for name in GATE_ARGUMENTS:
         if name not in kwargs:
             continue
         source = f"{where}: distperf({name}={kwargs[name]!r})"
-        if name == "gates":
+        if name in _BOOLEAN_ARGUMENTS:
             if not isinstance(kwargs[name], bool):
-                raise SettingError(f"{source}: gates must be True or False")
+                raise SettingError(f"{source}: {name} must be True or False")
             gate[name] = kwargs[name]
         elif name == "work_tolerance":
             gate[name] = parse_work_tolerance(kwargs[name], source)

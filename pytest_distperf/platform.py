@@ -29,6 +29,10 @@ class Platform:
     copy_probe_bytes: int
     matmul_size: int  # the training calibration's square matmul
     matmul_repeats: int
+    # The largest message calibrated (None: every size used): over loopback a model's largest
+    # gathers take seconds each; beyond it a collective is priced at the best bus bandwidth
+    # measured (Calibration.time_at).
+    calibration_max_bytes: int | None
 
     def ranks_time_themselves(self, devices: int) -> bool:
         """Whether the threshold is the re-timing check rather than the modelled prediction: 2
@@ -40,12 +44,12 @@ class Platform:
 CPU = Platform(
     name="cpu", label="CPU", backend="gloo", fsdp="FSDP2", gpus=False, queues_kernels=False,
     allocator_memory=False, shares_cores=True, retime_budget_s=0.6, copy_probe_bytes=64 << 20,
-    matmul_size=1024, matmul_repeats=5,
+    matmul_size=1024, matmul_repeats=5, calibration_max_bytes=32 << 20,
 )  # fmt: skip
 CUDA = Platform(
     name="cuda", label="GPU", backend="nccl", fsdp="FSDP1", gpus=True, queues_kernels=True,
     allocator_memory=True, shares_cores=False, retime_budget_s=1.0, copy_probe_bytes=1 << 30,
-    matmul_size=8192, matmul_repeats=20,
+    matmul_size=8192, matmul_repeats=20, calibration_max_bytes=None,
 )  # fmt: skip
 PLATFORMS = {p.name: p for p in (CPU, CUDA)}
 

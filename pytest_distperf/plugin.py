@@ -253,14 +253,10 @@ class DistperfPlugin:
         if not self.settings.topology:  # a bad topology file is a usage error before any rank
             start_first_pool(self, session.config, first)
         from pytest_distperf.judge.gate import session_message_sizes
-        from pytest_distperf.perfmodel.calibration import calibration_cap
 
-        platform = self.resolve().platform
+        cap = self.resolve().platform.calibration_max_bytes
         self.calibration_sizes = {
-            count: session_message_sizes(
-                pairs, count, calibration_cap(platform.ranks_time_themselves(count))
-            )
-            for count, pairs in workloads.items()
+            count: session_message_sizes(pairs, count, cap) for count, pairs in workloads.items()
         }
         if not xdist.is_worker(session.config):  # a worker may run none of them: on first use
             self.gate()  # a bad --distperf-topology is a usage error before any rank starts

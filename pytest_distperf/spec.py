@@ -99,6 +99,9 @@ class RunSpec:
     calibrate_model: bool = False
     count_work: bool = True  # one more generation, its work counted (ranks/counting.py)
     retime: bool = True  # the re-timing (ranks/retime.py); False where only the tokens matter
+    # The bare model beside every repeat although the strategy does not change what runs
+    # (StrategyRecord.measures_relative_speed): --distperf-relative-speed or the marker's.
+    relative_speed: bool = False
 
     @property
     def platform(self) -> Platform:

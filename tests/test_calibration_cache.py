@@ -44,10 +44,10 @@ class Result:
     devices: int = 2
 
 
-def _calibration(gather: tuple[int, ...] = (1024, 4096)) -> Calibration:
+def _calibration(gather: tuple[int, ...] = (1024, 4096), in_step: float = 3e-4) -> Calibration:
     figures = tuple(CollectiveFigure.from_time("all_gather", b, 1e-3, 2) for b in gather)
     reduce = (CollectiveFigure.from_time("all_reduce", 64, 1e-4, 2),)
-    return Calibration(2, "gloo", "cpu", figures, reduce, 1e10, 1e-4)
+    return Calibration(2, "gloo", "cpu", figures, reduce, 1e10, 1e-4, in_step_latency_s=in_step)
 
 
 def _spec(accelerator: str = "cpu", **workload: Any) -> RunSpec:
@@ -98,8 +98,16 @@ def test_a_builder_is_calibrated_at_its_own_sizes_once_on_several_gpus() -> None
     assert not calibrations.prepare(plugin, again, cache).calibrate_model
 
 
-def test_where_ranks_time_themselves_a_builder_or_a_step_keeps_the_sessions_sizes() -> None:
-    # There the modelled rate judges nothing: no calibration of their own sizes.
+def test_on_cpu_ranks_a_builder_or_a_step_is_calibrated_at_its_own_sizes_too() -> None:
+    # The modelled rate is the threshold wherever ranks exchange collectives, loopback too.
     for workload in ({"model": "my_models:gpt"}, {"mode": "train"}):
         spec = calibrations.prepare(Plugin(), _spec(**workload), Cache())
-        assert not spec.calibrate_model and spec.calibration_sizes == SIZES
+        assert spec.calibrate_model and spec.calibration_sizes == SIZES
+
+
+def test_a_kept_cpu_calibration_without_the_in_step_latency_is_measured_again() -> None:
+    cache = Cache()
+    calibrations.record(Plugin(), Result(_spec(), _calibration(in_step=0.0)), cache)
+    assert calibrations.prepare(Plugin(), _spec(), cache).calibration_sizes == SIZES
+    calibrations.record(Plugin(), Result(_spec(), _calibration()), cache)
+    assert calibrations.prepare(Plugin(), _spec(), cache).calibration_sizes is None

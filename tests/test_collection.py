@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pytest_distperf.judge.gate import session_message_sizes
-from pytest_distperf.perfmodel.calibration import RETIMED_CALIBRATION_MAX_BYTES
+from pytest_distperf.platform import CPU
 from pytest_distperf.spec import Workload
 
 TWO_TESTS = """
@@ -69,9 +69,9 @@ def test_collect_only_keeps_the_ids(pytester: pytest.Pytester) -> None:
 
 
 def _expected(model: str, devices: int) -> list[list[int]]:
-    """What CPU ranks calibrate for it: up to the cap, as they time themselves (re-timing)."""
+    """What CPU ranks calibrate for it: up to their largest message."""
     workloads = [("fsdp", Workload(model=model, max_new_tokens=4))]
-    sizes = session_message_sizes(workloads, devices, RETIMED_CALIBRATION_MAX_BYTES)
+    sizes = session_message_sizes(workloads, devices, CPU.calibration_max_bytes)
     assert sizes is not None
     return [list(sizes.all_gather), list(sizes.all_reduce)]
 
@@ -95,9 +95,10 @@ def test_k_calibrates_only_what_the_selected_tests_need(pytester: pytest.Pyteste
     tiny, pythia = _expected("tiny", 2), _expected("pythia-14m", 2)
     union = [sorted(set(tiny[kind]) | set(pythia[kind])) for kind in (0, 1)]
     assert _report(everything)["sizes"] == {"2": union, "3": _expected("pythia-14m", 3)}
-    # the model's largest gather (51 MB on 3 ranks) is left out: it would judge nothing
+    # the model's largest gather (51 MB on 3 ranks) is left out: seconds over loopback
     whole = session_message_sizes([("fsdp", Workload(model="pythia-14m"))], 3)
-    assert whole is not None and max(whole.all_gather) > RETIMED_CALIBRATION_MAX_BYTES
+    assert CPU.calibration_max_bytes is not None
+    assert whole is not None and max(whole.all_gather) > CPU.calibration_max_bytes
 
 
 def test_no_selected_distperf_test_probes_nothing(pytester: pytest.Pytester) -> None:

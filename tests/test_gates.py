@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 from helpers import FAKE_LAUNCH_CONFTEST, run_session, write_files
 
-# `auto` is predicted from the bare model timed beside each repeat (more than 8 new tokens);
-# pythia-14m, whose head sets most of its compute: tiny's rate is set by per-call overheads that
-# the bare model beside it does not pay.
+# `auto` with its relative speed asked for: the bare model timed beside each repeat (its
+# reference too); pythia-14m, whose head sets most of its compute: tiny's rate is set by
+# per-call overheads that the bare model beside it does not pay.
 TEST_RATE = """
 import pytest
 
-@pytest.mark.distperf(model="pythia-14m", max_new_tokens=12)
+@pytest.mark.distperf(model="pythia-14m", max_new_tokens=12, relative_speed=True)
 def test_rate(distperf):
     distperf.run()
 """

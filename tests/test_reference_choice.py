@@ -10,11 +10,12 @@ import pytest
 from pytest_distperf.measured import Sample
 from pytest_distperf.ranks import reference
 from pytest_distperf.ranks.reference import (
+    AFTER,
     BEFORE_WRAPPING,
     BESIDE,
     ReferenceChoice,
     choose_reference,
-    pairs_beside,
+    generations_after,
     step_seconds,
     times_before_wrapping,
 )
@@ -28,75 +29,82 @@ def _bare(decode_s: float, ttft_s: float | None = 0.1, total_s: float = 9.0) -> 
 
 
 @pytest.mark.parametrize(
-    ("sharded", "max_new_tokens", "reference_steps", "beside", "before"),
+    ("sharded", "beside", "max_new_tokens", "reference_steps", "after", "before"),
     [
-        (False, 50, STEPS, True, False),  # replicated: the bare model beside each sample
-        (True, 50, STEPS, False, True),  # sharded: the whole model, timed before wrapping
-        (False, STEPS, STEPS, False, True),  # too short to time beside the samples
-        (False, 2, STEPS, False, True),
-        (False, 50, 0, True, False),  # no reference asked for: nothing before wrapping
-        (True, 50, 0, False, False),
+        (False, True, 50, STEPS, 0, False),  # relative speed asked: the bare model beside
+        (False, False, 50, STEPS, 1, False),  # replicated: one generation after the repeats
+        (False, False, 8, STEPS, 1, False),
+        (False, False, 3, STEPS, 3, False),  # short: enough of them for 8 tokens
+        (False, False, 1, STEPS, 0, True),  # no decode step to time after: before wrapping
+        (True, True, 50, STEPS, 0, True),  # sharded: the whole model, timed before wrapping
+        (False, False, 50, 0, 0, False),  # no reference asked for: nothing timed
+        (True, True, 50, 0, 0, False),
     ],
 )
 def test_where_the_reference_is_timed(
-    sharded: bool, max_new_tokens: int, reference_steps: int, beside: bool, before: bool
+    sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int, after: int, before: bool
 ) -> None:
-    assert pairs_beside(sharded, max_new_tokens, reference_steps) is beside
-    assert times_before_wrapping(sharded, max_new_tokens, reference_steps) is before
+    assert generations_after(sharded, beside, max_new_tokens, reference_steps) == after
+    assert times_before_wrapping(sharded, beside, max_new_tokens, reference_steps) is before
 
 
-def test_where_ranks_time_themselves_a_short_replicated_run_takes_the_bare_model_beside() -> None:
-    # The reference judges nothing there: no timing of its own before wrapping for it. A
-    # sharded run keeps the whole model timed before wrapping (its copy beside gives a prefill).
-    assert pairs_beside(False, 2, STEPS, retimed=True)
-    assert not times_before_wrapping(False, 2, STEPS, retimed=True)
-    assert times_before_wrapping(True, 50, STEPS, retimed=True)
-    chosen = choose_reference(False, 4, STEPS, False, [_bare(0.3)], None, retimed=True)
-    assert chosen.token_s == pytest.approx(0.1) and chosen.source == BESIDE
+def test_a_sharded_copy_taken_before_wrapping_is_the_reference_beside_the_samples() -> None:
+    # CPU ranks: the whole copy cannot run out of memory there, so it runs beside every repeat
+    # and nothing is timed before wrapping.
+    assert not times_before_wrapping(True, True, 50, STEPS, copied=True)
+    chosen = choose_reference(True, 50, False, [_bare(4.9, 0.3), _bare(9.8, 0.1)], [], None)
+    assert chosen.token_s == pytest.approx(0.15) and chosen.source == BESIDE
+    assert chosen.prefill_s == pytest.approx(0.2) and not chosen.eager
 
 
 def test_replicated_takes_the_median_of_the_bare_runs_beside_the_samples() -> None:
     bare = [_bare(4.9, 0.3), _bare(9.8, 0.1), _bare(2.45, 0.2)]  # 50 tokens: 49 decode steps
-    chosen = choose_reference(False, 50, STEPS, False, bare, None)
+    chosen = choose_reference(False, 50, False, bare, [], None)
     assert chosen == ReferenceChoice(pytest.approx(0.1), prefill_s=0.2, eager=False, source=BESIDE)
+
+
+def test_replicated_without_the_bare_model_beside_takes_it_timed_after_the_repeats() -> None:
+    chosen = choose_reference(False, 50, False, [], [_bare(4.9, 0.3)], None)
+    assert chosen == ReferenceChoice(pytest.approx(0.1), prefill_s=0.3, eager=False, source=AFTER)
+    # compiled: the bare module's own compiled steps ran after the repeats, not an eager copy
+    assert not choose_reference(False, 50, True, [], [_bare(4.9)], None).eager
 
 
 def test_sharded_keeps_the_reference_timed_before_wrapping() -> None:
     bare = [_bare(4.9), _bare(4.9)]  # the whole copy beside the samples: its prefill only
-    chosen = choose_reference(True, 50, STEPS, False, bare, BEFORE)
+    chosen = choose_reference(True, 50, False, bare, [], BEFORE)
     assert chosen == ReferenceChoice(0.5, prefill_s=0.1, eager=False, source=BEFORE_WRAPPING)
 
 
 def test_sharded_without_a_copy_beside_keeps_both_figures_from_before_wrapping() -> None:
-    chosen = choose_reference(True, 50, STEPS, False, [], BEFORE)
+    chosen = choose_reference(True, 50, False, [], [], BEFORE)
     assert chosen == ReferenceChoice(0.5, 0.25, False, BEFORE_WRAPPING)
 
 
-def test_a_short_generation_keeps_the_reference_timed_before_wrapping() -> None:
-    chosen = choose_reference(False, 4, STEPS, False, [_bare(0.3)], BEFORE)
-    assert chosen.token_s == 0.5 and chosen.prefill_s == 0.1 and not chosen.eager
-    assert chosen.source == BEFORE_WRAPPING
+def test_a_one_token_generation_keeps_the_reference_timed_before_wrapping() -> None:
+    chosen = choose_reference(False, 1, False, [], [], BEFORE)
+    assert chosen == ReferenceChoice(0.5, 0.25, False, BEFORE_WRAPPING)
 
 
 def test_compiled_takes_the_compiled_bare_runs_even_when_sharded() -> None:
-    chosen = choose_reference(True, 50, STEPS, True, [_bare(0.98), _bare(0.98)], BEFORE)
+    chosen = choose_reference(True, 50, True, [_bare(0.98), _bare(0.98)], [], BEFORE)
     assert chosen.token_s == pytest.approx(0.02) and not chosen.eager and chosen.source == BESIDE
 
 
 def test_compiled_without_a_copy_beside_says_its_reference_is_eager() -> None:
-    chosen = choose_reference(True, 50, STEPS, True, [], BEFORE)
+    chosen = choose_reference(True, 50, True, [], [], BEFORE)
     assert chosen == ReferenceChoice(0.5, 0.25, True, BEFORE_WRAPPING)
 
 
 def test_no_reference_at_all() -> None:
-    assert choose_reference(False, 50, 0, False, [], None) == ReferenceChoice(None, None, False)
+    assert choose_reference(False, 50, False, [], [], None) == ReferenceChoice(None, None, False)
     # Compiled with nothing to compare against: nothing is eager either.
-    assert choose_reference(True, 50, 0, True, [], None) == ReferenceChoice(None, None, False)
+    assert choose_reference(True, 50, True, [], [], None) == ReferenceChoice(None, None, False)
 
 
 def test_a_users_own_loop_is_timed_per_token_and_has_no_prefill() -> None:
     own = [_bare(0.0, ttft_s=None, total_s=5.0), _bare(0.0, ttft_s=None, total_s=6.0)]
-    chosen = choose_reference(False, 50, STEPS, False, own, None)
+    chosen = choose_reference(False, 50, False, own, [], None)
     assert chosen.token_s == pytest.approx(5.5 / 50) and chosen.prefill_s is None
     assert step_seconds(own[0], 50) == pytest.approx(0.1)
 

@@ -286,12 +286,3 @@ def test_a_compiled_run_retimes_its_compiled_steps_with_the_bare_copy_beside(
     ctx.retimed = ()
     phases.retime(ctx)  # type: ignore[arg-type]
     assert ctx.retimed == ()
-
-
-def test_where_ranks_time_themselves_only_small_messages_are_calibrated() -> None:
-    from pytest_distperf.perfmodel.calibration import MessageSizes, calibration_cap
-
-    sizes = MessageSizes((512, 4096, 8 << 20, 64 << 20), (100 << 20,), ())
-    cap = calibration_cap(True)
-    assert cap is not None and sizes.up_to(cap) == MessageSizes((512, 4096), (100 << 20,), ())
-    assert calibration_cap(False) is None and sizes.up_to(None) == sizes  # several GPUs: all

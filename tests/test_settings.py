@@ -175,6 +175,29 @@ def test_count_and_work_tolerance() -> None:
     assert gate_from_marker(marker, "t") == marker
 
 
+def test_relative_speed_option_ini_and_marker_twins() -> None:
+    # Off by default: replicated strategies time no bare model beside their repeats.
+    assert resolve_settings({}, {}).relative_speed is False
+    assert resolve_settings({"relative_speed": True}, {}).relative_speed is True
+    assert resolve_settings({}, {"relative_speed": "true"}).relative_speed is True
+    off = resolve_settings({}, {})
+    marker = gate_from_marker({"relative_speed": True}, "t")
+    assert marker == {"relative_speed": True}
+    assert off.gate_value("relative_speed", marker) is True  # the marker wins
+    on = resolve_settings({}, {"relative_speed": "1"})
+    assert on.gate_value("relative_speed", gate_from_marker({"relative_speed": False}, "t")) is (
+        False
+    )
+    bad = r"t: distperf\(relative_speed='yes'\): relative_speed must be True or False"
+    with pytest.raises(SettingError, match=bad):
+        gate_from_marker({"relative_speed": "yes"}, "t")
+    with pytest.raises(SettingError, match="ini option distperf_relative_speed.*'sometimes'"):
+        resolve_settings({}, {"relative_speed": "sometimes"})
+    # a valid marker argument, not a workload field
+    workload = workload_from_marker({"relative_speed": True}, "t", MODELS)
+    assert "relative_speed" not in workload.params()
+
+
 @pytest.mark.parametrize(
     ("cli", "ini", "message"),
     [

@@ -200,3 +200,21 @@ def test_message_sizes_are_the_models_own() -> None:
     assert max(replicated.all_gather) == max(3 * cfg.n_embd * 4, LATENCY_PROBE_BYTES)
     both = message_sizes_for(cfg, ["auto", "fsdp-noreshard"], 2, 4)
     assert both.all_gather == sharded.all_gather
+
+
+def test_relative_speed_by_default_only_where_the_strategy_changes_what_runs() -> None:
+    # Sharded and model-parallel strategies run other work than the bare model: measured by
+    # default; replicated ones are the bare model behind a forward wrapper: on request only.
+    changes = {name: get_strategy(name).changes_what_runs for name in strategy_names()}
+    assert changes == {
+        "auto": False,
+        "ddp": False,
+        "fsdp": True,
+        "fsdp2": True,
+        "fsdp-noreshard": True,
+        "tp": True,
+        "pipeline": True,
+    }
+    assert not get_strategy("auto").measures_relative_speed(asked=False)
+    assert get_strategy("ddp").measures_relative_speed(asked=True)
+    assert get_strategy("fsdp-noreshard").measures_relative_speed(asked=False)

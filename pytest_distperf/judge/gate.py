@@ -129,6 +129,7 @@ class Gate:
             dtype_bytes=PRECISION_BYTES[workload.precision],
             compute_time_s=result.reference_token_s,
             prefill_time_s=result.reference_prefill_s,
+            collective_in_step_s=result.in_step_collective_s,
             **common,
         )
         if result.eager_reference:

@@ -87,6 +87,9 @@ class Calibration:
     (empty: not measured). `nodes`: the nodes the ranks span (> 1: every figure above crossed
     the network); `within_node`: the same collectives among one node's ranks (None: not
     measured, or one rank per node), with this calibration's device figures.
+    `in_step_latency_s`: what one small all-reduce costs issued between bursts of host compute
+    with no barrier before it, the ranks' drift and wake-up included (0: not measured; where
+    kernels queue on a device, not measured).
     """
 
     world_size: int
@@ -101,6 +104,7 @@ class Calibration:
     p2p: tuple[CollectiveFigure, ...] = ()
     nodes: int = 1
     within_node: Calibration | None = None
+    in_step_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.overlap <= 1.0:
@@ -132,7 +136,9 @@ class Calibration:
 
         Linear in bytes between two measured sizes (t = latency + bytes / bandwidth holds
         piecewise); below the smallest size, the smallest size's time; above the largest, the
-        largest size's time plus the extra bytes at that size's algorithm bandwidth.
+        largest size's time plus the extra bytes at the faster of that size's algorithm
+        bandwidth and the best bus bandwidth any collective reached on these links: a largest
+        size that is all latency (a small all-reduce) says nothing of the bandwidth.
         """
         figures = self.figures(op)
         if not figures:
@@ -142,12 +148,20 @@ class Calibration:
             return figures[0].time_s
         last = figures[-1]
         if nbytes >= sizes[-1]:
-            extra = nbytes - last.bytes
-            return last.time_s + (extra / last.algbw if last.algbw > 0 else 0.0)
+            rate = max(last.algbw, self.best_algbw(op))
+            return last.time_s + ((nbytes - last.bytes) / rate if rate > 0 else 0.0)
         i = bisect.bisect_right(sizes, nbytes)
         lo, hi = figures[i - 1], figures[i]
         share = (nbytes - lo.bytes) / (hi.bytes - lo.bytes)
         return lo.time_s + share * (hi.time_s - lo.time_s)
+
+    def best_algbw(self, op: str) -> float:
+        """The algorithm bandwidth (bytes/s) an `op` would reach at the best bus bandwidth any
+        measured collective reached (nccl-tests' busbw is the links' share, the same measure
+        for every kind); 0 where none was measured or the op moves nothing on one rank."""
+        best = max((f.busbw for kind in OPS for f in self.figures(kind)), default=0.0)
+        factor = bus_factor(op, self.world_size)
+        return best / factor if factor > 0 else 0.0
 
     def busbw_at(self, op: str, nbytes: float) -> float:
         """Bus bandwidth (bytes/s) of an `op` of `nbytes`, latency included, as nccl-tests shows."""
@@ -167,7 +181,8 @@ class Calibration:
             inner = inner or newer.within_node
         else:
             inner = inner.merged(newer.within_node)
-        return dataclasses.replace(self, **figures, within_node=inner)
+        in_step = self.in_step_latency_s or newer.in_step_latency_s
+        return dataclasses.replace(self, **figures, within_node=inner, in_step_latency_s=in_step)
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -181,6 +196,7 @@ class Calibration:
             "fresh_copy_bandwidth": self.fresh_copy_bandwidth,
             "overlap": self.overlap,
             "p2p": [f.to_dict() for f in self.p2p],
+            "in_step_latency_s": self.in_step_latency_s,
         }
         if self.nodes > 1:  # a single node's calibration is written as it always was
             inner = self.within_node
@@ -222,6 +238,7 @@ class Calibration:
             overlap=_number(data, "overlap", 0.0),
             p2p=figures["p2p"],
             nodes=int(_field(data, "nodes", (int,), "calibration")) if "nodes" in data else 1,
+            in_step_latency_s=_number(data, "in_step_latency_s", 0.0),
             within_node=None if inner is None else cls.from_dict(_within_node(inner)),
         )
 
@@ -256,11 +273,6 @@ def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], wh
     return value
 
 
-# Where ranks time themselves the calibration only informs the modelled rate reported beside
-# the re-timing check: messages up to this size (calibration_cap).
-RETIMED_CALIBRATION_MAX_BYTES = 4 << 20
-
-
 @dataclass(frozen=True)
 class MessageSizes:
     """Byte sizes to calibrate: all-gather OUTPUT sizes, all-reduce sizes and point-to-point
@@ -280,13 +292,6 @@ class MessageSizes:
             return small or tuple(sorted(sizes)[:1])
 
         return MessageSizes(kept(self.all_gather), kept(self.all_reduce), kept(self.p2p))
-
-
-def calibration_cap(ranks_time_themselves: bool) -> int | None:
-    """The largest message worth calibrating: where ranks time themselves the calibration only
-    informs the modelled rate reported beside the re-timing check, and the collectives of a
-    model's real sizes over loopback took most of a cold session's first half-minute."""
-    return RETIMED_CALIBRATION_MAX_BYTES if ranks_time_themselves else None
 
 
 NO_MESSAGES = MessageSizes((), ())

@@ -40,6 +40,19 @@ class Links:
     node: Links | None = None
     # The network's calls cost nothing: predict compares with it to name the network's share.
     network_free: bool = False
+    # What a collective between host-run layers costs at least, the ranks' drift included
+    # (Calibration.in_step_latency_s, or the run's own: `in_step`); 0: not measured.
+    in_step_latency_s: float = 0.0
+
+    def in_step(self, seconds: float) -> Links:
+        """These links with each collective call costing at least `seconds` too, as timed
+        between the layers of the run's own model, and a note saying so."""
+        note = (
+            f"collective latency at least {seconds * 1e6:.3g} us a call: an all-reduce where the "
+            "strategy sums, timed in the ranks between the whole model's layers"
+        )
+        latency = max(self.in_step_latency_s, seconds)
+        return replace(self, in_step_latency_s=latency, assumptions=(*self.assumptions, note))
 
     @property
     def fresh_copy_bandwidth(self) -> float | None:
@@ -75,10 +88,12 @@ class Links:
             if world_size != cal.world_size:
                 # Measured at another size of group: the same link carries a different share.
                 transfer *= bus_factor(op, world_size) / bus_factor(op, cal.world_size)
-            return transfer, min(self.latency_s, total)
+            # Between host-run layers a call also pays the ranks' drift (in_step_latency_s).
+            return transfer, max(min(self.latency_s, total), self.in_step_latency_s)
+        latency = max(self.latency_s, self.in_step_latency_s)
         if self.busbw <= 0:
-            return math.inf, self.latency_s
-        return nbytes * bus_factor(op, world_size) / self.busbw, self.latency_s
+            return math.inf, latency
+        return nbytes * bus_factor(op, world_size) / self.busbw, latency
 
     @property
     def p2p_measured(self) -> bool:
@@ -327,10 +342,16 @@ def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
     """Link figures measured in the ranks; `link_class` is the topology's slowest link."""
     gathers = calibration.all_gather
     busbw = gathers[-1].busbw if gathers else 0.0
-    notes = (
+    notes: tuple[str, ...] = (
         f"collectives measured in the ranks ({calibration.backend}, {calibration.world_size} "
         f"ranks) at {len(gathers)} all-gather sizes; memory bandwidth measured by a device copy",
     )
+    if calibration.in_step_latency_s > calibration.latency_s:
+        notes += (
+            f"collective latency {calibration.in_step_latency_s * 1e6:.3g} us a call: a small "
+            "all-reduce between bursts of host compute, the ranks' drift included (fenced by a "
+            f"barrier: {calibration.latency_s * 1e6:.3g} us)",
+        )
     return Links(
         link_class,
         calibration.world_size,
@@ -342,6 +363,7 @@ def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
         notes,
         calibration.fresh_copy_bandwidth or None,
         calibration.overlap,
+        in_step_latency_s=calibration.in_step_latency_s,
     )
 
 

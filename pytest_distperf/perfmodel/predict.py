@@ -257,6 +257,7 @@ def predict(
     overheads: Overheads = DEFAULT_OVERHEADS,
     prefill_time_s: float | None = None,
     counted_collectives: Collectives | None = None,
+    collective_in_step_s: float | None = None,
 ) -> Prediction:
     """Predicted tokens/sec of one rank's stream under `strategy` (its record) on `devices`.
 
@@ -267,11 +268,15 @@ def predict(
     token, so what the prefill costs beyond one step is spread over the generation's tokens.
     `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
     where they differ from what the strategy's model expects, they are charged instead.
+    `collective_in_step_s`: one collective between the layers of the whole model, timed in the
+    ranks (CPU ranks, tp): each call costs at least that (`Links.in_step`).
     """
     counts = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
     check_step(devices, counts | {"dtype_bytes": dtype_bytes}, {"compute_time_s": compute_time_s})
     if prompt_length < 0:
         raise ValueError(f"prompt_length must be >= 0, got {prompt_length}")
+    if collective_in_step_s:
+        links = links.in_step(collective_in_step_s)
     x = StepInput(config, devices, device_type, batch_size, prompt_length + max_new_tokens,
                   dtype_bytes, dtype_bytes, links, overheads)  # fmt: skip
     work = _decode_work(x, compute_time_s)

@@ -1,13 +1,16 @@
 """The bare model a rank runs beside every wrapped generation: no wrapper, no collectives.
 
-A replicated model is the same object after wrapping; a sharded one is rebuilt whole from the
-seed (its own KV cache too), kept only where it fits, dropped when it runs out of memory. Its
+A replicated model is the same object after wrapping; a sharded one is copied whole before
+wrapping where memory is an RSS heap (CPU ranks; a preset's or LitGPT's model), else rebuilt
+whole from the seed after it (its own KV cache too), kept only where it fits, dropped when it
+runs out of memory. Its
 memory stays out of the reported peak: its bytes come off each wrapped generation's allocator
 peak, or the RSS peak is the one read before it was built.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,7 +18,7 @@ import torch
 from pytest_distperf.measured import Sample
 from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks import memory
-from pytest_distperf.ranks.models import build
+from pytest_distperf.ranks.models import RankModel, build
 from pytest_distperf.ranks.timing import Fences, GenerateFn, device_sync, timed_generation
 from pytest_distperf.spec import Workload
 
@@ -60,6 +63,26 @@ class BareCopy:
         rss = None if platform_of(device.type).allocator_memory else memory.peak(device)[0]
         module, copy_bytes = _whole_copy(workload, device, dtype)
         return cls(module, prompt, workload.max_new_tokens, generate, copy_bytes, rss)
+
+    @classmethod
+    def copied(
+        cls,
+        model: RankModel,
+        workload: Workload,
+        prompt: torch.Tensor,
+        dtype: torch.dtype,
+        generate: GenerateFn | None = None,
+    ) -> BareCopy:
+        """A sharded rank's whole copy where memory is an RSS heap (no device to run out of):
+        the built model copied before wrapping shards it, its own KV cache made."""
+        rss = memory.peak(prompt.device)[0]
+        try:
+            module = copy.deepcopy(model.module)
+        except Exception:  # noqa: BLE001 - a module that cannot be copied is built again
+            return cls.whole(workload, prompt, dtype, generate)
+        length = workload.prompt_length + workload.max_new_tokens
+        model.setup_caches(workload.batch_size, length, prompt.device, dtype, module=module)
+        return cls(module, prompt, workload.max_new_tokens, generate, rss_before_copy=rss)
 
     def generation(self) -> Sample | None:
         """One bare generation, timed; None without a model or when it ran out of memory. A

@@ -19,11 +19,16 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure
+from pytest_distperf.perfmodel.calibration import (
+    LATENCY_PROBE_BYTES,
+    Calibration,
+    CollectiveFigure,
+)
 from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.probes import (
     Group,
     Timer,
+    all_reduce_between_bursts,
     barrier_after_sync,
     copy_bandwidth,
     copy_times,
@@ -81,10 +86,15 @@ def calibrate(
     copy_bytes = max(1, int(copy_bytes))
     copies = copy_times(copy_bytes, device, timer, warmup, iters)
     overlap_times = overlap_probe(measured["all_gather"], device, dtype, timer, warmup, iters)
+    # Where the host runs the compute, a collective between its layers also pays the ranks'
+    # drift (probes.all_reduce_between_bursts); where kernels queue, their stream hides it.
+    host_computes = not platform_of(device.type).queues_kernels
+    small = min(sizes_all_reduce, default=LATENCY_PROBE_BYTES)
+    in_step = all_reduce_between_bursts(small, device, dtype, timer) if host_computes else 0.0
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     times = [t for _, t in (*measured.values(), *within.values())]
-    *collective_times, (copy_time, fresh_copy_time), overlap = slowest_of_all(
-        device, [*times, copies, overlap_times]
+    *collective_times, (copy_time, fresh_copy_time), overlap, (in_step,) = slowest_of_all(
+        device, [*times, copies, overlap_times, (in_step,)]
     )
     base = Calibration(
         world_size=n,
@@ -96,6 +106,7 @@ def calibrate(
         latency_s=0.0,
         fresh_copy_bandwidth=copy_bandwidth(copy_bytes, fresh_copy_time),
         overlap=overlap_fraction(*overlap),
+        in_step_latency_s=in_step,
     )
     whole = _with_figures(base, measured, collective_times[: len(measured)])
     inner = None

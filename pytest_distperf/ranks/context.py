@@ -50,9 +50,12 @@ class RankContext:
     build_context: BuildContext | None = None  # launch
     fabric: Any = None  # launch
     before_wrap: tuple[float, float | None] | None = None  # reference: (step s, prefill s)
+    in_step_s: float | None = None  # reference: one collective between host-run layers
     wrapped: Any = None  # wrap
     fences: Fences | None = None  # wrap
-    bare: BareCopy | None = None  # bare_copy
+    bare_beside: bool = False  # reference: the bare model runs beside every repeat
+    copies_whole: bool = False  # reference: a sharded model's copy taken before wrapping
+    bare: BareCopy | None = None  # bare_copy (copy_whole: copied before wrapping)
     wrapped_steps: CompiledStep | None = None  # compile
     compile_s: float | None = None  # compile
     dynamo_before: DynamoMark | None = None  # compile: dynamo's totals before compiling
@@ -66,6 +69,7 @@ class RankContext:
     host_cpu_per_token_s: float | None = None  # time: CPU seconds per new token, timed repeats
     run_queue_wait_per_token_s: float | None = None  # time: seconds waited for a core, per token
     steal_per_token_s: float | None = None  # time: the hypervisor's steal per CPU, per token
+    after_samples: list[Sample] = field(default_factory=list)  # reference_after
     reference: ReferenceChoice | None = None  # pick_reference
     peak_floor: int = 0  # calibrate_model: the peak before its buffers, which are not the test's
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)

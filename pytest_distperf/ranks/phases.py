@@ -17,17 +17,19 @@ from pytest_distperf.perfmodel.calibration import (
     NO_MESSAGES,
     Calibration,
     MessageSizes,
-    calibration_cap,
 )
 from pytest_distperf.ranks import allocator, counting, environment, memory
-from pytest_distperf.ranks.bare import BareCopy
+from pytest_distperf.ranks.collectives import in_step_seconds
 from pytest_distperf.ranks.context import DTYPES, RankContext
 from pytest_distperf.ranks.counting import dynamo_mark
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
-from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
+from pytest_distperf.ranks.reference import (
+    choose_reference,
+    times_before_wrapping,
+)
 from pytest_distperf.ranks.retime import retimed
 from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
 from pytest_distperf.ranks.timing import (
@@ -150,21 +152,34 @@ def prompt(ctx: RankContext) -> None:
 
 
 def reference(ctx: RankContext) -> None:
-    """The unwrapped model timed until steady, where the reference is not the bare generations
-    beside the samples (ranks/reference.py); then its caches go."""
-    spec, workload, model = ctx.spec, ctx.workload, ctx.model
-    steps = spec.reference_steps
-    retimed = ctx.platform.ranks_time_themselves(spec.devices)
-    if not times_before_wrapping(ctx.record.sharded, workload.max_new_tokens, steps, retimed):
-        model.clear_caches()  # a builder's model may come with caches or rope buffers made
+    """The unwrapped model timed until steady, where the reference is timed before wrapping
+    (ranks/reference.py), and the cost of a collective between its layers where the host runs
+    them (ranks/collectives.py); then its caches go."""
+    spec, workload, model, platform = ctx.spec, ctx.workload, ctx.model, ctx.platform
+    steps, sharded = spec.reference_steps, ctx.record.sharded
+    ctx.bare_beside = bool(steps) and ctx.record.measures_relative_speed(spec.relative_speed)
+    # Where memory is an RSS heap a preset's or LitGPT's whole copy is taken before wrapping (a
+    # builder's is built again: its construction is the contract); it runs beside the repeats.
+    copyable = not platform.allocator_memory and not workload.is_custom_builder
+    ctx.copies_whole = ctx.bare_beside and sharded and copyable
+    before = times_before_wrapping(
+        sharded, ctx.bare_beside, workload.max_new_tokens, steps, ctx.copies_whole
+    )
+    points = ctx.half.collective_points if not platform.queues_kernels and steps else None
+    model.clear_caches()  # a builder's model may come with caches or rope buffers made
+    if not before and points is None:
         return
     # The run's cache length at least: attention reads the whole static cache every step.
     length = workload.prompt_length + max(workload.max_new_tokens, steps)
     model.setup_caches(workload.batch_size, length, device=ctx.device, dtype=ctx.dtype)
-    sync = device_sync(ctx.device)
-    ctx.before_wrap = reference_token_time(
-        model.module, ctx.prompt, steps, sync, ctx.generate, environment.all_ranks_done(ctx.device)
-    )
+    sync, all_done = device_sync(ctx.device), environment.all_ranks_done(ctx.device)
+    if before:
+        ctx.before_wrap = reference_token_time(
+            model.module, ctx.prompt, steps, sync, ctx.generate, all_done
+        )
+    if points is not None:
+        args = (model.module, points, ctx.prompt, steps, sync, ctx.generate)
+        ctx.in_step_s = in_step_seconds(*args)
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
 
 
@@ -188,16 +203,6 @@ def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
     ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
     own_wrap = ctx.half.wrap
     return own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
-
-
-def bare_copy(ctx: RankContext) -> None:
-    """The bare model run beside every wrapped generation (ranks/bare.py)."""
-    workload = ctx.workload
-    if ctx.spec.reference_steps and ctx.record.sharded:
-        ctx.bare = BareCopy.whole(workload, ctx.prompt, ctx.dtype, ctx.generate)
-        return
-    module = ctx.model.module if ctx.spec.reference_steps else None
-    ctx.bare = BareCopy(module, ctx.prompt, workload.max_new_tokens, ctx.generate)
 
 
 def compile_steps(ctx: RankContext) -> None:
@@ -226,8 +231,8 @@ def compile_steps(ctx: RankContext) -> None:
 
 
 def time_generations(ctx: RankContext) -> None:
-    """Warm-up, then the timed repeats; after each, the bare model's generation and the host's
-    own speed (hostspeed.py), outside the timing."""
+    """Warm-up, then the timed repeats; after each, the bare model's generation (where the
+    relative speed is measured) and the host's own speed (hostspeed.py), outside the timing."""
     spec, workload, bare = ctx.spec, ctx.workload, ctx.bare
     if ctx.platform.allocator_memory:
         memory.reset_peak(ctx.device)
@@ -236,7 +241,8 @@ def time_generations(ctx: RankContext) -> None:
 
     def beside() -> tuple[Sample | None, tuple[float, float]]:
         began = time.perf_counter()
-        sample, loop = bare.generation(), interpreter_loop_times()
+        sample = bare.generation() if ctx.bare_beside else None
+        loop = interpreter_loop_times()
         bare_s.append(time.perf_counter() - began)
         return sample, loop
 
@@ -276,11 +282,10 @@ def pick_reference(ctx: RankContext) -> None:
     ctx.reference = choose_reference(
         ctx.record.sharded,
         ctx.workload.max_new_tokens,
-        ctx.spec.reference_steps,
         ctx.compiled_loop,
         ctx.bare_samples,
+        ctx.after_samples,
         ctx.before_wrap,
-        ctx.platform.ranks_time_themselves(ctx.spec.devices),
     )
 
 
@@ -357,6 +362,7 @@ def result(ctx: RankContext) -> None:
         reference_prefill_s=chosen.prefill_s,
         eager_reference=chosen.eager,
         device_time_per_token_s=ctx.counted.device_time_per_token_s if ctx.counted else None,
+        in_step_collective_s=ctx.in_step_s,
     )
 
 
@@ -408,11 +414,11 @@ def _own_sizes(ctx: RankContext, model: bool) -> MessageSizes:
 
 
 def calibrated(ctx: RankContext, own: MessageSizes, dtype: torch.dtype) -> Calibration:
-    """Collectives at the session's sizes and `own`, capped where ranks time themselves."""
+    """Collectives at the session's sizes and `own`, up to the platform's largest."""
     from pytest_distperf.ranks.calibrate import calibrate
 
     session = ctx.spec.calibration_sizes or NO_MESSAGES
     union = (tuple(sorted({*a, *b})) for a, b in zip(astuple(session), astuple(own), strict=True))
     sizes = MessageSizes(*union)
-    sizes = sizes.up_to(calibration_cap(ctx.platform.ranks_time_themselves(ctx.spec.devices)))
+    sizes = sizes.up_to(ctx.platform.calibration_max_bytes)
     return calibrate(sizes.all_gather, sizes.all_reduce, ctx.device, dtype, sizes_p2p=sizes.p2p)

@@ -334,3 +334,53 @@ def _gather_during_host_work(
     handle = _all_gather(out, shard, async_op=True)
     _host_work(scratch, ops)
     handle.wait()
+
+
+# The in-step probe: small all-reduces, each after a burst of host-issued kernels about as long
+# as a decode layer's on CPU ranks, with no barrier before it (docs/benchmarks/
+# cpu-2026-12-02-allreduce-in-step.md); bursts alone and with a call after each alternate.
+IN_STEP_BURST_S = 0.5e-3
+IN_STEP_CALLS = 30
+IN_STEP_ROUNDS = 3
+
+
+def all_reduce_between_bursts(
+    nbytes: int, device: torch.device, dtype: torch.dtype, timer: Timer
+) -> float:
+    """Mean seconds one small all-reduce adds to a stretch of host compute when issued between
+    bursts of it, as a decode whose layers wait on the ranks' collectives issues it (tp's
+    all-reduces): the ranks drift apart between calls, the first to arrive waits and is woken,
+    which a call fenced by a barrier does not pay. This rank's; 0 without a peer."""
+    world = world_group()
+    if world.size < 2:
+        return 0.0
+    sync, barrier, _ = timer
+    element = torch.tensor([], dtype=dtype).element_size()
+    message = torch.ones(max(1, nbytes // element), dtype=dtype, device=device)
+    scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
+    probe = median_time(
+        partial(_host_work, scratch, HOST_WORK_PROBE_OPS), sync, barrier, 1, 3, float
+    )
+    # Every rank issues the same work, as a tensor-parallel rank its equal share.
+    per_op = max(probe / HOST_WORK_PROBE_OPS, 1e-9)
+    ops_local = torch.tensor([IN_STEP_BURST_S / per_op], device=device)
+    dist.all_reduce(ops_local, op=dist.ReduceOp.MIN)
+    ops = int(min(max(ops_local.item(), 1), HOST_WORK_MAX_OPS))
+    for _ in range(3):  # the connection and the burst warm
+        _host_work(scratch, ops)
+        _all_reduce(message, world)
+    alone = with_calls = 0.0
+    for _ in range(IN_STEP_ROUNDS):
+        barrier()
+        start = time.perf_counter()
+        for _ in range(IN_STEP_CALLS):
+            _host_work(scratch, ops)
+        alone += time.perf_counter() - start
+        barrier()
+        start = time.perf_counter()
+        for _ in range(IN_STEP_CALLS):
+            _host_work(scratch, ops)
+            _all_reduce(message, world)
+        sync()
+        with_calls += time.perf_counter() - start
+    return max(with_calls - alone, 0.0) / (IN_STEP_ROUNDS * IN_STEP_CALLS)

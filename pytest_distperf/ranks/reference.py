@@ -1,18 +1,22 @@
-"""Which single-process reference a run reports: the bare model's generations timed beside the
-samples, or the reference timed before wrapping. Pure (no torch): decided from figures only.
+"""Which single-process reference a run reports, and where it is timed: the bare model's
+generations beside the samples, the bare model timed after them, or the whole model timed before
+wrapping. Pure (no torch): decided from figures only.
 
-The bare model (no wrapper, no collectives) runs one generation right after every timed one:
-the host's own speed may switch between levels within seconds (docs/benchmarks/
-h200-2026-11-30.md), which moves the wrapped and the bare run alike, so their ratio stays put
-where tokens/sec does not. A replicated model is timed beside its samples; a sharded model (and
-a generation too short to time a reference beside it, a step or two of a tiny model being all
-noise, unless the ranks time themselves: the reference then judges nothing) is timed until
-steady before wrapping. Compiled, the reference is the compiled bare model
+Where the relative speed is measured (StrategyRecord.measures_relative_speed), the bare model
+(no wrapper, no collectives) runs one generation right after every timed one: the host's own
+speed may switch between levels within seconds (docs/benchmarks/h200-2026-11-30.md), which moves
+the wrapped and the bare run alike, so their ratio stays put where tokens/sec does not. A
+replicated model is the bare one behind a forward wrapper: its reference is those generations,
+or without them its own module timed after the repeats (warm, the same caches), a few
+generations of at least `reference_steps` decode steps in all. A sharded model exists whole only
+before wrapping: timed there until steady, unless its whole copy, taken there where memory is an
+RSS heap (CPU ranks), runs beside the samples. Compiled, the reference is the compiled bare model
 beside the samples, never the eager one timed before wrapping, unless no copy ran beside them.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,56 +31,69 @@ class ReferenceChoice:
     token_s: float | None  # seconds per decode step of the bare model
     prefill_s: float | None  # seconds of its prefill (None for a user's own loop)
     eager: bool  # a compiled run whose reference is the eager model's (no compiled copy ran)
-    source: str = ""  # how token_s was obtained (BESIDE, BEFORE_WRAPPING); "" where none
+    source: str = ""  # how token_s was obtained (BESIDE, AFTER, BEFORE_WRAPPING); "" where none
 
 
 BESIDE = "the bare model beside each timed generation"
+AFTER = "the bare model timed after the timed generations"
 BEFORE_WRAPPING = "the unwrapped model timed until steady before wrapping"
 
 
-def pairs_beside(
-    sharded: bool, max_new_tokens: int, reference_steps: int, retimed: bool = False
-) -> bool:
-    """Whether the reference is the bare generations beside the samples (else the one timed
-    before wrapping, when there is one). `retimed`: the ranks time themselves, so the reference
-    judges nothing and a short generation's noisy bare steps are not worth a timing of their own."""
-    return not sharded and (max_new_tokens > reference_steps or retimed)
+def generations_after(
+    sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int
+) -> int:
+    """How many bare generations are timed after the repeats: a replicated model's reference
+    where none ran beside them, at least `reference_steps` tokens in all, as many as the
+    reference timed before wrapping generated (0: none; a generation of one token has no
+    decode step to time)."""
+    if sharded or beside or not reference_steps or max_new_tokens < 2:
+        return 0
+    return math.ceil(reference_steps / max_new_tokens)
 
 
 def times_before_wrapping(
-    sharded: bool, max_new_tokens: int, reference_steps: int, retimed: bool = False
+    sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int, copied: bool = False
 ) -> bool:
-    """Whether the unwrapped model is timed until steady before wrapping."""
-    beside = pairs_beside(sharded, max_new_tokens, reference_steps, retimed)
-    return bool(reference_steps) and not beside
+    """Whether the unwrapped model is timed until steady before wrapping: a sharded model's
+    reference, unless its whole copy was `copied` before wrapping (it runs beside the repeats
+    then, where it cannot run out of memory), or a replicated one's whose generation is too
+    short to time after the repeats."""
+    if not reference_steps or copied:
+        return False
+    return sharded or (not beside and not generations_after(False, False, max_new_tokens, 1))
 
 
 def choose_reference(
     sharded: bool,
     max_new_tokens: int,
-    reference_steps: int,
     compiled_loop: bool,
     bare_samples: Sequence[Sample],
+    after_samples: Sequence[Sample],
     before_wrap: tuple[float, float | None] | None,
-    retimed: bool = False,
 ) -> ReferenceChoice:
     """The reference of a run.
 
     `compiled_loop`: the timed loop ran compiled steps; `bare_samples`: the bare generations
     beside every timed one (empty when there were none, or fewer than the samples);
-    `before_wrap`: (seconds per step, prefill seconds) timed before wrapping, or None.
+    `after_samples`: the bare generations timed after the repeats; `before_wrap`: (seconds per
+    step, prefill seconds) timed before wrapping, or None.
     """
     token_s, prefill_s = before_wrap if before_wrap is not None else (None, None)
     source = BEFORE_WRAPPING if before_wrap is not None else ""
-    paired = pairs_beside(sharded, max_new_tokens, reference_steps, retimed)
-    if (paired or compiled_loop) and bare_samples:
-        token_s = statistics.median(step_seconds(s, max_new_tokens) for s in bare_samples)
-        source = BESIDE
-    # The bare runs' prefill; with no copy beside the run, the one timed before wrapping.
-    if bare_samples:
-        prefill_s = median_prefill(bare_samples)
-    eager = compiled_loop and token_s is not None and not bare_samples
+    if bare_samples and (not sharded or compiled_loop or before_wrap is None):
+        token_s, source = _median_step(bare_samples, max_new_tokens), BESIDE
+    elif after_samples and not sharded:
+        token_s, source = _median_step(after_samples, max_new_tokens), AFTER
+    # The bare runs' prefill; with none, the one timed before wrapping.
+    timed_bare = bare_samples or after_samples
+    if timed_bare:
+        prefill_s = median_prefill(timed_bare)
+    eager = compiled_loop and source == BEFORE_WRAPPING
     return ReferenceChoice(token_s, prefill_s, eager, source)
+
+
+def _median_step(samples: Sequence[Sample], max_new_tokens: int) -> float:
+    return statistics.median(step_seconds(s, max_new_tokens) for s in samples)
 
 
 def step_seconds(sample: Sample, steps: int) -> float:

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from pytest_distperf.measured import RankResult, Sample
-from pytest_distperf.perfmodel.calibration import NO_MESSAGES
 from pytest_distperf.perfmodel.train import model_flops_per_step
 from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
@@ -37,6 +36,11 @@ WHOLE_STEP = "the whole model's step timed until steady before wrapping"
 SETTLED_STEPS = 2
 MAX_SETTLING = 20
 GROWN_PAGES = 1024
+# The whole model's step alone, after the first (the loss): timed until it stops improving,
+# at most REFERENCE_STEPS; a step is long enough to time once, and the reference stays a small
+# share of the timed steps.
+REFERENCE_PATIENCE = 1
+REFERENCE_STEPS = 3
 # Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
 # and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
 MIN_HEAP_PAD = 64 << 20
@@ -132,8 +136,6 @@ def calibrate(ctx: RankContext) -> None:
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
         if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
-        if ctx.platform.ranks_time_themselves(ctx.spec.devices):
-            sizes = NO_MESSAGES  # the model judges nothing there: the session's sizes only
         ctx.calibration = phases.calibrated(ctx, sizes, compute_dtype(ctx))
     rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
     ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
@@ -173,9 +175,12 @@ def reference(ctx: RankContext) -> None:
         return time.perf_counter() - start
 
     try:
-        train.reference_loss = float(step())
+        train.reference_loss = float(step())  # and the warm-up: AdamW's state, the allocator
         train.reference_step_s = steady_median(
-            once, all_done=environment.all_ranks_done(ctx.device)
+            once,
+            REFERENCE_PATIENCE,
+            REFERENCE_STEPS,
+            all_done=environment.all_ranks_done(ctx.device),
         )[0]
     except torch.OutOfMemoryError:
         train.reference_loss = train.reference_step_s = None  # the model's FLOPs stand in

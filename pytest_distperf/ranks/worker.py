@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from pytest_distperf.measured import RankResult
-from pytest_distperf.ranks import phases, training
+from pytest_distperf.ranks import bare_phases, phases, training
 from pytest_distperf.ranks.context import Phase
 from pytest_distperf.spec import RunSpec
 
@@ -27,10 +27,12 @@ PHASES: tuple[Phase, ...] = (
     phases.launch,  # Fabric with the strategy built for this model
     phases.prompt,  # the prompt, the same on every rank
     phases.reference,  # the unwrapped model timed before wrapping, where that is the reference
+    bare_phases.copy_whole,  # a sharded model's bare copy, copied before wrapping (CPU ranks)
     phases.wrap,  # the strategy's wrapper; KV caches
-    phases.bare_copy,  # the bare model beside every generation
+    bare_phases.bare_copy,  # the bare model, beside every generation where it measures speed
     phases.compile_steps,  # distperf(compile=True): compiled before the warm-up
     phases.time_generations,  # warm-up and timed repeats, the bare model beside each
+    bare_phases.reference_after,  # a replicated model's own module timed after them, where alone
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
     phases.retime,  # CPU ranks, one GPU: the wrapped generation timed again, knobs off
@@ -67,6 +69,8 @@ PHASE_KEYS = {
     "launch": "build",
     "prompt": "build",
     "bare_copy": "bare",
+    "copy_whole": "bare",
+    "reference_after": "reference",
     "compile_steps": "compile",
     "time_generations": "",
     "time_steps": "",

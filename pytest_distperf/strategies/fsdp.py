@@ -145,6 +145,7 @@ _fsdp = partial(
     StrategyRecord,
     family="fsdp",
     sharded=True,
+    changes_what_runs=True,
     replicas=data_parallel,
     message_sizes=_gathered_weights,
     runs_on=CPU_AND_CUDA,

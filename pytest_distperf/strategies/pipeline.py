@@ -96,6 +96,7 @@ RECORDS = (
         "sent rank to rank",
         family="pipeline",
         sharded=True,
+        changes_what_runs=True,
         cost=cost,
         replicas=model_parallel,
         message_sizes=_message_sizes,

@@ -50,6 +50,11 @@ class StrategyRecord:
 
     Training (perfmodel/train.py): `train_refusal` why it cannot train ("": it can, and `cost`
     takes a training step, whose collectives are the sizes to calibrate).
+
+    `changes_what_runs`: the wrapped model runs other work than the bare one (sharded storage,
+    a split model), so the bare model timed beside it measures the strategy's own cost; the
+    relative speed is then measured by default (a replicated model is the bare one behind a
+    forward wrapper: measured on request only, `--distperf-relative-speed`).
     """
 
     name: str
@@ -64,6 +69,12 @@ class StrategyRecord:
     check: Callable[[ModelShape, int], str | None] = fits_any
     decodes_across_ranks: bool = False
     train_refusal: str = ""
+    changes_what_runs: bool = False
+
+    def measures_relative_speed(self, asked: bool) -> bool:
+        """Whether a run times the bare model beside its repeats: by default where the strategy
+        changes what runs, elsewhere when `asked` (the option or the marker's argument)."""
+        return self.changes_what_runs or asked
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:
         """Why this strategy cannot run on `devices` x `accelerator`, or None when it can."""

@@ -101,6 +101,7 @@ RECORDS = (
         "per block (by hand, as LitGPT)",
         family="tp",
         sharded=True,
+        changes_what_runs=True,
         cost=cost,
         replicas=model_parallel,
         message_sizes=_message_sizes,

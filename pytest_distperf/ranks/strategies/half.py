@@ -31,13 +31,17 @@ class RankStrategy:
     """The rank half of the strategy `name`: `build(context)` a Fabric strategy (or its name);
     `describe_sharding(fabric, module)` how the wrapped module is sharded, read from it. Optional:
     `wrap(model, context)` the module to run, in place of Fabric's `setup_module`; `next_token(
-    module, idx, input_pos)` the next token [B, 1] on every rank (`decodes_across_ranks`)."""
+    module, idx, input_pos)` the next token [B, 1] on every rank (`decodes_across_ranks`);
+    `collective_points(module)` the modules of the whole model after whose output its decode
+    sums over the ranks, between layers (tp's row-wise linears): where the reference times that
+    sum's cost in a step (ranks/collectives.py)."""
 
     name: str
     build: Callable[[BuildContext], Any]
     describe_sharding: Callable[[Any, Any], str]
     wrap: Callable[[Any, BuildContext], Any] | None = None
     next_token: Callable[[Any, Any, Any], Any] | None = None
+    collective_points: Callable[[Any], list[Any]] | None = None
 
     def describe_implementation(self, fabric: Any, module: Any) -> tuple[str, str, str]:
         """(Fabric strategy class, sharding, wrapper class) of what actually ran in this rank."""

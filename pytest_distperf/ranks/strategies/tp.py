@@ -11,6 +11,7 @@ from typing import Any
 from distperf_model.parallelize import (
     delay_row_parallel_outputs,
     describe_tensor_parallel,
+    row_parallel_points,
     tensor_parallel,
     tp_mesh,
 )
@@ -57,4 +58,11 @@ def _describe_sharding(fabric: Any, module: Any) -> str:
     return describe_tensor_parallel(getattr(module, "module", module))
 
 
-HALVES = (RankStrategy("tp", build=_build, describe_sharding=_describe_sharding),)
+HALVES = (
+    RankStrategy(
+        "tp",
+        build=_build,
+        describe_sharding=_describe_sharding,
+        collective_points=row_parallel_points,
+    ),
+)

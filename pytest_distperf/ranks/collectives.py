@@ -1,0 +1,71 @@
+"""What a collective between host-run layers costs in a decode step, timed on the whole model
+before wrapping (CPU ranks): every rank runs the same whole model with an all-reduce after each
+module where the strategy's decode sums over the ranks (RankStrategy.collective_points), so the
+ranks' drift, wake-ups and waits for a core are in it as in the split model's decode, which a
+calibration's call fenced by a barrier does not pay (docs/benchmarks/
+cpu-2026-12-02-allreduce-in-step.md). The performance model charges it per call."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pytest_distperf.ranks.reference import step_seconds
+from pytest_distperf.ranks.timing import Fences, GenerateFn, timed_generation
+
+# Pairs of generations, one without the all-reduces and one with them, back to back: a host
+# whose speed drifts moves both of a pair alike; after one untimed with them (the allocator,
+# the caches and the group's connections warm).
+PAIRS = 2
+
+
+@torch.no_grad()
+def in_step_seconds(
+    module: Any,
+    points_of: Callable[[Any], Sequence[torch.nn.Module]],
+    prompt: torch.Tensor,
+    steps: int,
+    sync: Callable[[], None],
+    generate: GenerateFn | None = None,
+) -> float | None:
+    """Seconds one all-reduce of a point's output adds to a decode step of the whole model:
+    the median over pairs of (a step with one after every point (`points_of(module)`) less a
+    step without), over the points; None without a peer, or where the model has no such points
+    (a builder's own layout). Every rank must call it (the all-reduces pair up)."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    try:
+        points = points_of(module)
+    except (TypeError, AttributeError):  # the same model on every rank: all skip it alike
+        return None
+    if not points:
+        return None
+    local = Fences(sync=sync, barrier=lambda: None)
+
+    def step_s() -> float:
+        sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
+        return step_seconds(sample, steps)
+
+    def summed_step_s() -> float:
+        handles = [point.register_forward_hook(_summed_copy) for point in points]
+        try:
+            return step_s()
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    summed_step_s()
+    excess = []
+    for _ in range(PAIRS):
+        alone = step_s()
+        excess.append(summed_step_s() - alone)
+    return max(statistics.median(excess), 0.0) / len(points)
+
+
+def _summed_copy(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+    # A copy: the whole model's own output is left as it was, every rank's being the same.
+    dist.all_reduce(output.detach().clone())
