@@ -72,6 +72,7 @@ class DistperfRun:
             marker_file=os.environ.get("DISTPERF_MARKER_FILE"),
             numa_binding=settings.numa_binding,
             sys_path=tuple(sys.path),  # what the test can import, its ranks can
+            test_dir=markers.test_dir(self._item),
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
             count_work=settings.count,
             # the re-timing serves the threshold alone: a run with the gates off skips it

@@ -85,7 +85,7 @@ def build(ctx: RankContext) -> None:
     """The model: every rank builds the same weights from the seed (sharded strategies then
     keep their shard)."""
     workload = ctx.workload
-    ctx.model = build_model(workload, ctx.device, ctx.dtype)
+    ctx.model = build_model(workload, ctx.device, ctx.dtype, ctx.spec.test_dir)
     if workload.training:
         ctx.model.check_fits(
             workload.seq_length or 0, f"distperf(seq_length={workload.seq_length})"
