@@ -130,9 +130,7 @@ def hf_config(model: str, test_dir: str = "") -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise ModelError(f"{model}: cannot read {path} as a JSON config: {error}") from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise ModelError(
-            f"{model}: {path} is not a transformers config (no \"model_type\" in it)"
-        )
+        raise ModelError(f'{model}: {path} is not a transformers config (no "model_type" in it)')
     return config
 
 

@@ -292,9 +292,7 @@ def workload_from_marker(
     named = isinstance(model, str) and any(
         model.startswith(prefix) and model != prefix for prefix in (LITGPT_PREFIX, HF_PREFIX)
     )
-    if not isinstance(model, str) or not (
-        model in known_models or named or _is_import_path(model)
-    ):
+    if not isinstance(model, str) or not (model in known_models or named or _is_import_path(model)):
         raise SettingError(
             f"{where}: distperf(model={model!r}) is not a known model; valid: "
             f"{', '.join(known_models)}, '{LITGPT_PREFIX}<LitGPT config name>', "

@@ -32,9 +32,10 @@ HF_EXTRA = "pip install 'pytest-distperf[hf]'"
 @dataclass(frozen=True)
 class Workload:
     """What one test generates; set by the `distperf` marker. `model`: a preset, "litgpt:<name>",
-    "hf:<config>" or a builder "package.module:function" (`function(seed=, device=, dtype=)`, the contract:
-    docs/extending.md); `generate`: the user's loop `function(model, prompt, max_new_tokens)`;
-    `shard_unit`: the class FSDP wraps; `tp_plan`: `function(model, tp_mesh) -> model`."""
+    "hf:<config>" or a builder "package.module:function" (`function(seed=, device=, dtype=)`,
+    the contract: docs/extending.md); `generate`: the user's loop `function(model, prompt,
+    max_new_tokens)`; `shard_unit`: the class FSDP wraps; `tp_plan`: `function(model, tp_mesh)
+    -> model`."""
 
     model: str = "tiny"
     max_new_tokens: int = 32

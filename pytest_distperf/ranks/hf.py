@@ -119,14 +119,30 @@ class HFCausalLM(nn.Module):
         """The model's own cache for `max_seq_length` positions: static where the model's
         layers allow it (its keys and values made at the first forward, in that one's shape)."""
         import transformers
+        from transformers.cache_utils import StaticLayer
 
         config = self.model.config
         if getattr(self.model, "_can_compile_fullgraph", False):
             self.cache = transformers.StaticCache(config=config, max_cache_len=max_seq_length)
-            self.static = all(type(layer) is transformers.StaticLayer for layer in self.cache.layers)
+            self.static = all(type(layer) is StaticLayer for layer in self.cache.layers)
             if self.static:
+                self._stand_in_for_dropped_layers(device)
                 return
         self.cache, self.static = transformers.DynamicCache(config=config), False
+
+    def _stand_in_for_dropped_layers(self, device: Any) -> None:
+        """A pipeline stage keeps some layers only; the model reads the query's offset from the
+        cache's first layer whatever the stage: the dropped layers' entries count positions
+        too (set by `_seek`, as the kept ones' are), with no keys or values behind them."""
+        kept = {
+            m.layer_idx
+            for m in self.model.modules()
+            if isinstance(getattr(m, "layer_idx", None), int)
+        }
+        for index, layer in enumerate(self.cache.layers):
+            if kept and index not in kept:
+                layer.cumulative_length = torch.zeros((), dtype=torch.long, device=device)
+                layer.is_initialized = True
 
     def clear_caches(self) -> None:
         self.cache, self.static = None, False
@@ -192,4 +208,3 @@ def config_sizes(config: Any) -> dict[str, int]:
     from pytest_distperf.perfmodel.shape import hf_sizes
 
     return hf_sizes(config.to_dict() if hasattr(config, "to_dict") else dict(config))
-

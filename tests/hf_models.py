@@ -1,0 +1,60 @@
+"""Tiny transformers models for the suite: configs written to a folder, as a user keeps one
+beside their tests (`distperf(model="hf:<folder>")`), and the tokens of their own `generate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# Small enough for two CPU ranks; 4 heads and 2 key/value heads split by tp, 4 layers by
+# pipeline. No end-of-sequence token: every generation runs its whole length.
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 64,
+    "eos_token_id": None,
+    "bos_token_id": None,
+}
+FAMILIES = ("llama", "qwen2")
+
+
+def write_config(folder: Path, family: str, **sizes: Any) -> Path:
+    """`folder/config.json` of a tiny model of `family`, written by transformers itself."""
+    import transformers
+
+    config_class = transformers.AutoConfig.for_model(family, **{**TINY, **sizes})
+    config_class.save_pretrained(str(folder))
+    return folder
+
+
+def own_generate_tokens(
+    model: str, seed: int, batch: int, prompt_length: int, new_tokens: int
+) -> tuple[tuple[int, ...], ...]:
+    """The new tokens of the model's own greedy `generate` in this process (static cache), on
+    the prompt and weights a rank draws from the seed."""
+    import torch
+    from distperf_model.generate import make_prompt
+
+    from pytest_distperf.ranks.hf import build_hf
+
+    module, _ = build_hf(model, "", seed, torch.device("cpu"), torch.float32)
+    shape_vocab = module.config.vocab_size
+    prompt = make_prompt(_Vocab(shape_vocab), batch, prompt_length, seed)
+    with torch.no_grad():
+        out = module.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            cache_implementation="static",
+        )
+    return tuple(tuple(row) for row in out[:, prompt_length:].tolist())
+
+
+class _Vocab:
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
