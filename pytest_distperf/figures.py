@@ -103,6 +103,8 @@ RUN_FIGURES: tuple[Figure, ...] = (
            MarkdownColumn("Devices", 20, "count"), json_type=int),
     Figure("accelerator", "", from_spec("accelerator"), '"cpu" or "cuda"', SCALAR | MARKDOWN,
            json_type=str),
+    Figure("model_source", "", from_spec("model_source"),
+           'where the model came from: "preset", "litgpt", "hf" or "builder"', json_type=str),
     Figure("topology_key", "", judged("topology_key"), "the machine's topology: baselines' key",
            SCALAR | MARKDOWN, json_type=str),
     Figure("predicted_tokens_per_sec", "tok/s", judged("threshold.predicted_tokens_per_sec"),

@@ -96,6 +96,7 @@ JSON_KEYS = frozenset(
         "session_to_first_timed_s",
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
+        "model_source",
     }
 )
 # The keys of `RunResult.summary()`, the unjudged run's row.
@@ -114,6 +115,7 @@ SUMMARY_KEYS = frozenset(
         *("retimed_tokens_per_sec", "reference_source"),
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
+        "model_source",
     }
 )
 # JUnit XML properties, in this order.
