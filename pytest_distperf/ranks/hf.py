@@ -103,6 +103,16 @@ class HFCausalLM(nn.Module):
         )
         return output.logits
 
+    def next_token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The model's own training loss (its `loss_function`) of logits [B, T, V] against the
+        next tokens [B, T], already shifted."""
+        return self.model.loss_function(
+            logits=logits,
+            labels=None,
+            vocab_size=logits.shape[-1],
+            shift_labels=targets.contiguous(),
+        )
+
     def _seek(self, input_pos: torch.Tensor, length: int) -> None:
         """Point the cache's writes at input_pos[0]: on device for static layers (no host sync),
         else a new generation (a prompt of several tokens) starts from an empty cache."""
