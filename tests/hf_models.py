@@ -6,28 +6,30 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# Small enough for two CPU ranks; 4 heads and 2 key/value heads split by tp, 4 layers by
-# pipeline. No end-of-sequence token: every generation runs its whole length.
+# Small enough for two CPU ranks; 4 heads split by tp, 4 layers by pipeline. No end-of-sequence
+# token: every generation runs its whole length.
 TINY = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
-    "num_key_value_heads": 2,
     "vocab_size": 256,
     "max_position_embeddings": 64,
     "eos_token_id": None,
     "bos_token_id": None,
 }
-FAMILIES = ("llama", "qwen2")
+# Two families that differ where placement looks: Llama (grouped key/value heads, separate q, k,
+# v; `model.layers`, `norm`, `lm_head`) and GPT-NeoX (fused query_key_value with biases,
+# LayerNorm, `gpt_neox.layers`, `final_layer_norm`, `embed_out`).
+FAMILIES = {"llama": {"num_key_value_heads": 2}, "gpt_neox": {}}
 
 
 def write_config(folder: Path, family: str, **sizes: Any) -> Path:
     """`folder/config.json` of a tiny model of `family`, written by transformers itself."""
     import transformers
 
-    config_class = transformers.AutoConfig.for_model(family, **{**TINY, **sizes})
-    config_class.save_pretrained(str(folder))
+    values = {**TINY, **FAMILIES.get(family, {}), **sizes}
+    transformers.AutoConfig.for_model(family, **values).save_pretrained(str(folder))
     return folder
 
 
@@ -42,8 +44,7 @@ def own_generate_tokens(
     from pytest_distperf.ranks.hf import build_hf
 
     module, _ = build_hf(model, "", seed, torch.device("cpu"), torch.float32)
-    shape_vocab = module.config.vocab_size
-    prompt = make_prompt(_Vocab(shape_vocab), batch, prompt_length, seed)
+    prompt = make_prompt(module.config, batch, prompt_length, seed)
     with torch.no_grad():
         out = module.generate(
             prompt,
@@ -54,7 +55,3 @@ def own_generate_tokens(
         )
     return tuple(tuple(row) for row in out[:, prompt_length:].tolist())
 
-
-class _Vocab:
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size

@@ -130,6 +130,7 @@ class RankModel:
     name: str  # the model as the marker wrote it, for messages
     startup: Startup | None = None  # transformers' import and the build, for `hf:` models
     transformers_version: str = ""  # for a transformers model, the version that built it
+    forward_methods: tuple[str, ...] = ()  # what the test's own loop calls in place of forward
 
     def setup_caches(
         self,
@@ -241,7 +242,11 @@ def adapt(
         )
     assert caches is not None
     shape = measure_shape(module, units, sizes)
-    return RankModel(module, caches, units, shape, name, transformers_version=hf_version)
+    # The test's own loop calls a bare transformers model's `generate`: through the wrapper.
+    own = ("generate",) if hf_version and own_loop else ()
+    return RankModel(
+        module, caches, units, shape, name, transformers_version=hf_version, forward_methods=own
+    )
 
 
 def _caches_of(module: nn.Module) -> Caches | None:
