@@ -54,4 +54,3 @@ def own_generate_tokens(
             cache_implementation="static",
         )
     return tuple(tuple(row) for row in out[:, prompt_length:].tolist())
-

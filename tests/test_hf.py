@@ -2,8 +2,8 @@
 user's builder, under every strategy and gate.
 
 The tokens: a tiny Llama and a tiny GPT-NeoX under all seven strategies in the suite's shared
-ranks, each equal to the model's own greedy `generate` in this process. The gates: one session (in the
-suite's shared ranks) records baselines at the default thresholds for a config, a builder, a
+ranks, each equal to the model's own greedy `generate` in this process. The gates: one session
+(in the same ranks) records baselines at the default thresholds for a config, a builder, a
 user's loop over the model's own `generate`, and training with the model's own loss; a model
 without a tensor-parallel plan fails its setup saying what to pass. Needs the hf extra.
 """
@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hf_models import FAMILIES, own_generate_tokens, write_config
 from helpers import Session, run_session, write_files
+from hf_models import FAMILIES, own_generate_tokens, write_config
 from shared_pool import SharedPools
 
 from pytest_distperf.spec import RunSpec, Workload

@@ -83,6 +83,7 @@ class HFCausalLM(nn.Module):
         self.cache_keyword = "cache" if "cache" in forward else "past_key_values"
         self.cache: Any = None
         self.static = False  # the cache's layers are plain static ones: positions set on device
+        self.tp_ways = 1  # ranks its attention's heads are split over (tp sets it)
         # Every rank computes the same rotary tables: DDP need not broadcast them every forward.
         self._ddp_params_and_buffers_to_ignore = [name for name, _ in self.named_buffers()]
 
@@ -117,9 +118,8 @@ class HFCausalLM(nn.Module):
         """Point the cache's writes at input_pos[0]: on device for static layers (no host sync),
         else a new generation (a prompt of several tokens) starts from an empty cache."""
         if self.static:
-            for layer in self.cache.layers:
-                if layer.is_initialized:  # its position counter lives on the device from then
-                    layer.cumulative_length.copy_(input_pos[0])
+            for layer in self.cache.layers:  # made on the device by setup_caches
+                layer.cumulative_length.copy_(input_pos[0])
         elif length > 1:
             self.cache.reset()
 
@@ -136,21 +136,29 @@ class HFCausalLM(nn.Module):
             self.cache = transformers.StaticCache(config=config, max_cache_len=max_seq_length)
             self.static = all(type(layer) is StaticLayer for layer in self.cache.layers)
             if self.static:
-                self._stand_in_for_dropped_layers(device)
+                self._make_layers(max_batch_size, device, dtype)
                 return
         self.cache, self.static = transformers.DynamicCache(config=config), False
 
-    def _stand_in_for_dropped_layers(self, device: Any) -> None:
-        """A pipeline stage keeps some layers only; the model reads the query's offset from the
-        cache's first layer whatever the stage: the dropped layers' entries count positions
-        too (set by `_seek`, as the kept ones' are), with no keys or values behind them."""
+    def _make_layers(self, batch: int, device: Any, dtype: Any) -> None:
+        """Keys and values made now, not in the first forward (a compiled prefill cannot make
+        them), with this rank's key/value heads (`tp_ways` split them). A pipeline stage's
+        dropped layers get a position counter only: the model reads the query's offset from
+        the cache's first layer, whichever layers the stage kept."""
+        config = self.model.config
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads) // self.tp_ways
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        empty = torch.zeros((batch, kv_heads, 0, head_dim), dtype=dtype, device=device)
         kept = {
             m.layer_idx
             for m in self.model.modules()
             if isinstance(getattr(m, "layer_idx", None), int)
         }
         for index, layer in enumerate(self.cache.layers):
-            if kept and index not in kept:
+            if not kept or index in kept:
+                layer.lazy_initialization(empty, empty)
+            else:
                 layer.cumulative_length = torch.zeros((), dtype=torch.long, device=device)
                 layer.is_initialized = True
 

@@ -40,6 +40,7 @@ def _parallelize(
 ) -> Any:
     if plan is None and callable(getattr(model, "tp_plan", None)):
         model = split_by_plan(model, model.tp_plan(), model.tp_heads(), device_mesh, training)
+        model.tp_ways = tp_mesh(device_mesh).size()  # its cache holds this rank's heads only
     elif plan is None:
         model = tensor_parallel(model, device_mesh, training=training)
     else:
