@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from pytest_distperf.models import hf_config_path
+from pytest_distperf.ranks.weights import init_from_seed
 from pytest_distperf.spec import HF_EXTRA
 
 HF_BASE = "PreTrainedModel"  # the class every transformers model derives from
@@ -44,8 +45,6 @@ def build_hf(
 ) -> tuple[nn.Module, Startup]:
     """`AutoModelForCausalLM` from the config `hf:<config>` names, on `device` in `dtype`,
     its weights from `seed` alone (nothing downloaded); and what the import and build cost."""
-    from pytest_distperf.ranks.models import init_from_seed
-
     path = hf_config_path(model, test_dir)
     began = time.perf_counter()
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import importlib
 import inspect
 import sys
@@ -21,6 +20,7 @@ from torch import nn
 
 from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks.hf import HFCausalLM, Startup, config_sizes, is_hf_causal_lm
+from pytest_distperf.ranks.weights import init_from_seed
 from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, Workload
 
 THIS_CACHE_API = "setup_caches(max_batch_size, max_seq_length, device=, dtype=) and clear_caches()"
@@ -392,27 +392,3 @@ def build_litgpt(
         module.register_buffer("sin", sin.to(dtype), persistent=False)
     init_from_seed(module, seed)
     return module.eval()
-
-
-def _param_seed(seed: int, name: str) -> int:
-    # A keyed digest, not hash() (salted per interpreter); low 32 bits depend on both inputs,
-    # since the CPU generator only uses those.
-    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-@torch.no_grad()
-def init_from_seed(module: nn.Module, seed: int) -> None:
-    """Every parameter from (seed, its name) alone: biases 0, other vectors (norm scales) 1,
-    matrices N(0, 0.02) drawn in float32; the same whatever the build order, device history or
-    dtype, so every rank and every copy holds the same weights without a broadcast."""
-    for name, p in module.named_parameters():
-        if name.rsplit(".", 1)[-1] == "bias":
-            p.zero_()
-        elif p.dim() < 2:
-            p.fill_(1.0)
-        else:
-            generator = torch.Generator(device=p.device)
-            generator.manual_seed(_param_seed(seed, name))
-            draw = torch.empty(p.shape, dtype=torch.float32, device=p.device)
-            p.copy_(draw.normal_(0.0, 0.02, generator=generator))
