@@ -34,7 +34,7 @@ def write_config(folder: Path, family: str, **sizes: Any) -> Path:
 
 
 def own_generate_tokens(
-    model: str, seed: int, batch: int, prompt_length: int, new_tokens: int
+    model: str, seed: int, batch: int, prompt_length: int, new_tokens: int, device: str = "cpu"
 ) -> tuple[tuple[int, ...], ...]:
     """The new tokens of the model's own greedy `generate` in this process (static cache), on
     the prompt and weights a rank draws from the seed."""
@@ -43,8 +43,8 @@ def own_generate_tokens(
 
     from pytest_distperf.ranks.hf import build_hf
 
-    module, _ = build_hf(model, "", seed, torch.device("cpu"), torch.float32)
-    prompt = make_prompt(module.config, batch, prompt_length, seed)
+    module, _ = build_hf(model, "", seed, torch.device(device), torch.float32)
+    prompt = make_prompt(module.config, batch, prompt_length, seed, device)
     with torch.no_grad():
         out = module.generate(
             prompt,

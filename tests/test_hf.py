@@ -10,9 +10,11 @@ without a tensor-parallel plan fails its setup saying what to pass. Needs the hf
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import hf_models
 import pytest
 from helpers import Session, run_session, write_files
 from hf_models import FAMILIES, own_generate_tokens, write_config
@@ -209,3 +211,78 @@ def test_hf_config_relative_to_the_test_file(gated: Session) -> None:
     # session started elsewhere finds it the same way (the test's folder, not the cwd).
     assert Path(gated.path / "llama" / "config.json").is_file()
     assert "test_config[pipeline-2cpu]" in gated.rows()
+
+
+# --------------------------------------------------------------------------- in this process
+
+
+def _tiny_llama(**changes: object) -> object:
+    import torch
+    import transformers
+
+    sizes = {**hf_models.TINY, **hf_models.FAMILIES["llama"], **changes}
+    torch.manual_seed(SEED)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**sizes)).eval()
+
+
+def test_a_builders_hf_model_is_adapted_its_layers_and_sizes_found() -> None:
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP
+
+    from pytest_distperf.ranks.hf import HFCausalLM, is_hf_causal_lm
+    from pytest_distperf.ranks.models import adapt
+
+    model = _tiny_llama()
+    assert is_hf_causal_lm(model) and not is_hf_causal_lm(model.model)  # no head: not an LM
+    built = adapt(model, "builders:llama")
+    assert isinstance(built.module, HFCausalLM) and built.units == (LlamaDecoderLayer,)
+    assert (built.shape.n_layer, built.shape.n_query_groups, built.shape.block_size) == (4, 2, 64)
+    assert built.transformers_version and built.forward_methods == ()
+    mlp = "transformers.models.llama.modeling_llama:LlamaMLP"
+    assert adapt(_tiny_llama(), "m", shard_unit=mlp).units == (LlamaMLP,)  # the marker's wins
+    own = adapt(_tiny_llama(), "m", own_loop=True)  # the test's own loop: the model as it is
+    assert type(own.module).__name__ == "LlamaForCausalLM"
+    assert own.forward_methods == ("generate",) and own.units == (LlamaDecoderLayer,)
+
+
+def test_placement_errors_say_why_and_what_to_pass() -> None:
+    import torch
+
+    from pytest_distperf.ranks.hf import HFCausalLM
+
+    model = _tiny_llama()
+    model.config.base_model_tp_plan = None
+    with pytest.raises(ValueError, match=r"no base_model_tp_plan.*tp_plan='package.module"):
+        HFCausalLM(model, "builders:no_plan").tp_plan()
+    adapter = HFCausalLM(_tiny_llama(), "m")
+    assert adapter.tp_plan()["model.model.layers.*.self_attn.o_proj"] == "rowwise"
+    parts = adapter.pipeline_parts()
+    assert [attribute for _, attribute in parts] == ["embed_tokens", "layers", "norm", "lm_head"]
+    adapter.model.get_input_embeddings = lambda: torch.nn.Embedding(2, 2)  # not a direct part
+    with pytest.raises(TypeError, match="no embedding found .* cannot be cut by layers"):
+        adapter.pipeline_parts()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA device (gpu marker)"
+)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_hf_model_on_one_gpu_generates_its_own_generate_tokens(
+    compiled: bool, configs: dict[str, str]
+) -> None:
+    """On a GPU the static cache's positions move on the device (and, compiled, as graphs):
+    the tokens must still be the model's own `generate`'s."""
+    from pytest_distperf.launch.pool import Pools
+
+    model = configs["llama"]
+    expected = own_generate_tokens(model, SEED, BATCH, PROMPT, NEW, device="cuda")
+    pools = Pools()
+    try:
+        for strategy in ("auto", "fsdp"):
+            spec = dataclasses.replace(
+                _spec(model, strategy), accelerator="cuda", devices=1, compile=compiled
+            )
+            result = pools.run(spec)
+            assert result.ranks[0].tokens == expected, strategy
+    finally:
+        pools.close()

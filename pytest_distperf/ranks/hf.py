@@ -26,10 +26,13 @@ HF_BASE = "PreTrainedModel"  # the class every transformers model derives from
 def is_hf_causal_lm(module: Any) -> bool:
     """`module` is a transformers model with an output head, told from its classes alone (so
     that checking a builder's module never imports transformers)."""
-    return any(
+    if not any(
         kind.__name__ == HF_BASE and kind.__module__.startswith("transformers.")
         for kind in type(module).__mro__
-    ) and callable(getattr(module, "get_output_embeddings", None))
+    ):
+        return False
+    head = getattr(module, "get_output_embeddings", None)
+    return callable(head) and head() is not None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@
 # summary.txt (plugin tok/s over generate's; the target is 0.9 or more) under $OUT.
 #   bash docs/benchmarks/gpu/run_hf.sh
 #   STEPS="hf-eager plugin-eager" bash docs/benchmarks/gpu/run_hf.sh     # a part of it
+#   STEPS=gpu-test bash docs/benchmarks/gpu/run_hf.sh   # tests/test_hf.py's gpu test (tokens)
 set -x
 set -uo pipefail
 OUT=${OUT:-/tmp/distperf-hf}
@@ -46,6 +47,8 @@ for name in ${STEPS:-hf-eager plugin-eager hf-compiled plugin-compiled}; do
     hf-compiled) own compiled ;;
     plugin-eager) plugin eager ;;
     plugin-compiled) plugin compiled ;;
+    gpu-test) timeout 300 python3 -m pytest -p no:cacheprovider tests/test_hf.py -m gpu -v \
+        > "$OUT/gpu-test.log" 2>&1; echo "== gpu-test rc=$?"; tail -5 "$OUT/gpu-test.log" ;;
     *) echo "unknown step $name" >&2; exit 2 ;;
   esac
 done
