@@ -2,11 +2,11 @@
 user's builder, under every strategy and gate.
 
 The tokens: a tiny Llama under all seven strategies and a tiny GPT-NeoX under one of each family,
-in the suite's shared ranks, each equal to the model's own greedy `generate` in this process. The gates: one session
-(in the same ranks) records baselines at the default thresholds for a config (all seven
-strategies), a builder, a user's loop over the model's own `generate`, and training with the
-model's own loss, then judges one run against its baseline; a model without a tensor-parallel
-plan fails its setup saying what to pass. Needs the hf extra.
+in the suite's shared ranks, each equal to the model's own greedy `generate` in this process.
+The gates: one session (in the same ranks) records baselines at the default thresholds for a
+config (all seven strategies), a builder, a user's loop over the model's own `generate`, and
+training with the model's own loss, then judges one run against its baseline; a model without
+a tensor-parallel plan fails its setup saying what to pass. Needs the hf extra.
 """
 
 from __future__ import annotations
