@@ -79,7 +79,7 @@ class HFCausalLM(nn.Module):
         super().__init__()
         self.model = model
         self.name = name
-        self.block_class = decoder_layers(model, name)
+        self.block_class = decoder_layers(model)
         forward = inspect.signature(model.forward).parameters
         # transformers renamed `past_key_values` to `cache` (5.2x); both are accepted here.
         self.cache_keyword = "cache" if "cache" in forward else "past_key_values"
@@ -87,11 +87,7 @@ class HFCausalLM(nn.Module):
         self.static = False  # the cache's layers are plain static ones: positions set on device
         self.tp_ways = 1  # ranks its attention's heads are split over (tp sets it)
         # Every rank computes the same rotary tables: DDP need not broadcast them every forward.
-        self._ddp_params_and_buffers_to_ignore = [name for name, _ in self.named_buffers()]
-
-    @property
-    def hf_config(self) -> Any:
-        return self.model.config
+        self._ddp_params_and_buffers_to_ignore = [buffer for buffer, _ in self.named_buffers()]
 
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, V] of idx [B, T] at positions input_pos [T] (the cache's, if set up)."""
@@ -117,8 +113,10 @@ class HFCausalLM(nn.Module):
         )
 
     def _seek(self, input_pos: torch.Tensor, length: int) -> None:
-        """Point the cache's writes at input_pos[0]: on device for static layers (no host sync),
-        else a new generation (a prompt of several tokens) starts from an empty cache."""
+        """Point the cache's writes at input_pos[0]: on the device for static layers (no host
+        sync; their own counter would append). A dynamic cache only appends: a prompt of several
+        tokens starts a new generation from an empty cache (a one-token prompt cannot be told
+        from a decode step without a host sync, so such a model needs prompts of 2 or more)."""
         if self.static:
             for layer in self.cache.layers:  # made on the device by setup_caches
                 layer.cumulative_length.copy_(input_pos[0])
@@ -126,10 +124,10 @@ class HFCausalLM(nn.Module):
             self.cache.reset()
 
     def setup_caches(
-        self, max_batch_size: int, max_seq_length: int, device: Any = None, dtype: Any = None
+        self, max_batch_size: int, max_seq_length: int, device: torch.device, dtype: torch.dtype
     ) -> None:
-        """The model's own cache for `max_seq_length` positions: static where the model's
-        layers allow it (its keys and values made at the first forward, in that one's shape)."""
+        """The model's own cache for `max_seq_length` positions: a `StaticCache` where the model
+        compiles whole and every layer of it is a plain static one (made here), else dynamic."""
         import transformers
         from transformers.cache_utils import StaticLayer
 
@@ -142,7 +140,7 @@ class HFCausalLM(nn.Module):
                 return
         self.cache, self.static = transformers.DynamicCache(config=config), False
 
-    def _make_layers(self, batch: int, device: Any, dtype: Any) -> None:
+    def _make_layers(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
         """Keys and values made now, not in the first forward (a compiled prefill cannot make
         them), with this rank's key/value heads (`tp_ways` split them). A pipeline stage's
         dropped layers get a position counter only: the model reads the query's offset from
@@ -216,11 +214,10 @@ class HFCausalLM(nn.Module):
         return tuple(found[p] for p in ("embedding", "layers", "norm", "head"))
 
 
-def decoder_layers(model: nn.Module, name: str) -> tuple[type[nn.Module], ...]:
+def decoder_layers(model: nn.Module) -> tuple[type[nn.Module], ...]:
     """The classes `_no_split_modules` names, as found in `model`: its decoder layers."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    found = tuple({type(m): None for m in model.modules() if type(m).__name__ in names})
-    return found
+    return tuple({type(m): None for m in model.modules() if type(m).__name__ in names})
 
 
 def config_sizes(config: Any) -> dict[str, int]:

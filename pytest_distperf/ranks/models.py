@@ -274,7 +274,7 @@ def _units_of(module: nn.Module, name: str, shard_unit: str | None) -> tuple[typ
     if is_hf_causal_lm(module):  # a bare one, for the test's own loop
         from pytest_distperf.ranks.hf import decoder_layers
 
-        declared = decoder_layers(module, name) or None
+        declared = decoder_layers(module) or None
     if declared:
         return tuple(declared) if isinstance(declared, tuple) else (declared,)
     lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
