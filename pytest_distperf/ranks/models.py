@@ -19,7 +19,14 @@ import torch
 from torch import nn
 
 from pytest_distperf.perfmodel.shape import ModelShape
-from pytest_distperf.ranks.hf import HFCausalLM, Startup, config_sizes, is_hf_causal_lm
+from pytest_distperf.ranks.hf import (
+    HFCausalLM,
+    Startup,
+    config_sizes,
+    decoder_layers,
+    is_hf_causal_lm,
+    transformers_version,
+)
 from pytest_distperf.ranks.weights import init_from_seed
 from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, Workload
 
@@ -196,15 +203,16 @@ def adapt(
 ) -> RankModel:
     """`module` seen through one interface; a TypeError listing everything it lacks otherwise.
     A transformers causal LM runs as it is: in its adapter for the built-in loop, or bare for
-    the test's own loop (`own_loop`), which needs nothing of it but its forward."""
+    the test's own loop (`own_loop`), which needs nothing of a module but its forward (the
+    caches of a module that has them are set up for it all the same)."""
     hf_version, sizes = "", {}
     if is_hf_causal_lm(module):
-        from pytest_distperf.ranks.hf import transformers_version
-
         hf_version, sizes = transformers_version(), config_sizes(module.config)
         module = module if own_loop else HFCausalLM(module, name)
     problems = []
-    caches = OwnLoopCaches() if own_loop else _caches_of(module)
+    caches = _caches_of(module)
+    if caches is None and own_loop:  # the test's own loop keeps its own cache, if any
+        caches = OwnLoopCaches()
     if caches is None:
         cache_like = sorted(n for n in dir(type(module)) if "cache" in n.lower())
         has = f"; it has {', '.join(cache_like)}" if cache_like else ""
@@ -272,8 +280,6 @@ def _units_of(module: nn.Module, name: str, shard_unit: str | None) -> tuple[typ
         return (unit,)
     declared = getattr(module, "block_class", None)
     if is_hf_causal_lm(module):  # a bare one, for the test's own loop
-        from pytest_distperf.ranks.hf import decoder_layers
-
         declared = decoder_layers(module) or None
     if declared:
         return tuple(declared) if isinstance(declared, tuple) else (declared,)
