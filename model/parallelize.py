@@ -2,7 +2,9 @@
 
 FSDP2 per block; tensor parallelism by hand on LitGPT's module names; pipeline stages of
 contiguous blocks that pass activations rank to rank. Each works on the reference GPT and on
-LitGPT's GPT as they are (both name their parts `transformer.wte/h/ln_f` and `lm_head`).
+LitGPT's GPT as they are (both name their parts `transformer.wte/h/ln_f` and `lm_head`); the
+pipeline also on a model that names its own parts (`pipeline_parts()`: a transformers model's
+adapter, pytest_distperf/ranks/hf.py).
 """
 
 from __future__ import annotations

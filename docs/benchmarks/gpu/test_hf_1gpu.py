@@ -22,3 +22,13 @@ NEW = int(os.environ.get("DISTPERF_HF_NEW", "64"))
 def test_hf_llama_1b(distperf):
     result = distperf.run()
     assert result.tokens_per_sec > 0
+
+
+# Compiled (run_hf.sh runs it in a session of its own): fsdp last, its autotuning the longest.
+@pytest.mark.strategy("auto", "fsdp-noreshard", "fsdp")
+@pytest.mark.distperf(
+    model=f"hf:{CONFIG}", precision="bf16", prompt_length=PROMPT, max_new_tokens=NEW, compile=True
+)
+def test_hf_llama_1b_compiled(distperf):
+    result = distperf.run()
+    assert result.tokens_per_sec > 0
