@@ -71,7 +71,8 @@ def make_step(
 ) -> Step:
     """One optimizer step of `module` on the batch; returns the loss (not synchronised). The
     model's own loss where it has one (`next_token_loss`: a transformers model's)."""
-    own_loss = getattr(module, "next_token_loss", None)
+    # Read from the model itself: a method read through Fabric's wrapper is tracked each call.
+    own_loss = getattr(getattr(module, "module", module), "next_token_loss", None)
     loss_of = own_loss if callable(own_loss) else next_token_loss
 
     def step() -> torch.Tensor:
