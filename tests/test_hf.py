@@ -91,6 +91,7 @@ def test_hf_model_generates_its_own_generate_tokens_under_every_strategy(
 
 # --------------------------------------------------------------------------- every gate
 
+# Its own module name: the shared ranks keep a module once imported (LitGPT's are `builders`).
 BUILDERS = """
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -141,7 +142,7 @@ def test_config(distperf):
 
 
 @pytest.mark.strategy("fsdp")
-@pytest.mark.distperf(model="builders:llama", max_new_tokens=4, batch_size=2)
+@pytest.mark.distperf(model="hf_builders:llama", max_new_tokens=4, batch_size=2)
 def test_builder(distperf):
     distperf.run()
 
@@ -150,7 +151,7 @@ def test_builder(distperf):
 # auto (DDP) its call of the model's `generate` goes through DDP's forward.
 @pytest.mark.strategy("auto")
 @pytest.mark.distperf(
-    model="builders:llama", max_new_tokens=4, generate="builders:hf_generate", gates=False
+    model="hf_builders:llama", max_new_tokens=4, generate="hf_builders:hf_generate", gates=False
 )
 def test_own_generate(distperf):
     distperf.run()
@@ -167,7 +168,7 @@ import pytest
 
 
 @pytest.mark.strategy("tp")
-@pytest.mark.distperf(model="builders:no_plan", max_new_tokens=4)
+@pytest.mark.distperf(model="hf_builders:no_plan", max_new_tokens=4)
 def test_no_plan(distperf):
     distperf.run()
 """
@@ -178,7 +179,7 @@ def sessions(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict
     """Every HF test recorded as a baseline at the default thresholds, in the shared ranks; then
     two of them again, judged against those baselines."""
     path = tmp_path_factory.mktemp("hf-gates")
-    write_files(path, builders=BUILDERS, test_suite=SUITE, test_bad=BAD)
+    write_files(path, hf_builders=BUILDERS, test_suite=SUITE, test_bad=BAD)
     write_config(path / "llama", "llama")
     common = ("--distperf-devices=2", "--distperf-accelerator=cpu", "--distperf-repeats=3")
     again = ("test_suite.py::test_config[auto-2cpu]",)
@@ -259,7 +260,7 @@ def test_a_builders_hf_model_is_adapted_its_layers_and_sizes_found() -> None:
 
     model = _tiny_llama()
     assert is_hf_causal_lm(model) and not is_hf_causal_lm(model.model)  # no head: not an LM
-    built = adapt(model, "builders:llama")
+    built = adapt(model, "hf_builders:llama")
     assert isinstance(built.module, HFCausalLM) and built.units == (LlamaDecoderLayer,)
     assert (built.shape.n_layer, built.shape.n_query_groups, built.shape.block_size) == (4, 2, 64)
     assert built.transformers_version and built.forward_methods == ()
@@ -278,7 +279,7 @@ def test_placement_errors_say_why_and_what_to_pass() -> None:
     model = _tiny_llama()
     model.config.base_model_tp_plan = None
     with pytest.raises(ValueError, match=r"no base_model_tp_plan.*tp_plan='package.module"):
-        HFCausalLM(model, "builders:no_plan").tp_plan()
+        HFCausalLM(model, "hf_builders:no_plan").tp_plan()
     adapter = HFCausalLM(_tiny_llama(), "m")
     assert adapter.tp_plan()["model.model.layers.*.self_attn.o_proj"] == "rowwise"
     parts = adapter.pipeline_parts()
