@@ -52,5 +52,6 @@ def own_generate_tokens(
             max_new_tokens=new_tokens,
             do_sample=False,
             cache_implementation="static",
+            disable_compile=True,  # on a GPU transformers would compile it: eager is the truth
         )
     return tuple(tuple(row) for row in out[:, prompt_length:].tolist())
