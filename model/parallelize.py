@@ -2,7 +2,9 @@
 
 FSDP2 per block; tensor parallelism by hand on LitGPT's module names; pipeline stages of
 contiguous blocks that pass activations rank to rank. Each works on the reference GPT and on
-LitGPT's GPT as they are (both name their parts `transformer.wte/h/ln_f` and `lm_head`).
+LitGPT's GPT as they are (both name their parts `transformer.wte/h/ln_f` and `lm_head`); the
+pipeline also on a model that names its own parts (`pipeline_parts()`: a transformers model's
+adapter, pytest_distperf/ranks/hf.py).
 """
 
 from __future__ import annotations
@@ -358,6 +360,20 @@ def split_blocks(n_blocks: int, stages: int) -> tuple[tuple[int, int], ...]:
     return tuple(bounds)
 
 
+Part = tuple[nn.Module, str]  # (owner, attribute): where a stage keeps or drops one part
+
+
+def _pipeline_parts(model: nn.Module) -> tuple[Part, Part, Part, Part]:
+    """Where the embedding, the blocks' list, the final norm and the head live: the model's own
+    `pipeline_parts()` (a transformers model's adapter), else LitGPT's names."""
+    own = getattr(model, "pipeline_parts", None)
+    if callable(own):
+        return own()
+    root = _pipeline_root(model)
+    t = root.transformer
+    return (t, "wte"), (t, "h"), (t, "ln_f"), (root, "lm_head")
+
+
 def _pipeline_root(model: nn.Module) -> nn.Module:
     """The GPT inside `model`: the first module with `transformer.wte/h/ln_f` and `lm_head`."""
     for module in model.modules():
@@ -409,21 +425,21 @@ class PipelineStage(nn.Module):
         self.module = model
         self.rank, self.world_size, self.comm_delay_s = rank, world_size, comm_delay_s
         self.last = world_size - 1
-        root = _pipeline_root(model)
-        transformer = root.transformer
-        blocks = list(transformer.h)
+        embedding, blocks_at, norm, head = _pipeline_parts(model)
+        blocks = list(getattr(*blocks_at))
         self.n_blocks = len(blocks)
         self.stages = split_blocks(len(blocks), world_size)
         start, stop = self.stages[rank]
-        transformer.h = nn.ModuleList(blocks[start:stop])
-        wte = transformer.wte
+        kept = nn.ModuleList(blocks[start:stop])
+        setattr(*blocks_at, kept)
+        wte = getattr(*embedding)
         if rank > 0:
-            transformer.wte = _NoEmbedding(wte.embedding_dim, wte.weight.dtype)
-            transformer.h[0].register_forward_pre_hook(self._receive, with_kwargs=True)
+            setattr(*embedding, _NoEmbedding(wte.embedding_dim, wte.weight.dtype))
+            kept[0].register_forward_pre_hook(self._receive, with_kwargs=True)
         if rank < self.last:
-            transformer.h[-1].register_forward_hook(self._send_on)
-            transformer.ln_f = nn.Identity()
-            root.lm_head = _NoHead()
+            kept[-1].register_forward_hook(self._send_on)
+            setattr(*norm, nn.Identity())
+            setattr(*head, _NoHead())
 
     def forward(self, idx: Tensor, input_pos: Tensor | None = None) -> Tensor:
         """Logits [B, T, V] on the last stage; [B, T, 0] on the others."""

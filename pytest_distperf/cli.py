@@ -227,7 +227,10 @@ def _load_config(name: str) -> Any:
     except ValueError as exc:
         raise UsageError(f"--model: {exc}") from None
     if shape is None:
-        raise UsageError(f"--model {name}: a builder's shape is known only once a rank builds it")
+        raise UsageError(
+            f"--model {name}: a builder's or a transformers model's shape is known only once a "
+            "rank builds it"
+        )
     return shape
 
 

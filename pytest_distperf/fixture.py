@@ -70,6 +70,7 @@ class DistperfRun:
             timeout=settings.timeout,
             numa_binding=settings.numa_binding,
             sys_path=tuple(sys.path),  # what the test can import, its ranks can
+            test_dir=markers.test_dir(self._item),
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
             count_work=settings.count,
             relative_speed=settings.gate_value("relative_speed", self._marker_gates()),

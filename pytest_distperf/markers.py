@@ -105,22 +105,30 @@ def workload_of(item: pytest.Item) -> Workload:
     kwargs = marker_kwargs(item)
     try:
         workload = workload_from_marker(kwargs, item.nodeid, known_models())
-        check_fits(workload, item.nodeid)
+        check_fits(workload, item.nodeid, test_dir(item))
         return workload
     except SettingError as error:
         message = str(error)
     pytest.fail(message, pytrace=False)  # outside `except`: no chained duplicate in the report
 
 
-def check_fits(workload: Workload, where: str) -> None:
+def test_dir(item: pytest.Item) -> str:
+    """The test file's folder: where a relative `distperf(model="hf:<config>")` starts."""
+    path = getattr(item, "path", None)
+    return str(path.parent) if path is not None else ""
+
+
+def check_fits(workload: Workload, where: str, test_dir: str = "") -> None:
     """The KV cache must hold the prompt and every new token (and the reference's steps), within
-    the model's own context: a preset's or LitGPT config's `block_size`. A builder's model is
-    checked by its ranks, once built (its `config.block_size`, or a `max_seq_length` it set)."""
+    the model's own context: a preset's or LitGPT config's `block_size`, an HF config's
+    `max_position_embeddings` (its file found from `test_dir` here: a missing one fails the
+    test now). A builder's model is checked by its ranks, once built (its `config.block_size`,
+    or a `max_seq_length` it set)."""
     from pytest_distperf.models import ModelError, context_limit
     from pytest_distperf.spec import RunSpec
 
     try:
-        block_size = context_limit(workload.model)
+        block_size = context_limit(workload.model, test_dir)
     except ModelError as error:
         raise SettingError(f"{where}: distperf(model={workload.model!r}): {error}") from None
     if block_size is None:

@@ -124,6 +124,7 @@ class RunResult:
     strategy: str = _reduced()
     devices: int = _reduced()
     accelerator: str = _reduced()  # "cpu" or "cuda"
+    model_source: str = _reduced()  # "preset", "litgpt", "hf" or "builder"
     nodes: int = _reduced()  # hosts the ranks ran on
     mode: str = _reduced()  # "generate" or "train"
     workload: Workload = _reduced()
@@ -266,6 +267,7 @@ def reduce_ranks(
         strategy=spec.strategy,
         devices=spec.devices,
         accelerator=spec.accelerator,
+        model_source=spec.model_source,
         nodes=spec.nodes,
         mode=workload.mode,
         workload=workload,

@@ -1,12 +1,15 @@
 """What `distperf(model=...)` names, as the pytest process knows it before any rank runs: the
 model's shape and its context, from a preset's config or LitGPT's config module loaded alone; a
-builder's only once a rank built it (`RankResult.model_shape`). No torch, nothing from the ranks.
+builder's or a `transformers` model's only once a rank built it (`RankResult.model_shape`), but
+where an `hf:<config>` is found (and its context) here already. No torch, nothing from the ranks.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,7 +17,7 @@ from typing import Any
 
 from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel.shape import ModelShape
-from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, Workload
+from pytest_distperf.spec import HF_EXTRA, HF_PREFIX, LITGPT_EXTRA, LITGPT_PREFIX, Workload
 
 
 class ModelError(ValueError):
@@ -49,8 +52,9 @@ def litgpt_config(config_name: str) -> Any:
         raise ModelError(f"{error} (see litgpt.config.name_to_config)") from None
 
 
-def context_limit(model: str) -> int | None:
-    """The named model's `block_size`; None for a builder (its ranks check it once built)."""
+def context_limit(model: str, test_dir: str = "") -> int | None:
+    """The named model's `block_size` (an HF config's `max_position_embeddings`); None for a
+    builder (its ranks check it once built). `test_dir`: where a relative `hf:` path starts."""
     source = Workload(model=model).model_source
     if source == "preset":
         from distperf_model.config import Config
@@ -58,18 +62,88 @@ def context_limit(model: str) -> int | None:
         return Config.from_name(model).block_size
     if source == "litgpt":
         return int(litgpt_config(model[len(LITGPT_PREFIX) :]).block_size)
+    if source == "hf":
+        limit = hf_config(model, test_dir).get("max_position_embeddings")
+        return limit if isinstance(limit, int) and limit > 0 else None
     return None
+
+
+# --------------------------------------------------------------------------- transformers
+
+
+def hf_hub_cache() -> Path:
+    """The local Hugging Face hub cache, as `huggingface_hub` finds it (its variables)."""
+    for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(variable):
+            return Path(os.environ[variable]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser()
+    return cache / "huggingface" / "hub"
+
+
+def _cached_config(hub_id: str) -> Path | None:
+    """`config.json` of `hub_id` in the local cache: the snapshot `refs/main` names, else any."""
+    repo = hf_hub_cache() / f"models--{hub_id.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        pinned = snapshots / ref.read_text().strip() / "config.json"
+        if pinned.is_file():
+            return pinned
+    found = sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
+    return found[0] if found else None
+
+
+def hf_config_path(model: str, test_dir: str = "") -> Path:
+    """The `config.json` that `hf:<config>` names: a folder holding one or the file itself
+    (relative to `test_dir`, the test file's folder, or absolute), else a hub id found in the
+    local Hugging Face cache; nothing is downloaded. ModelError saying what to pass otherwise."""
+    name = model[len(HF_PREFIX) :] if model.startswith(HF_PREFIX) else model
+    if not name.strip():
+        raise ModelError(f"{HF_PREFIX}{name}: name a config folder, a config file or a hub id")
+    path = Path(name).expanduser()
+    if not path.is_absolute() and test_dir:
+        path = Path(test_dir) / path
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path / "config.json"
+        raise ModelError(f"{HF_PREFIX}{name}: folder {path} holds no config.json")
+    if path.is_file():
+        return path
+    cached = _cached_config(name) if name.count("/") <= 1 and not name.endswith(".json") else None
+    if cached is not None:
+        return cached
+    raise ModelError(
+        f"{HF_PREFIX}{name}: no config at {path} (a folder holding config.json, or the file) and "
+        f"no {name!r} in the local Hugging Face cache ({hf_hub_cache()}); pass a config folder "
+        f"or file, or download the config first: `hf download {name} config.json` (weights are "
+        f"drawn from the seed, none are needed; the model needs {HF_EXTRA})"
+    )
+
+
+def hf_config(model: str, test_dir: str = "") -> dict[str, Any]:
+    """The JSON of `hf:<config>`'s config file; ModelError naming the file if it is not one."""
+    path = hf_config_path(model, test_dir)
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ModelError(f"{model}: cannot read {path} as a JSON config: {error}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ModelError(f'{model}: {path} is not a transformers config (no "model_type" in it)')
+    return config
 
 
 @functools.cache
 def shape_of(model: str) -> ModelShape | None:
-    """The shape of a preset or a LitGPT name; None for a builder (known after its build)."""
+    """The shape of a preset or a LitGPT name; None for a builder or an HF config (measured on
+    the model a rank built)."""
     source = Workload(model=model).model_source
     if source == "preset":
         from distperf_model.config import Config
 
         return ModelShape.from_config(Config.from_name(model))
-    if source == "builder":
+    if source in ("builder", "hf"):
         return None
     return litgpt_shape(litgpt_config(model[len(LITGPT_PREFIX) :]))
 

@@ -15,6 +15,7 @@ from typing import Any
 from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
 from pytest_distperf.spec import (
     DEFAULT_SEQ_LENGTH,
+    HF_PREFIX,
     LITGPT_PREFIX,
     MODES,
     PRECISIONS,
@@ -297,13 +298,14 @@ def workload_from_marker(
     gate_from_marker(kwargs, where)  # validated here too, so collection reports it
     values = {**Workload().params(), **{k: v for k, v in kwargs.items() if k in fields}}
     model = values["model"]
-    litgpt = isinstance(model, str) and model.startswith(LITGPT_PREFIX) and model != LITGPT_PREFIX
-    if not isinstance(model, str) or not (
-        model in known_models or litgpt or _is_import_path(model)
-    ):
+    named = isinstance(model, str) and any(
+        model.startswith(prefix) and model != prefix for prefix in (LITGPT_PREFIX, HF_PREFIX)
+    )
+    if not isinstance(model, str) or not (model in known_models or named or _is_import_path(model)):
         raise SettingError(
             f"{where}: distperf(model={model!r}) is not a known model; valid: "
-            f"{', '.join(known_models)}, '{LITGPT_PREFIX}<LitGPT config name>', or "
+            f"{', '.join(known_models)}, '{LITGPT_PREFIX}<LitGPT config name>', "
+            f"'{HF_PREFIX}<config folder, file or hub id>', or "
             "'package.module:function' naming your own builder"
         )
     for name, what in (("generate", "function"), ("shard_unit", "Class"), ("tp_plan", "function")):

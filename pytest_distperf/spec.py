@@ -23,14 +23,19 @@ DEFAULT_SEQ_LENGTH = 128
 # `distperf(model="litgpt:pythia-14m")`: LitGPT's own GPT for that config name (the litgpt extra).
 LITGPT_PREFIX = "litgpt:"
 LITGPT_EXTRA = "pip install 'pytest-distperf[litgpt]'"
+# `distperf(model="hf:configs/llama")`: a `transformers` causal LM from its config (the hf extra):
+# a folder holding config.json, the file itself, or a hub id in the local Hugging Face cache.
+HF_PREFIX = "hf:"
+HF_EXTRA = "pip install 'pytest-distperf[hf]'"
 
 
 @dataclass(frozen=True)
 class Workload:
-    """What one test generates; set by the `distperf` marker. `model`: a preset, "litgpt:<name>"
-    or a builder "package.module:function" (`function(seed=, device=, dtype=)`, the contract:
-    docs/extending.md); `generate`: the user's loop `function(model, prompt, max_new_tokens)`;
-    `shard_unit`: the class FSDP wraps; `tp_plan`: `function(model, tp_mesh) -> model`."""
+    """What one test generates; set by the `distperf` marker. `model`: a preset, "litgpt:<name>",
+    "hf:<config>" or a builder "package.module:function" (`function(seed=, device=, dtype=)`,
+    the contract: docs/extending.md); `generate`: the user's loop `function(model, prompt,
+    max_new_tokens)`; `shard_unit`: the class FSDP wraps; `tp_plan`: `function(model, tp_mesh)
+    -> model`."""
 
     model: str = "tiny"
     max_new_tokens: int = 32
@@ -59,17 +64,19 @@ class Workload:
 
     @property
     def model_source(self) -> str:
-        """Where the model comes from: "preset", "litgpt" (a LitGPT config name) or "builder"
-        (a user's function)."""
+        """Where the model comes from: "preset", "litgpt" (a LitGPT config name), "hf" (a
+        `transformers` config) or "builder" (a user's function)."""
         if self.model.startswith(LITGPT_PREFIX):
             return "litgpt"
+        if self.model.startswith(HF_PREFIX):
+            return "hf"
         return "builder" if ":" in self.model else "preset"
 
     @property
     def is_custom_builder(self) -> bool:
-        """`model` names a user's builder: its size and shape are unknown until a rank builds
-        it (a preset's or a LitGPT name's come from its config)."""
-        return self.model_source == "builder"
+        """`model` names a user's builder or a `transformers` config: its size and shape are
+        measured once a rank builds it (a preset's or a LitGPT name's come from its config)."""
+        return self.model_source in ("builder", "hf")
 
     def params(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,10 +109,17 @@ class RunSpec:
     # The bare model beside every repeat although the strategy does not change what runs
     # (StrategyRecord.measures_relative_speed): --distperf-relative-speed or the marker's.
     relative_speed: bool = False
+    # The test file's folder: a relative `hf:<config>` is found from there, as the user wrote it.
+    test_dir: str = ""
 
     @property
     def platform(self) -> Platform:
         return platform_of(self.accelerator)
+
+    @property
+    def model_source(self) -> str:
+        """The workload's `model_source`: what the results record of where the model came from."""
+        return self.workload.model_source
 
 
 def ranks_time_themselves(accelerator: str, devices: int) -> bool:

@@ -81,6 +81,7 @@ JSON_KEYS = frozenset(
         "session_to_first_timed_s",
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
+        "model_source",
     }
 )
 # The keys of `RunResult.to_dict()`, the unjudged run's row.
@@ -100,6 +101,7 @@ RUN_KEYS = frozenset(
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
         *("compile_s", "count_s", "compiled", "cuda_graphs", "graph_breaks", "phase_s"),
+        "model_source",
     }
 )
 # JUnit XML properties, in this order.

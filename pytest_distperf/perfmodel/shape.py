@@ -8,6 +8,7 @@ built model in a rank, which `ranks/models.py` measures and every `RankResult` r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,38 @@ _SIZES = (
     "padded_vocab_size",
     "intermediate_size",
 )
+
+
+# A `transformers` config's name for each size (the first it has; GPT-2's names last).
+HF_SIZE_NAMES = {
+    "n_layer": ("num_hidden_layers", "n_layer"),
+    "n_embd": ("hidden_size", "n_embd"),
+    "n_head": ("num_attention_heads", "n_head"),
+    "n_query_groups": ("num_key_value_heads",),
+    "head_size": ("head_dim",),
+    "vocab_size": ("vocab_size",),
+    "padded_vocab_size": ("vocab_size",),
+    "intermediate_size": ("intermediate_size", "n_inner"),
+    "block_size": ("max_position_embeddings", "n_positions"),
+}
+
+
+def hf_sizes(config: Mapping[str, Any]) -> dict[str, int]:
+    """The shape's sizes from a `transformers` config's JSON (`config.to_dict()`), defaults
+    filled in as transformers does: key/value heads = heads, head size = width / heads, an MLP
+    4x wide; a size the config does not state is left out."""
+    sizes: dict[str, int] = {}
+    for size, names in HF_SIZE_NAMES.items():
+        value = next((config[n] for n in names if isinstance(config.get(n), int)), None)
+        if value is not None and not isinstance(value, bool) and value > 0:
+            sizes[size] = value
+    if "n_head" in sizes:
+        sizes.setdefault("n_query_groups", sizes["n_head"])
+        if "n_embd" in sizes:
+            sizes.setdefault("head_size", max(sizes["n_embd"] // sizes["n_head"], 1))
+    if "n_embd" in sizes:
+        sizes.setdefault("intermediate_size", 4 * sizes["n_embd"])
+    return sizes
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""The model a rank runs, built from the workload: a preset, a LitGPT config (random weights
-from the seed) or a builder's module. `RankModel` hides their differences (caches, shard units,
-shape) and says what a module lacks; the contract: docs/extending.md ("Adding a model").
+"""The model a rank runs, built from the workload: a preset, a LitGPT config or a transformers
+config (random weights from the seed) or a builder's module. `RankModel` hides their differences
+(caches, shard units, shape) and says what a module lacks; the contract: docs/extending.md
+("Adding a model"). A transformers model runs through its adapter (ranks/hf.py), as it is.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
+import dataclasses
 import importlib
 import inspect
 import sys
@@ -18,6 +19,15 @@ import torch
 from torch import nn
 
 from pytest_distperf.perfmodel.shape import ModelShape
+from pytest_distperf.ranks.hf import (
+    HFCausalLM,
+    Startup,
+    config_sizes,
+    decoder_layers,
+    is_hf_causal_lm,
+    transformers_version,
+)
+from pytest_distperf.ranks.weights import init_from_seed
 from pytest_distperf.spec import LITGPT_EXTRA, LITGPT_PREFIX, Workload
 
 THIS_CACHE_API = "setup_caches(max_batch_size, max_seq_length, device=, dtype=) and clear_caches()"
@@ -95,6 +105,19 @@ class LitGPTCaches:
                     delattr(module, name)
 
 
+@dataclass(frozen=True)
+class OwnLoopCaches:
+    """None: the test's own `generate=` loop keeps whatever cache it wants (HF's `generate`)."""
+
+    def setup(
+        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        return None
+
+    def clear(self, module: nn.Module) -> None:
+        return None
+
+
 def _call_with_accepted(function: Any, batch_size: int, **kwargs: Any) -> None:
     """LitGPT-like `set_kv_cache` methods differ in which keywords they take: pass those named."""
     parameters = inspect.signature(function).parameters
@@ -112,6 +135,9 @@ class RankModel:
     units: tuple[type[nn.Module], ...]  # the shard units (FSDP wraps or shards each)
     shape: ModelShape  # measured from the module (perfmodel terms, message sizes)
     name: str  # the model as the marker wrote it, for messages
+    startup: Startup | None = None  # transformers' import and the build, for `hf:` models
+    transformers_version: str = ""  # for a transformers model, the version that built it
+    forward_methods: tuple[str, ...] = ()  # what the test's own loop calls in place of forward
 
     def setup_caches(
         self,
@@ -137,9 +163,19 @@ class RankModel:
             )
 
 
-def build(workload: Workload, device: torch.device, dtype: torch.dtype) -> RankModel:
-    """The workload's model on `device` in `dtype`, identical in every rank (and in every copy)."""
-    name = workload.model
+# The test's folder the last build was given: a later copy of the same model (the bare copy)
+# finds a relative `hf:<config>` from there too.
+_test_dir = {"last": ""}
+
+
+def build(
+    workload: Workload, device: torch.device, dtype: torch.dtype, test_dir: str | None = None
+) -> RankModel:
+    """The workload's model on `device` in `dtype`, identical in every rank (and in every copy);
+    `test_dir`: the test file's folder, where a relative `hf:<config>` is found."""
+    if test_dir is not None:
+        _test_dir["last"] = test_dir
+    name, startup = workload.model, None
     if workload.model_source == "preset":
         from distperf_model.config import Config
         from distperf_model.model import build_model
@@ -147,6 +183,10 @@ def build(workload: Workload, device: torch.device, dtype: torch.dtype) -> RankM
         module: Any = build_model(Config.from_name(name), workload.seed, device, dtype)
     elif workload.model_source == "litgpt":
         module = build_litgpt(name[len(LITGPT_PREFIX) :], workload.seed, device, dtype)
+    elif workload.model_source == "hf":
+        from pytest_distperf.ranks.hf import build_hf
+
+        module, startup = build_hf(name, _test_dir["last"], workload.seed, device, dtype)
     else:
         builder = load_object(name, f"distperf(model={name!r})")
         module = builder(seed=workload.seed, device=device, dtype=dtype)
@@ -154,13 +194,25 @@ def build(workload: Workload, device: torch.device, dtype: torch.dtype) -> RankM
             raise TypeError(
                 f"distperf(model={name!r}) returned {type(module).__name__}, not a torch.nn.Module"
             )
-    return adapt(module, name, workload.shard_unit)
+    built = adapt(module, name, workload.shard_unit, own_loop=workload.generate is not None)
+    return dataclasses.replace(built, startup=startup)
 
 
-def adapt(module: nn.Module, name: str, shard_unit: str | None = None) -> RankModel:
-    """`module` seen through one interface; a TypeError listing everything it lacks otherwise."""
+def adapt(
+    module: nn.Module, name: str, shard_unit: str | None = None, own_loop: bool = False
+) -> RankModel:
+    """`module` seen through one interface; a TypeError listing everything it lacks otherwise.
+    A transformers causal LM runs as it is: in its adapter for the built-in loop, or bare for
+    the test's own loop (`own_loop`), which needs nothing of a module but its forward (the
+    caches of a module that has them are set up for it all the same)."""
+    hf_version, sizes = "", {}
+    if is_hf_causal_lm(module):
+        hf_version, sizes = transformers_version(), config_sizes(module.config)
+        module = module if own_loop else HFCausalLM(module, name)
     problems = []
     caches = _caches_of(module)
+    if caches is None and own_loop:  # the test's own loop keeps its own cache, if any
+        caches = OwnLoopCaches()
     if caches is None:
         cache_like = sorted(n for n in dir(type(module)) if "cache" in n.lower())
         has = f"; it has {', '.join(cache_like)}" if cache_like else ""
@@ -176,7 +228,12 @@ def adapt(module: nn.Module, name: str, shard_unit: str | None = None) -> RankMo
             "take the token ids and their positions"
         )
     units = _units_of(module, name, shard_unit)
-    if not units:
+    if not units and hf_version:
+        problems.append(
+            "a shard unit for FSDP: no class of its _no_split_modules found as a decoder layer; "
+            "name it in the marker: distperf(shard_unit='package.module:DecoderLayer')"
+        )
+    elif not units:
         problems.append(
             "a shard unit for FSDP: no nn.ModuleList of blocks found; set `block_class` on the "
             "model or name it in the marker: distperf(shard_unit='package.module:Block')"
@@ -192,7 +249,12 @@ def adapt(module: nn.Module, name: str, shard_unit: str | None = None) -> RankMo
             f"run needs:{lacks}\nProvide these on the module (docs/extending.md, 'Adding a model')."
         )
     assert caches is not None
-    return RankModel(module, caches, units, measure_shape(module, units), name)
+    shape = measure_shape(module, units, sizes)
+    # The test's own loop calls a bare transformers model's `generate`: through the wrapper.
+    own = ("generate",) if hf_version and own_loop else ()
+    return RankModel(
+        module, caches, units, shape, name, transformers_version=hf_version, forward_methods=own
+    )
 
 
 def _caches_of(module: nn.Module) -> Caches | None:
@@ -217,7 +279,9 @@ def _units_of(module: nn.Module, name: str, shard_unit: str | None) -> tuple[typ
             raise TypeError(f"distperf(shard_unit={shard_unit!r}) is not an nn.Module class")
         return (unit,)
     declared = getattr(module, "block_class", None)
-    if declared is not None:
+    if is_hf_causal_lm(module):  # a bare one, for the test's own loop
+        declared = decoder_layers(module) or None
+    if declared:
         return tuple(declared) if isinstance(declared, tuple) else (declared,)
     lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
     if not lists:
@@ -253,9 +317,13 @@ def context_limit(module: nn.Module) -> int:
     return 0
 
 
-def measure_shape(module: nn.Module, units: tuple[type[nn.Module], ...]) -> ModelShape:
+def measure_shape(
+    module: nn.Module, units: tuple[type[nn.Module], ...], sizes: dict[str, int] | None = None
+) -> ModelShape:
     """The shape of a built (or meta) model: parameters per shard unit and outside them, sizes
-    from its `config`, else one head and a 4x MLP (only the roofline's KV bytes read them)."""
+    from `sizes` (a transformers config's) or its `config`, else one head and a 4x MLP (only the
+    roofline's KV bytes read them)."""
+    sizes = sizes or {}
     counts = {id(p): p.numel() for p in module.parameters()}
     outer: list[str] = []
     in_units: set[int] = set()
@@ -269,7 +337,7 @@ def measure_shape(module: nn.Module, units: tuple[type[nn.Module], ...]) -> Mode
     embedding = _embedding(module)
 
     def size(name: str, fallback: int) -> int:
-        value = getattr(config, name, None)
+        value = sizes.get(name, getattr(config, name, None))
         return value if isinstance(value, int) and value > 0 else fallback
 
     n_embd = size("n_embd", embedding.embedding_dim if embedding is not None else 1)
@@ -284,7 +352,7 @@ def measure_shape(module: nn.Module, units: tuple[type[nn.Module], ...]) -> Mode
         vocab_size=_vocab_size(module) or padded,
         padded_vocab_size=padded,
         intermediate_size=size("intermediate_size", 4 * n_embd),
-        block_size=context_limit(module),
+        block_size=sizes.get("block_size", context_limit(module)),
         block_params=block,
         non_block_params=max(sum(counts.values()) - block * n_layer, 0),
     )
@@ -330,27 +398,3 @@ def build_litgpt(
         module.register_buffer("sin", sin.to(dtype), persistent=False)
     init_from_seed(module, seed)
     return module.eval()
-
-
-def _param_seed(seed: int, name: str) -> int:
-    # A keyed digest, not hash() (salted per interpreter); low 32 bits depend on both inputs,
-    # since the CPU generator only uses those.
-    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-@torch.no_grad()
-def init_from_seed(module: nn.Module, seed: int) -> None:
-    """Every parameter from (seed, its name) alone: biases 0, other vectors (norm scales) 1,
-    matrices N(0, 0.02) drawn in float32; the same whatever the build order, device history or
-    dtype, so every rank and every copy holds the same weights without a broadcast."""
-    for name, p in module.named_parameters():
-        if name.rsplit(".", 1)[-1] == "bias":
-            p.zero_()
-        elif p.dim() < 2:
-            p.fill_(1.0)
-        else:
-            generator = torch.Generator(device=p.device)
-            generator.manual_seed(_param_seed(seed, name))
-            draw = torch.empty(p.shape, dtype=torch.float32, device=p.device)
-            p.copy_(draw.normal_(0.0, 0.02, generator=generator))

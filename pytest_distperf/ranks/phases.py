@@ -86,7 +86,7 @@ def build(ctx: RankContext) -> None:
     """The model: every rank builds the same weights from the seed (sharded strategies then
     keep their shard)."""
     workload = ctx.workload
-    ctx.model = build_model(workload, ctx.device, ctx.dtype)
+    ctx.model = build_model(workload, ctx.device, ctx.dtype, ctx.spec.test_dir)
     if workload.training:
         ctx.model.check_fits(
             workload.seq_length or 0, f"distperf(seq_length={workload.seq_length})"
@@ -201,8 +201,12 @@ def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
     """`module` in the strategy's wrapper (its own `wrap`, where Fabric only launched); the
     fences its timed calls run in."""
     ctx.fences = Fences(sync=device_sync(ctx.device), barrier=ctx.fabric.barrier)
-    own_wrap = ctx.half.wrap
-    return own_wrap(module, ctx.build_context) if own_wrap else ctx.fabric.setup_module(module)
+    if ctx.half.wrap:
+        return ctx.half.wrap(module, ctx.build_context)
+    wrapped = ctx.fabric.setup_module(module)
+    for name in ctx.model.forward_methods:  # what the test's own loop calls: DDP's forward too
+        wrapped.mark_forward_method(name)
+    return wrapped
 
 
 def compile_steps(ctx: RankContext) -> None:

@@ -73,13 +73,17 @@ def make_step(
     backward: Callable[[torch.Tensor], None],
     autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
 ) -> Step:
-    """One optimizer step of `module` on the batch; returns the loss (not synchronised)."""
+    """One optimizer step of `module` on the batch; returns the loss (not synchronised). The
+    model's own loss where it has one (`next_token_loss`: a transformers model's)."""
+    # Read from the model itself: a method read through Fabric's wrapper is tracked each call.
+    own_loss = getattr(getattr(module, "module", module), "next_token_loss", None)
+    loss_of = own_loss if callable(own_loss) else next_token_loss
 
     def step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         with autocast():
             logits = module(inputs)  # [B, T, V]
-        loss = next_token_loss(logits, targets)
+        loss = loss_of(logits, targets)
         backward(loss)
         optimizer.step()
         return loss.detach()

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from pytest_distperf.measured import RankResult
 from pytest_distperf.ranks import bare_phases, phases, training
-from pytest_distperf.ranks.context import Phase
+from pytest_distperf.ranks.context import Phase, RankContext
 from pytest_distperf.spec import RunSpec
 
 # One test, in order; each phase sets its part of the test's RankContext (ranks/context.py).
@@ -101,7 +101,22 @@ def run_rank(
     for name, seconds in context.loop_s.items():
         spent[name] += seconds
     spent["warmup"] += max(loop_s - sum(context.loop_s.values()), 0.0)  # setting the loop up
-    return replace(context.result, phase_s=spent)
+    return _with_model_startup(replace(context.result, phase_s=spent), context)
+
+
+def _with_model_startup(result: RankResult, context: RankContext) -> RankResult:
+    """A transformers model's version among the versions; its import and build, taken out of
+    `build`'s seconds, under their own names (`model_import`, `model_build`)."""
+    model = context.model
+    if model is None or not model.transformers_version:
+        return result
+    versions = {**result.versions, "transformers": model.transformers_version}
+    spent = dict(result.phase_s)
+    if model.startup is not None:
+        startup = {"model_import": model.startup.import_s, "model_build": model.startup.build_s}
+        spent["build"] = max(spent.get("build", 0.0) - sum(startup.values()), 0.0)
+        spent = {**spent, **startup}
+    return replace(result, versions=versions, phase_s=spent)
 
 
 @contextmanager

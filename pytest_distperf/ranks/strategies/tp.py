@@ -1,20 +1,26 @@
 """Rank half of `tp`: Fabric's `ModelParallelStrategy` (data_parallel_size=1) launches the ranks
-and makes the mesh; the split is by hand (`distperf_model.parallelize.tensor_parallel`) or the
-marker's `tp_plan`."""
+and makes the mesh; the split is by hand (`distperf_model.parallelize.tensor_parallel`), by the
+model's own plan of module names (a transformers model's `base_model_tp_plan`, `split_by_plan`)
+or the marker's `tp_plan`."""
 
 from __future__ import annotations
 
 import importlib
+import re
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
 from distperf_model.parallelize import (
+    _split_linear,
+    _sum_input_gradient,
     delay_row_parallel_outputs,
     describe_tensor_parallel,
     row_parallel_points,
     tensor_parallel,
     tp_mesh,
 )
+from torch import nn
 
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
@@ -33,13 +39,70 @@ def _build(context: BuildContext) -> Any:
 def _parallelize(
     plan: str | None, comm_delay_s: float, training: bool, model: Any, device_mesh: Any
 ) -> Any:
-    if plan is None:
+    if plan is None and callable(getattr(model, "tp_plan", None)):
+        model = split_by_plan(model, model.tp_plan(), model.tp_heads(), device_mesh, training)
+        model.tp_ways = tp_mesh(device_mesh).size()  # its cache holds this rank's heads only
+    elif plan is None:
         model = tensor_parallel(model, device_mesh, training=training)
     else:
         model = load_plan(plan)(model, tp_mesh(device_mesh))
     if comm_delay_s and not delay_row_parallel_outputs(model, comm_delay_s):
         raise ValueError("comm_delay: the tensor-parallel plan left no row-wise linear")
     return model
+
+
+# Styles of a transformers plan that leave the module whole on every rank (as this project's
+# split keeps the embedding whole): the tokens stay the same, only less is split.
+KEPT_WHOLE = ("embedding_rowwise", "embedding_colwise", "replicated_with_grad_allreduce")
+SPLITS = ("colwise", "rowwise")
+
+
+def split_by_plan(
+    model: nn.Module,
+    plan: Mapping[str, str],
+    heads: Mapping[str, int],
+    device_mesh: Any,
+    training: bool = False,
+) -> nn.Module:
+    """Split `model`'s linears as `plan` names them ("layers.*.mlp.up_proj": "colwise", `*` one
+    name), by hand as `tensor_parallel` splits the reference GPT: each rank keeps its slice,
+    a row-wise linear sums its output over the group. The model's attention must infer its
+    local head count from the slices (transformers' do); `heads` must divide by the ranks."""
+    mesh = tp_mesh(device_mesh)
+    n = mesh.size()
+    rank = mesh.get_local_rank() if n > 1 else 0
+    group = mesh.get_group() if n > 1 else None
+    for what, count in heads.items():
+        if count % n:
+            raise ValueError(f"tp: {what}={count} is not divisible by {n} ranks")
+    patterns = [(re.compile(_pattern(key)), style) for key, style in plan.items()]
+    split = 0
+    for name, module in model.named_modules():
+        style = next((style for pattern, style in patterns if pattern.fullmatch(name)), None)
+        if style is None or style in KEPT_WHOLE:
+            continue
+        if style not in SPLITS or not isinstance(module, nn.Linear):
+            raise ValueError(
+                f"tp: the model's plan splits {name} ({type(module).__name__}) as {style!r}; "
+                f"the built-in split knows {', '.join(SPLITS)} on nn.Linear (and leaves "
+                f"{', '.join(KEPT_WHOLE)} whole): name your own with distperf(tp_plan=...)"
+            )
+        width = module.out_features if style == "colwise" else module.in_features
+        if width % n:
+            raise ValueError(f"tp: {name} has {width} features, not divisible by {n} ranks")
+        _split_linear(module, style, rank, n, group)
+        if n > 1 and training and style == "colwise":
+            # each rank's slice saw only its share of the input's gradient: sum it (Megatron's f)
+            module.register_forward_pre_hook(partial(_sum_input_gradient, group))
+        split += 1
+    if not split:
+        raise ValueError("tp: the model's plan named no linear of it: nothing would be split")
+    return model
+
+
+def _pattern(key: str) -> str:
+    """A plan key as a regular expression: `*` stands for one module name (a layer's index)."""
+    return r"[^.]+".join(re.escape(part) for part in key.split("*"))
 
 
 def load_plan(plan: str) -> Any:
