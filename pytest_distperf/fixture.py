@@ -74,8 +74,6 @@ class DistperfRun:
             sys_path=tuple(sys.path),  # what the test can import, its ranks can
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
             count_work=settings.count,
-            # the re-timing serves the threshold alone: a run with the gates off skips it
-            retime=settings.gate_value("gates", self._marker_gates()),
         )
 
     def _marker_gates(self) -> dict[str, object]:

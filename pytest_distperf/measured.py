@@ -93,10 +93,6 @@ class RankResult:
     matmul_source: str = ""
     # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
     model_flops_per_step: float | None = None
-    # CPU ranks and one GPU: the wrapped generation (training: step) timed again after the
-    # timed ones, as they were, knobs off (ranks/retime.py); empty where not re-timed.
-    retimed_samples: tuple[Sample, ...] = ()
-    retimed_bare_samples: tuple[Sample, ...] = ()  # the bare model beside each, if it ran
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase (worker.py)
 
 
@@ -144,23 +140,6 @@ class RunResult:
     @property
     def tokens_per_sec(self) -> float:
         return statistics.median(self.tokens_per_sec_samples)
-
-    @property
-    def retimed_tokens_per_sec(self) -> float | None:
-        """The rate of the step timed again just after the repeats (the slowest rank's each
-        time, median); None where some rank did not re-time it."""
-        runs = [r.retimed_samples for r in self.ranks]
-        if not runs or not all(runs) or len({len(r) for r in runs}) > 1:
-            return None
-        return statistics.median(self.new_tokens / s.total_s for s in slowest_per_repeat(runs))
-
-    @property
-    def retimed_relative_speed_samples(self) -> tuple[float, ...]:
-        """Per re-timing, the bare model's time over the wrapped one's beside it (slowest rank's
-        each): the repeats' `relative_speed_samples` again; empty where some rank had none."""
-        return bare_over_wrapped(
-            [r.retimed_bare_samples for r in self.ranks], [r.retimed_samples for r in self.ranks]
-        )
 
     @property
     def decode_tokens_per_sec(self) -> float | None:

@@ -99,7 +99,6 @@ class RunSpec:
     # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
     calibrate_model: bool = False
     count_work: bool = True  # one more generation, its work counted (ranks/counting.py)
-    retime: bool = True  # the re-timing (ranks/retime.py); False where only the tokens matter
 
     @property
     def platform(self) -> Platform:
@@ -107,5 +106,5 @@ class RunSpec:
 
 
 def ranks_time_themselves(accelerator: str, devices: int) -> bool:
-    """Where a run's threshold is the re-timing check (Platform.ranks_time_themselves)."""
+    """Platform.ranks_time_themselves for a run's accelerator."""
     return platform_of(accelerator).ranks_time_themselves(devices)

@@ -33,7 +33,6 @@ PHASES: tuple[Phase, ...] = (
     phases.time_generations,  # warm-up and timed repeats, the bare model beside each
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
-    phases.retime,  # CPU ranks, one GPU: the wrapped generation timed again, knobs off
     phases.count_work,  # one more generation, untimed, its work counted per token
     phases.result,  # the RankResult
 )
@@ -49,7 +48,6 @@ TRAIN_PHASES: tuple[Phase, ...] = (
     training.wrap,  # the strategy's wrapper; AdamW
     training.time_steps,  # warm-up and timed steps; the first step's loss
     training.memory_peak,  # the steps' peak memory
-    training.retime,  # CPU ranks, one GPU: the wrapped step timed again, knobs off
     training.count_step,  # one more step, untimed, its work counted
     training.result,  # the RankResult
 )
@@ -74,7 +72,6 @@ PHASE_KEYS = {
     "memory_peak": "result",
     "count_work": "count",
     "count_step": "count",
-    "retime": "measure",
 }
 
 
