@@ -24,7 +24,13 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.counted import device_time_check, work_check
 from pytest_distperf.judge.threshold import threshold_check
 from pytest_distperf.judge.throughput import baseline_check, relative_speed_check
-from pytest_distperf.judge.tolerance import GROSS_DROP, HOST_DRIFT, SAFETY, run_tolerance
+from pytest_distperf.judge.tolerance import (
+    GROSS_DROP,
+    HOST_DRIFT,
+    SAFETY,
+    THROUGHPUT_FLOOR,
+    run_tolerance,
+)
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.perfmodel import Prediction
 from pytest_distperf.spec import RunSpec, Workload
@@ -209,19 +215,23 @@ def test_a_provisional_baseline_on_a_gpu_warns_beyond_that_class_drift() -> None
 
 
 def test_three_recorded_runs_fail_beyond_their_own_drift() -> None:
-    entry = _entry(100.0, 95.0, 102.0)  # 5% below their median: a 15% tolerance
-    unchanged = _throughput(entry, _run(92.0))
+    entry = _entry(100.0, 90.0, 104.0)  # 10% below their median: a 30% tolerance
+    unchanged = _throughput(entry, _run(75.0))
     assert unchanged.status == OK, unchanged.message
-    assert _figures(unchanged).tolerance == pytest.approx(0.15)
+    assert _figures(unchanged).tolerance == pytest.approx(0.3)
     assert _figures(unchanged).baseline_tokens_per_sec == pytest.approx(100.0)
     assert "the median of 3 recorded runs" in unchanged.message
-    slower = _throughput(entry, _run(80.0))
-    assert slower.status == FAIL and "change -20.0% (tolerance 15.0%)" in slower.message
+    slower = _throughput(entry, _run(65.0))
+    assert slower.status == FAIL and "change -35.0% (tolerance 30.0%)" in slower.message
     assert "measured outside the rank: nothing beyond the baseline's" in slower.message
-    faster = _throughput(entry, _run(130.0))
+    faster = _throughput(entry, _run(150.0))
     assert faster.status == WARN and "stale" in faster.message
     strict = replace(SETTINGS, fail_on_improvement=True)
-    assert _throughput(entry, _run(130.0), strict).status == FAIL
+    assert _throughput(entry, _run(150.0), strict).status == FAIL
+    # three runs that agree by chance hold the machine class's floor
+    agreeing = _entry(100.0, 100.5, 99.5)
+    assert _figures(_throughput(agreeing, _run(85.0))).tolerance == THROUGHPUT_FLOOR["cpu"]
+    assert _throughput(agreeing, _run(75.0)).status == FAIL
 
 
 def test_an_explicit_tolerance_holds_from_the_first_recorded_run() -> None:

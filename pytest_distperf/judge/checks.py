@@ -170,9 +170,9 @@ class GateSettings:
     efficiency: float
     tolerance: float | None  # None: the rule on the recorded runs (judge/tolerance.py)
     alpha: float = 0.01
-    # The least tolerance of the throughput, the relative speed and the device time once their
-    # recorded runs settle it (docs/gates.md, "Tolerances").
-    tolerance_floor: float = 0.10
+    # The least tolerance of the throughput (None: its machine class's, THROUGHPUT_FLOOR), the
+    # relative speed and the device time once their recorded runs settle it (docs/gates.md).
+    tolerance_floor: float | None = None
     relative_tolerance_floor: float = 0.05
     device_time_tolerance_floor: float = 0.02
     # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower

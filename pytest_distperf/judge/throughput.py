@@ -31,6 +31,7 @@ from pytest_distperf.judge.stats import Comparison, at_level, compare
 from pytest_distperf.judge.tolerance import (
     GROSS_DROP,
     RUNS_TO_SETTLE,
+    THROUGHPUT_FLOOR,
     Tolerance,
     detectable_drop,
     run_tolerance,
@@ -96,7 +97,9 @@ def baseline_check(
         return Check("baseline", status, f"{where}{hint}; {check.message}", check.figures)
     history = entry.run_medians or (entry.median,)
     accelerator = result.spec.accelerator
-    tolerance = run_tolerance(history, settings.tolerance_floor, accelerator, settings.tolerance)
+    floor = settings.tolerance_floor
+    floor = THROUGHPUT_FLOOR.get(accelerator, THROUGHPUT_FLOOR["cpu"]) if floor is None else floor
+    tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
     comparison = compare(
         at_level(entry.samples, history),
         samples,

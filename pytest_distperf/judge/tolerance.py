@@ -26,6 +26,9 @@ GROSS_DROP = 0.5
 # Below this drop a provisional baseline's change is the host drift measured between unchanged
 # sessions on that machine class, which a single recorded run cannot tell apart (docs/gates.md).
 HOST_DRIFT = {"cpu": 0.40, "cuda": 0.20}
+# The least settled throughput tolerance of a machine class: three recorded runs may agree by
+# chance on a host whose sessions drift (docs/gates.md).
+THROUGHPUT_FLOOR = {"cpu": 0.20, "cuda": 0.10}
 
 
 @dataclass(frozen=True)
