@@ -261,7 +261,7 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
 def test_each_phase_is_the_slowest_ranks_and_verbose_shows_what_measuring_cost() -> None:
     from pytest_distperf.output.report import phase_line, result_lines
 
-    phases = {"join": 0.1, "calibrate": 2.0, "timed": 4.0, "bare": 1.0, "measure": 0.5}
+    phases = {"join": 0.1, "calibrate": 2.0, "timed": 4.0, "bare": 1.5}
     slower = {**phases, "calibrate": 3.0, "count": 0.5}
 
     def judged(*ranks: RankResult) -> JudgedRun:
@@ -280,8 +280,8 @@ def test_each_phase_is_the_slowest_ranks_and_verbose_shows_what_measuring_cost()
     assert record.to_json()["phase_s"] == slower
     line = phase_line(record)
     assert line == (
-        "    phases, s: join 0.10, calibrate 3.00, timed 4.00, bare 1.00, measure 0.50, "
-        "count 0.50; bare + measure + count = 50% of timed"
+        "    phases, s: join 0.10, calibrate 3.00, timed 4.00, bare 1.50, count 0.50; "
+        "bare + count = 50% of timed"
     )
     outcomes = {record.run.test_id: "passed"}
     assert result_lines([record], outcomes, verbose=True)[-1] == line

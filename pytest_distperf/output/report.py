@@ -60,7 +60,7 @@ def result_lines(
 
 
 # The phases that only measure, beside the timed repeats: their share of those is their cost.
-MEASURING = ("bare", "measure", "count")
+MEASURING = ("bare", "count")
 
 
 def phase_line(record: JudgedRun) -> str:
@@ -71,7 +71,7 @@ def phase_line(record: JudgedRun) -> str:
         return ""
     parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in spent.items())
     timed, beside = spent.get("timed", 0.0), sum(spent.get(name, 0.0) for name in MEASURING)
-    share = f"; bare + measure + count = {beside / timed:.0%} of timed" if timed else ""
+    share = f"; bare + count = {beside / timed:.0%} of timed" if timed else ""
     return f"    phases, s: {parts}{share}"
 
 

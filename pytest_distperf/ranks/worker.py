@@ -57,7 +57,7 @@ TRAIN_PHASES: tuple[Phase, ...] = (
 # own name); the timing phase splits its own into warmup, timed and bare (RankContext.loop_s).
 PHASE_ORDER = (
     *("join", "calibrate", "build", "reference", "wrap", "compile"),
-    *("warmup", "timed", "bare", "measure", "count", "result"),
+    *("warmup", "timed", "bare", "count", "result"),
 )
 PHASE_KEYS = {
     "calibrate_model": "calibrate",
