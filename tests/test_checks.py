@@ -54,6 +54,7 @@ def _run(
     off_cpu: float | None = None,
     bare: float | None = None,
     work: Work | None = None,
+    cpu: float | None = None,
 ) -> RunResult:
     """One rank's figures as the run's: repeats at `rate` tok/s, `off_cpu` of each repeat's
     wall time off the CPU, the bare model at `bare` x the wrapped one's time beside each."""
@@ -76,6 +77,7 @@ def _run(
         bare_samples=() if bare is None else tuple(Sample(t * bare, None, None) for t in totals),
         work=work or _work(),
         run_queue_wait_per_token_s=wait,
+        host_cpu_per_token_s=cpu,
     )
     return RunResult(spec, (rank,), launch_s=1.0, launched_at=0.0)
 
@@ -92,6 +94,7 @@ def _entry(*medians: float, off_cpu: float | None = None, bare: float | None = N
             versions={},
             relative_samples=run.relative_speed_samples,
             work=run.work,
+            host_cpu_per_token_s=0.01,
             waits={
                 "run_queue_wait_run_medians": 0.0,
                 "off_cpu_share_run_medians": run.off_cpu_share,
@@ -250,6 +253,10 @@ def test_a_wait_for_a_core_that_explains_the_loss_is_a_busy_machine_inside_the_c
     assert figures is not None and figures.explained_share == pytest.approx(1.0)
     half = _throughput(entry, _run(50.0, wait=lost_s / 2))  # explains only half of it
     assert half.status == FAIL and "together 50% of the lost time" in half.message
+    # the rank's own CPU time per token rose beyond the tolerance: it did more, no excuse
+    spun = _throughput(entry, _run(50.0, wait=lost_s, cpu=0.02))
+    assert spun.status == FAIL and "its own CPU time per token +100.0%" in spun.message
+    assert _throughput(entry, _run(50.0, wait=lost_s, cpu=0.011)).status == WARN
 
 
 def test_a_rise_of_the_ranks_own_waits_fails_a_slower_run_against_their_recorded_spread() -> None:

@@ -263,7 +263,6 @@ def test_litgpt_strategy_generates_the_single_process_tokens(
         timeout=180,
         reference_steps=0,
         count_work=False,  # nor the work, nor the rank's own decode
-        retime=False,
     )
     result = cpu_pools.run(spec)  # one pool for every strategy, as a session runs them
     assert len({tuple(row) for row in single_process_tokens}) == 2  # batching is exercised

@@ -304,8 +304,8 @@ def test_every_strategy_reports_its_steps(trained: Session) -> None:
         replicas = 1 if strategy == "tp" else 2
         assert row["tokens_per_sec"] == pytest.approx(replicas * 2 * 16 / row["step_time_s"])
         assert 0 < row["mfu"] <= 1 and "matmul" in row["peak_flops_source"]
-        # CPU ranks time the step again after the timed ones: the threshold's re-timing
-        assert row["threshold_check"] == "re-timing" and row["retimed_tokens_per_sec"] > 0, row
+        # CPU ranks exchange gradients over loopback: the modelled prediction judges the step
+        assert "of the modelled" in row["threshold_message"], row
         assert row["reference_step_s"] > 0 and row["reference_source"] == WHOLE_STEP, row
 
 

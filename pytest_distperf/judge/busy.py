@@ -1,7 +1,8 @@
 """What something outside a rank measurably took from it (its threads' run-queue wait, the
 host's steal, a slower core), beyond what it took when the baseline was recorded: the
 evidence that turns a timing check's failure into a "machine busy" warning inside that check,
-where it explains the loss. A wait the rank chose is no evidence (judge/waits.py). Pure.
+where it explains the loss. A wait the rank chose is no evidence (judge/waits.py), and a CPU
+time per token that rose beyond the tolerance vetoes any: the rank did more itself. Pure.
 """
 
 from __future__ import annotations
@@ -51,19 +52,34 @@ def waited_for_a_core(result: RunResult) -> float | None:
     return max(waited, queued)
 
 
+def cpu_change(entry: BaselineEntry, result: RunResult, core: float | None) -> float | None:
+    """CPU time per token against the recorded runs', over the core's slowdown: more work the
+    rank did itself. None where either side lacks it."""
+    history, now = entry.host_cpu_run_medians, result.host_cpu_per_token_s
+    if not history or now is None:
+        return None
+    return now / recorded_level(history) / (core or 1.0) - 1.0
+
+
 def weigh(
-    level_rate: float, rate: float, tolerance: float, evidence: BusyEvidence
+    level_rate: float,
+    rate: float,
+    tolerance: float,
+    evidence: BusyEvidence,
+    cpu: float | None = None,
 ) -> tuple[BusyFigures, str]:
     """The lost time per token against the evidence: its figures, and the words naming each
-    measure where the rate without them is back within `tolerance` ("" where it is not)."""
+    measure where the rate without them is back within `tolerance` ("" where it is not, or
+    where the rank's own CPU time per token rose beyond it: it did more itself)."""
     wall_s, level_s = 1.0 / rate, 1.0 / level_rate
     core = evidence.core_slowdown or 1.0
     ran_s = (wall_s - evidence.outside_s) / core
     lost_s = max(wall_s - level_s, 1e-12)
     beyond = level_s / ran_s - 1.0 if ran_s > 0 else 0.0
-    figures = BusyFigures(evidence, min(max((wall_s - ran_s) / lost_s, 0.0), 1.0), beyond)
+    explained = min(max((wall_s - ran_s) / lost_s, 0.0), 1.0)
+    figures = BusyFigures(evidence, explained, beyond, cpu)
     said = _evidence_words(evidence, lost_s, wall_s)
-    if not said or beyond < -tolerance:
+    if not said or beyond < -tolerance or (cpu is not None and cpu > tolerance):
         return figures, ""
     return figures, f"{said}; without them {beyond:+.1%} (tolerance {tolerance:.1%})"
 
@@ -71,10 +87,12 @@ def weigh(
 def unexplained(figures: BusyFigures) -> str:
     """What a failure says of the outside evidence that did not explain it."""
     said = _evidence_words(figures.evidence, 1.0, 1.0, shares=False)
-    if not said:
-        return "measured outside the rank: nothing beyond the baseline's"
-    explained = f"{figures.explained_share:.0%} of the lost time"
-    return f"measured outside the rank: {said}; together {explained}"
+    outside = "nothing beyond the baseline's"
+    if said:
+        outside = f"{said}; together {figures.explained_share:.0%} of the lost time"
+    cpu = figures.cpu_change
+    own = "" if cpu is None else f"; its own CPU time per token {cpu:+.1%} on that core"
+    return f"measured outside the rank: {outside}{own}"
 
 
 def _evidence_words(

@@ -82,6 +82,9 @@ class BusyFigures:
     evidence: BusyEvidence
     explained_share: float  # of the lost time, what the evidence accounts for
     change_beyond_evidence: float  # the rate's change with it taken out
+    # CPU time per token against the recorded runs', over the core's slowdown: what the rank
+    # did itself; beyond the tolerance it vetoes any excuse. None where either side lacks it.
+    cpu_change: float | None = None
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,7 @@ class Gate:
             relative_samples=result.relative_speed_samples,
             host_loop_samples=result.host_loop_samples,
             work=result.work,
+            host_cpu_per_token_s=result.host_cpu_per_token_s,
             device_time_per_token_s=result.device_time_per_token_s,
             waits={
                 "run_queue_wait_run_medians": result.run_queue_wait_per_token_s,

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_distperf.judge.busy import busy_evidence, unexplained, weigh
+from pytest_distperf.judge.busy import busy_evidence, cpu_change, unexplained, weigh
 from pytest_distperf.judge.checks import (
     MACHINE_BUSY,
     PROVISIONAL,
@@ -109,7 +109,8 @@ def baseline_check(
     )
     evidence = busy_evidence(entry, result)
     level, rate = comparison.baseline_median, comparison.current_median
-    busy, excuse = weigh(level, rate, tolerance.fails, evidence)
+    cpu = cpu_change(entry, result, evidence.core_slowdown)
+    busy, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
     shares = off_cpu_shares([r.samples for r in result.ranks])
     waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
     judged = outcome(comparison, tolerance, settings, excuse)
@@ -166,8 +167,10 @@ def relative_speed_check(
     )
     excuse = ""
     unqueued = result.relative_speed_unqueued_samples
-    waited = busy_evidence(entry, result).run_queue_wait_per_token_s
-    if waited and unqueued:
+    evidence = busy_evidence(entry, result)
+    waited = evidence.run_queue_wait_per_token_s
+    cpu = cpu_change(entry, result, evidence.core_slowdown)
+    if waited and unqueued and (cpu is None or cpu <= tolerance.fails):
         change = statistics.median(unqueued) / comparison.baseline_median - 1.0
         if change >= -tolerance.fails:
             excuse = (

@@ -35,6 +35,7 @@ _WAIT_FIELDS = ("run_queue_wait_run_medians", "steal_run_medians", "off_cpu_shar
 _HISTORIES = (
     "relative_run_medians",
     "host_loop_run_medians",
+    "host_cpu_run_medians",
     "device_time_run_medians",
     *_WAIT_FIELDS,
 )
@@ -84,8 +85,9 @@ class BaselineEntry:
     host_loop_run_medians: tuple[float, ...] = ()
     #: The counted work of the latest recorded run (work.py); None when it was not counted.
     work: Work | None = None
-    #: On CUDA, summed kernel time per decode token of each of the last RUN_HISTORY recorded
-    #: runs; empty if unknown.
+    #: Process CPU time per new token (the slowest rank's) and, on CUDA, summed kernel time per
+    #: decode token, of each of the last RUN_HISTORY recorded runs; empty if unknown.
+    host_cpu_run_medians: tuple[float, ...] = ()
     device_time_run_medians: tuple[float, ...] = ()
     #: Per new token, of the same runs: the slowest rank's wait for a core (run queue) and the
     #: host's steal per CPU; zero is a level (an idle machine), empty unknown. What a later run
@@ -173,6 +175,7 @@ class BaselineEntry:
         relative_samples: Iterable[float] = (),
         host_loop_samples: Iterable[float] = (),
         work: Work | None = None,
+        host_cpu_per_token_s: float | None = None,
         device_time_per_token_s: float | None = None,
         waits: Mapping[str, float | None] | None = None,
     ) -> BaselineEntry:
@@ -204,6 +207,7 @@ class BaselineEntry:
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
             host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
             work=work,
+            host_cpu_run_medians=_one_run(host_cpu_per_token_s, test_id, "host_cpu_per_token_s"),
             device_time_run_medians=_one_run(
                 device_time_per_token_s, test_id, "device_time_per_token_s"
             ),
