@@ -168,7 +168,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[st
     slowed = ("test_suite.py::test_builder[auto-2cpu]", "test_bad.py")
     return {
         "recorded": run_session(path, *common, *update, pool=shared_pool),
-        "slowed": run_session(path, *common, *slowed, env={"DISTPERF_TEST_ATTENTION_SPIN": "0.01"}),
+        "slowed": run_session(path, *common, *slowed, env={"DISTPERF_TEST_ATTENTION_SPIN": "0.03"}),
     }
 
 
