@@ -117,7 +117,7 @@ def baseline_check(
     status, verdict, lines = judged.status, judged.verdict, [comparison.message()]
     if judged.headline:
         lines.insert(0, judged.headline)
-    if waits_rose(waits) and comparison.change < 0 and waits is not None:
+    if waits is not None and waits_rose(waits) and comparison.change < 0:
         status, verdict = CheckStatus.FAIL, "regression"
         lines.insert(0, waits_words(waits))
     elif status is CheckStatus.FAIL:
