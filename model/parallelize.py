@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -77,20 +75,6 @@ SPLIT_ATTR = "distperf_tp_split"
 # Where a row-wise linear keeps its whole bias: out of nn.Linear's reach, so that the forward
 # hook adds it once, after the all-reduce (sum of the partial products, then the bias).
 ROWWISE_BIAS = "bias_after_all_reduce"
-
-# The comm_delay knob's sleeps are communication; a measurement of a rank's own compute turns
-# them off (comm_delays_paused) so that a slowed run's prediction stays the healthy one's.
-_delays = {"on": True}
-
-
-@contextmanager
-def comm_delays_paused() -> Iterator[None]:
-    """No comm_delay sleep within: the row-parallel hooks and the pipeline's sends skip it."""
-    _delays["on"] = False
-    try:
-        yield
-    finally:
-        _delays["on"] = True
 
 
 def tensor_parallel(model: nn.Module, device_mesh: Any, training: bool = False) -> nn.Module:
@@ -298,8 +282,7 @@ def delay_row_parallel_outputs(model: nn.Module, seconds: float) -> int:
 
 
 def _sleep_after(seconds: float, module: nn.Module, args: Any, output: Any) -> None:
-    if _delays["on"]:
-        time.sleep(seconds)
+    time.sleep(seconds)
 
 
 def describe_tensor_parallel(model: nn.Module) -> str:
@@ -463,7 +446,7 @@ class PipelineStage(nn.Module):
         return f"pipeline {self.world_size} stages of {sizes} blocks (send/recv)"
 
     def _send(self, tensor: Tensor, dst: int) -> None:
-        if self.comm_delay_s and _delays["on"]:  # the communication-only slow-down self-check
+        if self.comm_delay_s:  # the communication-only slow-down self-check
             time.sleep(self.comm_delay_s)
         torch.distributed.send(tensor.contiguous(), dst)
 

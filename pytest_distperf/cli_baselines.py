@@ -19,7 +19,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from pytest_distperf.judge.gate import BASELINE_DIR_NAME
-from pytest_distperf.judge.tolerance import MIN_RUNS_FOR_DRIFT, run_drift
+from pytest_distperf.judge.tolerance import RUNS_TO_SETTLE, largest_drop
 from pytest_distperf.store.diff import diff_markdown, diff_rows, diff_text
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.store.identity import split_identity
@@ -133,7 +133,7 @@ def _row(key: str, entry: BaselineEntry) -> dict[str, Any]:
         "last_recorded": entry.recorded_at,
         "commit": entry.commit,
         "median_tokens_per_sec": entry.median,
-        "drift": run_drift(runs) if len(runs) >= MIN_RUNS_FOR_DRIFT else None,
+        "drift": largest_drop(runs) if len(runs) >= RUNS_TO_SETTLE else None,
         "work": work_cell(entry.work),
     }
 

@@ -74,8 +74,6 @@ class DistperfRun:
             compile=settings.compile if self.workload.compile is None else self.workload.compile,
             count_work=settings.count,
             relative_speed=settings.gate_value("relative_speed", self._marker_gates()),
-            # the re-timing serves the threshold alone: a run with the gates off skips it
-            retime=settings.gate_value("gates", self._marker_gates()),
         )
 
     def _marker_gates(self) -> dict[str, object]:

@@ -96,10 +96,6 @@ class RankResult:
     matmul_source: str = ""
     # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
     model_flops_per_step: float | None = None
-    # CPU ranks and one GPU: the wrapped generation (training: step) timed again after the
-    # timed ones, as they were, knobs off (ranks/retime.py); empty where not re-timed.
-    retimed_samples: tuple[Sample, ...] = ()
-    retimed_bare_samples: tuple[Sample, ...] = ()  # the bare model beside each, if it ran
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds per phase (worker.py)
 
 
@@ -138,7 +134,6 @@ class RunResult:
     aggregate_tokens_per_sec: float = _reduced()  # every independent stream's tokens
     relative_speed: float | None = _reduced()  # bare model's time / wrapped one's
     relative_speed_samples: tuple[float, ...] = _reduced()  # relative_speed of each repeat
-    retimed_tokens_per_sec: float | None = _reduced()  # the step timed again after the repeats
     # Training (None in generate mode): the step, its model FLOPs and loss.
     step_time_s: float | None = _reduced()  # one optimizer step
     mfu: float | None = _reduced()  # model FLOPs per second over the ranks' summed matmul rate
@@ -204,14 +199,6 @@ class RunResult:
         """Tokens one timed repeat yields: a generation's new tokens on one rank; a training
         step's tokens over every data-parallel replica."""
         return _new_tokens(self.spec, self.ranks[0].replicas)
-
-    @property
-    def retimed_relative_speed_samples(self) -> tuple[float, ...]:
-        """Per re-timing, the bare model's time over the wrapped one's beside it (slowest rank's
-        each): the repeats' `relative_speed_samples` again; empty where some rank had none."""
-        return bare_over_wrapped(
-            [r.retimed_bare_samples for r in self.ranks], [r.retimed_samples for r in self.ranks]
-        )
 
     @property
     def in_step_collective_s(self) -> float | None:
@@ -281,7 +268,6 @@ def reduce_ranks(
         aggregate_tokens_per_sec=tokens_per_sec * (1 if training else first.replicas),
         relative_speed=_median(relative or None),
         relative_speed_samples=relative,
-        retimed_tokens_per_sec=_retimed_rate(ranks, new_tokens),
         **_training_figures(training, ranks, samples),
         implementation=first.implementation,
         device_name=first.device_name,
@@ -342,15 +328,6 @@ def _new_tokens(spec: RunSpec, replicas: int) -> int:
     if workload.training:
         return replicas * workload.batch_size * (workload.seq_length or 0)
     return workload.max_new_tokens * workload.batch_size
-
-
-def _retimed_rate(ranks: Sequence[RankResult], new_tokens: int) -> float | None:
-    """The rate of the step timed again just after the repeats (the slowest rank's each time,
-    median); None where some rank did not re-time it."""
-    runs = [r.retimed_samples for r in ranks]
-    if not runs or not all(runs) or len({len(r) for r in runs}) > 1:
-        return None
-    return statistics.median(new_tokens / s.total_s for s in slowest_per_repeat(runs))
 
 
 def _median(values: Sequence[float] | None) -> float | None:

@@ -67,7 +67,7 @@ OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "tolerance",
         "",
-        "relative drop from the baseline tolerated; default: from the baseline's own noise",
+        "relative drop from the baseline tolerated; default: from the drift of the recorded runs",
     ),
     OptionSpec(
         "gates",

@@ -23,7 +23,6 @@ class Platform:
     allocator_memory: bool
     # Ranks share the host's cores: each gets its share of threads.
     shares_cores: bool
-    retime_budget_s: float  # the re-timing's seconds after its first (ranks/retime.py)
     # Calibration's timed copy: it must last far longer than a launch and a sync, whose time a
     # small copy's is mostly (docs/benchmarks/h200-2026-12-01-compiled.md).
     copy_probe_bytes: int
@@ -35,20 +34,19 @@ class Platform:
     calibration_max_bytes: int | None
 
     def ranks_time_themselves(self, devices: int) -> bool:
-        """Whether the threshold is the re-timing check rather than the modelled prediction: 2
-        or more ranks sharing cores (no link a model could charge), one GPU (no collective).
-        Several GPUs keep the model: their collectives cross links."""
+        """Whether the ranks' collectives cross no link worth calibrating at every size: 2 or
+        more ranks sharing cores (loopback), one GPU (no collective)."""
         return devices >= 2 if self.shares_cores else devices == 1
 
 
 CPU = Platform(
     name="cpu", label="CPU", backend="gloo", fsdp="FSDP2", gpus=False, queues_kernels=False,
-    allocator_memory=False, shares_cores=True, retime_budget_s=0.6, copy_probe_bytes=64 << 20,
+    allocator_memory=False, shares_cores=True, copy_probe_bytes=64 << 20,
     matmul_size=1024, matmul_repeats=5, calibration_max_bytes=32 << 20,
 )  # fmt: skip
 CUDA = Platform(
     name="cuda", label="GPU", backend="nccl", fsdp="FSDP1", gpus=True, queues_kernels=True,
-    allocator_memory=True, shares_cores=False, retime_budget_s=1.0, copy_probe_bytes=1 << 30,
+    allocator_memory=True, shares_cores=False, copy_probe_bytes=1 << 30,
     matmul_size=8192, matmul_repeats=20, calibration_max_bytes=None,
 )  # fmt: skip
 PLATFORMS = {p.name: p for p in (CPU, CUDA)}

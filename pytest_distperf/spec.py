@@ -105,7 +105,6 @@ class RunSpec:
     # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
     calibrate_model: bool = False
     count_work: bool = True  # one more generation, its work counted (ranks/counting.py)
-    retime: bool = True  # the re-timing (ranks/retime.py); False where only the tokens matter
     # The bare model beside every repeat although the strategy does not change what runs
     # (StrategyRecord.measures_relative_speed): --distperf-relative-speed or the marker's.
     relative_speed: bool = False
@@ -123,5 +122,5 @@ class RunSpec:
 
 
 def ranks_time_themselves(accelerator: str, devices: int) -> bool:
-    """Where a run's threshold is the re-timing check (Platform.ranks_time_themselves)."""
+    """Platform.ranks_time_themselves for a run's accelerator."""
     return platform_of(accelerator).ranks_time_themselves(devices)

@@ -297,16 +297,12 @@ def pytest_configure(config):
 
 def fake_result(spec: Any, total_s: float = 0.01) -> Any:
     """A RunResult for `spec` as healthy ranks would return it: each repeat takes `total_s`,
-    as the bare model beside it, the reference step and (where the ranks re-time, as CPU ranks
-    do with the gates on) the re-timed generation say; FAKE_SLOWDOWN=<factor> in the
+    as the bare model beside it and the reference step say; FAKE_SLOWDOWN=<factor> in the
     environment makes the repeats alone that much slower."""
     from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
-    from pytest_distperf.spec import ranks_time_themselves
 
     steps = max(spec.workload.max_new_tokens - 1, 1)
     reference_token_s = total_s / (steps + 1)
-    retimes = spec.retime and ranks_time_themselves(spec.accelerator, spec.devices)
-    retimed = (Sample(total_s, total_s / (steps + 1), total_s * steps / (steps + 1)),) * retimes
     total_s *= float(os.environ.get("FAKE_SLOWDOWN", "1"))
     sample = Sample(total_s, total_s / (steps + 1), total_s * steps / (steps + 1))
     ranks = tuple(
@@ -324,8 +320,6 @@ def fake_result(spec: Any, total_s: float = 0.01) -> Any:
             reference_token_s=reference_token_s,
             bare_samples=(Sample(reference_token_s * (steps + 1), None, None),) * spec.repeats,
             host_loop_s=(0.001,) * spec.repeats,
-            retimed_samples=retimed,
-            retimed_bare_samples=(Sample(reference_token_s * (steps + 1), None, None),) * retimes,
         )
         for rank in range(spec.devices)
     )

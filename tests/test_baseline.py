@@ -143,26 +143,18 @@ def test_refreshes_build_a_capped_history_of_run_medians(tmp_path: Path) -> None
     assert store.get(KEY, "t") == runs[0]
 
 
-def test_schema_1_files_are_read_without_history(tmp_path: Path) -> None:
+@pytest.mark.parametrize("schema", [1, 6])
+def test_a_file_of_an_older_schema_is_refused_naming_it(tmp_path: Path, schema: int) -> None:
     store = BaselineStore(tmp_path)
-    old = make_entry("t")
-    document = {"schema": 1, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
-    for name in (
-        "run_medians",
-        "relative_samples",
-        "relative_run_medians",
-        "host_loop_run_medians",
-        "host_cpu_run_medians",
-        "device_time_run_medians",
-    ):
-        del document["entries"]["t"][name]
+    document = {"schema": schema, "topology_key": KEY, "topology": {}, "entries": {}}
     store.path(KEY).write_text(json.dumps(document))
-    loaded = store.get(KEY, "t")
-    assert loaded is not None and loaded.run_medians == ()
-    newer = make_entry("t", 1.2)
-    store.save(KEY, {"t": newer})
-    assert json.loads(store.path(KEY).read_text())["schema"] == SCHEMA
-    assert store.get(KEY, "t").run_medians == (old.median, newer.median)
+    with pytest.raises(BaselineFileError) as info:
+        store.get(KEY, "t")
+    assert str(store.path(KEY)) in str(info.value)
+    assert f"schema version {schema}" in str(info.value) and "reads schema 7" in str(info.value)
+    with pytest.raises(BaselineFileError):  # never overwritten
+        store.save(KEY, {"t": make_entry("t")})
+    assert json.loads(store.path(KEY).read_text()) == document
 
 
 def _with_relative(
@@ -212,17 +204,6 @@ def test_host_loop_keeps_a_history_of_run_medians(tmp_path: Path) -> None:
     assert store.get(KEY, "t").host_loop_run_medians == ()
 
 
-def test_schema_3_files_are_read_without_host_loop(tmp_path: Path) -> None:
-    store = BaselineStore(tmp_path)
-    old = _with_relative("t", [0.5])
-    document = {"schema": 3, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
-    del document["entries"]["t"]["host_loop_run_medians"]
-    store.path(KEY).write_text(json.dumps(document))
-    assert store.get(KEY, "t") == old
-    store.save(KEY, {"t": _with_relative("t", [0.5], 1.1, host=(0.02,))})
-    assert store.get(KEY, "t").host_loop_run_medians == (0.02,)
-
-
 def test_bad_host_loop_samples_are_refused() -> None:
     with pytest.raises(ValueError, match="host_loop_samples must be positive numbers, got -1"):
         _with_relative("t", [0.5], host=(0.01, -1))
@@ -236,18 +217,6 @@ def test_bad_host_loop_samples_are_refused() -> None:
     data["host_loop_run_medians"] = [0.01, 0]
     with pytest.raises(ValueError, match="host_loop_run_medians must be positive numbers, got 0"):
         BaselineEntry.from_dict(data)
-
-
-def test_schema_2_files_are_read_without_relative_speed(tmp_path: Path) -> None:
-    store = BaselineStore(tmp_path)
-    old = make_entry("t")
-    document = {"schema": 2, "topology_key": KEY, "topology": {}, "entries": {"t": old.to_dict()}}
-    del document["entries"]["t"]["relative_samples"]
-    del document["entries"]["t"]["relative_run_medians"]
-    store.path(KEY).write_text(json.dumps(document))
-    assert store.get(KEY, "t") == old
-    store.save(KEY, {"t": _with_relative("t", [0.5, 0.52])})
-    assert store.get(KEY, "t").relative_run_medians == (0.51,)
 
 
 def test_bad_relative_samples_are_refused() -> None:
@@ -314,7 +283,12 @@ def test_good_topology_keys() -> None:
 
 def _valid_document() -> dict:
     entry = make_entry("t")
-    return {"schema": 1, "topology_key": KEY, "topology": {}, "entries": {"t": entry.to_dict()}}
+    return {
+        "schema": SCHEMA,
+        "topology_key": KEY,
+        "topology": {},
+        "entries": {"t": entry.to_dict()},
+    }
 
 
 def _corrupt(kind: str) -> str:
@@ -531,41 +505,21 @@ def _work():
 
 def test_an_entry_keeps_the_counted_work_and_the_per_token_times() -> None:
     entry = BaselineEntry.from_samples(
-        "t", [5.0, 6.0], None, {}, now=WHEN, work=_work(), host_cpu_per_token_s=0.0123456789
+        "t", [5.0, 6.0], None, {}, now=WHEN, work=_work(), device_time_per_token_s=0.0123456789
     )
     assert entry.work == _work()
-    assert entry.host_cpu_run_medians == (0.0123457,)
-    assert entry.device_time_run_medians == ()
+    assert entry.device_time_run_medians == (0.0123457,)
     data = json.loads(json.dumps(entry.to_dict()))
     collectives = data["work"]["decode"]["collectives"]
     assert collectives["all_gather"] == {"calls": 16, "bytes": 5300000000}
     assert BaselineEntry.from_dict(data) == entry
     assert hash(entry) == hash(BaselineEntry.from_dict(data))
     later = BaselineEntry.from_samples(
-        "t", [5.5, 6.0], None, {}, now=WHEN, host_cpu_per_token_s=0.02, device_time_per_token_s=1e-3
+        "t", [5.5, 6.0], None, {}, now=WHEN, device_time_per_token_s=1e-3
     ).following(entry)
-    assert later.host_cpu_run_medians == (0.0123457, 0.02)
-    assert later.device_time_run_medians == (0.001,)
+    assert later.device_time_run_medians == (0.0123457, 0.001)
     assert later.work is None  # the latest run's counts, never an older run's
     assert later.following(later) == later  # the same run saved twice: one run
-
-
-def test_schema_4_files_are_read_without_the_counts(tmp_path: Path) -> None:
-    store = BaselineStore(tmp_path)
-    old = make_entry("t")
-    data = old.to_dict()
-    assert "work" not in data  # an entry without counts writes none
-    del data["host_cpu_run_medians"], data["device_time_run_medians"]
-    document = {"schema": 4, "topology_key": KEY, "topology": {}, "entries": {"t": data}}
-    store.path(KEY).write_text(json.dumps(document))
-    assert store.get(KEY, "t") == old
-    newer = BaselineEntry.from_samples(
-        "t", [5.0], None, {}, work=_work(), host_cpu_per_token_s=0.01
-    )
-    store.save(KEY, {"t": newer})
-    stored = store.get(KEY, "t")
-    assert stored.work == _work() and stored.host_cpu_run_medians == (0.01,)
-    assert json.loads(store.path(KEY).read_text())["schema"] == SCHEMA == 7
 
 
 def test_bad_work_in_an_entry_names_the_entry_and_the_field() -> None:
@@ -579,6 +533,6 @@ def test_bad_work_in_an_entry_names_the_entry_and_the_field() -> None:
         "be a number, got 'many'"
     )
     data = make_entry().to_dict()
-    data["host_cpu_run_medians"] = [0.0]
-    with pytest.raises(ValueError, match="host_cpu_run_medians must be positive numbers"):
+    data["device_time_run_medians"] = [0.0]
+    with pytest.raises(ValueError, match="device_time_run_medians must be positive numbers"):
         BaselineEntry.from_dict(data)

@@ -37,20 +37,14 @@ def test_each_recorded_run_keeps_its_date_and_commit(tmp_path: Path) -> None:
     assert [datetime.fromisoformat(d).day for d in entry.run_recorded_at] == list(range(3, 13))
 
 
-def test_a_schema_6_entry_knows_the_date_of_its_latest_run_only(tmp_path: Path) -> None:
-    old = _entry("t", 100.0, 0, "old")
-    data = old.to_dict()
-    del data["run_recorded_at"], data["run_commits"]
-    data["run_medians"] = [90.0, 95.0, 100.0]
+def test_a_file_of_another_schema_is_refused_naming_it(tmp_path: Path) -> None:
+    data = _entry("t", 100.0, 0, "old").to_dict()
     document = {"schema": 6, "topology_key": KEY, "topology": {}, "entries": {"t": data}}
-    BaselineStore(tmp_path).path(KEY).write_text(json.dumps(document))
-    store = BaselineStore(tmp_path)
-    assert store.get(KEY, "t").run_recorded_at == ()  # type: ignore[union-attr]
-    store.save(KEY, {"t": _entry("t", 101.0, 1, "new")})
-    entry = store.get(KEY, "t")
-    assert entry is not None and entry.run_medians == (90.0, 95.0, 100.0, 101.0)
-    assert entry.run_commits == ("old", "new")  # aligned with the end of run_medians
-    assert len(entry.run_recorded_at) == 2
+    path = BaselineStore(tmp_path).path(KEY)
+    path.write_text(json.dumps(document))
+    with pytest.raises(BaselineFileError, match=f"{path}.*unknown schema version 6"):
+        BaselineStore(tmp_path).get(KEY, "t")
+    assert json.loads(path.read_text()) == document  # left as it is
 
 
 def test_bad_run_records_are_refused() -> None:

@@ -11,7 +11,7 @@ import pytest
 from helpers import shared_cache, use_shared_pool
 
 from pytest_distperf.cli import main
-from pytest_distperf.judge.stats import compare_to_recorded_runs
+from pytest_distperf.judge.tolerance import SAFETY
 from pytest_distperf.output.charts import (
     ChartError,
     plot_history,
@@ -128,11 +128,10 @@ def test_store_histories_hold_the_gates_level_and_tolerance(tmp_path: Path) -> N
     entry = store.get(KEY, history.test_id)
     assert history.run_medians == (100.0, 90.0, 110.0, 104.0)
     assert history.latest_samples == entry.samples
-    held = compare_to_recorded_runs(
-        entry.samples, entry.samples, entry.run_medians, tolerance_floor=0.10
-    )
-    assert (history.level, history.tolerance) == (held.baseline_median, held.tolerance)
+    # the gate's level and tolerance: the runs' median, 3 x the largest drop below it (90)
     assert history.level == 102.0 and history.tolerance_runs == 4
+    assert history.tolerance == pytest.approx(SAFETY * (1 - 90.0 / 102.0))
+    assert entry.run_medians == history.run_medians
 
 
 def test_a_directory_without_baselines_is_refused(tmp_path: Path) -> None:

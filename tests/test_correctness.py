@@ -51,7 +51,6 @@ def _spec(strategy: str) -> RunSpec:
         timeout=120,
         reference_steps=0,  # no reference and no bare copy: only the tokens matter here
         count_work=False,  # nor the work, nor the rank's own decode
-        retime=False,
     )
 
 

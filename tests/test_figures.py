@@ -13,12 +13,12 @@ import pytest
 from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.checks import (
     BaselineFigures,
+    BusyEvidence,
     BusyFigures,
     Check,
     CheckStatus,
     Decision,
     DeviceTimeFigures,
-    MachineFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
     WaitFigures,
@@ -50,7 +50,7 @@ JSON_KEYS = frozenset(
         *("aggregate_tokens_per_sec", "ttft_s", "peak_memory_bytes", "peak_memory_per_rank"),
         *("memory_kind", "implementation", "device_name", "versions", "launch_s", "startup_s"),
         *("reference_token_s", "relative_speed", "relative_speed_samples", "host_loop_samples"),
-        *("retimed_tokens_per_sec", "threshold_check", "reference_source"),
+        "reference_source",
         "host_loop_cpu_samples",
         *(
             "work_s",
@@ -66,14 +66,13 @@ JSON_KEYS = frozenset(
         *("steal_per_token_s", "off_cpu_share", "busy_evidence", "phase_s"),
         "device_time_per_token_s",
         *("work_status", "work_message", "device_time_status", "device_time_message"),
-        *("host_cpu_change", "off_cpu_share_change", "device_time_change"),
+        *("off_cpu_share_change", "device_time_change"),
         *("predicted_tokens_per_sec", "threshold_tokens_per_sec", "efficiency", "bound"),
         *("bound_description", "link_class", "ratio_to_predicted"),
         *("threshold_status", "threshold_message"),
         *("baseline_tokens_per_sec", "change", "tolerance", "tolerance_runs", "p_value"),
         *("detectable_drop", "baseline_verdict", "baseline_recorded_at", "baseline_commit"),
-        *("bare_change", "host_change", "change_beyond_host"),
-        *("baseline_status", "baseline_message"),
+        *("baseline_runs_needed", "baseline_status", "baseline_message"),
         *("relative_speed_baseline", "relative_speed_change", "relative_speed_tolerance"),
         *("relative_speed_p_value", "relative_speed_detectable_drop", "relative_speed_verdict"),
         *("relative_speed_status", "relative_speed_message", "memory_status", "memory_message"),
@@ -97,7 +96,7 @@ RUN_KEYS = frozenset(
         "host_loop_cpu_samples",
         "run_queue_wait_per_token_s",
         *("steal_per_token_s", "off_cpu_share"),
-        *("retimed_tokens_per_sec", "reference_source"),
+        "reference_source",
         *("mode", "step_time_s", "mfu", "loss", "reference_loss", "reference_step_s"),
         *("model_flops_per_step", "peak_flops", "peak_flops_source"),
         *("compile_s", "count_s", "compiled", "cuda_graphs", "graph_breaks", "phase_s"),
@@ -112,7 +111,6 @@ JUNIT_NAMES = (
     *("distperf_bound", "distperf_baseline_tokens_per_sec", "distperf_change"),
     *("distperf_tolerance", "distperf_detectable_drop", "distperf_relative_speed"),
     *("distperf_relative_speed_change", "distperf_relative_speed_detectable_drop"),
-    *("distperf_bare_change", "distperf_host_change", "distperf_change_beyond_host"),
     *("distperf_verdict", "distperf_peak_memory_bytes", "distperf_ttft_ms"),
     *("distperf_work", "distperf_host_cpu_per_token_s", "distperf_run_queue_wait_per_token_s"),
     "distperf_device_time_per_token_s",
@@ -177,8 +175,7 @@ BASELINE = BaselineFigures(
     verdict="regression",
     recorded_at="2026-01-02T03:04:05+00:00",
     commit=None,
-    machine=MachineFigures(bare_change=-0.3, host_change=-0.05, change_beyond_host=-0.3),
-    busy=BusyFigures(wall_change=0.5, host_cpu_change=0.3, host_cpu_tolerance=0.1),
+    busy=BusyFigures(BusyEvidence(0.001, None, None), 0.3, -0.3),
     waits=WaitFigures(0.25, 0.02, 0.23, 0.05, 0.0),
 )
 THRESHOLD = ThresholdFigures(40.0, 12.0, 0.3, "compute", "single-rank compute", "NV18", 0.42)
@@ -193,7 +190,7 @@ def _record(result: RunResult | None = None) -> JudgedRun:
         memory=Check("memory", CheckStatus.OK, "peak memory within tolerance"),
         work=Check("work", CheckStatus.OK, "the same work", WorkFigures(0.01, (), ())),
         device_time=Check(
-            "device_time", CheckStatus.OK, "within", DeviceTimeFigures(0.005, 0.01, 0.02, 0.3, "ok")
+            "device_time", CheckStatus.OK, "within", DeviceTimeFigures(0.005, 0.01, 0.02, "ok")
         ),
     )
     return JudgedRun.of(
@@ -316,7 +313,7 @@ def test_the_counted_work_and_its_check_reach_every_output() -> None:
     assert (row["host_cpu_per_token_s"], row["device_time_per_token_s"]) == (0.011, 0.005)
     assert (row["work_status"], row["work_message"]) == ("ok", "the same work")
     assert (row["device_time_status"], row["device_time_change"]) == ("ok", 0.01)
-    assert row["host_cpu_change"] == 0.3
+    assert row["baseline_runs_needed"] == 0
     junit = dict(junit_properties(record))
     assert json.loads(junit["distperf_work"]) == WORK.to_json()  # a JUnit property is text
     assert junit["distperf_host_cpu_per_token_s"] == 0.011

@@ -48,8 +48,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[st
         run_session(path, *record, pool=shared_pool)
     same = (RANKS, "--junitxml=junit.xml", "--distperf-strict")
     sessions["same"] = run_session(path, *same, pool=shared_pool)
-    # A tenth of the rate, against a tolerance fixed at 60%: the default one comes from the
-    # recorded run's noise, which on two busy shared cores can reach 90% for the relative speed.
+    # A tenth of the rate, against a tolerance fixed at 60%.
     slowed = (RANKS, "--distperf-tolerance=0.6", "test_rate.py")
     sessions["slowed"] = run_session(
         path, *slowed, env={"DISTPERF_SLOWDOWN": "0.9"}, pool=shared_pool
@@ -74,8 +73,8 @@ def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Any]) -> Non
 def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Any]) -> None:
     same = gated["same"]
     same.result.assert_outcomes(passed=1)  # with --distperf-strict: it has a baseline
-    # at the default tolerance, from the three recorded runs' noise and drift
-    same.result.stdout.fnmatch_lines(["*auto*2 x cpu*retimed*[+-]*%*test_rate[[]auto-2cpu[]]"])
+    # at the default tolerance, from the three recorded runs' drift
+    same.result.stdout.fnmatch_lines(["*auto*2 x cpu*[+-]*%*test_rate[[]auto-2cpu[]]"])
     [baseline] = _baseline_files(same.path)
     [entry] = json.loads(baseline.read_text())["entries"].values()
     junit = ET.parse(same.path / "junit.xml")
@@ -91,29 +90,23 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Any]) -> 
 
 
 @pytest.mark.slow
-def test_a_slowed_run_fails_its_threshold_baseline_and_relative_speed(
-    gated: dict[str, Any],
-) -> None:
+def test_a_slowed_run_fails_its_threshold_and_baseline(gated: dict[str, Any]) -> None:
     slowed = gated["slowed"]
     slowed.result.assert_outcomes(failed=1)
     slowed.result.stdout.fnmatch_lines(
         [
             "*distperf threshold check failed:*",
-            "*auto on 2 device(s), re-timing check: the timed repeats ran at *% of the same "
-            "step timed again just after them (* vs * tok/s*below 70%.",
-            "*knobs off (slowdown, comm_delay)*",
+            "*auto (replicated) on 2 device(s): measured * tok/s is below the threshold * tok/s "
+            "(70% of the modelled * tok/s)*",
         ]
     )
     slowed.result.stdout.fnmatch_lines(
         [
             "*distperf baseline check failed:*",
-            "*throughput regression: measured median * tok/s (n=5) vs baseline median "
-            "* tok/s (n=5, the median of 3 recorded runs); change -*% (tolerance *%)*smallest "
+            "*throughput regression: measured median * tok/s (n=5) vs baseline * tok/s "
+            "(n=5, the median of 3 recorded runs); change -*% (tolerance 60.0%)*smallest "
             "detectable drop*",
-            "*distperf relative_speed check failed:*",
-            "*relative speed regression: measured median * x bare (n=5) vs baseline median "
-            "* x bare (n=5, the median of 3 recorded runs); change -*%*the host's own speed "
-            "cancels out)",
+            "*measured outside the rank: *",
         ]
     )
 

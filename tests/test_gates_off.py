@@ -95,20 +95,22 @@ def test_a_run_far_below_its_threshold_fails_only_with_the_gates_on(
     common = ("--distperf-accelerator=cpu", "--distperf-devices=2", "-p", "no:benchmark")
     result = pytester.runpytest(*common, "--distperf-json=on.json")
     result.assert_outcomes(passed=1, failed=2)
-    result.stdout.fnmatch_lines(["*distperf threshold check failed:*", "*re-timing check*"])
-    # off, CPU ranks skip the re-timing, which serves the threshold alone: nothing judged
-    result.stdout.fnmatch_lines(["*off *test_marked_off[[]auto-2cpu[]]"])
+    result.stdout.fnmatch_lines(["*distperf threshold check failed:*", "*of the modelled*"])
+    # off: judged and reported all the same, failing nothing
+    result.stdout.fnmatch_lines(["*off; FAIL (threshold) *test_marked_off[[]auto-2cpu[]]"])
     assert _verdicts("on.json") == {
         "test_default": "FAIL (threshold)",
-        "test_marked_off": "off",
+        "test_marked_off": "off; FAIL (threshold)",
         "test_marked_on": "FAIL (threshold)",
     }
     rows = {r["test_id"]: r for r in json.loads(Path("on.json").read_text())["results"]}
     [off_row] = [r for name, r in rows.items() if "marked_off" in name]
-    assert off_row["threshold_message"] == "re-timing check not run: the gates are off"
+    assert (
+        off_row["threshold_status"] == "fail" and "of the modelled" in off_row["threshold_message"]
+    )
     off = pytester.runpytest(*common, "--distperf-gates=off", "--distperf-json=off.json")
     off.assert_outcomes(passed=2, failed=1)  # the marker's gates=True wins
-    assert _verdicts("off.json")["test_default"] == "off"
+    assert _verdicts("off.json")["test_default"] == "off; FAIL (threshold)"
     pytester.makeini("[pytest]\ndistperf_gates = off\n")
     from_ini = pytester.runpytest(*common, "-k", "default")
     from_ini.assert_outcomes(passed=1, deselected=2)

@@ -48,8 +48,7 @@ def pythia(seed, device, dtype):
 
 
 def _spinning(forward, seconds):
-    # Busy, not asleep: a sleep keeps the CPU time per token and reads as a busy machine,
-    # which the baseline check warns of rather than fails.
+    # Busy, not asleep: a model that computes more, as a slower kernel would.
     def slowed(*args, **kwargs):
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
@@ -141,6 +140,12 @@ def test_builder(distperf):
 )
 def test_own_loop(distperf):
     keep(distperf, "own-loop")
+
+
+# The builder's model trains too; slowed, it fails its baseline as a generation does.
+@pytest.mark.distperf(model="builders:pythia", mode="train", seq_length=16, batch_size=2)
+def test_train_builder(distperf):
+    distperf.run()
 """
 
 BAD = """
@@ -166,12 +171,14 @@ def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[st
     # all-gathers the whole model for every token over gloo, seconds a generation
     update = ("--distperf-update-baselines", "--distperf-repeats=3", "--distperf-json=report.json")
     update = (*update, "test_suite.py")
-    slowed = ("test_suite.py::test_builder[auto-2cpu]", "test_bad.py")
+    slowed = (
+        "test_suite.py::test_builder[auto-2cpu]",
+        "test_suite.py::test_train_builder[auto-2cpu]",
+        "test_bad.py",
+    )
     return {
         "recorded": run_session(path, *common, *update, pool=shared_pool),
-        "slowed": run_session(
-            path, *common, *slowed, env={"DISTPERF_TEST_ATTENTION_SPIN": "0.005"}
-        ),
+        "slowed": run_session(path, *common, *slowed, env={"DISTPERF_TEST_ATTENTION_SPIN": "0.06"}),
     }
 
 
@@ -179,7 +186,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[st
 def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
     recorded = gated["recorded"]
     assert recorded.result.ret == 0, recorded.output()[-4000:]
-    recorded.result.assert_outcomes(passed=4)
+    recorded.result.assert_outcomes(passed=5)
     for test_id, row in recorded.rows().items():
         # every run was predicted from its own model's shape (the builder's measured in its
         # ranks), met its threshold (the own loop, gates off, is only judged) and became a
@@ -207,10 +214,13 @@ def test_litgpt_models_give_the_same_tokens_under_every_strategy(
 @pytest.mark.slow
 def test_a_litgpt_model_slower_by_itself_fails_its_baseline(gated: dict[str, Session]) -> None:
     slowed = gated["slowed"]
-    slowed.result.assert_outcomes(failed=2)
-    slowed.result.stdout.fnmatch_lines(
-        ["*test_builder[[]auto-2cpu[]]*", "*distperf baseline check failed:*"], consecutive=False
-    )
+    slowed.result.assert_outcomes(failed=3)
+    # a spin per attention call, gross after one recorded run: generation and training alike
+    for test in ("test_builder", "test_train_builder"):
+        slowed.result.stdout.fnmatch_lines(
+            [f"*_ {test}[[]auto-2cpu[]] _*", "*distperf baseline check failed:*"],
+            consecutive=False,
+        )
 
 
 @pytest.mark.slow
@@ -266,7 +276,6 @@ def test_litgpt_strategy_generates_the_single_process_tokens(
         timeout=180,
         reference_steps=0,
         count_work=False,  # nor the work, nor the rank's own decode
-        retime=False,
     )
     result = cpu_pools.run(spec)  # one pool for every strategy, as a session runs them
     assert len({tuple(row) for row in single_process_tokens}) == 2  # batching is exercised

@@ -22,6 +22,5 @@ def test_what_fsdp_runs_is_the_records_and_fsdp2_where_none_is_known() -> None:
 
 def test_the_records_policy_where_the_branches_had_it() -> None:
     assert (CPU.backend, CUDA.backend) == ("gloo", "nccl")
-    assert (CPU.retime_budget_s, CUDA.retime_budget_s) == (0.6, 1.0)
     assert CPU.shares_cores and not CPU.allocator_memory and not CPU.queues_kernels
     assert CUDA.gpus and CUDA.allocator_memory and CUDA.queues_kernels and not CUDA.shares_cores

@@ -12,7 +12,6 @@ from pytest_distperf.judge.checks import (
     CheckStatus,
     Decision,
     DetectableFigures,
-    MachineFigures,
     RelativeSpeedFigures,
     ThresholdFigures,
     skipped_check,
@@ -92,7 +91,6 @@ BASELINE = BaselineFigures(
     verdict="regression",
     recorded_at="2026-01-02T03:04:05+00:00",
     commit=None,
-    machine=MachineFigures(bare_change=-0.3, host_change=-0.05, change_beyond_host=-0.3),
 )
 RELATIVE = RelativeSpeedFigures(0.3, 0.038, 0.05, 0.2, 0.135, "ok")
 THRESHOLD = ThresholdFigures(40.0, 12.0, 0.3, "compute", "single-rank compute", "NV18", 0.42)
@@ -129,7 +127,7 @@ def _record(decision: Decision | None = None, **changes: object) -> JudgedRun:
 
 # Field names users' scripts and CI templates read (pinned once, in test_figures.py): a rename
 # must be a decision, not an accident. This record ran no work or device-time check.
-NOT_COUNTED = {"work_status", "work_message", "host_cpu_change", "off_cpu_share_change"}
+NOT_COUNTED = {"work_status", "work_message", "off_cpu_share_change"}
 NO_DEVICE_TIME = {"device_time_status", "device_time_message", "device_time_change"}
 JSON_FIELDS = JSON_KEYS - NOT_COUNTED - NO_DEVICE_TIME
 
@@ -141,7 +139,7 @@ def test_the_json_row_keeps_its_field_names_and_plain_values() -> None:
     assert (row["baseline_status"], row["threshold_status"]) == ("fail", "ok")
     assert type(row["baseline_status"]) is str
     assert row["verdict"] == "FAIL (baseline)" and row["baseline_verdict"] == "regression"
-    assert row["relative_speed_change"] == 0.038 and row["bare_change"] == -0.3
+    assert row["relative_speed_change"] == 0.038 and row["baseline_runs_needed"] == 0
     assert row["workload"]["max_new_tokens"] == 32 and row["implementation"]["backend"] == "nccl"
     assert row["session_to_first_timed_s"] == 5.0
     assert row["relative_speed_samples"] == pytest.approx([0.3, 0.3])
@@ -161,7 +159,7 @@ def test_a_check_that_did_not_run_leaves_no_fields() -> None:
         *("relative_speed_status", "relative_speed_message", "memory_status", "memory_message"),
         *("baseline_tokens_per_sec", "change", "tolerance", "tolerance_runs", "p_value"),
         *("baseline_verdict", "baseline_recorded_at", "baseline_commit"),
-        *("bare_change", "host_change", "change_beyond_host"),
+        "baseline_runs_needed",
     }
     assert row["detectable_drop"] == 0.2 and "change" not in row
     assert row["verdict"] == "ok"
@@ -172,7 +170,6 @@ def test_junit_properties_keep_their_names_and_leave_out_what_is_missing() -> No
     assert properties["distperf_tokens_per_sec"] == _record().run.tokens_per_sec
     assert properties["distperf_ttft_ms"] == pytest.approx(10.0)
     assert properties["distperf_verdict"] == "FAIL (baseline)"
-    assert properties["distperf_change_beyond_host"] == -0.3
     assert list(properties)[:6] == [
         "distperf_tokens_per_sec",
         "distperf_decode_tokens_per_sec",
@@ -252,7 +249,7 @@ def test_bandwidth_utilization_counts_one_weight_read_per_forward(
 def test_each_phase_is_the_slowest_ranks_and_verbose_shows_what_measuring_cost() -> None:
     from pytest_distperf.output.report import phase_line, result_lines
 
-    phases = {"join": 0.1, "calibrate": 2.0, "timed": 4.0, "bare": 1.0, "measure": 0.5}
+    phases = {"join": 0.1, "calibrate": 2.0, "timed": 4.0, "bare": 1.5}
     slower = {**phases, "calibrate": 3.0, "count": 0.5}
 
     def judged(*ranks: RankResult) -> JudgedRun:
@@ -271,8 +268,8 @@ def test_each_phase_is_the_slowest_ranks_and_verbose_shows_what_measuring_cost()
     assert record.to_dict()["phase_s"] == slower
     line = phase_line(record)
     assert line == (
-        "    phases, s: join 0.10, calibrate 3.00, timed 4.00, bare 1.00, measure 0.50, "
-        "count 0.50; bare + measure + count = 50% of timed"
+        "    phases, s: join 0.10, calibrate 3.00, timed 4.00, bare 1.50, count 0.50; "
+        "bare + count = 50% of timed"
     )
     outcomes = {record.run.test_id: "passed"}
     assert result_lines([record], outcomes, verbose=True)[-1] == line

@@ -304,8 +304,8 @@ def test_every_strategy_reports_its_steps(trained: Session) -> None:
         replicas = 1 if strategy == "tp" else 2
         assert row["tokens_per_sec"] == pytest.approx(replicas * 2 * 16 / row["step_time_s"])
         assert 0 < row["mfu"] <= 1 and "matmul" in row["peak_flops_source"]
-        # CPU ranks time the step again after the timed ones: the threshold's re-timing
-        assert row["threshold_check"] == "re-timing" and row["retimed_tokens_per_sec"] > 0, row
+        # CPU ranks exchange gradients over loopback: the modelled prediction judges the step
+        assert "of the modelled" in row["threshold_message"], row
         assert row["reference_step_s"] > 0 and row["reference_source"] == WHOLE_STEP, row
 
 
@@ -366,7 +366,7 @@ def _step_run(slower: float, cpu: float, waited: float) -> RunResult:
 
 def test_a_slower_step_fails_its_baseline_whatever_its_threads_waited(tmp_path) -> None:
     # Gradient collectives run on threads beside the compute: their wait for a core is the
-    # step's own, never the excuse of a busy neighbour; nor is a flat CPU time per token.
+    # step's own, never the excuse of a busy neighbour.
     from pytest_distperf.judge.checks import GateSettings
     from pytest_distperf.judge.gate import Gate
     from pytest_distperf.store.store import BaselineStore
@@ -378,13 +378,13 @@ def test_a_slower_step_fails_its_baseline_whatever_its_threads_waited(tmp_path) 
     healthy = _step_run(1.0, cpu=0.001, waited=0.0008)
     assert recording.record(healthy, recording.decide(healthy, settings, None), None)
     gate = Gate(probe("cpu", 2), store)
-    assert gate.decide(_step_run(1.0, 0.001, 0.0008), settings, None).baseline.status.value == "ok"
-    slowed = gate.decide(_step_run(1 / 0.7, cpu=0.0015, waited=0.0012), settings, None)
+    unchanged = gate.decide(_step_run(1.0, 0.001, 0.0008), settings, None)
+    assert unchanged.verdict == "ok" and "provisional" in unchanged.baseline.message
+    # a gross drop after one recorded run, its threads waiting for a core all the lost time
+    slowed = gate.decide(_step_run(1 / 0.3, cpu=0.001, waited=1.0), settings, None)
     assert slowed.verdict == "FAIL (baseline)", slowed.baseline.message
+    assert "measured outside the rank: nothing beyond the baseline's" in slowed.baseline.message
     assert slowed.loss.status is CheckStatus.OK
-    waited = gate.decide(_step_run(1 / 0.7, cpu=0.001, waited=0.0012), settings, None)
-    assert waited.verdict == "FAIL (baseline)"
-    assert "not a busy machine: measured outside the rank, nothing" in waited.baseline.message
 
 
 def test_a_sequence_longer_than_the_model_and_pipeline_are_refused_at_collection() -> None:

@@ -5,9 +5,10 @@
 The first REFRESHES reports play baseline refreshes (`--distperf-update-baselines` on, say,
 main-branch CI): each becomes a `BaselineEntry` following the previous one, exactly as
 `BaselineStore.save` keeps them (samples of the last, run medians of all). Every later report
-is judged by the plugin's own `baseline_check` (throughput), `relative_speed_check` and
-`machine_check` (reports with the host-speed loop) under the default settings. Only measured
-samples go in; nothing is simulated.
+is judged by the plugin's own `baseline_check` (throughput, with the busy evidence the report
+has) and `relative_speed_check` under the default settings; the ranks' own waits need the
+ranks' samples, which a report does not keep, so they are not replayed. Only measured samples
+go in; nothing is simulated.
 """
 
 from __future__ import annotations
@@ -15,16 +16,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
-from pytest_distperf.judge.busy import machine_check
-from pytest_distperf.judge.checks import (
-    MACHINE_SLOWER,
-    BaselineFigures,
-    GateSettings,
-    RelativeSpeedFigures,
-    baseline_check,
-    relative_speed_check,
-)
+from pytest_distperf.judge.checks import BaselineFigures, GateSettings, RelativeSpeedFigures
+from pytest_distperf.judge.throughput import baseline_check, relative_speed_check
 from pytest_distperf.store.entry import BaselineEntry
 
 
@@ -41,6 +37,26 @@ def _entry(test: str, row: dict) -> BaselineEntry:
         versions={},
         relative_samples=row.get("relative_speed_samples") or (),
         host_loop_samples=row.get("host_loop_samples") or (),
+        waits={
+            "run_queue_wait_run_medians": row.get("run_queue_wait_per_token_s"),
+            "steal_run_medians": row.get("steal_per_token_s"),
+        },
+    )
+
+
+def _result(row: dict) -> Any:
+    """The report's row as the figures the checks read (no ranks: no waits of their own)."""
+    return SimpleNamespace(
+        spec=SimpleNamespace(accelerator=row.get("accelerator", "cpu")),
+        tokens_per_sec_samples=row["tokens_per_sec_samples"],
+        relative_speed_samples=row.get("relative_speed_samples") or (),
+        relative_speed_unqueued_samples=(),
+        host_loop_cpu_samples=row.get("host_loop_cpu_samples") or (),
+        run_queue_wait_per_token_s=row.get("run_queue_wait_per_token_s"),
+        steal_per_token_s=row.get("steal_per_token_s"),
+        training=row.get("mode") == "train",
+        ranks=(),
+        samples=(),
     )
 
 
@@ -55,21 +71,17 @@ def main(refreshes: int, paths: list[str]) -> None:
             entry = _entry(test, run[test]).following(entry)
         print(f"\n{test}: {refreshes} recorded runs")
         for path, run in later:
-            row = run[test]
-            throughput = baseline_check(entry, row["tokens_per_sec_samples"], settings, "k", [])
-            relative = relative_speed_check(
-                entry, row.get("relative_speed_samples") or (), settings
+            result = _result(run[test])
+            checks = (
+                baseline_check(entry, result, settings, "k", []),
+                relative_speed_check(entry, result, settings),
             )
-            host = row.get("host_loop_samples") or ()
-            checks = (machine_check(throughput, relative, entry, host), relative)
             print(f"  {Path(path).stem:<10}", end="")
             for check in checks:
                 figures = ""
                 if isinstance(check.figures, BaselineFigures | RelativeSpeedFigures):
                     change, tolerance = check.figures.change, check.figures.tolerance
-                    figures = f" {change:+6.1%} (tol {tolerance:.1%})"
-                    if check.figures.verdict == MACHINE_SLOWER:
-                        figures += " machine slower"
+                    figures = f" {change:+6.1%} (tol {tolerance:.1%}) {check.figures.verdict}"
                 print(f"  {check.name} {check.status}{figures}", end="")
             print()
 

@@ -1,29 +1,16 @@
-"""Decisions on one run: below the topology-aware threshold, regressed against the baseline,
-stale baseline, memory growth, or fine; each with the message a user acts on.
-
-Small check functions that return a `Check` (pytest-benchmark's `fails()` idea, with a status
-instead of None so that passing runs carry their figures too). Pure: no I/O, no pytest. The
-figures are typed per kind of check; record.py turns them into report fields.
+"""What a check returns and what a run's checks add up to: `Check` (pytest-benchmark's `fails()`
+idea, with a status instead of None so that a passing run carries its figures too), each
+check's typed figures, the settings every check reads, and the `Decision`. The memory check
+lives here; the others have a module each. Pure: no I/O, no pytest.
 """
 
 from __future__ import annotations
 
 import enum
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pytest_distperf.judge.stats import (
-    Comparison,
-    Verdict,
-    compare_memory,
-    compare_to_recorded_runs,
-)
-from pytest_distperf.judge.tolerance import (
-    RUNS_FOR_SETTLED_FLOOR,
-    detectable_drop,
-)
+from pytest_distperf.judge.stats import Comparison, Verdict, compare_memory
 from pytest_distperf.store.entry import BaselineEntry
 
 
@@ -53,15 +40,10 @@ CheckName = Literal[
     "threshold", "baseline", "relative_speed", "memory", "work", "device_time", "loss"
 ]
 CHECK_NAMES: tuple[CheckName, ...] = get_args(CheckName)  # in the order a reader wants them
-#: A comparison's verdict, or the machine or busy check's excuse for a regression.
-BaselineVerdict = Literal[Verdict, "machine slower", "machine busy"]
-MACHINE_SLOWER: BaselineVerdict = "machine slower"
+#: A comparison's verdict, or the throughput check's own words for an excused or early one.
+BaselineVerdict = Literal[Verdict, "machine busy", "provisional"]
 MACHINE_BUSY: BaselineVerdict = "machine busy"
-
-
-# Which check judged a threshold (judge/threshold.py): the run's step timed again, or the model.
-RETIMING = "re-timing"
-MODELLED = "model"
+PROVISIONAL: BaselineVerdict = "provisional"
 
 
 @dataclass(frozen=True)
@@ -73,16 +55,6 @@ class ThresholdFigures:
     bound_description: str
     link_class: str
     ratio_to_predicted: float
-    check: str = MODELLED  # or RETIMING: which one judged
-
-
-@dataclass(frozen=True)
-class MachineFigures:
-    """The machine check's figures: relative changes of speed against the baseline's."""
-
-    bare_change: float  # the bare model timed beside each repeat
-    host_change: float  # the host-speed loop (hostspeed.py): the machine itself
-    change_beyond_host: float  # the throughput's, with the host's taken out
 
 
 @dataclass(frozen=True)
@@ -105,24 +77,24 @@ NO_EVIDENCE = BusyEvidence(None, None, None)
 
 @dataclass(frozen=True)
 class BusyFigures:
-    """The busy check's figures: changes against the baseline's, and the evidence weighed."""
+    """Where a drop beyond the tolerance was weighed against the evidence."""
 
-    wall_change: float  # wall time per token: positive when slower
-    host_cpu_change: float | None  # process CPU time per token, where both sides have it
-    host_cpu_tolerance: float | None  # what the CPU time may move by itself
-    evidence: BusyEvidence = NO_EVIDENCE
-    explained_share: float = 0.0  # of the lost time, what the evidence accounts for
-    change_beyond_evidence: float | None = None  # the wall time's change with it taken out
+    evidence: BusyEvidence
+    explained_share: float  # of the lost time, what the evidence accounts for
+    change_beyond_evidence: float  # the rate's change with it taken out
+    # CPU time per token against the recorded runs', over the core's slowdown: what the rank
+    # did itself; beyond the tolerance it vetoes any excuse. None where either side lacks it.
+    cpu_change: float | None = None
 
 
 @dataclass(frozen=True)
 class WaitFigures:
-    """The ranks' own waits (judge/waits.py): shares of the wall time of a generation."""
+    """The ranks' own waits (judge/waits.py): shares of the wall time of a repeat."""
 
     off_cpu_share: float  # the rank that waited most, median of the repeats
     baseline_off_cpu_share: float  # the recorded runs' level
     rise: float  # off_cpu_share - baseline_off_cpu_share
-    tolerance: float
+    tolerance: float  # from the recorded runs' spread of that share
     outside_share: float  # what the busy evidence took (run queue, steal), taken off the rise
 
 
@@ -131,15 +103,15 @@ class BaselineFigures:
     baseline_tokens_per_sec: float
     change: float
     tolerance: float
-    tolerance_runs: int
+    tolerance_runs: int  # recorded runs the tolerance came from
     p_value: float
     detectable_drop: float
     verdict: BaselineVerdict
     recorded_at: str
     commit: str | None
-    machine: MachineFigures | None = None  # when the host loop could be weighed
-    busy: BusyFigures | None = None  # when the CPU time per token could be weighed
-    waits: WaitFigures | None = None  # when both sides measured the ranks' own waits
+    runs_needed: int = 0  # recorded runs still missing before the tolerance is the runs' own
+    busy: BusyFigures | None = None  # where a drop was weighed against the busy evidence
+    waits: WaitFigures | None = None  # where both sides measured the ranks' own waits
 
 
 @dataclass(frozen=True)
@@ -156,7 +128,7 @@ class RelativeSpeedFigures:
     tolerance: float
     p_value: float
     detectable_drop: float
-    verdict: BaselineVerdict  # "machine busy" when the busy check excused it
+    verdict: BaselineVerdict
 
 
 @dataclass(frozen=True)
@@ -175,8 +147,7 @@ class DeviceTimeFigures:
     baseline_s: float
     change: float  # of time: positive when slower
     tolerance: float
-    p_value: float
-    verdict: Verdict  # of the rate, 1 / time: "regression" when the time grew
+    verdict: Verdict  # "regression" when the time grew
 
 
 Figures = (
@@ -200,18 +171,16 @@ class Check:
 @dataclass(frozen=True)
 class GateSettings:
     efficiency: float
-    tolerance: float | None  # None: derived from the baseline's own noise
+    tolerance: float | None  # None: the rule on the recorded runs (judge/tolerance.py)
     alpha: float = 0.01
-    # Repeats within one run share the machine's state, so their spread misses drift between
-    # runs; the tolerance derived from noise never goes below this floor. The runs that set it:
-    # docs/gates.md (docs/benchmarks/cpu.md).
-    tolerance_floor: float = 0.10
-    # From RUNS_FOR_SETTLED_FLOOR recorded runs on, their medians' spread measures the drift the
-    # floor above stands in for, so the floor drops to this (docs/gates.md).
-    settled_tolerance_floor: float = 0.02
-    # The speed relative to the bare model timed beside each sample does not move with the
-    # host: a floor for what is left (pairing jitter, the strategy's own variance).
+    # The least tolerance of the throughput (None: its machine class's, THROUGHPUT_FLOOR), the
+    # relative speed and the device time once their recorded runs settle it (docs/gates.md).
+    tolerance_floor: float | None = None
     relative_tolerance_floor: float = 0.05
+    device_time_tolerance_floor: float = 0.02
+    # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower
+    # run once three recorded runs give that share's spread.
+    wait_share_floor: float = 0.05
     memory_tolerance: float = 0.10
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
@@ -219,111 +188,6 @@ class GateSettings:
     # The work gate's relative tolerance of bytes, ops, FLOPs and kernels (--distperf-work-
     # tolerance); collective kinds and calls are exact.
     work_tolerance: float = 0.01
-    # Floors of the noise of the device time and of the CPU time per token: both barely move
-    # with the host, so their floors sit below the throughput's (docs/gates.md).
-    device_time_tolerance_floor: float = 0.02
-    cpu_tolerance_floor: float = 0.10
-    # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower
-    # run (judge/waits.py): an idle CPU rank's share moves by well under it (docs/gates.md).
-    wait_share_floor: float = 0.05
-
-
-def baseline_check(
-    entry: BaselineEntry | None,
-    samples: Sequence[float],
-    settings: GateSettings,
-    topology_key: str,
-    known_keys: Sequence[str],
-) -> Check:
-    if entry is None:
-        check = detectable_check(samples, settings)
-        others = [k for k in known_keys if k != topology_key]
-        where = f"no baseline for this test on this machine (topology key {topology_key})"
-        if others:
-            where += f"; baselines exist for: {', '.join(others)}"
-        status = CheckStatus.FAIL if settings.strict else CheckStatus.NOTE
-        hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
-        return Check("baseline", status, f"{where}{hint}; {check.message}", check.figures)
-    # From 3 recorded runs on, their median is the level: the latest refresh alone may have met
-    # the host at an odd speed (docs/benchmarks/h200-2026-11-30-gate.md).
-    settled = len(entry.run_medians) >= RUNS_FOR_SETTLED_FLOOR
-    comparison = compare_to_recorded_runs(
-        entry.samples,
-        samples,
-        entry.run_medians,
-        tolerance=settings.tolerance,
-        alpha=settings.alpha,
-        tolerance_floor=settings.settled_tolerance_floor if settled else settings.tolerance_floor,
-    )
-    figures = BaselineFigures(
-        baseline_tokens_per_sec=comparison.baseline_median,
-        change=comparison.change,
-        tolerance=comparison.tolerance,
-        tolerance_runs=comparison.tolerance_runs,
-        p_value=comparison.p_value,
-        detectable_drop=comparison.detectable_drop,
-        verdict=comparison.verdict,
-        recorded_at=entry.recorded_at,
-        commit=entry.commit,
-    )
-    return Check("baseline", comparison_status(comparison, settings), comparison.message(), figures)
-
-
-def relative_speed_check(
-    entry: BaselineEntry | None, samples: Sequence[float], settings: GateSettings
-) -> Check:
-    """The strategy's speed relative to the bare model run beside each sample, against the
-    baseline's. The host's own speed cancels out of it, so it can be held to a tolerance the
-    throughput of a drifting host cannot; a model that got slower by itself moves both runs
-    alike and shows in the throughput check only."""
-    name: CheckName = "relative_speed"
-    if not samples:
-        return Check(name, CheckStatus.NOTE, "no bare model was timed beside this run")
-    if entry is None or not entry.relative_samples:
-        return Check(name, CheckStatus.NOTE, "no baseline of the speed relative to the bare model")
-    comparison = compare_to_recorded_runs(
-        entry.relative_samples,
-        samples,
-        entry.relative_run_medians,
-        tolerance=settings.tolerance,
-        alpha=settings.alpha,
-        tolerance_floor=settings.relative_tolerance_floor,
-        unit="x bare",
-        subject="relative speed",
-    )
-    figures = RelativeSpeedFigures(
-        baseline=comparison.baseline_median,
-        change=comparison.change,
-        tolerance=comparison.tolerance,
-        p_value=comparison.p_value,
-        detectable_drop=comparison.detectable_drop,
-        verdict=comparison.verdict,
-    )
-    message = (
-        f"{comparison.message()} (relative speed: the generation time of the bare model, no "
-        "wrapper and no collectives, run right after each repeat, over this run's; the host's "
-        "own speed cancels out)"
-    )
-    return Check(name, comparison_status(comparison, settings), message, figures)
-
-
-def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
-    """What a baseline made of these samples would let the gate catch."""
-    if len(samples) < 2:
-        return Check("baseline", CheckStatus.NOTE, "one sample: no drop is detectable")
-    drop = detectable_drop(
-        samples,
-        len(samples),
-        tolerance=settings.tolerance,
-        alpha=settings.alpha,
-        tolerance_floor=settings.tolerance_floor,
-    )
-    text = (
-        "no drop is detectable with this noise and these repeats"
-        if math.isinf(drop)
-        else f"as a baseline these samples would catch drops of {drop:.1%} or more"
-    )
-    return Check("baseline", CheckStatus.NOTE, text, DetectableFigures(drop))
 
 
 def memory_check(

@@ -6,34 +6,18 @@ from __future__ import annotations
 
 import os
 import re
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pytest_distperf.judge.busy import (
-    busy_check,
-    busy_evidence,
-    busy_threshold,
-    cpu_change,
-    machine_check,
-)
-from pytest_distperf.judge.checks import (
-    Check,
-    Decision,
-    GateSettings,
-    baseline_check,
-    detectable_check,
-    memory_check,
-    relative_speed_check,
-    skipped_check,
-)
-from pytest_distperf.judge.counted import device_time_check, with_work_reason, work_check
+from pytest_distperf.judge.busy import busy_evidence
+from pytest_distperf.judge.checks import Decision, GateSettings, memory_check, skipped_check
+from pytest_distperf.judge.counted import device_time_check, work_check
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.judge.threshold import threshold_check_of
+from pytest_distperf.judge.threshold import threshold_check
+from pytest_distperf.judge.throughput import baseline_check, detectable_check, relative_speed_check
 from pytest_distperf.judge.training import loss_check
-from pytest_distperf.judge.waits import waits_check
-from pytest_distperf.measured import RunResult, off_cpu_shares
+from pytest_distperf.measured import RunResult
 from pytest_distperf.perfmodel import (
     DEFAULT_OVERHEADS,
     Calibration,
@@ -173,7 +157,19 @@ class Gate:
         prediction: Prediction | None,
         why_none: str = "",
     ) -> Decision:
-        threshold = threshold_check_of(result, prediction, settings.efficiency, why_none)
+        """Every check on its own: none reads or changes another's outcome."""
+        spec = result.spec
+        threshold = threshold_check(
+            prediction,
+            result.tokens_per_sec,
+            settings.efficiency,
+            devices=result.devices,
+            accelerator=spec.accelerator,
+            strategy=result.strategy,
+            mode=spec.workload.mode,
+            why_none=why_none,
+        )
+        loss = {"loss": loss_check(result)} if result.training else {}
         if self.update:
             why = "not compared: this run records the baseline (--distperf-update-baselines)"
             compared = ("relative_speed", "memory", "work", "device_time")
@@ -181,49 +177,19 @@ class Gate:
                 threshold=threshold,
                 baseline=detectable_check(result.tokens_per_sec_samples, settings),
                 **{name: skipped_check(name, why) for name in compared},
-                **_loss(result),  # a baseline must train the right function too
+                **loss,  # a baseline must train the right function too
             )
         entry = self.baseline_entry(result)
-        samples = result.tokens_per_sec_samples
-        baseline = baseline_check(entry, samples, settings, self.topology_key, self.known_keys())
-        relative = relative_speed_check(entry, result.relative_speed_samples, settings)
-        baseline = machine_check(
-            baseline, relative, entry, result.host_loop_samples, not result.cuda_graphs
-        )
-        work = work_check(entry, result.work, settings, counted=result.spec.count_work)
-        device_time = device_time_check(entry, result.device_time_per_token_s, settings)
-        cpu = cpu_change(entry, result.host_cpu_per_token_s, settings)
-        # A training step's gradient collectives run on threads beside its compute: on a host
-        # with fewer cores than those threads, their wait for a core is the step's own.
-        waited = None if result.training else _waited_for_a_core(result)
-        evidence = busy_evidence(
-            entry,
-            waited,
-            result.steal_per_token_s,
-            result.host_loop_cpu_samples,
-        )
-        baseline, relative = busy_check(
-            baseline,
-            relative,
-            work,
-            device_time,
-            cpu,
-            evidence,
-            result.relative_speed_unqueued_samples,
-        )
-        shares = off_cpu_shares([r.samples for r in result.ranks])
-        baseline = waits_check(baseline, entry, shares, evidence, settings)
-        threshold = busy_threshold(threshold, work, _unqueued_rate(result))
-        exact = result.spec.accelerator == "cuda"  # allocator peak, not process RSS
+        exact_memory = spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
-            threshold=with_work_reason(threshold, work, cpu),
-            baseline=with_work_reason(baseline, work, cpu),
-            relative_speed=relative,
-            memory=memory_check(entry, result.peak_memory_bytes, settings, exact),
-            work=work,
-            device_time=device_time,
-            **_loss(result),
-            busy_evidence=None if entry is None else evidence,
+            threshold=threshold,
+            baseline=baseline_check(entry, result, settings, self.topology_key, self.known_keys()),
+            relative_speed=relative_speed_check(entry, result, settings),
+            memory=memory_check(entry, result.peak_memory_bytes, settings, exact_memory),
+            work=work_check(entry, result.work, settings, counted=spec.count_work),
+            device_time=device_time_check(entry, result.device_time_per_token_s, settings),
+            **loss,
+            busy_evidence=None if entry is None else busy_evidence(entry, result),
         )
 
     def identities(self, result: RunResult) -> tuple[str, str]:
@@ -273,7 +239,6 @@ class Gate:
                 "steal_run_medians": result.steal_per_token_s,
                 "off_cpu_share_run_medians": result.off_cpu_share,
             },
-            off_cpu_shares=off_cpu_shares([r.samples for r in result.ranks]),
         )
         self.store.save(
             self.topology_key,
@@ -282,35 +247,6 @@ class Gate:
             moved_from={identity: legacy},  # an entry stored under the older form moves here
         )
         return True
-
-
-def _waited_for_a_core(result: RunResult) -> float | None:
-    """Per token, the ranks' threads' wait for a core over the timed repeats, or where larger
-    the slowest rank's timing thread's within each repeat: the process-wide figure spans the
-    fences too, which a repeat's time leaves out. Both are read against the recorded
-    process-wide level, which holds the timing thread's own, so the excuse errs small."""
-    waited = result.run_queue_wait_per_token_s
-    samples = result.samples
-    if waited is None or not samples or any(s.queued_s is None for s in samples):
-        return waited
-    queued = sum(s.queued_s or 0.0 for s in samples) / (len(samples) * result.new_tokens)
-    return max(waited, queued)
-
-
-def _unqueued_rate(result: RunResult) -> float | None:
-    """Tokens/sec with each repeat's wait for a core (the slowest rank's timing thread) taken
-    out beyond the most the re-timed step waited, which its rate already holds; None where a
-    rank measured no such wait."""
-    samples = result.samples
-    if result.training or not samples or any(s.queued_s is None for s in samples):
-        return None
-    own_s = max((s.queued_s or 0.0 for r in result.ranks for s in r.retimed_samples), default=0)
-    ran = [s.total_s - max((s.queued_s or 0.0) - own_s, 0.0) for s in samples]
-    return result.new_tokens / statistics.median(ran)
-
-
-def _loss(result: RunResult) -> dict[str, Check]:
-    return {"loss": loss_check(result)} if result.training else {}
 
 
 TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET")

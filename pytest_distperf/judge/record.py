@@ -109,24 +109,22 @@ def _figure_keys(figures: Figures | None) -> dict[str, Any]:
             "bound_description": figures.bound_description,
             "link_class": figures.link_class,
             "ratio_to_predicted": figures.ratio_to_predicted,
-            "threshold_check": figures.check,
         }
     if isinstance(figures, DetectableFigures):  # the baseline check's, without a baseline
         return {"detectable_drop": figures.detectable_drop}
     if isinstance(figures, BaselineFigures):
-        busy, waits = figures.busy, figures.waits
+        waits = figures.waits
         return {
             "baseline_tokens_per_sec": figures.baseline_tokens_per_sec,
             "change": figures.change,
             "tolerance": figures.tolerance,
             "tolerance_runs": figures.tolerance_runs,
+            "baseline_runs_needed": figures.runs_needed,
             "p_value": figures.p_value,
             "detectable_drop": figures.detectable_drop,
             "baseline_verdict": figures.verdict,
             "baseline_recorded_at": figures.recorded_at,
             "baseline_commit": figures.commit,
-            **json_value(figures.machine or {}),  # bare_change, host_change, change_beyond_host
-            **({} if busy is None else {"host_cpu_change": busy.host_cpu_change}),
             **({} if waits is None else {"off_cpu_share_change": waits.rise}),
         }
     if isinstance(figures, RelativeSpeedFigures):

@@ -92,14 +92,12 @@ class History:
 
 def store_histories(directory: str | Path) -> list[History]:
     """Every entry of the baseline store in `directory`, with the gate's default tolerance."""
-    from pytest_distperf.judge.checks import GateSettings
-    from pytest_distperf.judge.stats import compare_to_recorded_runs
+    from pytest_distperf.judge.tolerance import THROUGHPUT_FLOOR, recorded_level, run_tolerance
     from pytest_distperf.store.store import BaselineFileError, BaselineStore
 
     store = BaselineStore(directory)
     if not store.directory.is_dir():
         raise ChartError(f"{directory}: no such baseline directory")
-    floor = GateSettings(efficiency=1.0, tolerance=None).tolerance_floor
     histories = []
     topology_keys = store.keys()
     for key in topology_keys:
@@ -109,13 +107,13 @@ def store_histories(directory: str | Path) -> list[History]:
             raise ChartError(str(error)) from None
         for test_id, entry in sorted(entries.items()):
             runs = entry.run_medians or (entry.median,)
-            # The comparison an unchanged run would get: its level and tolerance are the gate's.
-            held = compare_to_recorded_runs(
-                entry.samples, entry.samples, runs, tolerance_floor=floor
-            )
-            level, tolerance = held.baseline_median, held.tolerance
+            # The level and the tolerance the next run meets, as the gate holds them.
+            accelerator = "cuda" if key.startswith("cuda") else "cpu"
+            held = run_tolerance(runs, THROUGHPUT_FLOOR[accelerator], accelerator)
+            from_runs = 0 if held.provisional else held.runs
+            level = recorded_level(runs)
             histories.append(
-                History(key, test_id, runs, entry.samples, level, tolerance, held.tolerance_runs)
+                History(key, test_id, runs, entry.samples, level, held.fails, from_runs)
             )
     if not histories:
         raise ChartError(f"{directory}: no baselines recorded there")

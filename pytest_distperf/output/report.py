@@ -23,8 +23,7 @@ SCALARS = (
     *("tokens_per_sec", "decode_tokens_per_sec", "strategy", "devices", "accelerator"),
     *("topology_key", "predicted_tokens_per_sec", "threshold_tokens_per_sec", "bound"),
     *("baseline_tokens_per_sec", "change", "tolerance", "detectable_drop", "relative_speed"),
-    *("relative_speed_change", "relative_speed_detectable_drop", "bare_change", "host_change"),
-    *("change_beyond_host", "verdict", "peak_memory_bytes"),
+    *("relative_speed_change", "relative_speed_detectable_drop", "verdict", "peak_memory_bytes"),
 )
 COUNTED = (
     *("work", "host_cpu_per_token_s", "run_queue_wait_per_token_s", "device_time_per_token_s"),
@@ -147,7 +146,7 @@ def result_lines(
 
 
 # The phases that only measure, beside the timed repeats: their share of those is their cost.
-MEASURING = ("bare", "measure", "count")
+MEASURING = ("bare", "count")
 
 
 def phase_line(record: JudgedRun) -> str:
@@ -158,5 +157,5 @@ def phase_line(record: JudgedRun) -> str:
         return ""
     parts = ", ".join(f"{name} {seconds:.2f}" for name, seconds in spent.items())
     timed, beside = spent.get("timed", 0.0), sum(spent.get(name, 0.0) for name in MEASURING)
-    share = f"; bare + measure + count = {beside / timed:.0%} of timed" if timed else ""
+    share = f"; bare + count = {beside / timed:.0%} of timed" if timed else ""
     return f"    phases, s: {parts}{share}"

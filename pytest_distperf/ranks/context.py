@@ -75,8 +75,6 @@ class RankContext:
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)
     counted: Counted | None = None  # count_work: None when off or failed
     count_s: float | None = None  # count_work: seconds it took
-    retimed: tuple[Sample, ...] = ()  # retime: the wrapped step timed again, knobs off
-    retimed_bare: tuple[Sample, ...] = ()  # retime: the bare model beside each of those
     train: TrainState | None = None  # training's calibrate: batch, optimizer, loss, matmul rate
     result: RankResult | None = None  # result
 

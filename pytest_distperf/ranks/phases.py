@@ -26,18 +26,13 @@ from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
-from pytest_distperf.ranks.reference import (
-    choose_reference,
-    times_before_wrapping,
-)
-from pytest_distperf.ranks.retime import retimed
+from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
 from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
 from pytest_distperf.ranks.timing import (
     Fences,
     device_sync,
     reference_token_time,
     run_workload,
-    timed_generation,
 )
 from pytest_distperf.spec import PRECISION_BYTES, RunSpec
 from pytest_distperf.strategies import get_strategy, message_sizes_for, strategy_names
@@ -329,27 +324,6 @@ def counted_by(ctx: RankContext, count: Callable[[], counting.Counted]) -> None:
     ctx.count_s = time.perf_counter() - started
 
 
-def retime(ctx: RankContext) -> None:
-    """The wrapped generation timed again as the repeats ran it (ranks/retime.py)."""
-    if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
-        return
-    steps = ctx.wrapped_steps.override() if ctx.wrapped_steps else None
-
-    def once() -> Sample:
-        return timed_generation(
-            ctx.wrapped,
-            ctx.prompt,
-            ctx.workload.max_new_tokens,
-            ctx.fences,
-            generate=ctx.generate,
-            next_token=ctx.half.next_token,
-            steps=steps,
-        )[0]
-
-    bare = ctx.bare.generation if ctx.bare is not None and ctx.bare_samples else None
-    ctx.retimed, ctx.retimed_bare = retimed(once, ctx.platform.retime_budget_s, bare)
-
-
 def result(ctx: RankContext) -> None:
     """The rank's result, from what the phases before measured."""
     steps, chosen = ctx.wrapped_steps, ctx.reference
@@ -394,8 +368,6 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
         "host_cpu_per_token_s": ctx.host_cpu_per_token_s,
         "run_queue_wait_per_token_s": ctx.run_queue_wait_per_token_s,
         "steal_per_token_s": ctx.steal_per_token_s,
-        "retimed_samples": ctx.retimed,
-        "retimed_bare_samples": ctx.retimed_bare,
     }
 
 

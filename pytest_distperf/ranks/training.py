@@ -21,7 +21,6 @@ from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
-from pytest_distperf.ranks.retime import retimed
 from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, steady_median
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
@@ -271,15 +270,6 @@ def count_step(ctx: RankContext) -> None:
     """One more step, untimed, with its work counted."""
     step = _wrapped_step(ctx)
     phases.counted_by(ctx, lambda: counting.count_step(step, ctx.platform.queues_kernels))
-
-
-def retime(ctx: RankContext) -> None:
-    """The wrapped step timed again after the timed ones, as they were, knobs off
-    (ranks/retime.py): on 2 or more CPU ranks and on one CUDA device."""
-    if not ctx.platform.ranks_time_themselves(ctx.spec.devices) or not ctx.spec.retime:
-        return
-    step, fences, budget_s = _wrapped_step(ctx), ctx.fences, ctx.platform.retime_budget_s
-    ctx.retimed, _ = retimed(lambda: _timed(step, fences, 0.0)[0], budget_s)
 
 
 def result(ctx: RankContext) -> None:

@@ -35,7 +35,6 @@ PHASES: tuple[Phase, ...] = (
     bare_phases.reference_after,  # a replicated model's own module timed after them, where alone
     phases.pick_reference,  # the reference the run reports
     phases.memory_peak,  # the test's peak memory
-    phases.retime,  # CPU ranks, one GPU: the wrapped generation timed again, knobs off
     phases.count_work,  # one more generation, untimed, its work counted per token
     phases.result,  # the RankResult
 )
@@ -51,7 +50,6 @@ TRAIN_PHASES: tuple[Phase, ...] = (
     training.wrap,  # the strategy's wrapper; AdamW
     training.time_steps,  # warm-up and timed steps; the first step's loss
     training.memory_peak,  # the steps' peak memory
-    training.retime,  # CPU ranks, one GPU: the wrapped step timed again, knobs off
     training.count_step,  # one more step, untimed, its work counted
     training.result,  # the RankResult
 )
@@ -61,7 +59,7 @@ TRAIN_PHASES: tuple[Phase, ...] = (
 # own name); the timing phase splits its own into warmup, timed and bare (RankContext.loop_s).
 PHASE_ORDER = (
     *("join", "calibrate", "build", "reference", "wrap", "compile"),
-    *("warmup", "timed", "bare", "measure", "count", "result"),
+    *("warmup", "timed", "bare", "count", "result"),
 )
 PHASE_KEYS = {
     "calibrate_model": "calibrate",
@@ -78,7 +76,6 @@ PHASE_KEYS = {
     "memory_peak": "result",
     "count_work": "count",
     "count_step": "count",
-    "retime": "measure",
 }
 
 

@@ -22,12 +22,9 @@ from pytest_distperf.jsonfields import get_field, is_count, is_number, json_obje
 from pytest_distperf.store.spread import relative_spread
 from pytest_distperf.work import Work
 
-# 2 added run_medians, 3 the relative speed, 4 the host's own speed, 5 the counted work and
-# the CPU and device time per token, 6 the waits for a core, the steal and the ranks' own
-# waits off the CPU, 7 each recorded run's date and commit; older files are read (without
-# them), written as 7
+# One schema: a file of any other is refused, naming it (record the baselines again).
 SCHEMA = 7
-READABLE_SCHEMAS = (1, 2, 3, 4, 5, 6, 7)
+READABLE_SCHEMAS = (SCHEMA,)
 # Recorded runs kept per test: enough for a robust spread, few enough that a deliberate change
 # of speed leaves the window (the spread is interquartile, so a change in under a quarter of
 # the window is ignored, and one in more widens the tolerance until it leaves).
@@ -42,16 +39,14 @@ _HISTORIES = (
     "device_time_run_medians",
     *_WAIT_FIELDS,
 )
-# Absent from older files (SCHEMA says since when), read as empty.
-_LIST_FIELDS = ("run_medians", "relative_samples", "off_cpu_share_samples", *_HISTORIES)
-# When and at which commit each recorded run was made (strings, not numbers; schema 7).
+_LIST_FIELDS = ("run_medians", "relative_samples", *_HISTORIES)
+# When and at which commit each recorded run was made (strings, not numbers).
 _RUN_RECORDS = ("run_recorded_at", "run_commits")
-_OPTIONAL_ENTRY_FIELDS = frozenset({*_LIST_FIELDS, *_RUN_RECORDS, "work"})
-# Lists where zero is a value (no wait at all), not a missing measure.
-_SHARES = "off_cpu_share_samples"  # shares of a wall time, each in [0, 1]
+# Left out: the work when the run was not counted; the run records where none were kept.
+_OPTIONAL_ENTRY_FIELDS = frozenset({*_RUN_RECORDS, "work"})
 # What `_rounded` holds a list's values to, as its message says it.
-_POSITIVE, _NON_NEGATIVE_NUMBERS, _IN_0_1 = "positive numbers", "non-negative numbers", "in [0, 1]"
-_NON_NEGATIVE = frozenset({*_WAIT_FIELDS, _SHARES})
+_POSITIVE, _NON_NEGATIVE_NUMBERS = "positive numbers", "non-negative numbers"
+_NON_NEGATIVE = frozenset(_WAIT_FIELDS)  # zero is a value (no wait at all), not a missing one
 # Throughput noise is percent-level; six significant digits keep the file's diffs short while
 # losing nothing that a comparison could see.
 _SIGNIFICANT_DIGITS = 6
@@ -103,12 +98,10 @@ class BaselineEntry:
     run_queue_wait_run_medians: tuple[float, ...] = ()
     steal_run_medians: tuple[float, ...] = ()
     #: Of the same runs, the largest share of a rank's generation time spent off the CPU by its
-    #: own doing (measured.off_cpu_shares, median): what its waits were (judge/waits.py); and
-    #: that share per repeat of the latest run, whose spread is the waits' own noise.
+    #: own doing (measured.off_cpu_shares, median): what its waits were (judge/waits.py).
     off_cpu_share_run_medians: tuple[float, ...] = ()
-    off_cpu_share_samples: tuple[float, ...] = ()
     #: When, and at which commit (None: unknown), each recorded run of `run_medians` was made,
-    #: oldest first; runs recorded before schema 7 have neither, so these align with its end.
+    #: oldest first.
     run_recorded_at: tuple[str, ...] = ()
     run_commits: tuple[str | None, ...] = ()
 
@@ -209,7 +202,6 @@ class BaselineEntry:
         host_cpu_per_token_s: float | None = None,
         device_time_per_token_s: float | None = None,
         waits: Mapping[str, float | None] | None = None,
-        off_cpu_shares: Iterable[float] = (),
     ) -> BaselineEntry:
         """Build an entry from raw tokens/sec repeats (and the relative speed and host loop
         time of each, when known, and the run's counted work and per-token times), computing
@@ -239,7 +231,6 @@ class BaselineEntry:
             extra=dict(extra or {}),
             run_medians=(_round(statistics.median(rounded)),),
             relative_samples=relative,
-            off_cpu_share_samples=_rounded(off_cpu_shares, test_id, _SHARES, _IN_0_1),
             relative_run_medians=(_round(statistics.median(relative)),) if relative else (),
             host_loop_run_medians=(_round(statistics.median(host)),) if host else (),
             work=work,
@@ -301,8 +292,7 @@ class BaselineEntry:
         unknown = sorted(data.keys() - _ENTRY_FIELDS - _OPTIONAL_ENTRY_FIELDS)
         if missing or unknown:
             raise ValueError(f"entry fields: missing {missing}, unknown {unknown}")
-        lists = {name: get_field(data, name, list, default=[]) for name in _LIST_FIELDS}
-        shares = _rounded(lists.pop(_SHARES), data["test_id"], _SHARES, _IN_0_1)
+        lists = {name: get_field(data, name, list) for name in _LIST_FIELDS}
         work = data.get("work")
         if work is not None:
             work = Work.from_json(work, f"baseline entry {data.get('test_id')!r}: work")
@@ -319,7 +309,6 @@ class BaselineEntry:
             versions=get_field(data, "versions", Mapping),
             extra=get_field(data, "extra", Mapping),
             work=work,
-            off_cpu_share_samples=shares,
             **{name: tuple(values) for name, values in lists.items()},
             **{name: tuple(get_field(data, name, list, default=[])) for name in _RUN_RECORDS},
         )
@@ -357,8 +346,7 @@ def _rounded(
         # numbers.Real admits numpy scalars but not strings, which float() would accept.
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise ValueError(f"{test_id}: {name} must be numbers, got {value!r}")
-        high = 1.0 if kind == _IN_0_1 else math.inf
-        if not (0 <= value <= high and math.isfinite(value)) or (kind == _POSITIVE and not value):
+        if not (value >= 0 and math.isfinite(value)) or (kind == _POSITIVE and not value):
             raise ValueError(f"{test_id}: {name} must be {kind}, got {value!r}")
         result.append(_round(float(value)))
     return tuple(result)

@@ -289,8 +289,9 @@ def _parse(
         readable = ", ".join(map(str, READABLE_SCHEMAS))
         raise BaselineFileError(
             path,
-            f"unknown schema version {data['schema']!r} (this pytest-distperf reads schemas "
-            f"{readable}; a newer version may have written it)",
+            f"unknown schema version {data['schema']!r} (this pytest-distperf reads schema "
+            f"{readable} only: record the baselines again with --distperf-update-baselines, or "
+            "use the version that wrote it)",
         )
     missing = sorted(_FILE_FIELDS - data.keys())
     unknown = sorted(data.keys() - _FILE_FIELDS)

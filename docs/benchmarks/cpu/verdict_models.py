@@ -35,13 +35,13 @@ ALL_REDUCE_ELEMENTS = 16  # 64 bytes of fp32
 
 
 # tests/test_verdict_matrix.py's builders, one a test, each regressed when VERDICT_REGRESSED=1:
-# the settings above, large enough for 5 repeats against one recorded run.
+# the settings above; the timed ones gross (beyond docs/gates.md's 50%) against one recorded run.
 CASES = {
-    "waits": {"VERDICT_WAIT_END_SHARE": "0.5"},
+    "waits": {"VERDICT_WAIT_END_SHARE": "0.9"},
     "computes": {"VERDICT_EXTRA_HEAD": "1.0"},
     # A slow rank is not caught at 20% or 50% on the 2-core machine
     # (docs/benchmarks/cpu-2026-12-06-verdicts.md): the suite asks for an unmistakable one.
-    "slow_rank": {"VERDICT_SLOW_RANK": "1:0.75"},
+    "slow_rank": {"VERDICT_SLOW_RANK": "1:0.95"},
     "collective": {"VERDICT_ALL_REDUCE": "1"},
 }
 # What a case's model has recorded and regressed alike.
@@ -106,9 +106,9 @@ def collective(seed: int, device: torch.device, dtype: torch.dtype) -> GPT:
 
 
 def greedy_syncing(model: GPT, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """`greedy`, syncing and waiting half the wall time per step when VERDICT_REGRESSED=1."""
+    """`greedy`, syncing and waiting 9/10 of each step's time when VERDICT_REGRESSED=1."""
     regressed = os.environ.get("VERDICT_REGRESSED") == "1"
-    return greedy(model, prompt, max_new_tokens, sync=regressed, share=0.5 if regressed else 0.0)
+    return greedy(model, prompt, max_new_tokens, sync=regressed, share=0.9 if regressed else 0.0)
 
 
 @torch.no_grad()

@@ -1,0 +1,209 @@
+"""The timed checks against the recorded runs: the throughput ("baseline") and the speed
+relative to the bare model. Each fails only beyond the drift its own recorded runs have shown
+(judge/tolerance.py); until a baseline has enough of them only a gross drop fails, and the
+check says the baseline is provisional. Measured outside evidence that explains a failure makes
+it a "machine busy" warning (judge/busy.py), computed here; a rise of the ranks' own waits fails
+a slower run (judge/waits.py). Pure: no I/O, no pytest.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytest_distperf.judge.busy import busy_evidence, cpu_change, unexplained, weigh
+from pytest_distperf.judge.checks import (
+    MACHINE_BUSY,
+    PROVISIONAL,
+    BaselineFigures,
+    BaselineVerdict,
+    Check,
+    CheckName,
+    CheckStatus,
+    DetectableFigures,
+    GateSettings,
+    RelativeSpeedFigures,
+    comparison_status,
+)
+from pytest_distperf.judge.stats import Comparison, at_level, compare
+from pytest_distperf.judge.tolerance import (
+    GROSS_DROP,
+    RUNS_TO_SETTLE,
+    THROUGHPUT_FLOOR,
+    Tolerance,
+    detectable_drop,
+    run_tolerance,
+)
+from pytest_distperf.judge.waits import wait_figures, waits_rose, waits_words
+from pytest_distperf.measured import RunResult, off_cpu_shares
+from pytest_distperf.store.entry import BaselineEntry
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: CheckStatus
+    verdict: BaselineVerdict
+    headline: str  # "" where the comparison's own message says it all
+
+
+def outcome(
+    comparison: Comparison, tolerance: Tolerance, settings: GateSettings, excuse: str
+) -> Outcome:
+    """One status from the comparison: a failure the busy evidence explains (`excuse`) warns;
+    a provisional baseline's change within its gross margin is a note within the host drift of
+    this machine class and a warning beyond it."""
+    status = comparison_status(comparison, settings)
+    if status is CheckStatus.FAIL and comparison.verdict == "regression" and excuse:
+        return Outcome(CheckStatus.WARN, MACHINE_BUSY, f"machine busy, not failed: {excuse}")
+    if not tolerance.provisional or comparison.verdict != "ok":
+        return Outcome(status, comparison.verdict, "")
+    runs = f"{tolerance.runs} of {RUNS_TO_SETTLE} recorded runs"
+    needs = f"record {tolerance.runs_needed} more with --distperf-update-baselines"
+    if -comparison.change <= tolerance.drift:
+        words = (
+            f"provisional baseline ({runs}): only a drop beyond {GROSS_DROP:.0%} fails until "
+            f"then; {needs}"
+        )
+        return Outcome(CheckStatus.NOTE, PROVISIONAL, words)
+    words = (
+        f"provisional baseline ({runs}): a drop beyond this machine class's host drift "
+        f"({tolerance.drift:.0%}) but within the gross margin ({GROSS_DROP:.0%}); {needs} to "
+        "judge it against the drift they show"
+    )
+    return Outcome(CheckStatus.WARN, PROVISIONAL, words)
+
+
+def baseline_check(
+    entry: BaselineEntry | None,
+    result: RunResult,
+    settings: GateSettings,
+    topology_key: str,
+    known_keys: Sequence[str],
+) -> Check:
+    """The throughput against the recorded runs: beyond their tolerance (and significant) it
+    fails, unless the busy evidence explains the loss; a slower run whose own waits rose
+    beyond their recorded spread fails too."""
+    samples = result.tokens_per_sec_samples
+    if entry is None:
+        check = detectable_check(samples, settings)
+        others = [k for k in known_keys if k != topology_key]
+        where = f"no baseline for this test on this machine (topology key {topology_key})"
+        if others:
+            where += f"; baselines exist for: {', '.join(others)}"
+        status = CheckStatus.FAIL if settings.strict else CheckStatus.NOTE
+        hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
+        return Check("baseline", status, f"{where}{hint}; {check.message}", check.figures)
+    history = entry.run_medians or (entry.median,)
+    accelerator = result.spec.accelerator
+    floor = settings.tolerance_floor
+    floor = THROUGHPUT_FLOOR.get(accelerator, THROUGHPUT_FLOOR["cpu"]) if floor is None else floor
+    tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
+    comparison = compare(
+        at_level(entry.samples, history),
+        samples,
+        tolerance=tolerance.fails,
+        alpha=settings.alpha,
+        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
+    )
+    evidence = busy_evidence(entry, result)
+    level, rate = comparison.baseline_median, comparison.current_median
+    cpu = cpu_change(entry, result, evidence.core_slowdown)
+    busy, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
+    shares = off_cpu_shares([r.samples for r in result.ranks])
+    waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
+    judged = outcome(comparison, tolerance, settings, excuse)
+    status, verdict, lines = judged.status, judged.verdict, [comparison.message()]
+    if judged.headline:
+        lines.insert(0, judged.headline)
+    if waits is not None and waits_rose(waits) and comparison.change < 0:
+        status, verdict = CheckStatus.FAIL, "regression"
+        lines.insert(0, waits_words(waits))
+    elif status is CheckStatus.FAIL:
+        lines.append(unexplained(busy))
+    weighed = comparison.verdict == "regression"
+    figures = BaselineFigures(
+        baseline_tokens_per_sec=level,
+        change=comparison.change,
+        tolerance=tolerance.fails,
+        tolerance_runs=0 if tolerance.provisional or tolerance.explicit else tolerance.runs,
+        p_value=comparison.p_value,
+        detectable_drop=comparison.detectable_drop,
+        verdict=verdict,
+        recorded_at=entry.recorded_at,
+        commit=entry.commit,
+        runs_needed=tolerance.runs_needed,
+        busy=busy if weighed else None,
+        waits=waits,
+    )
+    return Check("baseline", status, "\n".join(lines), figures)
+
+
+def relative_speed_check(
+    entry: BaselineEntry | None, result: RunResult, settings: GateSettings
+) -> Check:
+    """The bare model's time over the wrapped one's, against the recorded runs', by the
+    throughput's rule: the host's speed moves both, so what moves it is the strategy's own. A
+    failure that each generation's wait for a core, taken out, explains is a busy machine."""
+    name: CheckName = "relative_speed"
+    samples = result.relative_speed_samples
+    if not samples:
+        return Check(name, CheckStatus.SKIP, "no bare model was timed beside this run")
+    if entry is None or not entry.relative_samples:
+        return Check(name, CheckStatus.NOTE, "no baseline of the speed relative to the bare model")
+    history = entry.relative_run_medians or (statistics.median(entry.relative_samples),)
+    tolerance = run_tolerance(
+        history, settings.relative_tolerance_floor, result.spec.accelerator, settings.tolerance
+    )
+    comparison = compare(
+        at_level(entry.relative_samples, history),
+        samples,
+        tolerance=tolerance.fails,
+        alpha=settings.alpha,
+        unit="x bare",
+        subject="relative speed",
+        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
+    )
+    excuse = ""
+    unqueued = result.relative_speed_unqueued_samples
+    evidence = busy_evidence(entry, result)
+    waited = evidence.run_queue_wait_per_token_s
+    cpu = cpu_change(entry, result, evidence.core_slowdown)
+    if waited and unqueued and (cpu is None or cpu <= tolerance.fails):
+        change = statistics.median(unqueued) / comparison.baseline_median - 1.0
+        if change >= -tolerance.fails:
+            excuse = (
+                f"run-queue wait +{waited * 1e3:.3g} ms per token beyond the baseline's; with "
+                f"each generation's wait for a core taken out it changed {change:+.1%}"
+            )
+    judged = outcome(comparison, tolerance, settings, excuse)
+    figures = RelativeSpeedFigures(
+        baseline=comparison.baseline_median,
+        change=comparison.change,
+        tolerance=tolerance.fails,
+        p_value=comparison.p_value,
+        detectable_drop=comparison.detectable_drop,
+        verdict=judged.verdict,
+    )
+    lines = [judged.headline] if judged.headline else []
+    lines.append(
+        f"{comparison.message()} (the bare model, no wrapper and no collectives, timed beside "
+        "each repeat: the host's own speed cancels out)"
+    )
+    return Check(name, judged.status, "\n".join(lines), figures)
+
+
+def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
+    """What a baseline of these samples would let the gate catch from its first recorded run:
+    a gross drop, or the explicit tolerance."""
+    if len(samples) < 2:
+        return Check("baseline", CheckStatus.NOTE, "one sample: no drop is detectable")
+    tolerance = GROSS_DROP if settings.tolerance is None else settings.tolerance
+    drop = detectable_drop(samples, len(samples), tolerance, settings.alpha)
+    text = (
+        "no drop is detectable with this noise and these repeats"
+        if math.isinf(drop)
+        else f"as a baseline these samples would catch drops of {drop:.1%} or more"
+    )
+    return Check("baseline", CheckStatus.NOTE, text, DetectableFigures(drop))
