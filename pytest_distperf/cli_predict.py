@@ -1,12 +1,5 @@
-"""`distperf predict`'s output: the decode predictions as cli.py computed them, and with
-`--mode train` the predicted training step of every strategy that can train.
-
-The command measures nothing, so the training step's compute term needs a figure: a matmul rate
-(--matmul-tflops: model FLOPs over it, the way MFU counts them) or a measured single-process
-step (--step-compute-ms). The links are the decode prediction's. No torch import. cli.py parses
-the options and loads the inputs; this module adds the training options and prints. Bad input
-raises ValueError naming the option (the caller exits 2).
-"""
+"""`distperf predict`'s output, and with `--mode train` each strategy's predicted step, whose
+compute term needs --matmul-tflops or --step-compute-ms (the command measures nothing)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""pytest hooks of pytest-distperf: options, markers, parametrisation, the fixture, the report.
-
-Imported on every pytest start (entry point `pytest11`): no torch, the rest imported lazily.
-"""
+"""pytest hooks of pytest-distperf, imported on every pytest start: no torch, the rest lazily."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The counted work of a run: collectives, ops, FLOPs, kernels and host-device syncs per decode
-token and per prefill, or per optimizer step. Counts, not timings: an unchanged run repeats
-them, so the work gate compares kinds, calls and syncs exactly, the rest within a small
-tolerance. Pure: no torch, no pytest.
-"""
+"""The counted work of a run per decode token and prefill, or per optimizer step: an unchanged
+run repeats it, so the work gate compares kinds, calls and syncs exactly. Pure."""
 
 from __future__ import annotations
 

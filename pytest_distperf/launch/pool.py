@@ -1,8 +1,5 @@
-"""A pool of rank processes kept for the session: started once, one RunSpec per test.
-
-Starting ranks costs far more than a small test's timed work (docs/benchmarks/pool.md). One pipe
-per rank (`ranks/serve.py`); a test that raises, hangs or loses a rank stops the pool.
-"""
+"""A pool of rank processes kept for the session, one RunSpec per test: starting ranks costs more
+than a small test's timed work. A test that raises, hangs or loses a rank stops the pool."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""In-rank micro-benchmarks: all-gather, all-reduce and point-to-point hops at the model's own
-message sizes, and the device's memory bandwidth. Every rank returns the same `Calibration`
-(each figure the slowest rank's median).
-
-nccl-tests' conventions (doc/PERFORMANCE.md): an all-gather's bytes are its gathered output's;
-all-gather busbw = algbw x (n-1)/n, all-reduce busbw = algbw x 2(n-1)/n; a point-to-point hop
-is its sendrecv (busbw = algbw); a copy moves 2 x bytes. Each call is timed on the host between
-fences (probes.py), its launch cost included, as eager code pays it. Over several nodes the
-collectives are timed again among each node's ranks (`Calibration.within_node`).
-"""
+"""In-rank micro-benchmarks at the model's own message sizes: all-gather, all-reduce,
+point-to-point hops and memory bandwidth, in nccl-tests' terms; each figure the slowest rank's
+median, timed on the host between fences as eager code pays it (launch cost included)."""
 
 from __future__ import annotations
 

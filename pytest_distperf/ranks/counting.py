@@ -1,13 +1,6 @@
 """The counted generation: one more, untimed, this rank's work counted per token (`work.Work`).
-A TorchDispatchMode sees every op reaching torch's dispatcher in this process, whoever issues
-it (the model, FSDP and DDP hooks, DTensor, a strategy's step, the user's loop): aten ops, FLOPs
-(flop_counter's formulas) and collectives by kind, bytes in nccl-tests' terms. Compiled code runs
-compiled, so it sees a compiled step's extern kernels and collectives, not fused kernels nor a
-CUDA graph's replay; where kernels queue, a second generation under torch.profiler counts the
-kernels per token, replays included, their device time, and the host's syncs with the device
-(the CUDA runtime's device, stream and event synchronizations, by kind). Work below the
-dispatcher (inside a kernel, a library's copies without an op) stays unseen.
-"""
+A TorchDispatchMode sees every op that reaches the dispatcher, whoever issues it; where kernels
+queue, torch.profiler counts kernels, their device time and the host's syncs with the device."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""One test's run in a launched job, watched from beside it: its deadline, a failure in any rank
-(which would leave its peers waiting in a collective). Each run has a board in the job's store
-(it answers while a collective hangs):
-`first`, the run's first `Fault` (compare-and-set); `wake/<rank>`, what that rank's watch must
-act on, or "done" from the rank itself; `hung/<rank>`, where the deadline found its code.
-
-Each rank's watch thread waits on its wake key until the deadline; woken, or then, it dumps the
-stacks (a timeout), aborts an NCCL group and raises `Interrupted` in the main thread. A rank no
-signal reaches is exited by faulthandler later.
-"""
+"""One test's run in a launched job, watched from beside it: its deadline, and a failure in any
+rank, which would leave its peers waiting in a collective. Each run has a board in the job's
+store, which answers while a collective hangs: `first` (the first `Fault`), `wake/<rank>` (what
+that rank's watch acts on, or "done") and `hung/<rank>` (where the deadline found its code)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The values of a topology: devices, the links between them, link classes and their order.
-
-Link classes are the words of `nvidia-smi topo -m` plus LOOPBACK (CPU ranks on one host) and
-"unknown" (nothing could be probed). No probing here: pure values, JSON round trip and the key.
-"""
+"""The values of a topology: devices, links, link classes (`nvidia-smi topo -m`'s words, plus
+LOOPBACK and "unknown") and their order. Pure values, JSON round trip and the key."""
 
 from __future__ import annotations
 
@@ -218,10 +215,9 @@ class Topology:
         return min(self.links, key=lambda link: (link.rank, link.a, link.b))
 
     def key(self) -> str:
-        """A stable, filesystem-safe fingerprint of what performance depends on: accelerator,
-        device model and count, the link classes; never host names, bus ids or the current PCIe
-        generation (it drops at idle). Ranks sharing cores add the CPU count (a device is a share
-        of the host); a job over several nodes their count (its ranks cross the network)."""
+        """A filesystem-safe fingerprint of what performance depends on (accelerator, device model
+        and count, link classes; the CPU count where ranks share cores, the node count over a
+        network); never host names, bus ids or the current PCIe generation (it drops at idle)."""
         counts = Counter(link.link_class for link in self.links)
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
         parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]
