@@ -62,7 +62,14 @@ def calibrate(
     )
     asked = {"all_gather": sizes_all_gather, "all_reduce": sizes_all_reduce}
     asked["p2p"] = sizes_p2p if n > 1 else ()
-    measure = partial(_measure, asked, device, dtype, timer, warmup, iters)
+
+    def measure(group: Group) -> dict[str, tuple[list[int], list[float]]]:
+        """kind -> (bytes moved, median seconds this rank) of every asked collective in `group`."""
+        return {
+            k: time_collective(k, s, device, dtype, timer, warmup, iters, group)
+            for k, s in asked.items()
+        }
+
     world = world_group()
     measured = measure(world)
     within: dict[str, tuple[list[int], list[float]]] = {}
@@ -122,19 +129,3 @@ def _with_figures(
     gathers = figures["all_gather"]
     latency = min(f.time_s for f in gathers) if gathers else 0.0
     return dataclasses.replace(base, **figures, latency_s=latency)
-
-
-def _measure(
-    asked: Mapping[str, Sequence[int]],
-    device: torch.device,
-    dtype: torch.dtype,
-    timer: Timer,
-    warmup: int,
-    iters: int,
-    group: Group,
-) -> dict[str, tuple[list[int], list[float]]]:
-    """kind -> (bytes moved, median seconds this rank) of every asked collective in `group`."""
-    return {
-        kind: time_collective(kind, sizes, device, dtype, timer, warmup, iters, group)
-        for kind, sizes in asked.items()
-    }
