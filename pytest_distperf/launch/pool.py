@@ -118,7 +118,6 @@ class RankPool:
         except BaseException:  # a Ctrl-C halfway: the ranks already started go too
             self.close(kill=True)
             raise
-        self.ready_s = 0.0
         self.last_output: dict[int, str] = {}  # each rank's output during the last test
 
     @property
@@ -144,7 +143,6 @@ class RankPool:
             elapsed = time.perf_counter() - start
             raise RunFailed(self._failure_text(spec, failed, elapsed, starting=True))
         self.ready = True
-        self.ready_s = time.perf_counter() - start
 
     def run(
         self,
