@@ -116,10 +116,6 @@ def mfu(p: Prediction, config: Any, seq_length: int, flops_per_s: float) -> floa
     return flops / (p.step_time_s or float("inf")) / (p.devices * flops_per_s)
 
 
-def shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
-    return list(dict.fromkeys(text for p in predictions for text in p.assumptions))
-
-
 def _print_json(
     workload: dict[str, Any], topology: dict[str, Any], links: Links, rows: list[Any], **more: Any
 ) -> int:
@@ -237,5 +233,5 @@ def print_terms(predictions: Sequence[Prediction], per: str) -> None:
         print(f"  {p.strategy:<16}{p.implementation}: {terms}")
     print()
     print("assumptions:")
-    for text in shared_assumptions(predictions):
+    for text in dict.fromkeys(t for p in predictions for t in p.assumptions):
         print(f"  - {text}")

@@ -131,9 +131,6 @@ class RankPool:
             return False
         return self.tests_run > 0 or self._started_in == _surroundings()
 
-    def output_offsets(self) -> list[int]:
-        return [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
-
     def wait_ready(self, spec: RunSpec) -> None:
         """Block until every rank has joined the process group (first use only)."""
         start = time.perf_counter()
@@ -152,7 +149,7 @@ class RankPool:
     ) -> RunResult:
         """Run one test; `live`: where the ranks' output streams (pytest -s)."""
         launched_at, start = time.time(), time.perf_counter()
-        offsets = self.output_offsets()
+        offsets = [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
             if not self.ready:

@@ -179,7 +179,9 @@ class RunWatch:
             self.stopped = kind
         if kind == TIMEOUT:
             self._timed_out(store)
-        _abort_nccl()
+        # An NCCL collective waiting for a rank that is gone never ends on its own; a gloo one does.
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
         with self._lock:  # never after `finish` has put the previous handler back
             if self._running and self._main is not None:
                 self._interrupt = kind
@@ -206,9 +208,3 @@ class RunWatch:
             raise Interrupted(kind)
         if callable(self._previous):
             self._previous(signum, frame)
-
-
-def _abort_nccl() -> None:
-    # An NCCL collective waiting for a rank that is gone never ends on its own; a gloo one does.
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        dist.distributed_c10d._abort_process_group()
