@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--max-new-tokens", type=_positive_int, default=50)
     for flag, text in _FIGURES.items():
         pred.add_argument(flag, type=_positive_float, metavar="X", help=text)
-    cli_predict.add_train_options(pred)
+    cli_predict.add_train_options(pred, _positive_int, _positive_float)
     _add_source_options(pred)
     charts.add_parser(sub)
     cli_baselines.add_parser(sub)

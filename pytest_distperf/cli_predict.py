@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel import GB, MB, Links, Prediction, model_flops_per_step
@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 MOVED = ("all_gather_output", "reduce_scatter_bytes", "all_reduce_bytes")
 
 
-def add_train_options(parser: argparse.ArgumentParser) -> None:
+def add_train_options(
+    parser: argparse.ArgumentParser, count: Callable[[str], int], rate: Callable[[str], float]
+) -> None:
+    """The training options; `count` and `rate` are the command's positive-number types."""
     parser.add_argument(
         "--mode",
         choices=("generate", "train"),
@@ -29,21 +32,21 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seq-length",
-        type=int,
+        type=count,
         metavar="N",
         help=f"train: tokens per sequence (default: {DEFAULT_SEQ_LENGTH}, as the marker's, or the "
         "model's block_size when shorter)",
     )
     parser.add_argument(
         "--matmul-tflops",
-        type=float,
+        type=rate,
         metavar="X",
         help="train: one device's dense matmul rate at the precision, TFLOP/s (e.g. measured by "
         "a large matmul); model FLOPs over it make the compute term",
     )
     parser.add_argument(
         "--step-compute-ms",
-        type=float,
+        type=rate,
         metavar="X",
         help="train: a measured single-process step (forward, backward, AdamW) of one rank's "
         "batch, ms; replaces the FLOPs estimate",
@@ -56,10 +59,6 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
         raise ValueError(
             "--compute-ms-per-token is a decode figure; with --mode train give --step-compute-ms"
         )
-    rates = (("--matmul-tflops", args.matmul_tflops), ("--step-compute-ms", args.step_compute_ms))
-    for option, value in rates:
-        if value is not None and not 0 < value < float("inf"):
-            raise ValueError(f"{option}: expected a positive number, got {value}")
     if args.matmul_tflops is None and args.step_compute_ms is None:
         raise ValueError(
             "--mode train needs --matmul-tflops X (a device's dense matmul rate, TFLOP/s) or "
@@ -68,8 +67,6 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
     seq = args.seq_length
     if seq is None:
         seq = min(DEFAULT_SEQ_LENGTH, config.block_size or DEFAULT_SEQ_LENGTH)
-    if seq < 1:
-        raise ValueError(f"--seq-length: expected a positive integer, got {seq}")
     if config.block_size and seq > config.block_size:
         raise ValueError(
             f"--seq-length {seq} exceeds {args.model}'s block_size {config.block_size}"
