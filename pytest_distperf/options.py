@@ -1,6 +1,5 @@
 """Session settings and per-test workloads, validated, with errors that name their source. The
-most specific wins (pytest-timeout's rule): marker, command line, ini file, default. No torch.
-"""
+most specific wins (pytest-timeout's rule): marker, command line, ini file, default. No torch."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Fresh ranks for one run through torch's elastic launcher (torchrun's machinery): spawned
-processes, a loopback rendezvous on a free port, no restarts, a log per rank for the message.
-"""
+processes, a loopback rendezvous on a free port, no restarts, a log per rank for the message."""
 
 from __future__ import annotations
 
