@@ -30,8 +30,6 @@ from pytest_distperf.ranks.probes import (
 )
 from pytest_distperf.ranks.timing import device_sync
 
-__all__ = ["Calibration", "CollectiveFigure", "calibrate", "job_nodes"]
-
 
 def calibrate(
     sizes_all_gather: Sequence[int],
