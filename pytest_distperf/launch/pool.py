@@ -381,10 +381,8 @@ class Pools:
         spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
         key = PoolKey.of(spec)
         pool = self._current
-        if pool is not None and not pool.fits(key):
-            pool.close()
-            pool = self._current = None
-        if pool is None:
+        if pool is None or not pool.fits(key):
+            self.close()
             try:
                 pool = self._current = RankPool(key)
             except Exception as error:  # spawn trouble: still this test's failure
