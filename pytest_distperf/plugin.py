@@ -126,8 +126,8 @@ class DistperfPlugin:
     def resolve(self) -> Resolved:
         """Accelerator and device count for this session, counted without importing torch."""
         if self._resolved is None:
-            from pytest_distperf.launch.cpus import available_cpus
             from pytest_distperf.topology.gpus import visible_gpus
+            from pytest_distperf.topology.host import available_cpus
 
             visible = visible_gpus() if self.settings.accelerator != "cpu" else 0
             accelerator = self.settings.accelerator
