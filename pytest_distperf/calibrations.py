@@ -1,12 +1,6 @@
-"""Which collectives a run calibrates, and the machine's calibration kept between sessions.
-
-The first run of each rank count calibrates the session's message sizes (plugin.py collects
-them); a builder's model and a training step are calibrated at their own sizes by their first
-run's ranks (up to the platform's largest message, Platform.calibration_max_bytes). A
-single host's calibration is kept in pytest's cache, keyed by its topology, rank count and
-software versions: a later session that needs no size beyond it measures nothing
-(`--distperf-recalibrate` measures again). A job over several nodes always measures.
-Pytest-side: no torch.
+"""Which collectives a run calibrates (a builder's model and a training step at their own sizes,
+up to Platform.calibration_max_bytes), and the machine's calibration kept in pytest's cache
+between sessions (keyed by topology, rank count and versions; a multi-node job always measures).
 """
 
 from __future__ import annotations

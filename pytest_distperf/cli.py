@@ -1,12 +1,5 @@
-"""`distperf`: the plugin's command for humans (`distperf COMMAND --help` for each command's
-options): `topology` prints the devices' links, `predict` each strategy's tokens/sec, `plot`
-draws a report or a baseline history (output/charts.py), `baselines` keeps a baseline directory
-(cli_baselines.py).
-
-No command imports torch: they answer at once and run on a laptop without GPUs. Bad input
-(a missing or malformed file, a device count the topology does not have, an unknown model) exits
-with status 2 and a message naming the value and where it came from, never a traceback.
-"""
+"""`distperf`: topology, predict, plot, baselines. No command imports torch; bad input exits 2
+with a message naming the value and where it came from, never a traceback."""
 
 from __future__ import annotations
 
@@ -130,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--max-new-tokens", type=_positive_int, default=50)
     for flag, text in _FIGURES.items():
         pred.add_argument(flag, type=_positive_float, metavar="X", help=text)
-    cli_predict.add_train_options(pred)
+    cli_predict.add_train_options(pred, _positive_int, _positive_float)
     _add_source_options(pred)
     charts.add_parser(sub)
     cli_baselines.add_parser(sub)

@@ -1,18 +1,11 @@
-"""`distperf predict`'s output: the decode predictions as cli.py computed them, and with
-`--mode train` the predicted training step of every strategy that can train.
-
-The command measures nothing, so the training step's compute term needs a figure: a matmul rate
-(--matmul-tflops: model FLOPs over it, the way MFU counts them) or a measured single-process
-step (--step-compute-ms). The links are the decode prediction's. No torch import. cli.py parses
-the options and loads the inputs; this module adds the training options and prints. Bad input
-raises ValueError naming the option (the caller exits 2).
-"""
+"""`distperf predict`'s output, and with `--mode train` each strategy's predicted step, whose
+compute term needs --matmul-tflops or --step-compute-ms (the command measures nothing)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel import GB, MB, Links, Prediction, model_flops_per_step
@@ -27,7 +20,10 @@ if TYPE_CHECKING:
 MOVED = ("all_gather_output", "reduce_scatter_bytes", "all_reduce_bytes")
 
 
-def add_train_options(parser: argparse.ArgumentParser) -> None:
+def add_train_options(
+    parser: argparse.ArgumentParser, count: Callable[[str], int], rate: Callable[[str], float]
+) -> None:
+    """The training options; `count` and `rate` are the command's positive-number types."""
     parser.add_argument(
         "--mode",
         choices=("generate", "train"),
@@ -36,21 +32,21 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--seq-length",
-        type=int,
+        type=count,
         metavar="N",
         help=f"train: tokens per sequence (default: {DEFAULT_SEQ_LENGTH}, as the marker's, or the "
         "model's block_size when shorter)",
     )
     parser.add_argument(
         "--matmul-tflops",
-        type=float,
+        type=rate,
         metavar="X",
         help="train: one device's dense matmul rate at the precision, TFLOP/s (e.g. measured by "
         "a large matmul); model FLOPs over it make the compute term",
     )
     parser.add_argument(
         "--step-compute-ms",
-        type=float,
+        type=rate,
         metavar="X",
         help="train: a measured single-process step (forward, backward, AdamW) of one rank's "
         "batch, ms; replaces the FLOPs estimate",
@@ -63,10 +59,6 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
         raise ValueError(
             "--compute-ms-per-token is a decode figure; with --mode train give --step-compute-ms"
         )
-    rates = (("--matmul-tflops", args.matmul_tflops), ("--step-compute-ms", args.step_compute_ms))
-    for option, value in rates:
-        if value is not None and not 0 < value < float("inf"):
-            raise ValueError(f"{option}: expected a positive number, got {value}")
     if args.matmul_tflops is None and args.step_compute_ms is None:
         raise ValueError(
             "--mode train needs --matmul-tflops X (a device's dense matmul rate, TFLOP/s) or "
@@ -75,8 +67,6 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
     seq = args.seq_length
     if seq is None:
         seq = min(DEFAULT_SEQ_LENGTH, config.block_size or DEFAULT_SEQ_LENGTH)
-    if seq < 1:
-        raise ValueError(f"--seq-length: expected a positive integer, got {seq}")
     if config.block_size and seq > config.block_size:
         raise ValueError(
             f"--seq-length {seq} exceeds {args.model}'s block_size {config.block_size}"
@@ -121,10 +111,6 @@ def mfu(p: Prediction, config: Any, seq_length: int, flops_per_s: float) -> floa
     replicas = p.tokens_per_step // (p.batch_size * seq_length)
     flops = model_flops_per_step(config, p.batch_size, seq_length) * replicas
     return flops / (p.step_time_s or float("inf")) / (p.devices * flops_per_s)
-
-
-def shared_assumptions(predictions: Sequence[Prediction]) -> list[str]:
-    return list(dict.fromkeys(text for p in predictions for text in p.assumptions))
 
 
 def _print_json(
@@ -244,5 +230,5 @@ def print_terms(predictions: Sequence[Prediction], per: str) -> None:
         print(f"  {p.strategy:<16}{p.implementation}: {terms}")
     print()
     print("assumptions:")
-    for text in shared_assumptions(predictions):
+    for text in dict.fromkeys(t for p in predictions for t in p.assumptions):
         print(f"  - {text}")

@@ -1,8 +1,5 @@
-"""From collected tests to distperf items: parametrisation, bad markers, order, xdist grouping.
-
-A bad marker fails only its own test, at setup (an `Invalid` parameter carries the message).
-Nothing here probes or imports torch.
-"""
+"""From collected tests to distperf items: parametrisation, order, xdist grouping; a bad marker
+fails only its own test, at setup (an `Invalid` parameter carries the message). No torch."""
 
 from __future__ import annotations
 

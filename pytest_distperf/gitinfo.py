@@ -10,11 +10,8 @@ GIT_TIMEOUT_S = 5.0
 
 
 def git(cwd: str | os.PathLike[str], *args: str) -> str:
-    """`git ARGS` in `cwd`, its stripped standard output.
-
-    Raises OSError when there is no git, subprocess.CalledProcessError (with its stderr) when it
-    fails, subprocess.TimeoutExpired when it hangs.
-    """
+    """`git ARGS` in `cwd`, its stripped output; OSError without git, CalledProcessError or
+    TimeoutExpired when it fails or hangs."""
     completed = subprocess.run(
         ["git", *args],
         cwd=cwd,

@@ -1,6 +1,5 @@
 """The report header (before collection: it never probes, most sessions run no distperf test)
-and the lines after collection (the probed topology, each rank count's calibration).
-"""
+and the lines after collection (the probed topology, each rank count's calibration)."""
 
 from __future__ import annotations
 

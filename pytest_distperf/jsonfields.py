@@ -1,9 +1,5 @@
-"""Reading the fields of parsed JSON, with errors that say where and what was wrong, and
-writing a figure as plain JSON (`json_value`).
-
-One helper for every file the plugin reads back (baselines, saved reports; topologies and
-calibrations could use it too). Pure: no I/O, no imports beyond the standard library.
-"""
+"""Reading fields of parsed JSON with errors that say where and what, and writing a figure as
+plain JSON (`json_value`). Pure: standard library only."""
 
 from __future__ import annotations
 
@@ -56,12 +52,8 @@ def get_field(
     optional: bool = False,
     default: Any = _REQUIRED,
 ) -> Any:
-    """`data[name]`, checked to be of `kind` (a type or a tuple of types).
-
-    `optional`: an absent field or a null reads as None. `default`: what an absent field reads
-    as (a null still has to be of `kind`). Otherwise an absent field is an error. A JSON
-    true/false passes only where `bool` is asked for: where a number belongs it is a mistake.
-    """
+    """`data[name]`, checked to be of `kind`; `optional`: absent or null reads None; `default`:
+    what an absent field reads. A JSON bool passes only where `bool` is asked for."""
     prefix = f"{where}: " if where else ""
     if name not in data:
         if default is not _REQUIRED:

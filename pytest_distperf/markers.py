@@ -1,8 +1,5 @@
-"""What a distperf test asks for, read from its markers: strategies, rank counts, workload.
-
-Runs in the pytest process at collection; no torch. Bad values fail with the test's node id, the
-value and the valid choices.
-"""
+"""What a distperf test asks for, read from its markers at collection (no torch); bad values fail
+with the test's node id, the value and the valid choices."""
 
 from __future__ import annotations
 

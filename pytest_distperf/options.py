@@ -1,6 +1,5 @@
 """Session settings and per-test workloads, validated, with errors that name their source. The
-most specific wins (pytest-timeout's rule): marker, command line, ini file, default. No torch.
-"""
+most specific wins (pytest-timeout's rule): marker, command line, ini file, default. No torch."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from pytest_distperf.jsonfields import is_count, is_number
 from pytest_distperf.perfmodel import DEFAULT_EFFICIENCY
 from pytest_distperf.spec import (
     DEFAULT_SEQ_LENGTH,
@@ -321,15 +321,15 @@ def workload_from_marker(
         )
     for name in ("max_new_tokens", "prompt_length", "batch_size"):
         value = values[name]
-        if not _is_number(value, int) or value < 1:
+        if not is_count(value) or value < 1:
             raise SettingError(f"{where}: distperf({name}={value!r}) must be a positive integer")
-    if not _is_number(values["seed"], int):
+    if not (is_number(values["seed"]) and isinstance(values["seed"], int)):
         raise SettingError(f"{where}: distperf(seed={values['seed']!r}) must be an integer")
     slowdown = values["slowdown"]
-    if not _is_number(slowdown) or not 0 <= slowdown < 1:
+    if not is_number(slowdown) or not 0 <= slowdown < 1:
         raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
     delay = values["comm_delay"]
-    if not _is_number(delay) or not 0 <= delay <= 1:
+    if not is_number(delay) or not 0 <= delay <= 1:
         raise SettingError(
             f"{where}: distperf(comm_delay={delay!r}) must be seconds in [0, 1] per message"
         )
@@ -370,7 +370,7 @@ def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> i
         )
     if seq_length is None:
         return DEFAULT_SEQ_LENGTH
-    if not _is_number(seq_length, int) or seq_length < 1:
+    if not is_count(seq_length) or seq_length < 1:
         raise SettingError(
             f"{where}: distperf(seq_length={seq_length!r}) must be a positive integer"
         )
@@ -400,10 +400,6 @@ def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
         else:
             gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
     return gate
-
-
-def _is_number(value: Any, kinds: type | tuple[type, ...] = (int, float)) -> bool:
-    return isinstance(value, kinds) and not isinstance(value, bool)
 
 
 def _is_import_path(value: str) -> bool:

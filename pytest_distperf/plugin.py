@@ -1,7 +1,4 @@
-"""pytest hooks of pytest-distperf: options, markers, parametrisation, the fixture, the report.
-
-Imported on every pytest start (entry point `pytest11`): no torch, the rest imported lazily.
-"""
+"""pytest hooks of pytest-distperf, imported on every pytest start: no torch, the rest lazily."""
 
 from __future__ import annotations
 
@@ -129,8 +126,8 @@ class DistperfPlugin:
     def resolve(self) -> Resolved:
         """Accelerator and device count for this session, counted without importing torch."""
         if self._resolved is None:
-            from pytest_distperf.launch.cpus import available_cpus
             from pytest_distperf.topology.gpus import visible_gpus
+            from pytest_distperf.topology.host import available_cpus
 
             visible = visible_gpus() if self.settings.accelerator != "cpu" else 0
             accelerator = self.settings.accelerator

@@ -1,10 +1,5 @@
-"""A live progress line while a test's ranks run: warm-up, repeat k of n, rank 0's tok/s.
-
-Rank 0 sends short texts over its pipe (ranks/serve.py); the pool hands them to a `ProgressLine`.
-On a terminal the text is shown after what pytest has written on the current line and wiped
-before pytest writes the outcome; without a terminal, `-v` prints one line per message (CI
-logs), and otherwise, as under `-q`, nothing is shown.
-"""
+"""A live progress line while a test's ranks run, from rank 0's texts: on a terminal shown after
+pytest's line and wiped before the outcome; else one line per text under `-v`, none otherwise."""
 
 from __future__ import annotations
 

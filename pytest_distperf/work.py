@@ -1,8 +1,5 @@
-"""The counted work of a run: collectives, ops, FLOPs, kernels and host-device syncs per decode
-token and per prefill, or per optimizer step. Counts, not timings: an unchanged run repeats
-them, so the work gate compares kinds, calls and syncs exactly, the rest within a small
-tolerance. Pure: no torch, no pytest.
-"""
+"""The counted work of a run per decode token and prefill, or per optimizer step: an unchanged
+run repeats it, so the work gate compares kinds, calls and syncs exactly. Pure."""
 
 from __future__ import annotations
 
@@ -55,8 +52,7 @@ class CollectiveCount:
 
 @dataclass(frozen=True)
 class PhaseWork:
-    """One phase's work: collectives by kind (an absent kind made no call), ops, FLOPs, kernels,
-    and the host's waits for the device by kind (`SYNC_KINDS`)."""
+    """One phase's work; an absent collective or sync kind made no call."""
 
     collectives: Mapping[str, CollectiveCount]
     ops: float  # aten ops dispatched
@@ -318,13 +314,7 @@ def _collective_changes(
 
 
 _PHASE_SCALARS = ("ops", "flops", "kernels")
-_SCALAR_WORDS = {
-    "ops": "ops",
-    "flops": "FLOPs",
-    "kernels": "kernels",
-    "graph_breaks": "graph breaks",
-    "recompiles": "recompiles",
-}
+_SCALAR_WORDS = {"flops": "FLOPs", "graph_breaks": "graph breaks"}  # the others: their name
 
 
 def _scalar_changes(
@@ -337,7 +327,7 @@ def _scalar_changes(
         old, new = getattr(before, figure), getattr(after, figure)
         if old is None or new is None or not _beyond(old, new, tolerance):
             continue
-        words = _SCALAR_WORDS[figure]
+        words = _SCALAR_WORDS.get(figure, figure)
         if phase:
             text = _flops if figure == "flops" else _number
             change = f"{text(old)} -> {text(new)} ({_signed_percent(old, new)})"
@@ -350,14 +340,9 @@ def _scalar_changes(
 
 def _beyond(old: float, new: float, tolerance: float) -> int:
     """+1 or -1 when `new` is above or below `old` by more than `tolerance` of it, else 0."""
-    if old == new:
+    if old == new or (old != 0 and abs(new - old) <= tolerance * abs(old)):
         return 0
-    if old == 0:
-        return 1 if new > 0 else -1
-    relative = (new - old) / old
-    if abs(relative) <= tolerance:
-        return 0
-    return 1 if relative > 0 else -1
+    return 1 if new > old else -1
 
 
 def work_cell(work: Work | None) -> str:

@@ -1,17 +1,6 @@
-"""pytest-xdist (-n): every distperf test runs on one worker, and its results reach the controller.
-
-Two workers starting ranks on the same devices would measure each other, so under `--dist`
-load, loadgroup, loadscope and loadfile the controller schedules with xdist's own scheduler for
-that mode in which every distperf test is one more scope: one work unit, one worker. xdist's
-`xdist_group` mark cannot carry this: loadgroup reads groups back from node ids it rewrites,
-which pytest 9.2's structured node ids ignore (pytest-xdist issue #1386). So each worker names
-its distperf items in a file the controller reads when it schedules. `each` and `worksteal`
-cannot keep tests together: there the distperf tests fail with the reason.
-
-The judged runs ride on each test's report, as hypothesis' statistics do, so the controller
-writes the reports from them even when a worker dies later. xdist is imported only inside its
-own hooks.
-"""
+"""pytest-xdist (-n): every distperf test runs on one worker (two would measure each other), and
+its judged runs ride on its report to the controller. Workers name their distperf items in a
+file the controller's scheduler reads: `xdist_group` cannot (pytest-xdist issue #1386)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ taken off, and the work gate comparing them exactly; on a GPU, the count itself.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,8 @@ class _RecordedSession:
 
 def test_a_training_steps_syncs_reach_its_counted_work(monkeypatch: pytest.MonkeyPatch) -> None:
     sessions = iter([TRACES["none"], TRACES["item"]])  # the empty session first, then the step
-    monkeypatch.setattr(counting, "_OWN_SYNCS", [])
+    fresh = functools.cache(counting._session_syncs.__wrapped__)  # this test's own empty session
+    monkeypatch.setattr(counting, "_session_syncs", fresh)
     monkeypatch.setattr(counting, "_started", lambda: _RecordedSession(next(sessions)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     model = torch.nn.Linear(4, 4)

@@ -339,9 +339,9 @@ def test_load_topology_unreadable(tmp_path: Path) -> None:
     [
         (lambda d: d.pop("schema"), "no 'schema' field"),
         (lambda d: d.update(schema=2), "schema 2 is not supported"),
-        (lambda d: d.update(devices="two"), "field 'devices' must be list"),
+        (lambda d: d.update(devices="two"), "field 'devices' must be a list"),
         (lambda d: d["devices"][0].pop("name"), r"devices\[0\]: missing field 'name'"),
-        (lambda d: d["devices"][1].update(memory_bytes=True), "'memory_bytes' must be int"),
+        (lambda d: d["devices"][1].update(memory_bytes=True), "'memory_bytes' must be an integer"),
         (lambda d: d["links"][0].update(link_class="FAST"), "unknown link class 'FAST'"),
         (lambda d: d.update(links=[]), "links must join every pair"),
     ],

@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 from pytest_distperf.platform import Platform
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+from pytest_distperf.topology.host import available_cpus
 
 
 def rank_threads(platform: Platform, ranks: int) -> int:

@@ -1,6 +1,5 @@
 """The session's first pool, started once collection has selected distperf tests: its ranks
-start while the pytest process probes the topology and runs what comes first (issue 11).
-"""
+start while the pytest process probes the topology and runs what comes first (issue 11)."""
 
 from __future__ import annotations
 

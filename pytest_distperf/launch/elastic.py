@@ -1,6 +1,5 @@
 """Fresh ranks for one run through torch's elastic launcher (torchrun's machinery): spawned
-processes, a loopback rendezvous on a free port, no restarts, a log per rank for the message.
-"""
+processes, a loopback rendezvous on a free port, no restarts, a log per rank for the message."""
 
 from __future__ import annotations
 
@@ -136,7 +135,8 @@ def _describe_failure(spec: RunSpec, error: object, log_dir: Path, elapsed: floa
             status = f"exit code {failure.exitcode}, pid {failure.pid}"
         traceback = _traceback(failure) if failure is not None else ""
         if not traceback or timed_out:
-            traceback = _stderr_tail(log_dir, rank)
+            files = sorted(log_dir.glob(f"**/{rank}/stderr.log"))
+            traceback = output_tail(files[-1]) if files else ""
         lines.append(rank_section(rank, status, traceback))
     return "\n".join(lines)
 
@@ -150,8 +150,3 @@ def _traceback(failure: object) -> str:
             return str(callstack)
         return str(message.get("message", ""))
     return str(getattr(failure, "message", "") or "")
-
-
-def _stderr_tail(log_dir: Path, local_rank: int) -> str:
-    files = sorted(log_dir.glob(f"**/{local_rank}/stderr.log"))
-    return output_tail(files[-1]) if files else ""

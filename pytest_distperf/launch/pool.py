@@ -1,8 +1,5 @@
-"""A pool of rank processes kept for the session: started once, one RunSpec per test.
-
-Starting ranks costs far more than a small test's timed work (docs/benchmarks/pool.md). One pipe
-per rank (`ranks/serve.py`); a test that raises, hangs or loses a rank stops the pool.
-"""
+"""A pool of rank processes kept for the session, one RunSpec per test: starting ranks costs more
+than a small test's timed work. A test that raises, hangs or loses a rank stops the pool."""
 
 from __future__ import annotations
 
@@ -121,7 +118,6 @@ class RankPool:
         except BaseException:  # a Ctrl-C halfway: the ranks already started go too
             self.close(kill=True)
             raise
-        self.ready_s = 0.0
         self.last_output: dict[int, str] = {}  # each rank's output during the last test
 
     @property
@@ -135,9 +131,6 @@ class RankPool:
             return False
         return self.tests_run > 0 or self._started_in == _surroundings()
 
-    def output_offsets(self) -> list[int]:
-        return [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
-
     def wait_ready(self, spec: RunSpec) -> None:
         """Block until every rank has joined the process group (first use only)."""
         start = time.perf_counter()
@@ -147,7 +140,6 @@ class RankPool:
             elapsed = time.perf_counter() - start
             raise RunFailed(self._failure_text(spec, failed, elapsed, starting=True))
         self.ready = True
-        self.ready_s = time.perf_counter() - start
 
     def run(
         self,
@@ -157,7 +149,7 @@ class RankPool:
     ) -> RunResult:
         """Run one test; `live`: where the ranks' output streams (pytest -s)."""
         launched_at, start = time.time(), time.perf_counter()
-        offsets = self.output_offsets()
+        offsets = [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
             if not self.ready:
@@ -389,10 +381,8 @@ class Pools:
         spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
         key = PoolKey.of(spec)
         pool = self._current
-        if pool is not None and not pool.fits(key):
-            pool.close()
-            pool = self._current = None
-        if pool is None:
+        if pool is None or not pool.fits(key):
+            self.close()
             try:
                 pool = self._current = RankPool(key)
             except Exception as error:  # spawn trouble: still this test's failure

@@ -1,16 +1,6 @@
-"""Every distperf run as a benchmark of pytest-benchmark's session, when that plugin is active:
-its saving, comparing (`--benchmark-compare-fail` included), tables and exports then work on
-distperf tests unchanged. A round is one timed generation: the slowest rank's wall time of
-prefill + decode (`measured.Sample.total_s`), in seconds; the figures of `EXTRA_INFO` ride in
-`extra_info`; the group is the test function.
-
-How it hooks in: the `benchmark` fixture appends its stats object (`pytest_benchmark.stats.
-Metadata`) to the session's `benchmarks` list, which everything the session does later reads.
-Here the rounds were timed in the ranks, so a `Metadata` is built around a record of what the
-fixture would know of the test, its rounds added with its public `update()`. The session is
-found by the name pytest-benchmark registers it under (a public pluggy lookup); machine info is
-extended through the `pytest_benchmark_update_machine_info` hook (plugin.py).
-"""
+"""Every distperf run as a benchmark of pytest-benchmark's session, so its saving, comparing and
+exports work on distperf tests: a `Metadata` built around the test, one round per timed
+generation (the slowest rank's prefill + decode), the figures of `EXTRA_INFO` in `extra_info`."""
 
 from __future__ import annotations
 
@@ -60,11 +50,8 @@ def benchmark_session(config: pytest.Config) -> Any | None:
 
 
 def add_benchmark(item: pytest.Item, record: JudgedRun, occurrence: int) -> bool:
-    """Add the run to pytest-benchmark's session; False when that session is not recording.
-
-    `occurrence` counts the runs of this test so far (1 for the first): a second run in one
-    test gets its own name, so saved files and comparisons never merge the two.
-    """
+    """Add the run to pytest-benchmark's session; False when it is not recording. A second run
+    in one test (`occurrence` > 1) gets its own name, so saved runs never merge the two."""
     session, result = benchmark_session(item.config), record.run
     if session is None or not result.samples:
         return False
@@ -128,12 +115,8 @@ def update_machine_info(machine_info: dict[str, Any], records: Iterable[JudgedRu
 
 
 def without_distperf_machine_info(compared: dict[str, Any]) -> dict[str, Any] | None:
-    """The saved machine info less this plugin's part, or None when it has none.
-
-    pytest-benchmark compares machine infos when it loads saved runs, at configure time,
-    before any distperf run could describe this machine; each run's topology key is in its
-    `extra_info`, and distperf's own gate never compares across topology keys.
-    """
+    """The saved machine info less this plugin's part (None when it has none): it is compared at
+    configure time, before a run describes the machine; the topology key is in `extra_info`."""
     saved = compared.get("machine_info")
     if not isinstance(saved, Mapping) or MACHINE_INFO_KEY not in saved:
         return None

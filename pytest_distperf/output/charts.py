@@ -1,12 +1,6 @@
-"""Charts of distperf results as PNG files (matplotlib, the `plot` extra): `distperf plot
-REPORT.json` draws tok/s per strategy and rank count of a JSON report (--distperf-json), each
-run's predicted rate and threshold marked; `distperf plot --history BASELINE_DIR` each test's
-recorded run medians across baseline refreshes, with the tolerance band the next run is held to.
-
-matplotlib is imported only when a chart is drawn, and drawn on its Agg canvas without pyplot,
-so no display and no global backend state are involved. Without matplotlib the command says
-which extra to install.
-"""
+"""Charts of distperf results as PNG files (the `plot` extra): a report's tok/s per strategy, or
+each baseline's recorded medians with the band the next run is held to. matplotlib's Agg canvas
+without pyplot: no display, no global backend state."""
 
 from __future__ import annotations
 

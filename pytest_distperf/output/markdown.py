@@ -1,11 +1,5 @@
-"""A Markdown summary of distperf results, for CI job summaries and merge-request notes.
-
-    python -m pytest_distperf.output.markdown distperf.json [--title TITLE]
-
-prints a row per result, a column per figure of `COLUMNS`, then the message of every check that
-failed or warned. Rows come from a saved JSON report (`parse_report`, which refuses a malformed
-file with the reason) or from judged runs, through the same row (`JudgedRun.to_dict`).
-"""
+"""A Markdown summary of distperf results for CI job summaries, from a JSON report or judged runs:
+`python -m pytest_distperf.output.markdown distperf.json [--title TITLE]`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""glibc's allocator in CPU ranks: keep the heap a step grows, so that every timed step does the
-same work, and give it back between tests, so that each test's memory peak is its own.
-
-By default glibc maps big buffers fresh and gives gloo's threads arenas too small for a model's
-flat buffers: CPU training steps then page-fault in some repeats only (docs/benchmarks/
-cpu-2026-12-02-train.md). The environment's variables win. No torch: pool ranks call this first.
-A kept heap still grows now and then: fault_in_heap makes all of it resident, holes included.
-"""
+"""glibc's allocator in CPU ranks: keep the heap a step grows, so every timed step does the same
+work (docs/benchmarks/cpu-2026-12-02-train.md), and give it back between tests, so each test's
+memory peak is its own. The environment's variables win. No torch: pool ranks call this first."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""In-rank micro-benchmarks: all-gather, all-reduce and point-to-point hops at the model's own
-message sizes, and the device's memory bandwidth. Every rank returns the same `Calibration`
-(each figure the slowest rank's median).
-
-nccl-tests' conventions (doc/PERFORMANCE.md): an all-gather's bytes are its gathered output's;
-all-gather busbw = algbw x (n-1)/n, all-reduce busbw = algbw x 2(n-1)/n; a point-to-point hop
-is its sendrecv (busbw = algbw); a copy moves 2 x bytes. Each call is timed on the host between
-fences (probes.py), its launch cost included, as eager code pays it. Over several nodes the
-collectives are timed again among each node's ranks (`Calibration.within_node`).
-"""
+"""In-rank micro-benchmarks at the model's own message sizes: all-gather, all-reduce,
+point-to-point hops and memory bandwidth, in nccl-tests' terms; each figure the slowest rank's
+median, timed on the host between fences as eager code pays it (launch cost included)."""
 
 from __future__ import annotations
 
@@ -42,8 +35,6 @@ from pytest_distperf.ranks.probes import (
 )
 from pytest_distperf.ranks.timing import device_sync
 
-__all__ = ["Calibration", "CollectiveFigure", "calibrate", "job_nodes"]
-
 
 def calibrate(
     sizes_all_gather: Sequence[int],
@@ -74,7 +65,14 @@ def calibrate(
     )
     asked = {"all_gather": sizes_all_gather, "all_reduce": sizes_all_reduce}
     asked["p2p"] = sizes_p2p if n > 1 else ()
-    measure = partial(_measure, asked, device, dtype, timer, warmup, iters)
+
+    def measure(group: Group) -> dict[str, tuple[list[int], list[float]]]:
+        """kind -> (bytes moved, median seconds this rank) of every asked collective in `group`."""
+        return {
+            k: time_collective(k, s, device, dtype, timer, warmup, iters, group)
+            for k, s in asked.items()
+        }
+
     world = world_group()
     measured = measure(world)
     within: dict[str, tuple[list[int], list[float]]] = {}
@@ -140,19 +138,3 @@ def _with_figures(
     gathers = figures["all_gather"]
     latency = min(f.time_s for f in gathers) if gathers else 0.0
     return dataclasses.replace(base, **figures, latency_s=latency)
-
-
-def _measure(
-    asked: Mapping[str, Sequence[int]],
-    device: torch.device,
-    dtype: torch.dtype,
-    timer: Timer,
-    warmup: int,
-    iters: int,
-    group: Group,
-) -> dict[str, tuple[list[int], list[float]]]:
-    """kind -> (bytes moved, median seconds this rank) of every asked collective in `group`."""
-    return {
-        kind: time_collective(kind, sizes, device, dtype, timer, warmup, iters, group)
-        for kind, sizes in asked.items()
-    }

@@ -1,9 +1,6 @@
-"""The compiled decode step (`distperf(compile=True)`): an eager decode at batch 1 is bound by
-the host issuing kernels. A replicated strategy's steps call the wrapped module whole-graph,
-prefill too, as CUDA graphs where kernels queue; a sharded or model-parallel wrapper's decode step
-is compiled around its hooks (no CUDA graphs: they cannot hold the hooks' collectives); a
-strategy's own step (pipeline) stays eager. Compiled before the warm-up, as `compile_s`.
-"""
+"""The compiled decode step (`distperf(compile=True)`), compiled before the warm-up: whole-graph
+with CUDA graphs for a replicated strategy, around the hooks for a sharded or model-parallel
+wrapper (CUDA graphs cannot hold their collectives); a strategy's own step stays eager."""
 
 from __future__ import annotations
 

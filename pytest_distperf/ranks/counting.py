@@ -1,19 +1,14 @@
 """The counted generation: one more, untimed, this rank's work counted per token (`work.Work`).
-A TorchDispatchMode sees every op reaching torch's dispatcher in this process, whoever issues
-it (the model, FSDP and DDP hooks, DTensor, a strategy's step, the user's loop): aten ops, FLOPs
-(flop_counter's formulas) and collectives by kind, bytes in nccl-tests' terms. Compiled code runs
-compiled, so it sees a compiled step's extern kernels and collectives, not fused kernels nor a
-CUDA graph's replay; where kernels queue, a second generation under torch.profiler counts the
-kernels per token, replays included, their device time, and the host's syncs with the device
-(the CUDA runtime's device, stream and event synchronizations, by kind). Work below the
-dispatcher (inside a kernel, a library's copies without an op) stays unseen.
-"""
+A TorchDispatchMode sees every op that reaches the dispatcher, whoever issues it; where kernels
+queue, torch.profiler counts kernels, their device time and the host's syncs with the device."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,9 +333,7 @@ class Profiled:
     syncs: Mapping[str, int]
 
     def __add__(self, other: Profiled) -> Profiled:
-        syncs = {
-            k: self.syncs.get(k, 0) + other.syncs.get(k, 0) for k in {*self.syncs, *other.syncs}
-        }
+        syncs = dict(Counter(self.syncs) + Counter(other.syncs))
         return Profiled(self.kernels + other.kernels, self.seconds + other.seconds, syncs)
 
 
@@ -400,15 +393,11 @@ def _stopped(session: Any) -> Profiled:
         return device_totals(json.loads(path.read_text())["traceEvents"])
 
 
-_OWN_SYNCS: list[Mapping[str, int]] = []  # per process: the same torch every time
-
-
+@functools.cache  # per process: the same torch every time
 def _session_syncs() -> Mapping[str, int]:
     """The syncs an empty profiler session records (the flush before its stop, the profiler's
     own): what every phase's session holds beside the phase's work."""
-    if not _OWN_SYNCS:
-        _OWN_SYNCS.append(_stopped(_started()).syncs)
-    return _OWN_SYNCS[0]
+    return _stopped(_started()).syncs
 
 
 def _without(profiled: Profiled, own: Mapping[str, int]) -> Profiled:
@@ -420,12 +409,12 @@ def device_totals(events: list[dict[str, Any]]) -> Profiled:
     """Kernels, their summed time in seconds, and host syncs by kind among a chrome trace's
     events; copies, memsets and the host's calls left out."""
     durations = [e["dur"] for e in events if e.get("cat") == "kernel"]
-    syncs: dict[str, int] = {}
-    for event in events:
-        kind = SYNC_KINDS.get(event.get("name", "")) if event.get("cat") == "cuda_sync" else None
-        if kind is not None:
-            syncs[kind] = syncs.get(kind, 0) + 1
-    return Profiled(len(durations), sum(durations) * 1e-6, syncs)  # the trace's times: us
+    syncs = Counter(
+        SYNC_KINDS[e["name"]]
+        for e in events
+        if e.get("cat") == "cuda_sync" and e.get("name") in SYNC_KINDS
+    )
+    return Profiled(len(durations), sum(durations) * 1e-6, dict(syncs))  # the trace's times: us
 
 
 def warn(rank: int, error: BaseException) -> None:

@@ -1,9 +1,5 @@
-"""Lightning Fabric for the ranks, imported without the rest of Lightning.
-
-`import lightning.fabric` runs `lightning/__init__` (all of lightning.pytorch, torchmetrics):
-seconds of every rank's start (docs/benchmarks/pool.md). The same Fabric ships as the package
-`lightning_fabric`, used wherever installed; every Fabric object of a run comes from here.
-"""
+"""Lightning Fabric for the ranks from `lightning_fabric` where installed: `import
+lightning.fabric` imports all of Lightning, seconds of every rank's start."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The host CPU's own speed, timed with a fixed piece of interpreter work.
-
-Eager decoding is bound by the host's launch rate: on a lent GPU VM this loop's time switched
-between two levels within seconds, and the bare decode followed it (docs/benchmarks/
-h200-2026-11-30.md). Timed beside each repeat, running no model code, it says whether the
-machine rather than the code under test got slower.
-"""
+"""The host CPU's own speed, timed with a fixed piece of interpreter work beside each repeat: it
+says whether the machine rather than the code got slower (docs/benchmarks/h200-2026-11-30.md)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""A launched job's process group from one test to the next (job mode: pytest is one of its
-ranks, every rank runs the same tests in the same order).
-
-The job's store is joined once (env://: torchrun's agent store, or rank 0's under srun). Each
-generation of the default group forms on it under a prefix of its own: after a failed run every
-rank leaves the group and the next test forms a new one. Runs' boards (jobwatch.py) live there too.
-"""
+"""A launched job's process group from one test to the next (every rank runs the same tests):
+the job's store is joined once, and after a failed run the next test forms a new group on it."""
 
 from __future__ import annotations
 
@@ -53,10 +48,9 @@ class JobGroup:
         environment.join_group(device, group_store, self.rank, self.world)
 
     def leave_group(self, error: BaseException | None) -> None:
-        """Leave the default group after a failed run: a peer still blocked in one of its gloo
-        collectives gets an error, and the next test forms a new group. A gloo group closes its
-        connections only once nothing holds it: `error`'s frames hold the run's model, whose
-        wrapper holds the group, so they let go first."""
+        """Leave the default group after a failed run, so a peer blocked in a collective gets an
+        error; gloo closes its connections only once nothing holds the group (`error`'s frames
+        hold the model, whose wrapper holds it), so those let go first."""
         for _ in range(16):  # the chain of exceptions it came with, which Python keeps acyclic
             if error is None:
                 break

@@ -1,13 +1,7 @@
-"""One test's run in a launched job, watched from beside it: its deadline, a failure in any rank
-(which would leave its peers waiting in a collective). Each run has a board in the job's store
-(it answers while a collective hangs):
-`first`, the run's first `Fault` (compare-and-set); `wake/<rank>`, what that rank's watch must
-act on, or "done" from the rank itself; `hung/<rank>`, where the deadline found its code.
-
-Each rank's watch thread waits on its wake key until the deadline; woken, or then, it dumps the
-stacks (a timeout), aborts an NCCL group and raises `Interrupted` in the main thread. A rank no
-signal reaches is exited by faulthandler later.
-"""
+"""One test's run in a launched job, watched from beside it: its deadline, and a failure in any
+rank, which would leave its peers waiting in a collective. Each run has a board in the job's
+store, which answers while a collective hangs: `first` (the first `Fault`), `wake/<rank>` (what
+that rank's watch acts on, or "done") and `hung/<rank>` (where the deadline found its code)."""
 
 from __future__ import annotations
 
@@ -185,7 +179,9 @@ class RunWatch:
             self.stopped = kind
         if kind == TIMEOUT:
             self._timed_out(store)
-        _abort_nccl()
+        # An NCCL collective waiting for a rank that is gone never ends on its own; a gloo one does.
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
         with self._lock:  # never after `finish` has put the previous handler back
             if self._running and self._main is not None:
                 self._interrupt = kind
@@ -212,9 +208,3 @@ class RunWatch:
             raise Interrupted(kind)
         if callable(self._previous):
             self._previous(signum, frame)
-
-
-def _abort_nccl() -> None:
-    # An NCCL collective waiting for a rank that is gone never ends on its own; a gloo one does.
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        dist.distributed_c10d._abort_process_group()

@@ -1,7 +1,5 @@
-"""Peak memory of one test in a rank that may have run others before: the allocator's peak
-(Platform.allocator_memory), else the RSS high-water mark (VmHWM, reset through
-/proc/self/clear_refs), else the process-lifetime peak (ru_maxrss).
-"""
+"""Peak memory of one test in a rank that may have run others: the allocator's peak, else the
+RSS high-water mark (reset through /proc/self/clear_refs), else the process-lifetime peak."""
 
 from __future__ import annotations
 

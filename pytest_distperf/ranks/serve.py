@@ -1,8 +1,5 @@
-"""The rank side of the pool (spawned by `launch/pool.py`): join the process group once, then run
-one RunSpec per message. Rank 0 hosts the TCPStore on a port the kernel picks, relayed to the
-others by the pytest process (no race for a port, no torch there). Between tests all a test
-built is freed.
-"""
+"""The rank side of the pool: join the process group once, then run one RunSpec per message.
+Rank 0's TCPStore port, picked by the kernel, is relayed by the pytest process (no race)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The phases of `distperf(mode="train")` inside one rank, and the step they time: forward,
-next-token cross-entropy, backward, AdamW, on each data-parallel rank's own batch of random
-tokens from the seed; the whole model's step before wrapping gives the compute term and the
-loss the wrapped model must reproduce (docs/training.md).
-"""
+"""The phases of `distperf(mode="train")` in one rank and the step they time (forward, loss,
+backward, AdamW on the rank's own random batch); docs/training.md."""
 
 from __future__ import annotations
 

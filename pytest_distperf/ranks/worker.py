@@ -1,6 +1,5 @@
 """Runs inside one rank: one test, phase by phase (ranks/phases.py) -> RankResult. The rank
-variables are set before, so Fabric sees an externally launched job and never re-runs pytest.
-"""
+variables are set before, so Fabric sees an externally launched job and never re-runs pytest."""
 
 from __future__ import annotations
 

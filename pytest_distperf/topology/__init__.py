@@ -1,8 +1,5 @@
-"""What links join the devices of a run: probed (NVML, `nvidia-smi`, CPU host) or loaded, as a
-frozen `Topology` whose `key()` names the kind of machine for baselines. Link classes are
-`nvidia-smi topo -m`'s words, plus LOOPBACK (CPU ranks) and "unknown", so a user can hold that
-command's output next to ours. No torch, no pytest; `pynvml` only inside `probe_nvml`.
-"""
+"""What links join a run's devices: probed or loaded, as a frozen `Topology` whose `key()` names
+the kind of machine for baselines. No torch, no pytest; `pynvml` only inside `probe_nvml`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """How the CUDA runtime numbers devices (CUDA_VISIBLE_DEVICES) and PCI bus ids in NVML's form,
-for the probes that see every GPU of the host and report the run's under its CUDA indices.
-"""
+for the probes that see every GPU of the host and report the run's under its CUDA indices."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Topologies from saved files: our JSON (`Topology.to_dict`) or a saved `nvidia-smi topo -m`.
-
-They let a run or a prediction name a machine other than the one it runs on.
-"""
+"""Topologies from saved files (our JSON or `nvidia-smi topo -m`), to name another machine."""
 
 from __future__ import annotations
 
@@ -26,11 +23,8 @@ def _read_file(path: Path) -> str:
 
 
 def _fit(topology: Topology, expected_devices: int | None, path: Path) -> Topology:
-    """Hold a saved topology to the run's device count.
-
-    More devices than the run is fine: a run of N ranks uses cuda:0..N-1, the first N devices of
-    the saved machine, just as a live probe would see them. Fewer cannot describe the run.
-    """
+    """Hold a saved topology to the run's device count: a run of N ranks uses its first N
+    devices, as a live probe would; fewer devices cannot describe the run."""
     n = topology.device_count
     if expected_devices is None or n == expected_devices:
         return topology

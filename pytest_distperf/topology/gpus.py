@@ -1,9 +1,5 @@
-"""How many CUDA devices torch would see in this process, counted without importing torch.
-
-Collection needs it (item ids, the header), where a torch import costs seconds. NVML, then
-`nvidia-smi -L`, with CUDA_VISIBLE_DEVICES applied as CUDA does; torch only when both fail for
-another reason than "no NVIDIA driver" (a MIG slice, a driver/library mismatch).
-"""
+"""How many CUDA devices torch would see, counted without importing torch (seconds at collection):
+NVML, then `nvidia-smi -L`, then torch only where both fail with a driver (a MIG slice)."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def _read_text(path: Path) -> str:
         return ""
 
 
-def _host_cpus() -> int:
+def available_cpus() -> int:
     # The affinity mask is what this process may use (containers, taskset); cpu_count is the host.
     try:
         return len(os.sched_getaffinity(0))
@@ -60,7 +60,7 @@ def host_facts() -> tuple[str, int, int]:
     model, sockets = _parse_cpuinfo(_read_text(_CPUINFO))
     if not model:
         model = platform.processor() or platform.machine() or "cpu"
-    return model, _host_cpus(), sockets
+    return model, available_cpus(), sockets
 
 
 def probe_cpu(ranks: int) -> Topology:

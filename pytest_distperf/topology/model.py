@@ -1,8 +1,5 @@
-"""The values of a topology: devices, the links between them, link classes and their order.
-
-Link classes are the words of `nvidia-smi topo -m` plus LOOPBACK (CPU ranks on one host) and
-"unknown" (nothing could be probed). No probing here: pure values, JSON round trip and the key.
-"""
+"""The values of a topology: devices, links, link classes (`nvidia-smi topo -m`'s words, plus
+LOOPBACK and "unknown") and their order. Pure values, JSON round trip and the key."""
 
 from __future__ import annotations
 
@@ -12,6 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from pytest_distperf.jsonfields import NUMBER, get_field, json_object
 from pytest_distperf.platform import PLATFORMS
 
 SCHEMA = 1
@@ -218,10 +216,9 @@ class Topology:
         return min(self.links, key=lambda link: (link.rank, link.a, link.b))
 
     def key(self) -> str:
-        """A stable, filesystem-safe fingerprint of what performance depends on: accelerator,
-        device model and count, the link classes; never host names, bus ids or the current PCIe
-        generation (it drops at idle). Ranks sharing cores add the CPU count (a device is a share
-        of the host); a job over several nodes their count (its ranks cross the network)."""
+        """A filesystem-safe fingerprint of what performance depends on (accelerator, device model
+        and count, link classes; the CPU count where ranks share cores, the node count over a
+        network); never host names, bus ids or the current PCIe generation (it drops at idle)."""
         counts = Counter(link.link_class for link in self.links)
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
         parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]
@@ -259,34 +256,34 @@ class Topology:
             raise ValueError(
                 f"schema {data['schema']!r} is not supported (this version reads {SCHEMA})"
             )
-        devices_raw = _get(data, "devices", list, "topology")
-        links_raw = _get(data, "links", list, "topology")
-        notes_raw = _get(data, "notes", list, "topology", default=[])
+        devices_raw = get_field(data, "devices", list, "topology")
+        links_raw = get_field(data, "links", list, "topology")
+        notes_raw = get_field(data, "notes", list, "topology", default=[])
         devices = []
         for i, d in enumerate(devices_raw):
             where = f"devices[{i}]"
-            if not isinstance(d, Mapping):
-                raise ValueError(f"{where} must be an object")
+            d = json_object(d, where)
             # Every field in declaration order; those with a default (None) are optional.
             values = {
-                f.name: _get(d, f.name, _TEXT.get(f.name, int), where, optional=f.default is None)
+                f.name: get_field(
+                    d, f.name, _TEXT.get(f.name, int), where, optional=f.default is None
+                )
                 for f in fields(Device)
             }
             devices.append(Device(**values))
         links = []
         for i, raw in enumerate(links_raw):
             where = f"links[{i}]"
-            if not isinstance(raw, Mapping):
-                raise ValueError(f"{where} must be an object")
+            raw = json_object(raw, where)
             try:
                 links.append(
                     Link(
-                        a=_get(raw, "a", int, where),
-                        b=_get(raw, "b", int, where),
-                        link_class=_get(raw, "link_class", str, where),
-                        nvlinks=_get(raw, "nvlinks", int, where, default=0),
-                        nvlink_version=_get(raw, "nvlink_version", int, where, optional=True),
-                        p2p_supported=_get(raw, "p2p_supported", bool, where, optional=True),
+                        a=get_field(raw, "a", int, where),
+                        b=get_field(raw, "b", int, where),
+                        link_class=get_field(raw, "link_class", str, where),
+                        nvlinks=get_field(raw, "nvlinks", int, where, default=0),
+                        nvlink_version=get_field(raw, "nvlink_version", int, where, optional=True),
+                        p2p_supported=get_field(raw, "p2p_supported", bool, where, optional=True),
                     )
                 )
             except ValueError as exc:
@@ -294,15 +291,15 @@ class Topology:
         if not all(isinstance(n, str) for n in notes_raw):
             raise ValueError("'notes' must be a list of strings")
         return cls(
-            accelerator=_get(data, "accelerator", str, "topology"),
+            accelerator=get_field(data, "accelerator", str, "topology"),
             devices=tuple(devices),
             links=tuple(links),
-            source=_get(data, "source", str, "topology"),
-            host_cpus=_get(data, "host_cpus", int, "topology", default=0),
-            sockets=_get(data, "sockets", int, "topology", default=0),
+            source=get_field(data, "source", str, "topology"),
+            host_cpus=get_field(data, "host_cpus", int, "topology", default=0),
+            sockets=get_field(data, "sockets", int, "topology", default=0),
             notes=tuple(notes_raw),
-            nodes=_get(data, "nodes", int, "topology", default=1),
-            network=_network(_get(data, "network", Mapping, "topology", default={})),
+            nodes=get_field(data, "nodes", int, "topology", default=1),
+            network=_network(get_field(data, "network", Mapping, "topology", default={})),
         )
 
     def matrix(self, cell: Callable[[int, int], str] | None = None, diagonal: str = " X") -> str:
@@ -320,39 +317,13 @@ class Topology:
         return "\n".join(lines) + "\n"
 
 
-def _get(
-    data: Mapping[str, Any],
-    name: str,
-    kind: type,
-    where: str,
-    *,
-    optional: bool = False,
-    default: Any = ...,
-) -> Any:
-    if name not in data:
-        if default is not ...:
-            return default
-        if optional:
-            return None
-        raise ValueError(f"{where}: missing field {name!r}")
-    value = data[name]
-    if value is None and optional:
-        return value
-    # bool is an int in Python; a JSON true where a count belongs is a mistake worth reporting.
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ValueError(f"{where}: field {name!r} must be {kind.__name__}, got {value!r}")
-    return value
-
-
 def _network(data: Mapping[str, Any]) -> Network:
-    where = "network"
-    numbers = {}
-    for name in ("busbw", "latency_s"):
-        value = data.get(name)
-        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
-            raise ValueError(f"{where}: field {name!r} must be a number, got {value!r}")
-        numbers[name] = None if value is None else float(value)
-    return Network(**numbers, measured_by=_get(data, "measured_by", str, where, default=""))
+    def number(name: str) -> float | None:
+        value = get_field(data, name, NUMBER, "network", optional=True)
+        return None if value is None else float(value)
+
+    measured_by = get_field(data, "measured_by", str, "network", default="")
+    return Network(number("busbw"), number("latency_s"), measured_by)
 
 
 def _slug(text: str) -> str:
