@@ -33,11 +33,6 @@ class Platform:
     # measured (Calibration.time_at).
     calibration_max_bytes: int | None
 
-    def ranks_time_themselves(self, devices: int) -> bool:
-        """Whether the ranks' collectives cross no link worth calibrating at every size: 2 or
-        more ranks sharing cores (loopback), one GPU (no collective)."""
-        return devices >= 2 if self.shares_cores else devices == 1
-
 
 CPU = Platform(
     name="cpu", label="CPU", backend="gloo", fsdp="FSDP2", gpus=False, queues_kernels=False,

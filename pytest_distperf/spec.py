@@ -119,8 +119,3 @@ class RunSpec:
     def model_source(self) -> str:
         """The workload's `model_source`: what the results record of where the model came from."""
         return self.workload.model_source
-
-
-def ranks_time_themselves(accelerator: str, devices: int) -> bool:
-    """Platform.ranks_time_themselves for a run's accelerator."""
-    return platform_of(accelerator).ranks_time_themselves(devices)

@@ -1,11 +1,6 @@
-"""What a collective and a memory read cost on the run's devices: measured in the ranks
-(`links_from_calibration`) or nominal from a topology (`nominal_links`), and the one choice
-between the two that the gate and `distperf predict` share (`run_links`). A job over several
-nodes (`job_links`): the whole job's figures, which cross the network, and one node's own links
-for what stays within a node.
-
-How the nominal figures are derived, with their sources: docs/perfmodel.md ("Nominal links").
-"""
+"""What a collective and a memory read cost on the run's devices: measured in the ranks or
+nominal from a topology, chosen once for the gate and `distperf predict` (`run_links`); a job
+over several nodes gets the network's figures beside one node's. Sources: docs/perfmodel.md."""
 
 from __future__ import annotations
 
@@ -100,13 +95,8 @@ class Links:
         return self.calibration is not None and bool(self.calibration.p2p)
 
     def p2p_time(self, nbytes: float) -> tuple[float, float]:
-        """(transfer, latency) seconds of one point-to-point hop of `nbytes` between two ranks.
-
-        Measured send/recv figures when the calibration has them (latency: the smallest size's
-        time); else the all-gather figures: the link's bus bandwidth is what one hop of the
-        all-gather's ring carries, and a small all-gather's latency is at least one hop's. In a
-        job over several nodes these are the whole job's figures: a hop between nodes.
-        """
+        """(transfer, latency) seconds of one point-to-point hop of `nbytes`: measured send/recv
+        where calibrated, else the all-gather's (one hop of its ring; in a job, between nodes)."""
         if self.network_free and self.nodes > 1:
             return 0.0, 0.0
         cal = self.calibration
@@ -299,11 +289,8 @@ def nominal_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """Link figures from a probed, parsed or loaded topology alone (nothing measured).
-
-    `devices`: the run uses the first `devices` devices (default: all). `memory_bandwidth` and
-    `bus_bandwidth` (bytes/s) override the nominal ones, e.g. from command-line flags.
-    """
+    """Link figures of the first `devices` devices of a topology alone (nothing measured); the
+    byte/s overrides replace the nominal ones (command-line flags)."""
     n = topology.device_count if devices is None else devices
     if n < 1 or n > topology.device_count:
         raise ValueError(
@@ -376,14 +363,8 @@ def run_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """The links a run of `devices` devices is predicted on: measured in the ranks when there is
-    a calibration, else nominal from `topology` (with the byte/s overrides, if given); a job
-    over several nodes gets `job_links`.
-
-    `transport_suffix` (a topology key's suffix such as "_nccl-p2p-disable-1") is added to the
-    measured link's class, so that a message names the transport the figures came from. Raises
-    ValueError when the topology has fewer devices than the run.
-    """
+    """The links a run is predicted on: measured where calibrated, else nominal; several nodes:
+    `job_links`. `transport_suffix` ("_nccl-p2p-disable-1") names the measured transport."""
     nodes = topology.nodes if calibration is None else calibration.nodes
     if nodes > 1:
         overrides = {"memory_bandwidth": memory_bandwidth, "bus_bandwidth": bus_bandwidth}
