@@ -62,7 +62,6 @@ def _spec(model: str, strategy: str) -> RunSpec:
         timeout=120,
         reference_steps=0,  # only the tokens matter here
         count_work=False,
-        retime=False,
     )
 
 
