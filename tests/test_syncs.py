@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,11 @@ def test_an_item_per_token_in_a_users_loop_is_one_stream_sync_per_token() -> Non
     counted = counting.count_work(model, prompt, 4, generate=generate)
     assert counted.work.decode is not None
     assert counted.work.decode.syncs == {"stream synchronize": 1}
+
+
+def test_the_profilers_note_on_clearing_events_cannot_fail_a_count() -> None:
+    # The suite runs with warnings as errors, as a user's may: the count must not fail on it.
+    with counting._quiet_profiler():
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
+    with pytest.raises(UserWarning), counting._quiet_profiler():
+        warnings.warn("any other warning still reaches the user", UserWarning)

@@ -4,12 +4,14 @@ queue, torch.profiler counts kernels, their device time and the host's syncs wit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
 import tempfile
+import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -380,13 +382,24 @@ def _started() -> Any:
 
     config = torch._C._profiler._ExperimentalConfig(enable_cuda_sync_events=True)
     session = profile(activities=[ProfilerActivity.CUDA], experimental_config=config)
-    session.start()
+    with _quiet_profiler():
+        session.start()
     return session
+
+
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[None]:
+    """Each session is read once before the next starts: that it clears its events is meant, and
+    a user's `-W error` must not make the count fail for the profiler saying so."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Warning: Profiler clears events", UserWarning)
+        yield
 
 
 def _stopped(session: Any) -> Profiled:
     torch.cuda.synchronize()  # a kernel still running when the session stops is lost
-    session.stop()
+    with _quiet_profiler():
+        session.stop()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "trace.json"
         session.export_chrome_trace(str(path))
