@@ -135,6 +135,8 @@ def test_an_item_per_token_in_a_users_loop_is_one_stream_sync_per_token() -> Non
 def test_the_profilers_note_on_clearing_events_cannot_fail_a_count() -> None:
     # The suite runs with warnings as errors, as a user's may: the count must not fail on it.
     with counting._quiet_profiler():
-        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
+        warnings.warn(
+            "Warning: Profiler clears events at the end of each cycle.", UserWarning, stacklevel=2
+        )
     with pytest.raises(UserWarning), counting._quiet_profiler():
-        warnings.warn("any other warning still reaches the user", UserWarning)
+        warnings.warn("any other warning still reaches the user", UserWarning, stacklevel=2)
