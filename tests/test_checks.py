@@ -40,7 +40,7 @@ from pytest_distperf.work import CollectiveCount, PhaseWork, Work
 
 OK, NOTE, WARN, FAIL = CheckStatus.OK, CheckStatus.NOTE, CheckStatus.WARN, CheckStatus.FAIL
 SKIP = CheckStatus.SKIP
-SETTINGS = GateSettings(efficiency=0.6, tolerance=None)
+SETTINGS = GateSettings(efficiency=0.7, tolerance=None)  # the default efficiency
 SHAPE = (1.0, 1.01, 0.99, 1.0, 1.005)  # the repeats' spread around their median
 TOKENS = 32  # Workload()'s max_new_tokens x batch_size
 
@@ -135,13 +135,13 @@ def _prediction(rate: float = 10.0) -> Prediction:
 
 def _threshold(measured: float, devices: int = 4, **where: str) -> Check:
     run = {"accelerator": "cuda", "strategy": "fsdp", "mode": "generate", **where}
-    return threshold_check(_prediction(10.0), measured, 0.6, devices=devices, **run)
+    return threshold_check(_prediction(10.0), measured, SETTINGS.efficiency, devices=devices, **run)
 
 
 def test_the_threshold_fails_below_efficiency_times_the_prediction_naming_the_figures() -> None:
-    ok = _threshold(6.0)
+    ok = _threshold(7.0)
     assert ok.status == OK and isinstance(ok.figures, ThresholdFigures)
-    assert ok.figures.threshold_tokens_per_sec == 6.0
+    assert ok.figures.threshold_tokens_per_sec == 7.0
     failed = _threshold(3.0)
     assert failed.status == FAIL
     for text in ("fsdp", "4 device", "PHB", "predicted 10", "all-gather", "measured 3", "0.30"):

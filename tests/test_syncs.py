@@ -108,6 +108,20 @@ def test_a_baseline_without_the_count_gets_a_note_not_a_change() -> None:
     assert "recorded before they were counted" in comparison.notes[0]
 
 
+@pytest.mark.parametrize(
+    ("syncs", "message"),
+    [
+        ({"device synchronize": -1}, r"work\.decode\.syncs: field 'device synchronize' must be"),
+        ([1, 2], r"work\.decode: field 'syncs' must be a JSON object"),
+    ],
+)
+def test_a_bad_sync_count_in_a_stored_work_is_named(syncs: Any, message: str) -> None:
+    data = _work({"device synchronize": 1}).to_json()
+    data["decode"]["syncs"] = syncs
+    with pytest.raises(ValueError, match=message):
+        Work.from_json(data, "work")
+
+
 def test_syncs_survive_json_and_show_in_the_work_cell() -> None:
     work = _work({"device synchronize": 24, "stream synchronize": 1})
     again = Work.from_json(json.loads(json.dumps(work.to_json())), "work")
