@@ -251,6 +251,47 @@ def test_cpu_time_is_the_timed_repeats_own() -> None:
     assert host.waited_s is None or 0 <= host.waited_s < 0.2
 
 
+def test_warm_up_warms_and_only_timed_repeats_are_paired() -> None:
+    """What runs beside a timed repeat (the host loop, the bare model) is not run beside the
+    warm-up, where only the bare model needs warming."""
+    model, prompt = tiny()
+    fences = Fences(sync=lambda: None, barrier=lambda: None)
+    calls: list[str] = []
+    _, _, _, beside, _ = run_workload(
+        model,
+        prompt,
+        2,
+        2,
+        3,
+        fences,
+        paired=lambda: calls.append("paired") or len(calls),
+        warmed=lambda: calls.append("warmed"),
+    )
+    assert calls == ["warmed", "warmed", "paired", "paired", "paired"]
+    assert beside == [3, 4, 5]
+
+
+def test_a_sharded_copy_is_expected_to_fit_where_memory_allows(monkeypatch) -> None:
+    """On a device with an allocator, the whole copy built after wrapping must leave as much
+    again free (ranks/bare.py): where it will not, the model is timed before wrapping."""
+    from pytest_distperf.ranks import phases
+
+    module = torch.nn.Linear(100, 100)  # 40,400 bytes
+    model_bytes = 40_400
+    ctx = SimpleNamespace(
+        platform=SimpleNamespace(allocator_memory=True),
+        model=SimpleNamespace(module=module),
+        spec=SimpleNamespace(devices=2),
+        device=CPU,
+    )
+    # After wrapping half the model is free again: 2.5 models needed in all.
+    for free, fits in ((2.0 * model_bytes, True), (1.9 * model_bytes, False)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, f=free: (int(f), 0))
+        assert phases._copy_fits(ctx) is fits  # type: ignore[arg-type]
+    ctx.platform = SimpleNamespace(allocator_memory=False)  # an RSS heap: nothing runs out
+    assert phases._copy_fits(ctx)  # type: ignore[arg-type]
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="Linux run-queue figures")
 def test_run_queue_wait_is_what_a_neighbour_on_the_same_core_took() -> None:
     """A process spinning on this process's only core makes it wait runnable for about half of

@@ -264,7 +264,7 @@ def count_work(
     compiled_since: DynamoMark | None = None,
 ) -> Counted:
     """Count one generation of `model` as the timed loop runs it (`generate`, `next_token`,
-    `steps`); where kernels queue, profile one more. `compiled_since`: dynamo's totals before
+    `steps`), profiled too where kernels queue. `compiled_since`: dynamo's totals before
     compiling (None: eager). RuntimeError where the count failed."""
     # A user's loop has no known prefill/decode split: its whole generation counts as the
     # prefill and, divided by its new tokens, as each decode token.
@@ -276,9 +276,8 @@ def count_work(
         mark(None)
 
     frames = dynamo_mark().frames if compiled_since is not None else 0
-    counter = _counted(generation)
     queued = platform_of(prompt.device.type).queues_kernels
-    profiled = profile_kernels(generation) if queued else None
+    counter, profiled = _counted(generation, queued)
     prefill = counter.phases["prefill"]
     prefill_profiled = profiled["prefill"] if profiled else None
     if split:
@@ -303,26 +302,43 @@ def count_work(
 
 
 def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
-    """Count one training step (forward, backward, optimizer) as the timed ones run it; where
-    kernels queue, profile one more for its kernels. RuntimeError where the count failed."""
+    """Count one training step (forward, backward, optimizer) as the timed ones run it,
+    profiled too where kernels queue. RuntimeError where the count failed."""
 
     def once(mark: Mark) -> None:
         mark("step")
         step()
         mark(None)
 
-    counter = _counted(once)
-    profiled = profile_kernels(once)["step"] if queues_kernels else None
-    return Counted(Work(step=counter.phases["step"].work(1, profiled)), None)
+    counter, profiled = _counted(once, queues_kernels)
+    step_profiled = profiled["step"] if profiled else None
+    return Counted(Work(step=counter.phases["step"].work(1, step_profiled)), None)
 
 
-def _counted(generation: Generation) -> WorkCounter:
+def _counted(
+    generation: Generation, profiled: bool
+) -> tuple[WorkCounter, dict[str, Profiled] | None]:
+    """One run of `generation` with its ops counted and, where `profiled`, its kernels and syncs
+    profiled in the same pass (the counter launches no kernel and makes no sync): phase ->
+    what the device ran, or None."""
     counter = WorkCounter()
-    with counter:
-        generation(counter.mark)
+
+    def counted(profile_mark: Mark) -> None:
+        def mark(phase: str | None) -> None:
+            counter.mark(None)  # the profiler's own start and stop are no phase's work
+            profile_mark(phase)
+            if phase is not None:
+                counter.mark(phase)
+
+        with counter:
+            generation(mark)
+
+    found = profile_kernels(counted) if profiled else None
+    if not profiled:
+        counted(lambda phase: None)
     if counter.failure is not None:
         raise RuntimeError(f"counting the work failed at {counter.failure}")
-    return counter
+    return counter, found
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,9 @@ def reference(ctx: RankContext) -> None:
     # builder's is built again: its construction is the contract); it runs beside the repeats.
     copyable = not platform.allocator_memory and not workload.is_custom_builder
     ctx.copies_whole = ctx.bare_beside and sharded and copyable
+    whole_beside = ctx.bare_beside and sharded and (copyable or _copy_fits(ctx))
     before = times_before_wrapping(
-        sharded, ctx.bare_beside, workload.max_new_tokens, steps, ctx.copies_whole
+        sharded, ctx.bare_beside, workload.max_new_tokens, steps, whole_beside
     )
     points = ctx.half.collective_points if not platform.queues_kernels and steps else None
     model.clear_caches()  # a builder's model may come with caches or rope buffers made
@@ -176,6 +177,24 @@ def reference(ctx: RankContext) -> None:
         args = (model.module, points, ctx.prompt, steps, sync, ctx.generate)
         ctx.in_step_s = in_step_seconds(*args)
     model.clear_caches()  # before wrapping: DDP would broadcast these buffers every forward
+
+
+# What a whole copy built after wrapping needs free, in model sizes: itself with its KV cache,
+# and as much again (ranks/bare.py keeps a copy only where that much stays free).
+_COPY_NEEDS_MODELS = 2.5
+
+
+def _copy_fits(ctx: RankContext) -> bool:
+    """Whether a sharded model's whole copy, built again once wrapping has freed all but this
+    rank's shard, is expected to fit beside it (always, where memory is an RSS heap)."""
+    if not ctx.platform.allocator_memory:
+        return True
+    module = ctx.model.module
+    tensors = [*module.parameters(), *module.buffers()]
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    free = torch.cuda.mem_get_info(ctx.device)[0]
+    free_after_wrapping = free + model_bytes * (1 - 1 / ctx.spec.devices)
+    return free_after_wrapping >= _COPY_NEEDS_MODELS * model_bytes
 
 
 def wrap(ctx: RankContext) -> None:
@@ -245,6 +264,11 @@ def time_generations(ctx: RankContext) -> None:
         bare_s.append(time.perf_counter() - began)
         return sample, loop
 
+    def warm_bare() -> None:  # the bare model warms up beside the wrapped one
+        began = time.perf_counter()
+        bare.generation()
+        bare_s.append(time.perf_counter() - began)
+
     began = time.time()
 
     samples, tokens, timed_from, besides, host = run_workload(
@@ -260,15 +284,17 @@ def time_generations(ctx: RankContext) -> None:
         progress=ctx.progress,
         next_token=ctx.half.next_token,
         steps=ctx.wrapped_steps.override() if ctx.wrapped_steps else None,
+        warmed=warm_bare if ctx.bare_beside else None,
     )
     bare_samples = [s for s, _ in besides if s is not None]
     if len(bare_samples) < len(samples):
         bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
-    in_warmup = sum(bare_s[: spec.warmup])
+    warmups = spec.warmup if ctx.bare_beside else 0
+    in_warmup = sum(bare_s[:warmups])
     ctx.loop_s = {
         "warmup": timed_from - began - in_warmup,
-        "timed": time.time() - timed_from - sum(bare_s[spec.warmup :]),
+        "timed": time.time() - timed_from - sum(bare_s[warmups:]),
         "bare": sum(bare_s),
     }
     ctx.bare_samples = bare_samples

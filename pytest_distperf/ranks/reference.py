@@ -8,10 +8,12 @@ speed may switch between levels within seconds (docs/benchmarks/h200-2026-11-30.
 the wrapped and the bare run alike, so their ratio stays put where tokens/sec does not. A
 replicated model is the bare one behind a forward wrapper: its reference is those generations,
 or without them its own module timed after the repeats (warm, the same caches), a few
-generations of at least `reference_steps` decode steps in all. A sharded model exists whole only
-before wrapping: timed there until steady, unless its whole copy, taken there where memory is an
-RSS heap (CPU ranks), runs beside the samples. Compiled, the reference is the compiled bare model
-beside the samples, never the eager one timed before wrapping, unless no copy ran beside them.
+generations of at least `reference_steps` decode steps in all. A sharded model's reference is its
+whole copy beside the samples (copied before wrapping where memory is an RSS heap, built again
+after it where it fits); where no copy is expected to fit, the model is timed until steady
+before wrapping, and a copy dropped mid-run leaves the run without a reference (the threshold's
+compute term is then the roofline's). Compiled, the reference is the compiled bare model beside
+the samples, never the eager one timed before wrapping, unless no copy ran beside them.
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ def times_before_wrapping(
     sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int, copied: bool = False
 ) -> bool:
     """Whether the unwrapped model is timed until steady before wrapping: a sharded model's
-    reference, unless its whole copy was `copied` before wrapping (it runs beside the repeats
-    then, where it cannot run out of memory), or a replicated one's whose generation is too
-    short to time after the repeats."""
+    reference, unless its whole copy runs beside the repeats (`copied`: taken before wrapping,
+    or built again after it where it is expected to fit), or a replicated one's whose
+    generation is too short to time after the repeats."""
     if not reference_steps or copied:
         return False
     return sharded or (not beside and not generations_after(False, False, max_new_tokens, 1))

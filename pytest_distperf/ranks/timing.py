@@ -189,12 +189,13 @@ def run_workload(
     progress: Callable[[str], None] | None = None,
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
+    warmed: Callable[[], object] | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T], HostTime]:
-    """Warm-up generations (untimed), then `repeats` timed ones: the samples, the last tokens,
-    the epoch seconds the timed ones began, what `paired` returned after each (run outside the
-    timing, right beside each sample, so that a drifting host moves both alike) and this
-    process's CPU, wait and steal in the timed generations alone. `progress` gets the live
-    line's text, outside the timing."""
+    """Warm-up generations (untimed, `warmed` called after each), then `repeats` timed ones: the
+    samples, the last tokens, the epoch seconds the timed ones began, what `paired` returned
+    after each (run outside the timing, right beside each sample, so that a drifting host moves
+    both alike) and this process's CPU, wait and steal in the timed generations alone.
+    `progress` gets the live line's text, outside the timing."""
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
     for done in range(warmup):
@@ -202,8 +203,8 @@ def run_workload(
         _, tokens = timed_generation(
             model, prompt, max_new_tokens, fences, 0.0, generate, next_token, steps
         )
-        if paired is not None:
-            paired()
+        if warmed is not None:
+            warmed()
     timed_from = time.time()
     samples: list[Sample] = []
     beside: list[T] = []

@@ -8,6 +8,7 @@
 # Every step gets what is left of BUDGET_S (default 340 s), so the whole stays under 6 minutes;
 # a step cut short says so (rc 124) and its JSON may be missing.
 #   bash docs/benchmarks/gpu/run_hf.sh
+# hf-fsdp and hf-fsdp-noreshard time `generate` under the plugin's own wrapper of that name.
 #   STEPS="hf plugin-eager" bash docs/benchmarks/gpu/run_hf.sh          # a part of it
 #   STEPS=gpu-test bash docs/benchmarks/gpu/run_hf.sh   # tests/test_hf.py's gpu test (tokens)
 set -x
@@ -35,6 +36,13 @@ own() {  # the model's own generate, eager then compiled, one process
     > "$OUT/hf.log" 2>&1
   echo "== hf rc=$? $((SECONDS - t0)) s"; tail -4 "$OUT/hf.log"
 }
+own_wrapped() {  # the model's own generate under the plugin's wrapper $1, eager then compiled
+  local t0=$SECONDS
+  timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 "$HERE/hf_generate_baseline.py" \
+    --prompt-length "$DISTPERF_HF_PROMPT" --new-tokens "$DISTPERF_HF_NEW" --out-dir "$OUT" \
+    --wrap "$1" > "$OUT/hf-$1.log" 2>&1
+  echo "== hf-$1 rc=$? $((SECONDS - t0)) s"; tail -4 "$OUT/hf-$1.log"
+}
 plugin() {  # the plugin, one rank: $1 = eager | compiled
   local t0=$SECONDS test=test_hf_llama_1b cap=120
   [[ $1 == compiled ]] && test=test_hf_llama_1b_compiled cap=100000
@@ -46,9 +54,11 @@ plugin() {  # the plugin, one rank: $1 = eager | compiled
   echo "== plugin-$1 rc=$? $((SECONDS - t0)) s"
   grep -E '^ +[0-9.]+ +|phases|passed|failed|skipped|Error' "$OUT/plugin-$1.log" | tail -12
 }
-for name in ${STEPS:-hf plugin-eager plugin-compiled}; do
+for name in ${STEPS:-hf hf-fsdp hf-fsdp-noreshard plugin-eager plugin-compiled}; do
   case $name in
     hf) own ;;
+    hf-fsdp) own_wrapped fsdp ;;
+    hf-fsdp-noreshard) own_wrapped fsdp-noreshard ;;
     plugin-eager) plugin eager ;;
     plugin-compiled) plugin compiled ;;
     gpu-test) timeout 300 python3 -m pytest -p no:cacheprovider tests/test_hf.py -m gpu -v \
