@@ -21,7 +21,7 @@ def rows(path: str) -> None:
     with open(path) as file:
         results = json.load(file)["results"]
     print(f"== {path}")
-    header = ("test", "tok/s", "model", "ratio", "timed", *MEASURING, "share", "first token")
+    header = ("test", "verdict", "tok/s", "model", "ratio", "timed", *MEASURING, "share", "1st")
     print(" | ".join(header))
     total_timed = total_measuring = 0.0
     for r in results:
@@ -34,6 +34,7 @@ def rows(path: str) -> None:
         first = r.get("session_to_first_timed_s")
         cells = (
             r["test_id"].split("::")[-1],
+            r.get("verdict", "-"),
             f"{r['tokens_per_sec']:.2f}",
             f"{predicted:.2f}" if predicted else "-",
             ratio,
