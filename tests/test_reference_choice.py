@@ -18,6 +18,7 @@ from pytest_distperf.ranks.reference import (
     generations_after,
     step_seconds,
     times_before_wrapping,
+    tokens_after,
 )
 
 STEPS = 8  # RunSpec.reference_steps' default
@@ -68,6 +69,15 @@ def test_replicated_without_the_bare_model_beside_takes_it_timed_after_the_repea
     assert chosen == ReferenceChoice(pytest.approx(0.1), prefill_s=0.3, eager=False, source=AFTER)
     # compiled: the bare module's own compiled steps ran after the repeats, not an eager copy
     assert not choose_reference(False, 50, True, [], [_bare(4.9)], None).eager
+
+
+def test_after_the_repeats_the_built_in_loop_times_only_the_reference_steps() -> None:
+    # Its step reads the whole static cache at any position: 8 decode steps are as good as 49.
+    assert tokens_after(50, STEPS, own_loop=False) == STEPS + 1
+    assert tokens_after(8, STEPS, own_loop=False) == 8
+    assert tokens_after(50, STEPS, own_loop=True) == 50  # a user's loop, timed whole
+    chosen = choose_reference(False, 50, False, [], [_bare(0.8, 0.3)], None, after_tokens=9)
+    assert chosen == ReferenceChoice(pytest.approx(0.1), prefill_s=0.3, eager=False, source=AFTER)
 
 
 def test_sharded_keeps_the_reference_timed_before_wrapping() -> None:

@@ -84,9 +84,10 @@ class BareCopy:
         model.setup_caches(workload.batch_size, length, prompt.device, dtype, module=module)
         return cls(module, prompt, workload.max_new_tokens, generate, rss_before_copy=rss)
 
-    def generation(self) -> Sample | None:
-        """One bare generation, timed; None without a model or when it ran out of memory. A
-        copy's allocator peak is read before and reset after it: the wrapped run's stays."""
+    def generation(self, tokens: int | None = None) -> Sample | None:
+        """One bare generation of `tokens` new tokens (default: the run's), timed; None without a
+        model or when it ran out of memory. A copy's allocator peak is read before and reset
+        after it: the wrapped run's stays."""
         if self.module is None:
             return None
         if self.copy_bytes:
@@ -97,7 +98,7 @@ class BareCopy:
             sample: Sample | None = timed_generation(
                 self.module,
                 self.prompt,
-                self.max_new_tokens,
+                tokens or self.max_new_tokens,
                 self._fences,
                 generate=self.generate,
                 steps=steps,

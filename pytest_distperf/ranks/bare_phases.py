@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pytest_distperf.ranks.bare import BareCopy
 from pytest_distperf.ranks.context import RankContext
-from pytest_distperf.ranks.reference import generations_after
+from pytest_distperf.ranks.reference import generations_after, tokens_after
 
 
 def copy_whole(ctx: RankContext) -> None:
@@ -42,5 +42,9 @@ def reference_after(ctx: RankContext) -> None:
     count = generations_after(
         ctx.record.sharded, ctx.bare_beside, workload.max_new_tokens, ctx.spec.reference_steps
     )
-    timed = (ctx.bare.generation() for _ in range(count))
+    tokens = tokens_after(
+        workload.max_new_tokens, ctx.spec.reference_steps, ctx.generate is not None
+    )
+    timed = (ctx.bare.generation(tokens) for _ in range(count))
     ctx.after_samples = [sample for sample in timed if sample is not None]
+    ctx.after_tokens = tokens

@@ -70,6 +70,7 @@ class RankContext:
     run_queue_wait_per_token_s: float | None = None  # time: seconds waited for a core, per token
     steal_per_token_s: float | None = None  # time: the hypervisor's steal per CPU, per token
     after_samples: list[Sample] = field(default_factory=list)  # reference_after
+    after_tokens: int | None = None  # new tokens of each of them
     reference: ReferenceChoice | None = None  # pick_reference
     peak_floor: int = 0  # calibrate_model: the peak before its buffers, which are not the test's
     peak_memory: tuple[int, str] = (0, "")  # memory: (bytes, what they are)

@@ -152,7 +152,10 @@ def reference(ctx: RankContext) -> None:
     them (ranks/collectives.py); then its caches go."""
     spec, workload, model, platform = ctx.spec, ctx.workload, ctx.model, ctx.platform
     steps, sharded = spec.reference_steps, ctx.record.sharded
-    ctx.bare_beside = bool(steps) and ctx.record.measures_relative_speed(spec.relative_speed)
+    # On one rank a sharded or model-parallel strategy splits nothing: its bare copy beside
+    # measures only the wrapper's hooks, which the throughput check judges already.
+    changes = ctx.record.measures_relative_speed(False) and spec.devices > 1
+    ctx.bare_beside = bool(steps) and (changes or spec.relative_speed)
     # Where memory is an RSS heap a preset's or LitGPT's whole copy is taken before wrapping (a
     # builder's is built again: its construction is the contract); it runs beside the repeats.
     copyable = not platform.allocator_memory and not workload.is_custom_builder
@@ -311,6 +314,7 @@ def pick_reference(ctx: RankContext) -> None:
         ctx.bare_samples,
         ctx.after_samples,
         ctx.before_wrap,
+        ctx.after_tokens,
     )
 
 

@@ -53,6 +53,13 @@ def generations_after(
     return math.ceil(reference_steps / max_new_tokens)
 
 
+def tokens_after(max_new_tokens: int, reference_steps: int, own_loop: bool) -> int:
+    """New tokens of each generation timed after the repeats: the built-in loop's step reads
+    the whole static cache whatever its position, so `reference_steps` decode steps suffice;
+    a user's loop is timed whole, as the repeats ran it."""
+    return max_new_tokens if own_loop else min(max_new_tokens, reference_steps + 1)
+
+
 def times_before_wrapping(
     sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int, copied: bool = False
 ) -> bool:
@@ -72,20 +79,22 @@ def choose_reference(
     bare_samples: Sequence[Sample],
     after_samples: Sequence[Sample],
     before_wrap: tuple[float, float | None] | None,
+    after_tokens: int | None = None,
 ) -> ReferenceChoice:
     """The reference of a run.
 
     `compiled_loop`: the timed loop ran compiled steps; `bare_samples`: the bare generations
     beside every timed one (empty when there were none, or fewer than the samples);
-    `after_samples`: the bare generations timed after the repeats; `before_wrap`: (seconds per
-    step, prefill seconds) timed before wrapping, or None.
+    `after_samples`: the bare generations timed after the repeats, of `after_tokens` new tokens
+    each (default `max_new_tokens`); `before_wrap`: (seconds per step, prefill seconds) timed
+    before wrapping, or None.
     """
     token_s, prefill_s = before_wrap if before_wrap is not None else (None, None)
     source = BEFORE_WRAPPING if before_wrap is not None else ""
     if bare_samples and (not sharded or compiled_loop or before_wrap is None):
         token_s, source = _median_step(bare_samples, max_new_tokens), BESIDE
     elif after_samples and not sharded:
-        token_s, source = _median_step(after_samples, max_new_tokens), AFTER
+        token_s, source = _median_step(after_samples, after_tokens or max_new_tokens), AFTER
     # The bare runs' prefill; with none, the one timed before wrapping.
     timed_bare = bare_samples or after_samples
     if timed_bare:
