@@ -5,6 +5,7 @@
 # Then the sync count's GPU test (the counted and profiled generation is one pass).
 #   OUT=/tmp/ex bash docs/benchmarks/gpu/run_examples.sh
 #   SESSIONS="1" FILES="examples/test_fsdp_slowdown.py" bash docs/benchmarks/gpu/run_examples.sh
+# FILES2: what session 2 reruns (default: FILES); STEPS=no-syncs leaves out the sync test.
 set -uo pipefail
 OUT=${OUT:-/tmp/distperf-examples}
 mkdir -p "$OUT"
@@ -27,7 +28,9 @@ for i in ${SESSIONS:-1 2}; do
   extra=()
   [[ $i == 1 ]] && extra=(--distperf-update-baselines)
   # shellcheck disable=SC2086  # FILES is a list of paths
-  timeout "$LIMIT" python3 -m pytest ${FILES:-examples} -p no:cacheprovider -v \
+  files=${FILES:-examples}
+  [[ $i == 2 ]] && files=${FILES2:-$files}
+  timeout "$LIMIT" python3 -m pytest $files -p no:cacheprovider -v \
     --distperf-devices 1 --distperf-accelerator cuda --distperf-timeout "$LIMIT" \
     --distperf-baseline-dir "$OUT/baselines" --distperf-json "$OUT/session-$i.json" \
     "${extra[@]}" > "$OUT/session-$i.log" 2>&1
@@ -35,6 +38,7 @@ for i in ${SESSIONS:-1 2}; do
   grep -E "PASSED|FAILED|ERROR|SKIPPED" "$OUT/session-$i.log" | cut -c1-150
   python3 docs/benchmarks/measuring_share.py "$OUT/session-$i.json" | tee "$OUT/share-$i.txt"
 done
+[[ ${STEPS:-} == no-syncs ]] && exit 0
 t0=$SECONDS
 timeout 200 python3 -m pytest tests/test_syncs.py -p no:cacheprovider -q > "$OUT/syncs.log" 2>&1
 echo "== tests/test_syncs.py rc=$? $((SECONDS - t0)) s: $(tail -1 "$OUT/syncs.log")"
