@@ -4,42 +4,24 @@ the session's plugin, judges the result and fails the test on a failed gate."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_distperf import calibrations, markers, xdist
 from pytest_distperf.measured import RunResult
-from pytest_distperf.options import Settings, gate_from_marker
+from pytest_distperf.options import gate_from_marker
 from pytest_distperf.spec import RunSpec
 
-
-class SessionPlugin(Protocol):
-    """What a run asks of the session's plugin (plugin.DistperfPlugin)."""
-
-    slowdown: float | None
-    settings: Settings
-    records: list[Any]
-    started_at: float
-
-    @property
-    def writes_files(self) -> bool: ...
-
-    def resolve(self) -> Any: ...
-
-    def launch(self, spec: RunSpec, progress: Callable[[str], None] | None = None) -> RunResult: ...
-
-    def rank_output(self) -> dict[int, str]: ...
-
-    def gate(self) -> Any: ...
+if TYPE_CHECKING:
+    from pytest_distperf.plugin import DistperfPlugin
 
 
 class DistperfRun:
     """The `distperf` fixture: `run()` launches the test's ranks and returns a RunResult."""
 
     def __init__(
-        self, item: pytest.Item, plugin: SessionPlugin, strategy: str, devices: int
+        self, item: pytest.Item, plugin: DistperfPlugin, strategy: str, devices: int
     ) -> None:
         self._item = item
         self._plugin = plugin
