@@ -3,8 +3,9 @@ the session's plugin, judges the result and fails the test on a failed gate."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pytest
 
@@ -13,24 +14,19 @@ from pytest_distperf.measured import RunResult
 from pytest_distperf.options import gate_from_marker
 from pytest_distperf.spec import RunSpec
 
-if TYPE_CHECKING:
-    from pytest_distperf.plugin import DistperfPlugin
-
 
 class DistperfRun:
     """The `distperf` fixture: `run()` launches the test's ranks and returns a RunResult."""
 
-    def __init__(
-        self, item: pytest.Item, plugin: DistperfPlugin, strategy: str, devices: int
-    ) -> None:
+    # plugin: the session's plugin.DistperfPlugin
+    def __init__(self, item: pytest.Item, plugin: Any, strategy: str, devices: int) -> None:
         self._item = item
         self._plugin = plugin
         self.strategy = strategy
         self.devices = devices
-        workload = markers.workload_of(item)
+        self.workload = markers.workload_of(item)
         if plugin.slowdown is not None:
-            workload = type(workload)(**{**workload.params(), "slowdown": plugin.slowdown})
-        self.workload = workload
+            self.workload = dataclasses.replace(self.workload, slowdown=plugin.slowdown)
         self.results: list[RunResult] = []
 
     @property

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf import collection, markers, xdist
+from pytest_distperf import markers, xdist
 from pytest_distperf.fixture import DistperfRun
 from pytest_distperf.launch.early import process_started_at, start_first_pool
 from pytest_distperf.measured import RunResult
@@ -216,13 +216,13 @@ class DistperfPlugin:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "distperf" in metafunc.fixturenames:
             resolved = self.resolve()
-            collection.parametrize(metafunc, resolved.accelerator, resolved.devices)
+            markers.parametrize(metafunc, resolved.accelerator, resolved.devices)
 
     @pytest.hookimpl
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        collection.prepare(config, items, self.resolve().devices)
+        markers.prepare(config, items, self.resolve().devices)
 
     @pytest.hookimpl
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
@@ -238,10 +238,10 @@ class DistperfPlugin:
         # After -k, -m and --lf have deselected: only the tests that will run are measured.
         if session.config.getoption("collectonly"):
             return
-        workloads = collection.workloads_by_count(session.items, self.resolve().devices)
+        workloads = markers.workloads_by_count(session.items, self.resolve().devices)
         if not workloads:
             return
-        first = min(workloads)  # the items run by rank count (collection.prepare)
+        first = min(workloads)  # the items run by rank count (markers.prepare)
         if not self.settings.topology:  # a bad topology file is a usage error before any rank
             start_first_pool(self, session.config, first)
         from pytest_distperf.judge.gate import session_message_sizes
@@ -375,7 +375,7 @@ def distperf(
     request: pytest.FixtureRequest, distperf_strategy: str, distperf_devices: int | None
 ) -> DistperfRun:
     """Runs the test's model in N ranks under its strategy: `result = distperf.run()`."""
-    collection.check_item(request.node, distperf_strategy)
+    markers.check_item(request.node, distperf_strategy)
     plugin: DistperfPlugin = request.config.pluginmanager.get_plugin("distperf-session")
     resolved = plugin.resolve()
     devices = distperf_devices or resolved.devices
@@ -390,7 +390,7 @@ def distperf(
             f"distperf: {devices} CUDA devices requested ({source}) "
             f"but {resolved.visible_gpus} visible"
         )
-    collection.check_supported(
+    markers.check_supported(
         request.node, distperf_strategy, resolved.accelerator, devices, bool(distperf_devices)
     )
     return DistperfRun(request.node, plugin, distperf_strategy, devices)

@@ -18,14 +18,17 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf.items import is_distperf
-
 SCOPE = "<distperf ranks>"  # the scheduling scope of every distperf test; no node id looks so
 REPORT_KEY = "distperf_payload"  # the test report attribute the payload travels in
 MODE_KEY = "distperf_dist"  # the controller's --dist mode, in each worker's workerinput
 IDS_KEY = "distperf_ids_dir"  # where workers name their distperf items, in workerinput
 UNGROUPED_MODES = ("each", "worksteal")
 RECORDS = pytest.StashKey[list[Any]]()  # an item's judged runs not yet sent with a report
+ARGNAMES = ("distperf_strategy", "distperf_devices")  # markers.parametrize gives them
+
+
+def is_distperf(item: pytest.Item) -> bool:
+    return ARGNAMES[0] in getattr(getattr(item, "callspec", None), "params", {})
 
 
 @dataclass(frozen=True)
