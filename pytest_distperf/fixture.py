@@ -111,15 +111,13 @@ class DistperfRun:
         self.results.append(result)
         settings = plugin.settings
         gate = plugin.gate()
-        overrides = self._marker_gates()
+        overrides = self._marker_gates()  # the marker's twins win over the session's settings
+        per_test = ("efficiency", "tolerance", "gates", "work_tolerance")
         gate_settings = GateSettings(
-            efficiency=settings.gate_value("efficiency", overrides),
-            tolerance=settings.gate_value("tolerance", overrides),
+            **{name: settings.gate_value(name, overrides) for name in per_test},
             alpha=settings.alpha,
             strict=settings.strict,
             fail_on_improvement=settings.fail_on_improvement,
-            gates=settings.gate_value("gates", overrides),
-            work_tolerance=settings.gate_value("work_tolerance", overrides),
         )
         try:
             record = gate.judge(

@@ -76,8 +76,7 @@ def refusal(config: pytest.Config) -> str | None:
 
 
 def plain_nodeid(nodeid: str) -> str:
-    """The node id without the `@group` that xdist's loadgroup appends on pytest before 9.2:
-    baselines and reports key on this."""
+    """The node id without the `@group` xdist's loadgroup appends before pytest 9.2."""
     at = nodeid.rfind("@")
     if at > nodeid.rfind("]") and at > nodeid.rfind("::"):
         return nodeid[:at]
@@ -101,8 +100,7 @@ def detach(report: pytest.TestReport) -> Payload | str | None:
 
 
 def _dumps(payload: Payload) -> bytes:
-    # Frozen dataclasses travel as they are (as RunSpec and RankResult do through the pool's
-    # pipes); read-only mappings inside them are rebuilt on the other side.
+    # Frozen dataclasses travel as they are; read-only mappings in them are rebuilt there.
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer)
     pickler.dispatch_table = {
@@ -114,7 +112,7 @@ def _dumps(payload: Payload) -> bytes:
 
 
 def read_only(mapping: dict[Any, Any]) -> MappingProxyType[Any, Any]:
-    return MappingProxyType(mapping)
+    return MappingProxyType(mapping)  # a function pickle can name (mappingproxy it cannot)
 
 
 def scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
@@ -164,8 +162,7 @@ def read_ids(directory: Path) -> frozenset[str]:
 
 
 class Relay:
-    """The hooks that keep distperf tests on one worker and carry their runs to the controller;
-    registered only under xdist. `plugin` is the session's DistperfPlugin."""
+    """Under xdist: keeps distperf tests on one worker, carries their runs to the controller."""
 
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin
