@@ -195,8 +195,6 @@ class WorkChange:
 
     phase: str  # "decode", "prefill", "step", or "" for graph breaks and recompiles
     figure: str  # "<kind> calls", "<kind> bytes", "ops", "flops", "kernels", ...
-    baseline: float
-    current: float
     more: bool  # more work, a new kind or more calls: fails; less: a stale baseline
     message: str
 
@@ -216,10 +214,6 @@ class WorkComparison:
     @property
     def less(self) -> tuple[WorkChange, ...]:  # less work: the baseline is stale
         return tuple(c for c in self.changes if not c.more)
-
-    @property
-    def equal(self) -> bool:
-        return not self.changes
 
     def message(self) -> str:
         """The changes, more work first, joined with "; "; "" when equal."""
@@ -260,7 +254,7 @@ def _sync_changes(phase: str, before: PhaseWork, after: PhaseWork) -> list[WorkC
         old, new = before.syncs.get(kind, 0), after.syncs.get(kind, 0)
         if old != new:
             message = f"host syncs {_PER[phase]}: {_number(old)} -> {_number(new)} ({kind})"
-            changes.append(WorkChange(phase, f"{kind} syncs", old, new, new > old, message))
+            changes.append(WorkChange(phase, f"{kind} syncs", new > old, message))
     return changes
 
 
@@ -279,17 +273,16 @@ def _collective_changes(
             message = f"{kind} {per}: {_number(old.calls)} -> {_number(new.calls)} calls ({signed})"
             # More calls, or a kind the baseline never issued, fails whatever the bytes.
             more = new.calls > old.calls or _beyond(old.bytes, new.bytes, tolerance) > 0
-            figure, was, now = f"{kind} calls", old.calls, new.calls
+            figure = f"{kind} calls"
         elif _beyond(old.bytes, new.bytes, tolerance):
             message = (
                 f"{kind} bytes {per}: {format_bytes(old.bytes)} -> {format_bytes(new.bytes)}"
                 f" ({_signed_percent(old.bytes, new.bytes)})"
             )
-            more = new.bytes > old.bytes
-            figure, was, now = f"{kind} bytes", old.bytes, new.bytes
+            more, figure = new.bytes > old.bytes, f"{kind} bytes"
         else:
             continue
-        changes.append(WorkChange(phase, figure, was, now, more, message))
+        changes.append(WorkChange(phase, figure, more, message))
     return changes
 
 
@@ -310,7 +303,7 @@ def _scalar_changes(
             message = f"{words} {_PER[phase]}: {change}"
         else:
             message = f"{words}: {_number(old)} -> {_number(new)}"
-        changes.append(WorkChange(phase, figure, old, new, new > old, message))
+        changes.append(WorkChange(phase, figure, new > old, message))
     return changes
 
 
