@@ -1,7 +1,6 @@
-"""Which collectives a run calibrates (a builder's model and a training step at their own sizes,
-up to Platform.calibration_max_bytes), and the machine's calibration kept in pytest's cache
-between sessions (keyed by topology, rank count and versions; a multi-node job always measures).
-"""
+"""Which collectives a run calibrates (a builder's model and a training step at their own sizes),
+and the calibration kept in pytest's cache between sessions (keyed by topology, rank count and
+versions; a multi-node job always measures)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,11 @@ from typing import Any
 from pytest_distperf.spec import RunSpec
 
 CACHE_KEY = "distperf/calibration"
-# What a calibration's figures depend on besides the machine (the topology key).
-VERSIONED = ("torch", "lightning")
+VERSIONED = ("torch", "lightning")  # what its figures depend on besides the machine
 
 
 def prepare(plugin: Any, spec: RunSpec, cache: Any) -> RunSpec:
-    """`spec` with what its run must calibrate, taking the session's calibration from `cache`
+    """`spec` with what its run must calibrate; the session's calibration taken from `cache`
     (pytest's, None where disabled) where it holds every size the session needs."""
     sizes = plugin.calibration_sizes.get(spec.devices)
     if spec.devices not in plugin.calibrations and sizes is not None:
@@ -34,23 +32,23 @@ def prepare(plugin: Any, spec: RunSpec, cache: Any) -> RunSpec:
 
 
 def record(plugin: Any, result: Any, cache: Any) -> Any:
-    """The rank count's calibration after `result` (merged with what it measured, which is
-    kept in `cache` too); None where none was measured or kept."""
+    """The rank count's calibration merged with what `result` measured (kept in `cache` too);
+    None where none was measured or kept."""
     if result.calibration is not None:
         known = plugin.calibrations.get(result.devices)
         merged = result.calibration if known is None else known.merged(result.calibration)
         plugin.calibrations[result.devices] = merged
         if result.spec.calibrate_model:
             plugin.builders_calibrated.add(builder_key(result.spec))
-        if _cacheable(plugin, cache):
+        if cache is not None and plugin.job is None:
             entry = {"versions": versions(), "calibration": merged.to_dict()}
             cache.set(_key(plugin, result.devices), entry)
     return plugin.calibrations.get(result.devices)
 
 
 def covers(calibration: Any, sizes: Any) -> bool:
-    """Whether `calibration` measured every size of `sizes` (perfmodel.MessageSizes), and
-    the in-step latency where the host runs the compute (a calibration kept from before it)."""
+    """Whether `calibration` measured every size of `sizes` (perfmodel.MessageSizes), and the
+    in-step latency where the host runs the compute."""
     from pytest_distperf.platform import PLATFORMS
 
     platform = PLATFORMS.get(calibration.device_type)
@@ -82,8 +80,8 @@ def builder_key(spec: RunSpec) -> tuple[Any, ...]:
 
 def _load(plugin: Any, devices: int, cache: Any) -> Any:
     """The kept calibration for this machine, rank count and versions; None where there is
-    none, or it is unreadable (then it is measured again and overwritten)."""
-    if not _cacheable(plugin, cache):
+    none or it is unreadable (then it is measured again and overwritten)."""
+    if cache is None or plugin.job is not None:
         return None
     from pytest_distperf.perfmodel.calibration import Calibration
 
@@ -94,10 +92,6 @@ def _load(plugin: Any, devices: int, cache: Any) -> Any:
         return Calibration.from_dict(entry.get("calibration"))
     except (ValueError, TypeError, KeyError):
         return None
-
-
-def _cacheable(plugin: Any, cache: Any) -> bool:
-    return cache is not None and plugin.job is None
 
 
 def _key(plugin: Any, devices: int) -> str:

@@ -27,7 +27,7 @@ class UsageError(Exception):
 
 
 def _positive(kind: type, noun: str) -> Callable[[str], Any]:
-    """An argparse type: a `kind` above zero (and finite), else a message naming `noun`."""
+    """An argparse type: a finite `kind` above zero."""
 
     def parse(text: str) -> Any:
         try:
@@ -186,8 +186,7 @@ def _load_calibration(path: str | None, devices: int | None) -> Calibration | No
         raise UsageError(f"--calibration: file {path} could not be read: {exc}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"--calibration: file {path} is not JSON: {exc}") from None
-    # Accept the bare value, {"calibration": ...}, or a --distperf-json report, whose rows
-    # carry the session's calibration.
+    # The bare value, {"calibration": ...}, or a --distperf-json report (its rows carry it).
     if isinstance(data, dict) and isinstance(data.get("results"), list):
         found = [
             r["calibration"]
@@ -280,31 +279,25 @@ def cmd_topology(args: argparse.Namespace) -> int:
         return 0
     print(
         f"{topo.device_count} {topo.accelerator} device(s), {topo.device_model}; source: "
-        f"{topo.source}; key: {topo.key()}"
+        f"{topo.source}; key: {topo.key()}\n\n{topo.matrix()}",
+        end="",
     )
-    print()
-    print(topo.matrix(), end="")
     if pairs:
-        print()
-        print("Nominal all-gather bus bandwidth per pair (GB/s):")
+        print("\nNominal all-gather bus bandwidth per pair (GB/s):")
         by_pair = {(p["a"], p["b"]): p["nominal_busbw_gbps"] for p in pairs}
-        print(topo.matrix(lambda a, b: f"{by_pair[min(a, b), max(a, b)]:.3g}", "X"), end="")
-        print()
+        print(topo.matrix(lambda a, b: f"{by_pair[min(a, b), max(a, b)]:.3g}", "X"))
         for p in pairs:
             print(f"  {p['a']}-{p['b']} {p['link_class']}: {p['basis']}")
     if calibration is not None:
         m = _calibration_summary(calibration)
-        print()
         print(
-            f"Measured ({m['backend']}, {m['world_size']} ranks): all-gather bus bandwidth "
+            f"\nMeasured ({m['backend']}, {m['world_size']} ranks): all-gather bus bandwidth "
             f"{m['all_gather_busbw_gbps']:.3g} GB/s at {m['all_gather_bytes'] / MB:.4g} MB, "
             f"latency {m['latency_us']:.3g} us, memory {m['memory_bandwidth_gbps']:.4g} GB/s, "
             f"transfer/host overlap {m['overlap']:.0%}"
         )
     if topo.notes:
-        print()
-        for note in topo.notes:
-            print(f"note: {note}")
+        print("\n" + "\n".join(f"note: {note}" for note in topo.notes))
     return 0
 
 

@@ -1,11 +1,6 @@
 """`distperf baselines list|show|rename|prune|diff`: a team's baselines kept without editing
-JSON by hand. Each takes the directory as its last positional argument (default
-`distperf-baselines` in the working directory) and `--json`.
-
-Writes (rename, prune --apply) go through BaselineStore.rewrite: atomic, under the store's
-lock, re-read inside it. A file that cannot be parsed is named and left as it is, and the
-command ends with status 1; bad input ends with status 2 and a message naming it.
-"""
+JSON by hand. Writes go through BaselineStore.rewrite (atomic, under the store's lock); a file
+that cannot be parsed is named and left as it is (status 1); bad input exits 2 naming it."""
 
 from __future__ import annotations
 
@@ -118,9 +113,6 @@ def cmd_baselines(args: argparse.Namespace) -> int:
         raise BaselinesError(f"{type(error).__name__}: {error}") from None
 
 
-# --- reading -----------------------------------------------------------------------------------
-
-
 def _row(key: str, entry: BaselineEntry) -> dict[str, Any]:
     runs = entry.run_medians or (entry.median,)
     test, workload = split_identity(entry.test_id)
@@ -155,13 +147,7 @@ def _list(args: argparse.Namespace) -> int:
         for key, entries in sorted(snapshot.entries.items())
     }
     if args.json:
-        _print_json(
-            {
-                "directory": str(args.directory),
-                "topology_keys": rows,
-                "unreadable": _unreadable_json(snapshot),
-            }
-        )
+        _print_json(args, snapshot, topology_keys=rows)
     else:
         for key, key_rows in rows.items():
             print(f"{key} ({len(key_rows)} entr{'y' if len(key_rows) == 1 else 'ies'})")
@@ -194,13 +180,7 @@ def _show(args: argparse.Namespace) -> int:
         ]
         shown.append({**_row(key, entry), "samples": list(entry.samples), "runs": history})
     if args.json:
-        _print_json(
-            {
-                "directory": str(args.directory),
-                "entries": shown,
-                "unreadable": _unreadable_json(snapshot),
-            }
-        )
+        _print_json(args, snapshot, entries=shown)
     for item in [] if args.json else shown:
         print(f"{item['test_id']}\n  topology key {item['topology_key']}; work {item['work']}")
         for number, run in enumerate(item["runs"], 1):
@@ -227,9 +207,6 @@ def _matching(snapshot: Snapshot, test: str) -> list[tuple[str, BaselineEntry]]:
             listed = "\n  ".join(ids)
             raise BaselinesError(f"{test!r} names {len(ids)} tests; give one:\n  {listed}")
     raise BaselinesError(f"no entry in {snapshot.source} matches {test!r}")
-
-
-# --- writing -----------------------------------------------------------------------------------
 
 
 def _rewrite_all(
@@ -288,13 +265,7 @@ def _rename(args: argparse.Namespace) -> int:
         raise BaselinesError(f"no entry in {args.directory} starts with {old!r}")
     moves = {key: {t: renamed(t) for t in ids} for key, ids in done.items()}
     if args.json:
-        _print_json(
-            {
-                "directory": str(args.directory),
-                "renamed": moves,
-                "unreadable": _unreadable_json(snapshot),
-            }
-        )
+        _print_json(args, snapshot, renamed=moves)
     for key, pairs in [] if args.json else moves.items():
         for before, after in pairs.items():
             print(f"{key}: {before} -> {after}")
@@ -324,14 +295,7 @@ def _prune(args: argparse.Namespace) -> int:
         }
         removed = {key: ids for key, ids in removed.items() if ids}
     if args.json:
-        _print_json(
-            {
-                "directory": str(args.directory),
-                "applied": args.apply,
-                "entries": removed,
-                "unreadable": _unreadable_json(snapshot),
-            }
-        )
+        _print_json(args, snapshot, applied=args.apply, entries=removed)
     else:
         count = sum(map(len, removed.values()))
         verb = "removed" if args.apply else "would be removed (pass --apply to remove them)"
@@ -347,22 +311,13 @@ def _recorded(entry: BaselineEntry) -> datetime:
     return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
 
 
-# --- diff --------------------------------------------------------------------------------------
-
-
 def _diff(args: argparse.Namespace) -> int:
     old, new = read_source(args.old), read_source(args.new)
     rows = diff_rows(old, new)
     if args.json:
-        _print_json(
-            {
-                "old": old.source,
-                "new": new.source,
-                "tests": rows,
-                "notes": [*old.notes, *new.notes],
-                "unreadable": _unreadable_json(old) + _unreadable_json(new),
-            }
-        )
+        unreadable = _unreadable_json(old) + _unreadable_json(new)
+        document = {"old": old.source, "new": new.source, "tests": rows, "unreadable": unreadable}
+        print(json.dumps({**document, "notes": [*old.notes, *new.notes]}, indent=2, sort_keys=True))
     else:
         lines = diff_markdown(rows) if args.markdown else diff_text(rows)
         shown = sum(row["status"] != "unchanged" for row in rows)
@@ -374,12 +329,11 @@ def _diff(args: argparse.Namespace) -> int:
     return max(_report_unreadable(old), _report_unreadable(new))
 
 
-# --- output ------------------------------------------------------------------------------------
-
-
 def _commit(commit: str | None) -> str:
     return commit[:12] if commit else "(no commit)"
 
 
-def _print_json(document: dict[str, Any]) -> None:
+def _print_json(args: argparse.Namespace, snapshot: Snapshot, **document: Any) -> None:
+    """The command's JSON: its directory, `document`, and the files it could not read."""
+    document |= {"directory": str(args.directory), "unreadable": _unreadable_json(snapshot)}
     print(json.dumps(document, indent=2, sort_keys=True))

@@ -15,7 +15,6 @@ from pytest_distperf.strategies import get_strategy, predict_train_for, strategy
 if TYPE_CHECKING:
     from pytest_distperf.topology import Topology
 
-# Bytes per stored parameter in a training step: bf16-mixed keeps fp32 parameters (autocast).
 # The table's MB/step: the nccl-tests sizes of a step's collectives (gathered output, full input).
 MOVED = ("all_gather_output", "reduce_scatter_bytes", "all_reduce_bytes")
 
@@ -23,7 +22,7 @@ MOVED = ("all_gather_output", "reduce_scatter_bytes", "all_reduce_bytes")
 def add_train_options(
     parser: argparse.ArgumentParser, count: Callable[[str], int], rate: Callable[[str], float]
 ) -> None:
-    """The training options; `count` and `rate` are the command's positive-number types."""
+    """`count` and `rate`: the command's positive-number types."""
     parser.add_argument(
         "--mode",
         choices=("generate", "train"),
@@ -77,8 +76,8 @@ def seq_length(args: argparse.Namespace, config: Any) -> int:
 def train_predictions(
     args: argparse.Namespace, config: Any, seq: int, device_type: str, links: Links
 ) -> tuple[list[Prediction], list[tuple[str, str]]]:
-    """Predictions of the chosen strategies that can train, and (name, why) for the others.
-    Raises ValueError when a strategy named with --strategy cannot train."""
+    """Predictions of the chosen strategies that can train, and (name, why) for the others;
+    ValueError for a strategy named with --strategy that cannot train."""
     predictions, refused = [], []
     for name in args.strategy or strategy_names():
         record = get_strategy(name)
@@ -114,28 +113,21 @@ def mfu(p: Prediction, config: Any, seq_length: int, flops_per_s: float) -> floa
 
 
 def _print_json(
-    workload: dict[str, Any], topology: dict[str, Any], links: Links, rows: list[Any], **more: Any
+    workload: dict[str, Any], topology: dict[str, Any], links: Links, **more: Any
 ) -> int:
     """Print `distperf predict --json`'s document, decode or training."""
-    out = {
-        "workload": workload,
-        "topology": topology,
-        "link_class": links.link_class,
-        "bus_bandwidth_gbps": links.busbw / GB,
-        "measured_links": links.measured,
-        "predictions": rows,
-    }
-    print(json.dumps(out | more, indent=2))
+    links_json = {"link_class": links.link_class, "bus_bandwidth_gbps": links.busbw / GB}
+    out = {"workload": workload, "topology": topology, **links_json}
+    print(json.dumps(out | {"measured_links": links.measured} | more, indent=2))
     return 0
 
 
-def _print_links(topo: Topology, links: Links) -> None:
+def _print_heading(heading: str, topo: Topology, links: Links) -> None:
     kind = "measured" if links.measured else "nominal"
     print(
-        f"slowest link {links.link_class}: {kind} all-gather bus bandwidth "
-        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})"
+        f"{heading}\nslowest link {links.link_class}: {kind} all-gather bus bandwidth "
+        f"{links.busbw / GB:.3g} GB/s, latency {links.latency_s * 1e6:.3g} us ({topo.source})\n"
     )
-    print()
 
 
 def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, links: Links) -> int:
@@ -157,17 +149,18 @@ def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, lin
             "step_compute_ms": args.step_compute_ms,
         }
         topology = {"key": topo.key(), "source": topo.source}
-        return _print_json(workload, topology, links, rows, cannot_train=dict(refused))
+        return _print_json(workload, topology, links, predictions=rows, cannot_train=dict(refused))
     if rate:
         compute = f"model FLOPs at {args.matmul_tflops:g} TFLOP/s per device"
     else:
         compute = f"measured single-process step {args.step_compute_ms:g} ms"
-    print(
+    _print_heading(
         f"{args.model} training on {args.devices} {topo.accelerator} device(s), "
         f"{args.precision}, {args.batch_size} x {seq} tokens per data-parallel rank per step; "
-        f"compute: {compute}"
+        f"compute: {compute}",
+        topo,
+        links,
     )
-    _print_links(topo, links)
     header = f"{'strategy':<16}{'tok/s':>9}{'ms/step':>10}{'MFU':>6}{'MB/step':>10}  bound"
     print(header)
     print("-" * (len(header) + 40))
@@ -199,12 +192,15 @@ def print_decode(
     if args.json:
         pairs = [{"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links]
         topology = {"key": topo.key(), "source": topo.source, "pairs": pairs}
-        return _print_json(workload, topology, links, [p.to_dict() for p in predictions])
-    print(
+        return _print_json(
+            workload, topology, links, predictions=[p.to_dict() for p in predictions]
+        )
+    _print_heading(
         f"{args.model} on {args.devices} {topo.accelerator} device(s), {args.precision}, batch "
-        f"{args.batch_size}, {args.prompt_length}-token prompt + {args.max_new_tokens} new tokens"
+        f"{args.batch_size}, {args.prompt_length}-token prompt + {args.max_new_tokens} new tokens",
+        topo,
+        links,
     )
-    _print_links(topo, links)
     # a step decodes one token of every batch row
     per = "token" if args.batch_size == 1 else "step"
     header = f"{'strategy':<16}{'tok/s':>9}{'ms/' + per:>10}  {'bound':<52}{'MB/token':>9}"
@@ -223,12 +219,10 @@ def print_decode(
 
 def print_terms(predictions: Sequence[Prediction], per: str) -> None:
     """Each prediction's terms in ms per `per`, then the assumptions they share."""
-    print()
-    print(f"terms (ms per {per}):")
+    print(f"\nterms (ms per {per}):")
     for p in predictions:
         terms = ", ".join(f"{k} {v * 1e3:.3g}" for k, v in p.terms.items())
         print(f"  {p.strategy:<16}{p.implementation}: {terms}")
-    print()
-    print("assumptions:")
+    print("\nassumptions:")
     for text in dict.fromkeys(t for p in predictions for t in p.assumptions):
         print(f"  - {text}")

@@ -3,52 +3,30 @@ the session's plugin, judges the result and fails the test on a failed gate."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
 from pytest_distperf import calibrations, markers, xdist
 from pytest_distperf.measured import RunResult
-from pytest_distperf.options import Settings, gate_from_marker
+from pytest_distperf.options import gate_from_marker
 from pytest_distperf.spec import RunSpec
-
-
-class SessionPlugin(Protocol):
-    """What a run asks of the session's plugin (plugin.DistperfPlugin)."""
-
-    slowdown: float | None
-    settings: Settings
-    records: list[Any]
-    started_at: float
-
-    @property
-    def writes_files(self) -> bool: ...
-
-    def resolve(self) -> Any: ...
-
-    def launch(self, spec: RunSpec, progress: Callable[[str], None] | None = None) -> RunResult: ...
-
-    def rank_output(self) -> dict[int, str]: ...
-
-    def gate(self) -> Any: ...
 
 
 class DistperfRun:
     """The `distperf` fixture: `run()` launches the test's ranks and returns a RunResult."""
 
-    def __init__(
-        self, item: pytest.Item, plugin: SessionPlugin, strategy: str, devices: int
-    ) -> None:
+    # plugin: the session's plugin.DistperfPlugin
+    def __init__(self, item: pytest.Item, plugin: Any, strategy: str, devices: int) -> None:
         self._item = item
         self._plugin = plugin
         self.strategy = strategy
         self.devices = devices
-        workload = markers.workload_of(item)
+        self.workload = markers.workload_of(item)
         if plugin.slowdown is not None:
-            workload = type(workload)(**{**workload.params(), "slowdown": plugin.slowdown})
-        self.workload = workload
+            self.workload = dataclasses.replace(self.workload, slowdown=plugin.slowdown)
         self.results: list[RunResult] = []
 
     @property
@@ -133,15 +111,13 @@ class DistperfRun:
         self.results.append(result)
         settings = plugin.settings
         gate = plugin.gate()
-        overrides = self._marker_gates()
+        overrides = self._marker_gates()  # the marker's twins win over the session's settings
+        per_test = ("efficiency", "tolerance", "gates", "work_tolerance")
         gate_settings = GateSettings(
-            efficiency=settings.gate_value("efficiency", overrides),
-            tolerance=settings.gate_value("tolerance", overrides),
+            **{name: settings.gate_value(name, overrides) for name in per_test},
             alpha=settings.alpha,
             strict=settings.strict,
             fail_on_improvement=settings.fail_on_improvement,
-            gates=settings.gate_value("gates", overrides),
-            work_tolerance=settings.gate_value("work_tolerance", overrides),
         )
         try:
             record = gate.judge(

@@ -1,5 +1,5 @@
-"""The report header (before collection: it never probes, most sessions run no distperf test)
-and the lines after collection (the probed topology, each rank count's calibration)."""
+"""The report header (before collection: it never probes) and the lines after collection (the
+probed topology, each rank count's calibration)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from pytest_distperf import xdist
 CALIBRATION_PENDING = "not yet (calibrated in the first run of each rank count)"
 
 
-def report_header(plugin: Any, config: pytest.Config) -> list[str]:
-    """plugin: the session's DistperfPlugin."""
+def report_header(plugin: Any, config: pytest.Config) -> list[str]:  # plugin: DistperfPlugin
     settings = plugin.settings
     resolved = plugin.resolve()
     if plugin.job is not None:

@@ -1,5 +1,5 @@
-"""Reading fields of parsed JSON with errors that say where and what, and writing a figure as
-plain JSON (`json_value`). Pure: standard library only."""
+"""Reading fields of parsed JSON with errors that say where and what; writing a figure as plain
+JSON (`json_value`). Standard library only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-#: What a JSON number reads as in Python.
 NUMBER: tuple[type, ...] = (int, float)
 NULL = type(None)
 

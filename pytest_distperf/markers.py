@@ -1,19 +1,31 @@
-"""What a distperf test asks for, read from its markers at collection (no torch); bad values fail
-with the test's node id, the value and the valid choices."""
+"""What a distperf test asks for, read from its markers at collection (no torch), and the items
+made from it: parametrisation, order, xdist refusal. A bad marker fails only its own test, at
+setup (an `Invalid` parameter carries the message naming the test, the value and the choices)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from pytest_distperf import xdist
 from pytest_distperf.options import SettingError, workload_from_marker
 from pytest_distperf.spec import Workload
-from pytest_distperf.strategies import strategy_names
+from pytest_distperf.strategies import get_strategy, strategy_names
 
 STRATEGY_MARKER = "strategy"
 DEVICES_MARKER = "devices"
 WORKLOAD_MARKER = "distperf"
+INVALID_ID = "invalid-marker"
+REFUSED = pytest.StashKey[str]()  # why this item must not start ranks here (xdist)
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """The `distperf_strategy` parameter of a test whose markers are bad."""
+
+    message: str
 
 
 def register(config: pytest.Config) -> None:
@@ -35,7 +47,28 @@ def register(config: pytest.Config) -> None:
         config.addinivalue_line("markers", text)
 
 
-def strategy_names_of(metafunc: pytest.Metafunc, where: str) -> list[str]:
+def parametrize(metafunc: pytest.Metafunc, accelerator: str, default_devices: int) -> None:
+    """One item per (strategy, rank count), ids like `fsdp-2cpu`; one failing item when the
+    markers are bad."""
+    where = metafunc.definition.nodeid
+    try:
+        names = _strategy_names(metafunc, where)
+        counts = _device_counts(metafunc, where)
+        workload = workload_of(metafunc.definition)
+    except pytest.fail.Exception as error:
+        invalid = [(Invalid(error.msg), None)]
+        metafunc.parametrize(xdist.ARGNAMES, invalid, ids=[INVALID_ID], scope="function")
+        return
+    params, ids = [], []
+    for name in names:
+        for count in counts:
+            unfit = strategy_unfit(name, workload, count or default_devices)
+            params.append((Invalid(f"{where}: {unfit}") if unfit else name, count))
+            ids.append(f"{name}-{count or default_devices}{accelerator}")
+    metafunc.parametrize(xdist.ARGNAMES, params, ids=ids, scope="function")
+
+
+def _strategy_names(metafunc: pytest.Metafunc, where: str) -> list[str]:
     names: list[str] = []
     for marker in metafunc.definition.iter_markers(STRATEGY_MARKER):
         if marker.kwargs:
@@ -45,8 +78,7 @@ def strategy_names_of(metafunc: pytest.Metafunc, where: str) -> list[str]:
                 pytrace=False,
             )
         names.extend(marker.args)
-    if not names:
-        names = ["auto"]
+    names = names or ["auto"]
     valid = strategy_names()
     for name in names:
         if name not in valid:
@@ -60,7 +92,7 @@ def strategy_names_of(metafunc: pytest.Metafunc, where: str) -> list[str]:
     return names
 
 
-def device_counts_of(metafunc: pytest.Metafunc, where: str) -> list[int | None]:
+def _device_counts(metafunc: pytest.Metafunc, where: str) -> list[int | None]:
     """Rank counts from @pytest.mark.devices(1, 2, 4); [None] (the session's) without it."""
     marker = metafunc.definition.get_closest_marker(DEVICES_MARKER)
     if marker is None:
@@ -78,17 +110,58 @@ def device_counts_of(metafunc: pytest.Metafunc, where: str) -> list[int | None]:
     return counts
 
 
-def item_devices(item: pytest.Item, default: int) -> int:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "distperf_strategy" not in params:
+def _rank_count(item: pytest.Item, default: int) -> int:
+    """A distperf item's rank count; 0 for any other item."""
+    if not xdist.is_distperf(item):
         return 0
-    return params["distperf_devices"] or default
+    return item.callspec.params["distperf_devices"] or default  # type: ignore[attr-defined]
 
 
-def known_models() -> tuple[str, ...]:
-    from distperf_model.config import PRESETS
+def workloads_by_count(
+    items: list[pytest.Item], default_devices: int
+) -> dict[int, list[tuple[str, Workload]]]:
+    """rank count -> (strategy, workload) of every valid distperf item among `items`."""
+    workloads: dict[int, list[tuple[str, Workload]]] = {}
+    for item in filter(xdist.is_distperf, items):
+        strategy = item.callspec.params["distperf_strategy"]  # type: ignore[attr-defined]
+        if not isinstance(strategy, Invalid):
+            pairs = workloads.setdefault(_rank_count(item, default_devices), [])
+            pairs.append((strategy, workload_of(item)))
+    return workloads
 
-    return tuple(PRESETS)
+
+def prepare(config: pytest.Config, items: list[pytest.Item], default_devices: int) -> None:
+    """Order the items by rank count; mark them to fail where xdist cannot keep them together."""
+    if len({_rank_count(item, default_devices) for item in filter(xdist.is_distperf, items)}) > 1:
+        # One pool per rank count: run each count's tests together, so pools switch rarely.
+        items.sort(key=lambda item: _rank_count(item, default_devices))
+    refused = xdist.refusal(config)
+    if refused:
+        for item in filter(xdist.is_distperf, items):
+            item.stash[REFUSED] = refused
+
+
+def check_item(item: pytest.Item, strategy: Any) -> None:
+    """Fail this item at setup when its markers are bad or xdist would misplace it."""
+    if isinstance(strategy, Invalid):
+        pytest.fail(strategy.message, pytrace=False)
+    refused = item.stash.get(REFUSED, None)
+    if refused:
+        pytest.fail(refused, pytrace=False)
+
+
+def check_supported(
+    item: pytest.Item, strategy: str, accelerator: str, devices: int, marked: bool
+) -> None:
+    """Before any rank starts: a rank count the test's own devices marker asks for (`marked`)
+    that the strategy can never run with fails; what the session chose (accelerator,
+    --distperf-devices) may suit it on another machine, so that skips."""
+    record = get_strategy(strategy)
+    reason = record.unsupported(accelerator, devices)
+    if reason and marked and accelerator in record.runs_on:
+        pytest.fail(f"distperf: {item.nodeid}: {reason}", pytrace=False)
+    if reason:
+        pytest.skip(f"distperf: {reason}")
 
 
 def marker_kwargs(item: pytest.Item) -> dict[str, Any]:
@@ -99,9 +172,10 @@ def marker_kwargs(item: pytest.Item) -> dict[str, Any]:
 
 
 def workload_of(item: pytest.Item) -> Workload:
-    kwargs = marker_kwargs(item)
+    from distperf_model.config import PRESETS
+
     try:
-        workload = workload_from_marker(kwargs, item.nodeid, known_models())
+        workload = workload_from_marker(marker_kwargs(item), item.nodeid, tuple(PRESETS))
         check_fits(workload, item.nodeid, test_dir(item))
         return workload
     except SettingError as error:
@@ -117,10 +191,8 @@ def test_dir(item: pytest.Item) -> str:
 
 def check_fits(workload: Workload, where: str, test_dir: str = "") -> None:
     """The KV cache must hold the prompt and every new token (and the reference's steps), within
-    the model's own context: a preset's or LitGPT config's `block_size`, an HF config's
-    `max_position_embeddings` (its file found from `test_dir` here: a missing one fails the
-    test now). A builder's model is checked by its ranks, once built (its `config.block_size`,
-    or a `max_seq_length` it set)."""
+    the model's own context (models.context_limit; an `hf:` config found from `test_dir`). A
+    builder's model is checked by its ranks, once built."""
     from pytest_distperf.models import ModelError, context_limit
     from pytest_distperf.spec import RunSpec
 
@@ -152,7 +224,6 @@ def strategy_unfit(strategy: str, workload: Workload, devices: int) -> str | Non
     `check`: tp's heads, pipeline's blocks), or None; a builder's model is checked by its ranks
     once built, and a bad model name is `check_fits`'s to report."""
     from pytest_distperf.models import ModelError, shape_of
-    from pytest_distperf.strategies import get_strategy
 
     record = get_strategy(strategy)
     if workload.training and record.train_refusal:

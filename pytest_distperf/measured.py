@@ -1,13 +1,7 @@
-"""What the ranks measured and how the pytest process reduces it: one timed generation
-(`Sample`), one rank's figures (`RankResult`), every rank's reduced to one record of the run's
-figures (`RunResult`, by `reduce_ranks`). Plain frozen dataclasses (picklable, no torch), so
-the plugin can read results without torch.
-
-Each repeat's time is the slowest rank's, since the ranks advance in lock-step through
-collectives; a rate is the median over repeats. What each figure counts: docs/running.md ("What
-is measured"); `replicas` is the run's independent decode streams (every rank's under data
-parallelism, devices / group size under tensor or pipeline parallelism).
-"""
+"""What the ranks measured (`Sample`, `RankResult`) and the run's figures reduced from every
+rank's (`RunResult`, by `reduce_ranks`): picklable frozen dataclasses, no torch. A repeat's time
+is the slowest rank's (the ranks advance in lock-step); a rate is the median over repeats.
+What each figure counts: docs/running.md ("What is measured")."""
 
 from __future__ import annotations
 
@@ -29,8 +23,8 @@ class Sample:
     # None for a user's own generation loop (`distperf(generate=...)`): its split is unknown.
     ttft_s: float | None  # to the first new token (prefill)
     decode_s: float | None  # the remaining max_new_tokens - 1 steps
-    # The timing thread's wait for a core, and its time neither running nor runnable (a sleep,
-    # a sync, I/O, a lock, a peer); None where the kernel keeps no such figures (hostspeed.py).
+    # The timing thread's wait for a core, and its time off the CPU by its own doing (a sleep,
+    # a sync, I/O, a peer); None where the kernel keeps no such figures (hostspeed.py).
     queued_s: float | None = None
     off_cpu_s: float | None = None
 
@@ -47,7 +41,7 @@ class Implementation:
 
 @dataclass(frozen=True)
 class RankResult:
-    """One rank's figures; those the run reports under the same name are its `RunResult`'s."""
+    """One rank's figures (`replicas`: the run's independent decode streams)."""
 
     rank: int
     samples: tuple[Sample, ...]
@@ -61,12 +55,9 @@ class RankResult:
     timed_from: float  # epoch seconds when this rank began its timed generations
     reference_token_s: float | None = None  # see workload.reference_token_time
     reference_source: str = ""  # how the reference (token or step) was obtained; "" if none
-    # The bare model's generation run right after each timed one (worker.py), when it has one.
     bare_samples: tuple[Sample, ...] = ()
-    # Seconds of hostspeed's fixed interpreter loop, timed right after each timed generation.
-    host_loop_s: tuple[float, ...] = ()
-    # Its thread CPU seconds: the core's own speed, without the waits for a core.
-    host_loop_cpu_s: tuple[float, ...] = ()
+    host_loop_s: tuple[float, ...] = ()  # hostspeed's loop after each timed generation
+    host_loop_cpu_s: tuple[float, ...] = ()  # its CPU seconds: the core's own speed
     calibration: Any = None  # perfmodel.Calibration when this run calibrated
     work_s: float | None = None  # on the test itself: build, calibration, timed, bare, ...
     compile_s: float | None = None  # compiling and settling the decode step (not timed)
@@ -77,22 +68,19 @@ class RankResult:
     cuda_graphs: bool = False  # the timed steps replayed as CUDA graphs (compiled.py)
     graph_breaks: bool = False  # the timed steps compiled around the wrapper's hooks
     model_shape: Any = None  # perfmodel.ModelShape measured from the model this rank built
-    # The counted generation's work per token (ranks/counting.py); None when off or failed.
-    work: Work | None = None
+    work: Work | None = None  # ranks/counting.py; None when off or failed
     # A busy neighbour takes wall time from a rank, not CPU time; the waits say who took it.
     host_cpu_per_token_s: float | None = None
     run_queue_wait_per_token_s: float | None = None  # None where the kernel keeps none
     steal_per_token_s: float | None = None
     device_time_per_token_s: float | None = None  # CUDA; None on CPU
-    # CPU ranks, tp: one all-reduce between the whole model's layers, timed before wrapping
-    # (ranks/collectives.py); None where not measured.
+    # CPU ranks, tp: one all-reduce between the model's layers, timed before wrapping.
     in_step_collective_s: float | None = None
     # Training (None otherwise): the first step's loss, the loss before wrapping, the step alone.
     loss: float | None = None
     reference_loss: float | None = None
     reference_step_s: float | None = None
-    # Training: this rank's measured dense matmul rate (FLOP/s) and how it was measured.
-    matmul_flops_per_s: float | None = None
+    matmul_flops_per_s: float | None = None  # training: this rank's dense matmul FLOP/s
     matmul_source: str = ""
     # Training: model FLOPs of one step on one data-parallel rank's batch (perfmodel/train.py).
     model_flops_per_step: float | None = None
@@ -100,15 +88,13 @@ class RankResult:
 
 
 def _reduced() -> Any:
-    """A figure of the run: set once, from every rank's results, by `reduce_ranks`."""
-    return field(init=False)
+    return field(init=False)  # set once, from every rank's results, by `reduce_ranks`
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """What `distperf.run()` returns: one record of the run's figures, each reduced once from
-    every rank's results by `reduce_ranks` when the record is made. `to_dict()` is its JSON row
-    (the keys of --distperf-json); docs/running.md ("What is measured") says what each counts."""
+    """What `distperf.run()` returns: the run's figures, each reduced once by `reduce_ranks`;
+    `to_dict()` is its JSON row (the keys of --distperf-json)."""
 
     spec: RunSpec  # what the test asked for
     ranks: tuple[RankResult, ...]  # every rank's results, by rank
@@ -183,8 +169,7 @@ class RunResult:
             object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
-        """The run's JSON row: every figure under its name, as plain JSON (the keys of
-        --distperf-json, which adds the gate's figures)."""
+        """Every figure under its name, as plain JSON (--distperf-json adds the gate's)."""
         raw = ("spec", "ranks", "launched_at", "samples")
         return {
             f.name: json_value(getattr(self, f.name)) for f in fields(self) if f.name not in raw
@@ -196,8 +181,7 @@ class RunResult:
 
     @property
     def new_tokens(self) -> int:
-        """Tokens one timed repeat yields: a generation's new tokens on one rank; a training
-        step's tokens over every data-parallel replica."""
+        """Tokens of one timed repeat: a generation's on one rank, a step's on every replica."""
         return _new_tokens(self.spec, self.ranks[0].replicas)
 
     @property
@@ -212,8 +196,7 @@ class RunResult:
 
     @property
     def eager_reference(self) -> bool:
-        """Some rank's compiled run had no compiled whole copy beside it: its reference is the
-        eager model's step."""
+        """Some rank's compiled run has the eager model's step as its reference."""
         return any(r.eager_reference for r in self.ranks)
 
     @property
@@ -335,8 +318,8 @@ def _median(values: Sequence[float] | None) -> float | None:
 
 
 def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) -> Any:
-    """The slowest rank's value: the largest of every rank's (`largest` says how for a record);
-    None when some rank has none, since that rank may have been the slowest."""
+    """The largest of every rank's (`largest`: how, for a record); None when some rank has none,
+    since that rank may have been the slowest."""
     known = list(values)
     return None if not known or None in known else largest(known)
 
@@ -370,9 +353,8 @@ def bare_over_wrapped(
     wrapped: Sequence[Sequence[Sample]],
     time: Callable[[Sample], float] = lambda sample: sample.total_s,
 ) -> tuple[float, ...]:
-    """Per repeat, the bare model's time over the wrapped one's (slowest rank's of each):
-    0.3 = the strategy runs at 30% of the bare model's speed; empty when some rank had no
-    bare model."""
+    """Per repeat, the bare model's time over the wrapped one's (slowest rank's of each; 0.3: at
+    30% of the bare model's speed); empty when some rank had no bare model."""
     if not all(bare):
         return ()
     pairs = zip(slowest_per_repeat(bare), slowest_per_repeat(wrapped), strict=True)
@@ -380,9 +362,8 @@ def bare_over_wrapped(
 
 
 def off_cpu_shares(per_rank: Sequence[Sequence[Sample]]) -> tuple[float, ...]:
-    """Per repeat, the largest share of a rank's timed generation its timing thread spent off
-    the CPU by its own doing (a sleep, a sync, I/O, a lock, a peer): the rank that waited
-    most; empty where some rank has no such figure."""
+    """Per repeat, the largest share of a rank's timed generation spent off the CPU by its own
+    doing (Sample.off_cpu_s); empty where some rank has no such figure."""
     if not per_rank or any(s.off_cpu_s is None for rank in per_rank for s in rank):
         return ()
     return tuple(
@@ -392,8 +373,7 @@ def off_cpu_shares(per_rank: Sequence[Sequence[Sample]]) -> tuple[float, ...]:
 
 
 def slowest_per_repeat_of(per_rank: Sequence[Sequence[float]], repeats: int) -> tuple[float, ...]:
-    """Per repeat, the largest of the ranks' values; empty when some rank has not one per
-    repeat."""
+    """Per repeat, the largest of the ranks' values; empty unless each rank has one per repeat."""
     if not all(len(values) == repeats for values in per_rank):
         return ()
     return tuple(max(values) for values in zip(*per_rank, strict=True))

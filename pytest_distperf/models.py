@@ -1,8 +1,6 @@
-"""What `distperf(model=...)` names, as the pytest process knows it before any rank runs: the
-model's shape and its context, from a preset's config or LitGPT's config module loaded alone; a
-builder's or a `transformers` model's only once a rank built it (`RankResult.model_shape`), but
-where an `hf:<config>` is found (and its context) here already. No torch, nothing from the ranks.
-"""
+"""What `distperf(model=...)` names, known before any rank runs: a preset's or LitGPT name's
+shape and context (LitGPT's config module loaded alone), an `hf:<config>`'s file and context; a
+builder's shape only once a rank built it (`RankResult.model_shape`). No torch."""
 
 from __future__ import annotations
 
@@ -54,7 +52,7 @@ def litgpt_config(config_name: str) -> Any:
 
 def context_limit(model: str, test_dir: str = "") -> int | None:
     """The named model's `block_size` (an HF config's `max_position_embeddings`); None for a
-    builder (its ranks check it once built). `test_dir`: where a relative `hf:` path starts."""
+    builder. `test_dir`: where a relative `hf:` path starts."""
     source = Workload(model=model).model_source
     if source == "preset":
         from distperf_model.config import Config
@@ -68,11 +66,8 @@ def context_limit(model: str, test_dir: str = "") -> int | None:
     return None
 
 
-# --------------------------------------------------------------------------- transformers
-
-
 def hf_hub_cache() -> Path:
-    """The local Hugging Face hub cache, as `huggingface_hub` finds it (its variables)."""
+    """The local Hugging Face hub cache, found as `huggingface_hub` finds it."""
     for variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if os.environ.get(variable):
             return Path(os.environ[variable]).expanduser()
@@ -96,9 +91,8 @@ def _cached_config(hub_id: str) -> Path | None:
 
 
 def hf_config_path(model: str, test_dir: str = "") -> Path:
-    """The `config.json` that `hf:<config>` names: a folder holding one or the file itself
-    (relative to `test_dir`, the test file's folder, or absolute), else a hub id found in the
-    local Hugging Face cache; nothing is downloaded. ModelError saying what to pass otherwise."""
+    """The `config.json` `hf:<config>` names: a folder holding one or the file (relative to
+    `test_dir`, or absolute), else a hub id in the local cache; nothing is downloaded."""
     name = model[len(HF_PREFIX) :] if model.startswith(HF_PREFIX) else model
     if not name.strip():
         raise ModelError(f"{HF_PREFIX}{name}: name a config folder, a config file or a hub id")
@@ -123,7 +117,7 @@ def hf_config_path(model: str, test_dir: str = "") -> Path:
 
 
 def hf_config(model: str, test_dir: str = "") -> dict[str, Any]:
-    """The JSON of `hf:<config>`'s config file; ModelError naming the file if it is not one."""
+    """The JSON of `hf:<config>`'s config file; ModelError naming a file that is not one."""
     path = hf_config_path(model, test_dir)
     try:
         config = json.loads(path.read_text())
@@ -136,8 +130,7 @@ def hf_config(model: str, test_dir: str = "") -> dict[str, Any]:
 
 @functools.cache
 def shape_of(model: str) -> ModelShape | None:
-    """The shape of a preset or a LitGPT name; None for a builder or an HF config (measured on
-    the model a rank built)."""
+    """The shape of a preset or a LitGPT name; None for a builder or an HF config."""
     source = Workload(model=model).model_source
     if source == "preset":
         from distperf_model.config import Config
@@ -156,16 +149,12 @@ def run_shape(result: RunResult) -> ModelShape | None:
     return None if workload.is_custom_builder else shape_of(workload.model)
 
 
-# --------------------------------------------------------------------------- LitGPT, counted
-
-
 def _linear(n_in: int, n_out: int, bias: bool) -> int:
     return n_in * n_out + (n_out if bias else 0)
 
 
 def _norm(config: Any, size: int) -> int:
-    """Parameters of LitGPT's `config.norm_class(size)`: RMSNorm a weight; LayerNorm a weight
-    and a bias, none for OLMo's (elementwise_affine=False)."""
+    """Parameters of LitGPT's `config.norm_class(size)` (OLMo's LayerNorm has none)."""
     if config.norm_class_name == "RMSNorm":
         return size
     return 0 if "OLMo" in config.name else 2 * size
@@ -215,20 +204,13 @@ def _block(config: Any, index: int) -> int:
     c = config
     dense = c.first_k_dense_replace is not None and index < c.first_k_dense_replace
     mlp = _mlp(c, "LLaMAMLP" if dense else c.mlp_class_name, c.intermediate_size)
-    norms = sum(
-        (
-            c.norm_1,
-            c.post_attention_norm,
-            c.norm_2 and not c.shared_attention_norm,
-            c.post_mlp_norm,
-        )
-    )
-    return norms * _norm(c, c.n_embd) + _attention(c) + mlp
+    norms = (c.norm_1, c.post_attention_norm, c.norm_2 and not c.shared_attention_norm)
+    return (sum(norms) + c.post_mlp_norm) * _norm(c, c.n_embd) + _attention(c) + mlp
 
 
 def litgpt_shape(config: Any) -> ModelShape:
-    """The shape of LitGPT's `GPT(config)` counted from the config alone, as
-    `ranks.models.measure_shape` counts a built one: per block (the mean) and outside them."""
+    """The shape of LitGPT's `GPT(config)` counted from its config, per block (the mean) and
+    outside them, as `ranks.models.measure_shape` counts a built one."""
     blocks = sum(_block(config, i) for i in range(config.n_layer))
     outside = (
         config.padded_vocab_size * config.n_embd  # wte

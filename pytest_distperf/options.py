@@ -167,7 +167,7 @@ class Settings:
         return marker.get(name, getattr(self, name))
 
 
-def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
+def _integer(raw: str, source: str, minimum: int = 1) -> int:
     try:
         value = int(raw)
     except (TypeError, ValueError):
@@ -175,12 +175,6 @@ def _positive_int(raw: str, source: str, minimum: int = 1) -> int:
     if value < minimum:
         raise SettingError(f"{source}: must be >= {minimum}, got {value}")
     return value
-
-
-def _parse_devices(raw: str, source: str) -> int | None:
-    if str(raw).strip().lower() == "auto":
-        return None
-    return _positive_int(raw, source)
 
 
 def _one_of(choices: tuple[str, ...], raw: str, source: str) -> str:
@@ -205,23 +199,12 @@ def _parse_timeout(raw: str, source: str) -> float:
 
 
 def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
-    """A number in (0, 1] (efficiency) or (0, 1) (tolerance)."""
+    """A number in (0, 1] (efficiency) or (0, 1) (tolerance, alpha)."""
     value = _float(raw, source, f"{name} must be a number")
-    upper_ok = value <= 1 if allow_one else value < 1
-    if isinstance(raw, bool) or not (value > 0 and upper_ok):
+    if isinstance(raw, bool) or not (0 < value < 1 or (allow_one and value == 1)):
         bounds = "(0, 1]" if allow_one else "(0, 1)"
         raise SettingError(f"{source}: {name} must be in {bounds}, got {raw!r}")
     return value
-
-
-GATES_WORDS = {"on": True, "off": False}
-
-
-def _parse_on_off(raw: Any, source: str) -> bool:
-    value = str(raw).strip().lower()
-    if value not in GATES_WORDS:
-        raise SettingError(f"{source}: expected on or off, got {raw!r}")
-    return GATES_WORDS[value]
 
 
 def parse_work_tolerance(raw: Any, source: str) -> float:
@@ -230,6 +213,13 @@ def parse_work_tolerance(raw: Any, source: str) -> float:
     if isinstance(raw, bool) or not 0 <= value < 1:
         raise SettingError(f"{source}: work_tolerance must be in [0, 1), got {raw!r}")
     return value
+
+
+def _parse_on_off(raw: Any, source: str) -> bool:
+    value = str(raw).strip().lower()
+    if value not in ("on", "off"):
+        raise SettingError(f"{source}: expected on or off, got {raw!r}")
+    return value == "on"
 
 
 def _parse_flag(raw: Any, source: str) -> bool:
@@ -243,27 +233,31 @@ def _parse_flag(raw: Any, source: str) -> bool:
     raise SettingError(f"{source}: expected true or false, got {raw!r}")
 
 
+def _optional(parse: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """An unset value ("") reads None; the rest as `parse` reads it."""
+    return lambda raw, source: parse(raw, source) if str(raw).strip() else None
+
+
+def _path(raw: str, source: str) -> str | None:
+    return raw or None
+
+
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "devices": _parse_devices,
-    "accelerator": partial(_one_of, ACCELERATORS),
-    "repeats": _positive_int,
-    "warmup": lambda raw, source: _positive_int(raw, source, minimum=0),
-    "timeout": _parse_timeout,
-    "json": lambda raw, source: raw or None,
-    "efficiency": lambda raw, source: parse_fraction(raw, source, "efficiency", allow_one=True),
-    "tolerance": lambda raw, source: (
-        parse_fraction(raw, source, "tolerance", allow_one=False) if raw else None
+    "devices": lambda raw, source: (
+        None if str(raw).strip().lower() == "auto" else _integer(raw, source)
     ),
-    "alpha": lambda raw, source: parse_fraction(raw, source, "alpha", allow_one=False),
+    "accelerator": partial(_one_of, ACCELERATORS),
+    "repeats": _integer,
+    "warmup": partial(_integer, minimum=0),
+    "timeout": _parse_timeout,
+    "efficiency": partial(parse_fraction, name="efficiency", allow_one=True),
+    "tolerance": _optional(partial(parse_fraction, name="tolerance", allow_one=False)),
+    "alpha": partial(parse_fraction, name="alpha", allow_one=False),
     "gates": _parse_on_off,
     "count": _parse_on_off,
     "work_tolerance": parse_work_tolerance,
-    "baseline_dir": lambda raw, source: raw or None,
-    "topology": lambda raw, source: raw or None,
-    "numa_binding": lambda raw, source: (
-        _one_of(NUMA_BINDINGS, raw, source) if str(raw).strip() else None
-    ),
-}  # a switch (OptionSpec.is_flag) reads as true or false
+    "numa_binding": _optional(partial(_one_of, NUMA_BINDINGS)),
+}  # a switch (OptionSpec.is_flag) reads as true or false; json, baseline_dir, topology: _path
 
 
 def resolve_settings(
@@ -279,7 +273,7 @@ def resolve_settings(
         cli_value = cli.get(spec.name)
         if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
-        parse = _parse_flag if spec.is_flag else _PARSERS[spec.name]
+        parse = _parse_flag if spec.is_flag else _PARSERS.get(spec.name, _path)
         values[spec.name] = parse(raw, f"{source} = {raw!r}")
     return Settings(**values)
 
@@ -308,39 +302,40 @@ def workload_from_marker(
             f"'{HF_PREFIX}<config folder, file or hub id>', or "
             "'package.module:function' naming your own builder"
         )
-    for name, what in (("generate", "function"), ("shard_unit", "Class"), ("tp_plan", "function")):
-        value = values[name]
-        if value is not None and not (isinstance(value, str) and _is_import_path(value)):
-            raise SettingError(
-                f"{where}: distperf({name}={value!r}) must be 'package.module:{what}'"
-            )
-    if values["precision"] not in PRECISIONS:
-        raise SettingError(
-            f"{where}: distperf(precision={values['precision']!r}) is not one of "
-            f"{', '.join(PRECISIONS)}"
-        )
-    for name in ("max_new_tokens", "prompt_length", "batch_size"):
-        value = values[name]
-        if not is_count(value) or value < 1:
-            raise SettingError(f"{where}: distperf({name}={value!r}) must be a positive integer")
-    if not (is_number(values["seed"]) and isinstance(values["seed"], int)):
-        raise SettingError(f"{where}: distperf(seed={values['seed']!r}) must be an integer")
-    slowdown = values["slowdown"]
-    if not is_number(slowdown) or not 0 <= slowdown < 1:
-        raise SettingError(f"{where}: distperf(slowdown={slowdown!r}) must be in [0, 1)")
-    delay = values["comm_delay"]
-    if not is_number(delay) or not 0 <= delay <= 1:
-        raise SettingError(
-            f"{where}: distperf(comm_delay={delay!r}) must be seconds in [0, 1] per message"
-        )
-    if values["compile"] not in (None, True, False):
-        raise SettingError(
-            f"{where}: distperf(compile={values['compile']!r}) must be True or False"
-        )
+    for name, valid, rule in _RULES:
+        if not valid(values[name]):
+            raise SettingError(f"{where}: distperf({name}={values[name]!r}) {rule}")
     values["seq_length"] = _mode_arguments(values, set(kwargs), where)
-    return Workload(**{**values, "slowdown": float(slowdown), "comm_delay": float(delay)})
+    values.update(slowdown=float(values["slowdown"]), comm_delay=float(values["comm_delay"]))
+    return Workload(**values)
 
 
+def _import_path_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, str) and _is_import_path(value))
+
+
+def _positive_count(value: object) -> bool:
+    return is_count(value) and value >= 1  # type: ignore[operator]
+
+
+# Marker arguments checked one by one: (name, whether a value is valid, what it must be).
+_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("generate", _import_path_or_none, "must be 'package.module:function'"),
+    ("shard_unit", _import_path_or_none, "must be 'package.module:Class'"),
+    ("tp_plan", _import_path_or_none, "must be 'package.module:function'"),
+    ("precision", lambda v: v in PRECISIONS, f"is not one of {', '.join(PRECISIONS)}"),
+    ("max_new_tokens", _positive_count, "must be a positive integer"),
+    ("prompt_length", _positive_count, "must be a positive integer"),
+    ("batch_size", _positive_count, "must be a positive integer"),
+    ("seed", lambda v: is_number(v) and isinstance(v, int), "must be an integer"),
+    ("slowdown", lambda v: is_number(v) and 0 <= v < 1, "must be in [0, 1)"),
+    (
+        "comm_delay",
+        lambda v: is_number(v) and 0 <= v <= 1,
+        "must be seconds in [0, 1] per message",
+    ),
+    ("compile", lambda v: v in (None, True, False), "must be True or False"),
+)
 # Marker arguments that only a generation uses: refused in train mode rather than ignored.
 _GENERATE_ONLY = ("max_new_tokens", "prompt_length", "generate")
 

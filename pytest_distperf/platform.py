@@ -1,6 +1,5 @@
-"""What differs between the device kinds ranks run on, one frozen record per kind, looked up by
-the accelerator's name once (`platform_of(spec.accelerator)`) rather than branched on where
-used. Pure: no torch."""
+"""What differs between the device kinds ranks run on: one record per kind, looked up once by
+the accelerator's name (`platform_of`) rather than branched on where used. Pure: no torch."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ PLATFORMS = {p.name: p for p in (CPU, CUDA)}
 
 
 def fsdp_runs(accelerator: str) -> str:
-    """What `fsdp` runs on `accelerator`; FSDP2 where no platform is known (a topology's
-    "unknown" devices in `distperf predict`)."""
+    """What `fsdp` runs on `accelerator`; FSDP2 where none is known (`distperf predict`)."""
     known = PLATFORMS.get(accelerator)
     return known.fsdp if known else "FSDP2"
 

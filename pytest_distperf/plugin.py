@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf import collection, markers, xdist
+from pytest_distperf import markers, xdist
 from pytest_distperf.fixture import DistperfRun
 from pytest_distperf.launch.early import process_started_at, start_first_pool
 from pytest_distperf.measured import RunResult
@@ -65,11 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"pytest-distperf: {error}") from None
     if job is not None and job.launcher == "srun":
         os.environ.update(job.environment())  # what env:// and Fabric read in every rank
-    plugin = DistperfPlugin(settings, slowdown, rootpath=config.rootpath, job=job)
-    if job is not None and job.rank == 0:
-        plugin.job_notice = notice_writer(config)
-    plugin.live_output = config.getoption("capture", None) == "no"
-    plugin.config = config
+    notice = notice_writer(config) if job is not None and job.rank == 0 else None
+    plugin = DistperfPlugin(settings, slowdown, config.rootpath, job, notice, config)
     config.pluginmanager.register(plugin, "distperf-session")
     if xdist.is_controller(config) or xdist.is_worker(config):
         config.pluginmanager.register(xdist.Relay(plugin), "distperf-xdist")
@@ -97,31 +94,28 @@ class DistperfPlugin:
     settings: Settings
     slowdown: float | None
     rootpath: Path = field(default_factory=Path.cwd)
-    records: list[Any] = field(default_factory=list)  # judge.record.JudgedRun, one per run
-    started_at: float = field(default_factory=process_started_at)  # pytest's start
-    # Calibrated once per rank count by the first run of that count, at the union of the
-    # message sizes of every selected test of that count: rank count -> MessageSizes.
-    calibration_sizes: dict[int, Any] = field(default_factory=dict)
-    calibrations: dict[int, Any] = field(default_factory=dict)  # rank count -> Calibration
-    # Builders' and training steps' sizes: calibrated by their first run's ranks (calibrations.py)
-    builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)
-    _gate: Any = field(default=None, repr=False)
     job: Any = None  # launch.job.LaunchedJob when pytest runs inside a torchrun/SLURM job
     job_notice: Any = None  # rank 0 of a job: says why the job stops if its test never returns
-    pools: Any = None  # launch.pool.Pools, made once collection has selected distperf tests
-    live_output: bool = False  # pytest -s: the ranks' output streams to the terminal
     config: Any = field(default=None, repr=False)  # pytest.Config
+    records: list[Any] = field(default_factory=list)  # judge.record.JudgedRun, one per run
+    started_at: float = field(default_factory=process_started_at)  # pytest's start
+    # Calibrated by the first run of each rank count at the union of its tests' message sizes.
+    calibration_sizes: dict[int, Any] = field(default_factory=dict)  # count -> MessageSizes
+    calibrations: dict[int, Any] = field(default_factory=dict)  # rank count -> Calibration
+    builders_calibrated: set[tuple[Any, ...]] = field(default_factory=set)  # calibrations.py
+    _gate: Any = field(default=None, repr=False)
+    pools: Any = None  # launch.pool.Pools, made once collection has selected distperf tests
     topology: Any = None  # the Topology an xdist worker's runs were held to (controller only)
     # Node ids of the session's tests, run or not: their baseline entries are no orphans.
     collected: set[str] = field(default_factory=set, repr=False)
     _orphans: tuple[Any, ...] | None = field(default=None, repr=False)  # (Orphans,) once found
 
+    _resolved: Resolved | None = field(default=None, repr=False)
+
     @property
     def writes_files(self) -> bool:
         """Only rank 0 of a launched job writes reports and baselines."""
         return self.job is None or self.job.rank == 0
-
-    _resolved: Resolved | None = field(default=None, repr=False)
 
     def resolve(self) -> Resolved:
         """Accelerator and device count for this session, counted without importing torch."""
@@ -201,8 +195,9 @@ class DistperfPlugin:
             from pytest_distperf.launch.pool import Pools
 
             self.pools = Pools()
-        live = sys.stdout if self.live_output else None
-        return self.pools.run(spec, live=live, progress=progress)
+        # pytest -s: the ranks' output streams to the terminal
+        live = self.config is not None and self.config.getoption("capture", None) == "no"
+        return self.pools.run(spec, live=sys.stdout if live else None, progress=progress)
 
     def rank_output(self) -> dict[int, str]:
         """Each rank's output during the last pooled run (for the report's sections)."""
@@ -221,13 +216,13 @@ class DistperfPlugin:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "distperf" in metafunc.fixturenames:
             resolved = self.resolve()
-            collection.parametrize(metafunc, resolved.accelerator, resolved.devices)
+            markers.parametrize(metafunc, resolved.accelerator, resolved.devices)
 
     @pytest.hookimpl
     def pytest_collection_modifyitems(
         self, config: pytest.Config, items: list[pytest.Item]
     ) -> None:
-        collection.prepare(config, items, self.resolve().devices)
+        markers.prepare(config, items, self.resolve().devices)
 
     @pytest.hookimpl
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
@@ -243,10 +238,10 @@ class DistperfPlugin:
         # After -k, -m and --lf have deselected: only the tests that will run are measured.
         if session.config.getoption("collectonly"):
             return
-        workloads = collection.workloads_by_count(session.items, self.resolve().devices)
+        workloads = markers.workloads_by_count(session.items, self.resolve().devices)
         if not workloads:
             return
-        first = min(workloads)  # the items run by rank count (collection.prepare)
+        first = min(workloads)  # the items run by rank count (markers.prepare)
         if not self.settings.topology:  # a bad topology file is a usage error before any rank
             start_first_pool(self, session.config, first)
         from pytest_distperf.judge.gate import session_message_sizes
@@ -346,26 +341,21 @@ class DistperfPlugin:
         }
         shown = [record for record in self.records if record.run.test_id in outcomes]
         if shown:
-            self._write_results(terminalreporter, shown, outcomes)
+            terminalreporter.write_sep("-", "distperf results")
+            if self.topology_of_gate() is not None:
+                from pytest_distperf.header import topology_line
+
+                terminalreporter.write_line(topology_line(self.topology_of_gate()))
+            from pytest_distperf.output.report import result_lines
+
+            verbose = terminalreporter.config.option.verbose > 0
+            for line in result_lines(shown, outcomes, verbose):
+                terminalreporter.write_line(line)
         orphans = self.baseline_orphans() if self.writes_files else None
         if orphans is not None:
             terminalreporter.write_sep("-", "distperf baseline orphans", yellow=True)
             for line in orphans.lines():
                 terminalreporter.write_line(line)
-
-    def _write_results(
-        self, terminalreporter: Any, shown: list[Any], outcomes: dict[str, str]
-    ) -> None:
-        terminalreporter.write_sep("-", "distperf results")
-        if self.topology_of_gate() is not None:
-            from pytest_distperf.header import topology_line
-
-            terminalreporter.write_line(topology_line(self.topology_of_gate()))
-        from pytest_distperf.output.report import result_lines
-
-        verbose = terminalreporter.config.option.verbose > 0
-        for line in result_lines(shown, outcomes, verbose):
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture
@@ -385,7 +375,7 @@ def distperf(
     request: pytest.FixtureRequest, distperf_strategy: str, distperf_devices: int | None
 ) -> DistperfRun:
     """Runs the test's model in N ranks under its strategy: `result = distperf.run()`."""
-    collection.check_item(request.node, distperf_strategy)
+    markers.check_item(request.node, distperf_strategy)
     plugin: DistperfPlugin = request.config.pluginmanager.get_plugin("distperf-session")
     resolved = plugin.resolve()
     devices = distperf_devices or resolved.devices
@@ -400,7 +390,7 @@ def distperf(
             f"distperf: {devices} CUDA devices requested ({source}) "
             f"but {resolved.visible_gpus} visible"
         )
-    collection.check_supported(
+    markers.check_supported(
         request.node, distperf_strategy, resolved.accelerator, devices, bool(distperf_devices)
     )
     return DistperfRun(request.node, plugin, distperf_strategy, devices)

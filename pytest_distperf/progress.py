@@ -1,5 +1,5 @@
-"""A live progress line while a test's ranks run, from rank 0's texts: on a terminal shown after
-pytest's line and wiped before the outcome; else one line per text under `-v`, none otherwise."""
+"""A live progress line from rank 0's texts while a test's ranks run: on a terminal after pytest's
+line, wiped before the outcome; else one line per text under `-v`, none otherwise."""
 
 from __future__ import annotations
 

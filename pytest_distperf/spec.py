@@ -1,5 +1,5 @@
-"""What a test asks the ranks to run: the workload and the run's spec (pytest_distperf/measured.py
-holds what the ranks measured). Plain frozen dataclasses (picklable, no torch)."""
+"""What a test asks the ranks to run: the workload and the run's spec (measured.py holds what
+they measured). Plain frozen dataclasses (picklable, no torch)."""
 
 from __future__ import annotations
 
@@ -9,22 +9,18 @@ from typing import Any
 
 from pytest_distperf.platform import Platform, platform_of
 
-# Bytes per stored parameter of each precision a workload may ask for; "bf16-mixed" (training
-# only) keeps float32 weights and computes in bfloat16 under autocast.
+# Bytes per stored parameter; "bf16-mixed" (training only) keeps float32 weights under autocast.
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-mixed": 4}
 PRECISIONS = tuple(PRECISION_BYTES)
-# Bytes per element FSDP moves in a training step: under bf16-mixed it gathers and reduces in
-# bfloat16 (Fabric's FSDP precision plugin); otherwise in the weights' own precision.
+# Bytes per element FSDP moves in a training step (bf16-mixed: in bfloat16, Fabric's plugin).
 COMM_BYTES = {**PRECISION_BYTES, "bf16-mixed": 2}
 MODES = ("generate", "train")
 TRAIN_ONLY_PRECISIONS = ("bf16-mixed",)
-# Tokens per training sequence when the marker names none.
-DEFAULT_SEQ_LENGTH = 128
+DEFAULT_SEQ_LENGTH = 128  # tokens per training sequence when the marker names none
 # `distperf(model="litgpt:pythia-14m")`: LitGPT's own GPT for that config name (the litgpt extra).
 LITGPT_PREFIX = "litgpt:"
 LITGPT_EXTRA = "pip install 'pytest-distperf[litgpt]'"
-# `distperf(model="hf:configs/llama")`: a `transformers` causal LM from its config (the hf extra):
-# a folder holding config.json, the file itself, or a hub id in the local Hugging Face cache.
+# `distperf(model="hf:configs/llama")`: a `transformers` causal LM from its config (the hf extra).
 HF_PREFIX = "hf:"
 HF_EXTRA = "pip install 'pytest-distperf[hf]'"
 
@@ -43,18 +39,15 @@ class Workload:
     batch_size: int = 1
     precision: str = "fp32"
     seed: int = 1234
-    # Fraction by which to slow every timed generation, for proving that verdicts can fail.
-    # 0 unless asked for; see docs/gates.md, "Proving a gate can fail".
+    # Fraction by which to slow every timed generation, proving verdicts can fail (docs/gates.md).
     slowdown: float = 0.0
     generate: str | None = None
     shard_unit: str | None = None
     tp_plan: str | None = None
-    # Seconds added to every all-reduce (tp) and send (pipeline) the strategy issues: proves
-    # that a communication-only slow-down fails the threshold; 0 unless asked for.
+    # Seconds added to every all-reduce (tp) and send (pipeline): a communication-only slow-down.
     comm_delay: float = 0.0
     compile: bool | None = None  # compile the decode step; None: --distperf-compile decides
-    # "generate": time generations (prefill + decode); "train": time optimizer steps, each on
-    # batch_size sequences of seq_length tokens per data-parallel rank (docs/training.md).
+    # "train": optimizer steps on batch_size x seq_length tokens per rank (docs/training.md).
     mode: str = "generate"
     seq_length: int | None = None  # train mode's tokens per sequence; None in generate mode
 
@@ -64,8 +57,7 @@ class Workload:
 
     @property
     def model_source(self) -> str:
-        """Where the model comes from: "preset", "litgpt" (a LitGPT config name), "hf" (a
-        `transformers` config) or "builder" (a user's function)."""
+        """Where the model comes from: "preset", "litgpt", "hf" or "builder" (a user's function)."""
         if self.model.startswith(LITGPT_PREFIX):
             return "litgpt"
         if self.model.startswith(HF_PREFIX):
@@ -74,8 +66,7 @@ class Workload:
 
     @property
     def is_custom_builder(self) -> bool:
-        """`model` names a user's builder or a `transformers` config: its size and shape are
-        measured once a rank builds it (a preset's or a LitGPT name's come from its config)."""
+        """A builder's or `transformers` model's shape is measured once a rank builds it."""
         return self.model_source in ("builder", "hf")
 
     def params(self) -> dict[str, Any]:
@@ -102,14 +93,11 @@ class RunSpec:
     numa_binding: str | None = None  # torch.numa.binding.AffinityMode value; None: no binding
     compile: bool = False  # compile the decode step (ranks/compiled.py)
     sys_path: tuple[str, ...] = ()  # the pytest process's: what a test imports, its ranks can
-    # Calibrate at the message sizes of the model this rank builds (a builder's, known only then).
     calibrate_model: bool = False
     count_work: bool = True  # one more generation, its work counted (ranks/counting.py)
-    # The bare model beside every repeat although the strategy does not change what runs
-    # (StrategyRecord.measures_relative_speed): --distperf-relative-speed or the marker's.
+    # The bare model beside every repeat of a replicated strategy too (--distperf-relative-speed).
     relative_speed: bool = False
-    # The test file's folder: a relative `hf:<config>` is found from there, as the user wrote it.
-    test_dir: str = ""
+    test_dir: str = ""  # the test file's folder: a relative `hf:<config>` starts there
 
     @property
     def platform(self) -> Platform:
@@ -117,5 +105,4 @@ class RunSpec:
 
     @property
     def model_source(self) -> str:
-        """The workload's `model_source`: what the results record of where the model came from."""
         return self.workload.model_source

@@ -11,25 +11,14 @@ from typing import Any
 
 from pytest_distperf.jsonfields import NULL, NUMBER, get_field, json_object
 
-#: Short names for the table cell; other kinds print under their own name.
-KIND_ABBREVIATIONS: Mapping[str, str] = MappingProxyType(
-    {
-        "all_gather": "AG",
-        "reduce_scatter": "RS",
-        "all_reduce": "AR",
-        "broadcast": "BC",
-        "send": "S",
-        "recv": "R",
-        "all_to_all": "A2A",
-    }
-)
-_KIND_ORDER = tuple(KIND_ABBREVIATIONS)
+# Short names for the table cell, in the cell's order; other kinds print under their own name.
+_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "send", "recv", "all_to_all")
+KIND_ABBREVIATIONS = dict(zip(_KINDS, ("AG", "RS", "AR", "BC", "S", "R", "A2A"), strict=True))
 PHASES = ("decode", "prefill", "step")
 # How each phase's figures read in a message: decode is per token, prefill per generation.
 _PER = {"decode": "per token", "prefill": "per prefill", "step": "per step"}
-_PHASE_FIELDS = frozenset({"collectives", "ops", "flops", "kernels", "syncs"})
-_WORK_FIELDS = frozenset({*PHASES, "graph_breaks", "recompiles"})
-_COUNT_FIELDS = frozenset({"calls", "bytes"})
+_PHASE_SCALARS = ("ops", "flops", "kernels")
+_SCALAR_WORDS = {"flops": "FLOPs", "graph_breaks": "graph breaks"}  # the others: their name
 
 
 @dataclass(frozen=True)
@@ -44,10 +33,8 @@ class CollectiveCount:
 
     @classmethod
     def from_json(cls, data: object, where: str) -> CollectiveCount:
-        obj = _object(data, where, _COUNT_FIELDS)
-        return cls(
-            calls=_non_negative(obj, "calls", where), bytes=_non_negative(obj, "bytes", where)
-        )
+        obj = _object(data, where, {"calls", "bytes"})
+        return cls(_non_negative(obj, "calls", where), _non_negative(obj, "bytes", where))
 
 
 @dataclass(frozen=True)
@@ -62,7 +49,7 @@ class PhaseWork:
     syncs: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
-        # A read-only, key-sorted copy: equal work compares equal and prints in one order.
+        # Read-only, key-sorted copies: equal work compares equal and prints in one order.
         frozen = MappingProxyType(dict(sorted(self.collectives.items())))
         object.__setattr__(self, "collectives", frozen)
         if self.syncs is not None:
@@ -79,7 +66,6 @@ class PhaseWork:
 
     @property
     def total_syncs(self) -> float | None:
-        """All host-device syncs of the phase; None where they were not counted."""
         return None if self.syncs is None else sum(self.syncs.values())
 
     def to_json(self) -> dict[str, Any]:
@@ -95,7 +81,7 @@ class PhaseWork:
 
     @classmethod
     def from_json(cls, data: object, where: str) -> PhaseWork:
-        obj = _object(data, where, _PHASE_FIELDS)
+        obj = _object(data, where, {"collectives", "ops", "flops", "kernels", "syncs"})
         raw = json_object(get_field(obj, "collectives", Mapping, where), f"{where}.collectives")
         collectives = {}
         for kind, count in raw.items():
@@ -103,8 +89,6 @@ class PhaseWork:
                 raise ValueError(f"{where}.collectives: kind must be a non-empty string")
             collectives[kind] = CollectiveCount.from_json(count, f"{where}.collectives.{kind}")
         kernels = get_field(obj, "kernels", (*NUMBER, NULL), where, optional=True)
-        if kernels is not None:
-            kernels = _non_negative(obj, "kernels", where)
         syncs = None
         if "syncs" in obj:
             raw_syncs = json_object(get_field(obj, "syncs", Mapping, where), f"{where}.syncs")
@@ -113,7 +97,7 @@ class PhaseWork:
             collectives=collectives,
             ops=_non_negative(obj, "ops", where),
             flops=_non_negative(obj, "flops", where),
-            kernels=kernels,
+            kernels=None if kernels is None else _non_negative(obj, "kernels", where),
             syncs=syncs,
         )
 
@@ -152,18 +136,21 @@ class Work:
     @classmethod
     def from_json(cls, data: object, where: str) -> Work:
         """Read `to_json`'s form back; a ValueError names `where` and the bad field."""
-        obj = _object(data, where, _WORK_FIELDS)
+        obj = _object(data, where, {*PHASES, "graph_breaks", "recompiles"})
         names = ("step",) if "step" in obj else ("decode", "prefill")  # training's, or not
         phases = {
             name: PhaseWork.from_json(get_field(obj, name, Mapping, where), f"{where}.{name}")
             for name in names
         }
+        counts = {}
+        for name in ("graph_breaks", "recompiles"):
+            counts[name] = get_field(obj, name, int, where, optional=True)
+            if counts[name] is not None and counts[name] < 0:
+                raise ValueError(
+                    f"{where}: field {name!r} must be an integer >= 0, got {counts[name]!r}"
+                )
         try:
-            return cls(
-                **phases,
-                graph_breaks=_optional_count(obj, "graph_breaks", where),
-                recompiles=_optional_count(obj, "recompiles", where),
-            )
+            return cls(**phases, **counts)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
 
@@ -183,26 +170,22 @@ def busiest(works: Sequence[Work]) -> Work:
 
 
 def _busiest_phase(phases: Sequence[PhaseWork]) -> PhaseWork:
-    kinds = sorted({kind for p in phases for kind in p.collectives})
     zero = CollectiveCount(0, 0)
     collectives = {
         kind: CollectiveCount(
             calls=max(p.collectives.get(kind, zero).calls for p in phases),
             bytes=max(p.collectives.get(kind, zero).bytes for p in phases),
         )
-        for kind in kinds
+        for kind in sorted({kind for p in phases for kind in p.collectives})
     }
     counted = [p.syncs for p in phases if p.syncs is not None]
-    syncs = None
-    if counted:
-        kinds = sorted({kind for s in counted for kind in s})
-        syncs = {kind: max(s.get(kind, 0) for s in counted) for kind in kinds}
+    kinds = sorted({kind for syncs in counted for kind in syncs})
     return PhaseWork(
         collectives=collectives,
         ops=max(p.ops for p in phases),
         flops=max(p.flops for p in phases),
         kernels=_max_known([p.kernels for p in phases]),
-        syncs=syncs,
+        syncs={kind: max(s.get(kind, 0) for s in counted) for kind in kinds} if counted else None,
     )
 
 
@@ -212,8 +195,6 @@ class WorkChange:
 
     phase: str  # "decode", "prefill", "step", or "" for graph breaks and recompiles
     figure: str  # "<kind> calls", "<kind> bytes", "ops", "flops", "kernels", ...
-    baseline: float
-    current: float
     more: bool  # more work, a new kind or more calls: fails; less: a stale baseline
     message: str
 
@@ -233,10 +214,6 @@ class WorkComparison:
     @property
     def less(self) -> tuple[WorkChange, ...]:  # less work: the baseline is stale
         return tuple(c for c in self.changes if not c.more)
-
-    @property
-    def equal(self) -> bool:
-        return not self.changes
 
     def message(self) -> str:
         """The changes, more work first, joined with "; "; "" when equal."""
@@ -259,8 +236,9 @@ def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkCompari
         changes.extend(_sync_changes(phase, before, after))
         changes.extend(_scalar_changes(phase, _PHASE_SCALARS, before, after, tolerance))
         if before.syncs is None and after.syncs is not None:
+            counted = ", ".join(f"{_number(n)} {k}" for k, n in after.syncs.items() if n)
             notes.append(
-                f"host syncs {_PER[phase]} ({_sync_text(after.syncs)}) not compared: the baseline "
+                f"host syncs {_PER[phase]} ({counted or 'none'}) not compared: the baseline "
                 "was recorded before they were counted; update it to gate them"
             )
     changes.extend(_scalar_changes("", ("graph_breaks", "recompiles"), baseline, current, 0.0))
@@ -276,13 +254,8 @@ def _sync_changes(phase: str, before: PhaseWork, after: PhaseWork) -> list[WorkC
         old, new = before.syncs.get(kind, 0), after.syncs.get(kind, 0)
         if old != new:
             message = f"host syncs {_PER[phase]}: {_number(old)} -> {_number(new)} ({kind})"
-            changes.append(WorkChange(phase, f"{kind} syncs", old, new, new > old, message))
+            changes.append(WorkChange(phase, f"{kind} syncs", new > old, message))
     return changes
-
-
-def _sync_text(syncs: Mapping[str, float]) -> str:
-    """``24 device synchronize, 1 stream synchronize``; ``none`` for no sync."""
-    return ", ".join(f"{_number(n)} {kind}" for kind, n in syncs.items() if n) or "none"
 
 
 def _collective_changes(
@@ -295,26 +268,22 @@ def _collective_changes(
         new = after.collectives.get(kind, zero)
         per = _PER[phase]
         if old.calls != new.calls:
-            delta = _signed_bytes(new.bytes - old.bytes)
-            message = f"{kind} {per}: {_number(old.calls)} -> {_number(new.calls)} calls ({delta})"
+            delta = new.bytes - old.bytes
+            signed = ("+" if delta >= 0 else "-") + format_bytes(abs(delta))
+            message = f"{kind} {per}: {_number(old.calls)} -> {_number(new.calls)} calls ({signed})"
             # More calls, or a kind the baseline never issued, fails whatever the bytes.
             more = new.calls > old.calls or _beyond(old.bytes, new.bytes, tolerance) > 0
-            figure, was, now = f"{kind} calls", old.calls, new.calls
+            figure = f"{kind} calls"
         elif _beyond(old.bytes, new.bytes, tolerance):
             message = (
                 f"{kind} bytes {per}: {format_bytes(old.bytes)} -> {format_bytes(new.bytes)}"
                 f" ({_signed_percent(old.bytes, new.bytes)})"
             )
-            more = new.bytes > old.bytes
-            figure, was, now = f"{kind} bytes", old.bytes, new.bytes
+            more, figure = new.bytes > old.bytes, f"{kind} bytes"
         else:
             continue
-        changes.append(WorkChange(phase, figure, was, now, more, message))
+        changes.append(WorkChange(phase, figure, more, message))
     return changes
-
-
-_PHASE_SCALARS = ("ops", "flops", "kernels")
-_SCALAR_WORDS = {"flops": "FLOPs", "graph_breaks": "graph breaks"}  # the others: their name
 
 
 def _scalar_changes(
@@ -334,7 +303,7 @@ def _scalar_changes(
             message = f"{words} {_PER[phase]}: {change}"
         else:
             message = f"{words}: {_number(old)} -> {_number(new)}"
-        changes.append(WorkChange(phase, figure, old, new, new > old, message))
+        changes.append(WorkChange(phase, figure, new > old, message))
     return changes
 
 
@@ -372,13 +341,9 @@ def format_bytes(n: float) -> str:
         return f"{_number(value)} B"
     for unit in ("kB", "MB", "GB", "TB"):
         value /= 1000
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.3g} {unit}" if abs(value) < 1000 else f"{value:.0f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def _signed_bytes(delta: float) -> str:
-    return ("+" if delta >= 0 else "-") + format_bytes(abs(delta))
+        if abs(value) < 1000:
+            return f"{value:.3g} {unit}"
+    return f"{value:.0f} TB"
 
 
 def _signed_percent(old: float, new: float) -> str:
@@ -407,8 +372,7 @@ def _number(value: float) -> str:
 def _ordered(kinds: Iterable[str]) -> list[str]:
     """Known kinds in a fixed order (all_gather first), then the others by name."""
     kinds = set(kinds)
-    known = [k for k in _KIND_ORDER if k in kinds]
-    return known + sorted(k for k in kinds if k not in KIND_ABBREVIATIONS)
+    return [k for k in KIND_ABBREVIATIONS if k in kinds] + sorted(kinds - set(KIND_ABBREVIATIONS))
 
 
 def _whole(value: float) -> float:
@@ -420,7 +384,7 @@ def _max_known(values: Sequence[Any]) -> Any:
     return max(known) if known else None
 
 
-def _object(data: object, where: str, fields: frozenset[str]) -> Mapping[str, Any]:
+def _object(data: object, where: str, fields: set[str]) -> Mapping[str, Any]:
     obj = json_object(data, where)
     unknown = sorted(str(k) for k in obj.keys() - fields)
     if unknown:
@@ -432,11 +396,4 @@ def _non_negative(obj: Mapping[str, Any], name: str, where: str) -> float:
     value = get_field(obj, name, NUMBER, where)
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{where}: field {name!r} must be a finite number >= 0, got {value!r}")
-    return value
-
-
-def _optional_count(obj: Mapping[str, Any], name: str, where: str) -> int | None:
-    value = get_field(obj, name, int, where, optional=True)
-    if value is not None and value < 0:
-        raise ValueError(f"{where}: field {name!r} must be an integer >= 0, got {value!r}")
     return value

@@ -18,14 +18,17 @@ from typing import Any
 
 import pytest
 
-from pytest_distperf.items import is_distperf
-
 SCOPE = "<distperf ranks>"  # the scheduling scope of every distperf test; no node id looks so
 REPORT_KEY = "distperf_payload"  # the test report attribute the payload travels in
 MODE_KEY = "distperf_dist"  # the controller's --dist mode, in each worker's workerinput
 IDS_KEY = "distperf_ids_dir"  # where workers name their distperf items, in workerinput
 UNGROUPED_MODES = ("each", "worksteal")
 RECORDS = pytest.StashKey[list[Any]]()  # an item's judged runs not yet sent with a report
+ARGNAMES = ("distperf_strategy", "distperf_devices")  # markers.parametrize gives them
+
+
+def is_distperf(item: pytest.Item) -> bool:
+    return ARGNAMES[0] in getattr(getattr(item, "callspec", None), "params", {})
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,7 @@ def refusal(config: pytest.Config) -> str | None:
 
 
 def plain_nodeid(nodeid: str) -> str:
-    """The node id without the `@group` that xdist's loadgroup appends on pytest before 9.2:
-    baselines and reports key on this."""
+    """The node id without the `@group` xdist's loadgroup appends before pytest 9.2."""
     at = nodeid.rfind("@")
     if at > nodeid.rfind("]") and at > nodeid.rfind("::"):
         return nodeid[:at]
@@ -98,8 +100,7 @@ def detach(report: pytest.TestReport) -> Payload | str | None:
 
 
 def _dumps(payload: Payload) -> bytes:
-    # Frozen dataclasses travel as they are (as RunSpec and RankResult do through the pool's
-    # pipes); read-only mappings inside them are rebuilt on the other side.
+    # Frozen dataclasses travel as they are; read-only mappings in them are rebuilt there.
     buffer = io.BytesIO()
     pickler = pickle.Pickler(buffer)
     pickler.dispatch_table = {
@@ -111,7 +112,7 @@ def _dumps(payload: Payload) -> bytes:
 
 
 def read_only(mapping: dict[Any, Any]) -> MappingProxyType[Any, Any]:
-    return MappingProxyType(mapping)
+    return MappingProxyType(mapping)  # a function pickle can name (mappingproxy it cannot)
 
 
 def scheduler(config: pytest.Config, log: Any, ids_dir: Path) -> Any:
@@ -161,8 +162,7 @@ def read_ids(directory: Path) -> frozenset[str]:
 
 
 class Relay:
-    """The hooks that keep distperf tests on one worker and carry their runs to the controller;
-    registered only under xdist. `plugin` is the session's DistperfPlugin."""
+    """Under xdist: keeps distperf tests on one worker, carries their runs to the controller."""
 
     def __init__(self, plugin: Any) -> None:
         self.plugin = plugin
