@@ -1,7 +1,5 @@
-"""Checks on what the counted generation saw: the work gate (counts do not move between
-unchanged runs: calls and collective kinds exact, the rest within a small tolerance) and the
-device time per token. Both gate from the first recorded run. Pure: no I/O, no pytest.
-"""
+"""Checks on what the counted generation saw, both from the first recorded run: the work
+(counts do not move between unchanged runs) and the device time per token. Pure."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ from pytest_distperf.judge.checks import (
     DeviceTimeFigures,
     GateSettings,
     WorkFigures,
+    comparison_status,
     skipped_check,
 )
 from pytest_distperf.judge.stats import Verdict
@@ -68,9 +67,8 @@ def work_check(
 def device_time_check(
     entry: BaselineEntry | None, device_time_s: float | None, settings: GateSettings
 ) -> Check:
-    """Kernel time per decode token against the recorded runs' median, from the first recorded
-    run: it barely moves with the host. Tolerance: max(floor, SAFETY x the largest rise of any
-    recorded run above their median) once RUNS_TO_SETTLE are recorded, the floor before."""
+    """Kernel time per decode token against the recorded runs' median: max(floor, SAFETY x the
+    largest rise of any recorded run) once RUNS_TO_SETTLE are recorded, the floor before."""
     if device_time_s is None:
         return skipped_check("device_time", "no device time per token (CPU ranks, or not counted)")
     history = () if entry is None else entry.device_time_run_medians
@@ -87,11 +85,7 @@ def device_time_check(
     verdict: Verdict = "ok"
     if abs(change) > tolerance:
         verdict = "regression" if change > 0 else "improvement"
-    status = {
-        "ok": CheckStatus.OK,
-        "regression": CheckStatus.FAIL,
-        "improvement": CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN,
-    }[verdict]
+    status = comparison_status(verdict, settings)
     headline = {
         "ok": "device time per token within tolerance",
         "regression": "device time per token grew",

@@ -1,10 +1,7 @@
 """The timed checks against the recorded runs: the throughput ("baseline") and the speed
-relative to the bare model. Each fails only beyond the drift its own recorded runs have shown
-(judge/tolerance.py); until a baseline has enough of them only a gross drop fails, and the
-check says the baseline is provisional. Measured outside evidence that explains a failure makes
-it a "machine busy" warning (judge/busy.py), computed here; a rise of the ranks' own waits fails
-a slower run (judge/waits.py). Pure: no I/O, no pytest.
-"""
+relative to the bare model, each by the tolerance rule (judge/tolerance.py); outside evidence
+that explains a failure makes it a "machine busy" warning and a rise of the ranks' own waits
+fails a slower run (judge/busy.py). Pure: no I/O, no pytest."""
 
 from __future__ import annotations
 
@@ -13,30 +10,33 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytest_distperf.judge.busy import busy_evidence, cpu_change, unexplained, weigh
+from pytest_distperf.judge.busy import (
+    busy_evidence,
+    cpu_change,
+    unexplained,
+    wait_figures,
+    waits_rose,
+    waits_words,
+    weigh,
+)
 from pytest_distperf.judge.checks import (
-    MACHINE_BUSY,
-    PROVISIONAL,
     BaselineFigures,
     BaselineVerdict,
     Check,
-    CheckName,
     CheckStatus,
     DetectableFigures,
     GateSettings,
     RelativeSpeedFigures,
     comparison_status,
 )
-from pytest_distperf.judge.stats import Comparison, at_level, compare
+from pytest_distperf.judge.stats import Comparison, at_level, compare, detectable_drop
 from pytest_distperf.judge.tolerance import (
     GROSS_DROP,
     RUNS_TO_SETTLE,
     THROUGHPUT_FLOOR,
     Tolerance,
-    detectable_drop,
     run_tolerance,
 )
-from pytest_distperf.judge.waits import wait_figures, waits_rose, waits_words
 from pytest_distperf.measured import RunResult, off_cpu_shares
 from pytest_distperf.store.entry import BaselineEntry
 
@@ -51,12 +51,12 @@ class Outcome:
 def outcome(
     comparison: Comparison, tolerance: Tolerance, settings: GateSettings, excuse: str
 ) -> Outcome:
-    """One status from the comparison: a failure the busy evidence explains (`excuse`) warns;
-    a provisional baseline's change within its gross margin is a note within the host drift of
-    this machine class and a warning beyond it."""
-    status = comparison_status(comparison, settings)
+    """One status from the comparison: a regression the busy evidence explains (`excuse`)
+    warns; a provisional baseline's change within the gross margin is a note within this
+    machine class's host drift and a warning beyond it."""
+    status = comparison_status(comparison.verdict, settings)
     if status is CheckStatus.FAIL and comparison.verdict == "regression" and excuse:
-        return Outcome(CheckStatus.WARN, MACHINE_BUSY, f"machine busy, not failed: {excuse}")
+        return Outcome(CheckStatus.WARN, "machine busy", f"machine busy, not failed: {excuse}")
     if not tolerance.provisional or comparison.verdict != "ok":
         return Outcome(status, comparison.verdict, "")
     runs = f"{tolerance.runs} of {RUNS_TO_SETTLE} recorded runs"
@@ -66,13 +66,31 @@ def outcome(
             f"provisional baseline ({runs}): only a drop beyond {GROSS_DROP:.0%} fails until "
             f"then; {needs}"
         )
-        return Outcome(CheckStatus.NOTE, PROVISIONAL, words)
+        return Outcome(CheckStatus.NOTE, "provisional", words)
     words = (
         f"provisional baseline ({runs}): a drop beyond this machine class's host drift "
         f"({tolerance.drift:.0%}) but within the gross margin ({GROSS_DROP:.0%}); {needs} to "
         "judge it against the drift they show"
     )
-    return Outcome(CheckStatus.WARN, PROVISIONAL, words)
+    return Outcome(CheckStatus.WARN, "provisional", words)
+
+
+def _compared(
+    samples: Sequence[float],
+    recorded: Sequence[float],
+    history: Sequence[float],
+    tolerance: Tolerance,
+    settings: GateSettings,
+    **words: str,
+) -> Comparison:
+    return compare(
+        at_level(recorded, history),
+        samples,
+        tolerance=tolerance.fails,
+        alpha=settings.alpha,
+        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
+        **words,
+    )
 
 
 def baseline_check(
@@ -100,13 +118,7 @@ def baseline_check(
     floor = settings.tolerance_floor
     floor = THROUGHPUT_FLOOR.get(accelerator, THROUGHPUT_FLOOR["cpu"]) if floor is None else floor
     tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
-    comparison = compare(
-        at_level(entry.samples, history),
-        samples,
-        tolerance=tolerance.fails,
-        alpha=settings.alpha,
-        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
-    )
+    comparison = _compared(samples, entry.samples, history, tolerance, settings)
     evidence = busy_evidence(entry, result)
     level, rate = comparison.baseline_median, comparison.current_median
     cpu = cpu_change(entry, result, evidence.core_slowdown)
@@ -122,7 +134,6 @@ def baseline_check(
         lines.insert(0, waits_words(waits))
     elif status is CheckStatus.FAIL:
         lines.append(unexplained(busy))
-    weighed = comparison.verdict == "regression"
     figures = BaselineFigures(
         baseline_tokens_per_sec=level,
         change=comparison.change,
@@ -134,7 +145,7 @@ def baseline_check(
         recorded_at=entry.recorded_at,
         commit=entry.commit,
         runs_needed=tolerance.runs_needed,
-        busy=busy if weighed else None,
+        busy=busy if comparison.verdict == "regression" else None,
         waits=waits,
     )
     return Check("baseline", status, "\n".join(lines), figures)
@@ -146,24 +157,24 @@ def relative_speed_check(
     """The bare model's time over the wrapped one's, against the recorded runs', by the
     throughput's rule: the host's speed moves both, so what moves it is the strategy's own. A
     failure that each generation's wait for a core, taken out, explains is a busy machine."""
-    name: CheckName = "relative_speed"
     samples = result.relative_speed_samples
     if not samples:
-        return Check(name, CheckStatus.SKIP, "no bare model was timed beside this run")
+        return Check("relative_speed", CheckStatus.SKIP, "no bare model was timed beside this run")
     if entry is None or not entry.relative_samples:
-        return Check(name, CheckStatus.NOTE, "no baseline of the speed relative to the bare model")
+        message = "no baseline of the speed relative to the bare model"
+        return Check("relative_speed", CheckStatus.NOTE, message)
     history = entry.relative_run_medians or (statistics.median(entry.relative_samples),)
     tolerance = run_tolerance(
         history, settings.relative_tolerance_floor, result.spec.accelerator, settings.tolerance
     )
-    comparison = compare(
-        at_level(entry.relative_samples, history),
+    comparison = _compared(
         samples,
-        tolerance=tolerance.fails,
-        alpha=settings.alpha,
+        entry.relative_samples,
+        history,
+        tolerance,
+        settings,
         unit="x bare",
         subject="relative speed",
-        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
     )
     excuse = ""
     unqueued = result.relative_speed_unqueued_samples
@@ -191,7 +202,7 @@ def relative_speed_check(
         f"{comparison.message()} (the bare model, no wrapper and no collectives, timed beside "
         "each repeat: the host's own speed cancels out)"
     )
-    return Check(name, judged.status, "\n".join(lines), figures)
+    return Check("relative_speed", judged.status, "\n".join(lines), figures)
 
 
 def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:

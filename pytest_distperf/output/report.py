@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.store.files import atomic_write_text
+from pytest_distperf.store.store import atomic_write_text
 from pytest_distperf.work import Work, work_cell
 
 REPORT_SCHEMA = 1
