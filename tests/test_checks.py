@@ -378,7 +378,7 @@ def test_the_gate_decides_each_check_on_its_own(tmp_path) -> None:
     store = BaselineStore(tmp_path)
     recording = Gate(probe("cpu", 2), store, update=True)
     decision = recording.decide(_run(), SETTINGS, None)
-    assert decision.work.status == SKIP and recording.record(_run(), decision, None)
+    assert decision.work.status == SKIP and recording.record(_run(), decision)
     gate = Gate(probe("cpu", 2), store)
     [(_, entry)] = store.load(gate.topology_key).items()
     more = _work(extra={"all_reduce": CollectiveCount(12, 768)})
