@@ -1,7 +1,6 @@
-"""A baseline entry: the stored measurement of one test on one topology, its schema and its
-validation. Pure: no I/O (store.py reads and writes the files). An entry is checked whole when
-made, from samples or from a file, so that whatever the store writes it can read back; one a
-person edited into something else raises ValueError naming the first problem."""
+"""A baseline entry: one test's stored measurement on one topology, its schema and validation.
+Checked whole when made, from samples or a file, so the store can read back whatever it writes;
+a hand edit into something else raises ValueError naming the first problem. Pure."""
 
 from __future__ import annotations
 
@@ -48,24 +47,18 @@ MAD_TO_SIGMA = 1.4826
 class BaselineEntry:
     """The stored measurement of one test on one topology."""
 
-    #: Identity of the measurement: node id and workload (judge/gate.py builds it).
-    test_id: str
-    #: Tokens/sec of each repeat, in the order measured. The source of truth; the rest summarizes.
-    samples: tuple[float, ...]
+    test_id: str  # node id and workload (judge/gate.py builds it)
+    samples: tuple[float, ...]  # tokens/sec of each repeat: the rest summarizes them
     median: float
-    #: Robust relative spread, 1.4826 * MAD / median (a CV one wild repeat cannot inflate).
-    dispersion: float
-    #: Sample standard deviation in tokens/sec (0 for a single sample), for readers used to it.
-    stdev: float
+    dispersion: float  # 1.4826 * MAD / median: a CV one wild repeat cannot inflate
+    stdev: float  # tokens/sec, 0 for a single sample
     n: int
     peak_memory_bytes: int | None
-    #: ISO 8601 UTC time of the measurement.
-    recorded_at: str
+    recorded_at: str  # ISO 8601 UTC
     commit: str | None = None
     # Frozen into read-only views in __post_init__ and left out of the hash.
     versions: Mapping[str, str] = field(default_factory=dict, hash=False)
-    #: Free-form JSON data (e.g. the predicted rate).
-    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    extra: Mapping[str, Any] = field(default_factory=dict, hash=False)  # free-form JSON
     #: Medians of the last RUN_HISTORY runs recorded for this test on this topology, oldest
     #: first, this entry's own last: how much whole runs drift, which the repeats cannot show.
     run_medians: tuple[float, ...] = ()
@@ -87,10 +80,6 @@ class BaselineEntry:
     #: and when and at which commit (None: unknown) it was made.
     run_recorded_at: tuple[str, ...] = ()
     run_commits: tuple[str | None, ...] = ()
-
-    @property
-    def relative_median(self) -> float | None:
-        return statistics.median(self.relative_samples) if self.relative_samples else None
 
     def __post_init__(self) -> None:
         test_id = self.test_id  # an entry's key: a non-empty string of one line
@@ -127,10 +116,6 @@ class BaselineEntry:
             isinstance(k, str) and isinstance(v, str) for k, v in self.versions.items()
         ):
             raise ValueError(f"{test_id}: versions must map package names to version strings")
-        if not isinstance(self.extra, Mapping):
-            raise ValueError(f"{test_id}: extra must be a mapping")
-        if self.work is not None and not isinstance(self.work, Work):
-            raise ValueError(f"{test_id}: work must be a Work or None")
         try:
             # Rejects what save() could not write, and deep-copies the caller's dict.
             extra = json.loads(json.dumps(dict(self.extra), allow_nan=False))
@@ -183,8 +168,6 @@ class BaselineEntry:
         times = {"host_cpu_run_medians": host_cpu_per_token_s or None}
         times["device_time_run_medians"] = device_time_per_token_s or None
         waits = dict(waits or {})
-        if unknown := sorted(waits.keys() - set(_WAIT_FIELDS)):
-            raise ValueError(f"{test_id}: {unknown} are no waits of a baseline entry")
         return cls(
             test_id=test_id,
             samples=rounded,
@@ -212,18 +195,9 @@ class BaselineEntry:
 
     def following(self, previous: BaselineEntry) -> BaselineEntry:
         """This entry with `previous`'s run history before its own median (RUN_HISTORY kept)."""
-        earlier_relative = previous.relative_run_medians
-        if not earlier_relative and previous.relative_median is not None:
-            earlier_relative = (previous.relative_median,)
         histories = {name: getattr(previous, name) for name in ("run_medians", *_HISTORIES)}
-        histories.update({name: getattr(previous, name) for name in _RUN_RECORDS})
-        before = {
-            **histories,
-            "run_medians": previous.run_medians or (previous.median,),
-            "relative_run_medians": earlier_relative,
-            "run_recorded_at": previous.run_recorded_at or (previous.recorded_at,),
-            "run_commits": previous.run_commits or (previous.commit,),
-        }
+        histories |= {name: getattr(previous, name) for name in _RUN_RECORDS}
+        before = {**histories, "run_medians": previous.run_medians or (previous.median,)}
         if previous == replace(self, **histories):  # the same run saved again: no new run
             return replace(self, **before)
         # A run without a bare model (or host loop, ...) breaks that history: no spread across

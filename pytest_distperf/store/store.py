@@ -124,7 +124,9 @@ class BaselineStore:
                 if test_id in merged:
                     updates[test_id] = entry.following(merged[test_id])
             merged.update(updates)
-            text = _render(topology_key, old_topology if topology is None else dict(topology), merged)
+            text = _render(
+                topology_key, old_topology if topology is None else dict(topology), merged
+            )
             if raw != text.encode("utf-8"):
                 atomic_write_text(path, text)
         return path
