@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from pytest_distperf.judge.checks import BusyEvidence, BusyFigures, WaitFigures
+from pytest_distperf.judge.checks import BusyEvidence, WaitFigures
 from pytest_distperf.judge.tolerance import RUNS_TO_SETTLE, SAFETY, recorded_level
 from pytest_distperf.measured import RunResult
 from pytest_distperf.store.entry import BaselineEntry
@@ -64,30 +64,28 @@ def weigh(
     tolerance: float,
     evidence: BusyEvidence,
     cpu: float | None = None,
-) -> tuple[BusyFigures, str]:
-    """The lost time per token against the evidence: its figures, and the words naming each
+) -> tuple[float, str]:
+    """The share of the lost time per token the evidence explains, and the words naming each
     measure where the rate without them is back within `tolerance` ("" where it is not, or
-    where the rank's own CPU time per token rose beyond it)."""
+    where the rank's own CPU time per token, `cpu`, rose beyond it)."""
     wall_s, level_s = 1.0 / rate, 1.0 / level_rate
     core = evidence.core_slowdown or 1.0
     ran_s = (wall_s - evidence.outside_s) / core
     lost_s = max(wall_s - level_s, 1e-12)
     beyond = level_s / ran_s - 1.0 if ran_s > 0 else 0.0
     explained = min(max((wall_s - ran_s) / lost_s, 0.0), 1.0)
-    figures = BusyFigures(evidence, explained, beyond, cpu)
     said = _evidence_words(evidence, lost_s, wall_s)
     if not said or beyond < -tolerance or (cpu is not None and cpu > tolerance):
-        return figures, ""
-    return figures, f"{said}; without them {beyond:+.1%} (tolerance {tolerance:.1%})"
+        return explained, ""
+    return explained, f"{said}; without them {beyond:+.1%} (tolerance {tolerance:.1%})"
 
 
-def unexplained(figures: BusyFigures) -> str:
+def unexplained(evidence: BusyEvidence, explained: float, cpu: float | None) -> str:
     """What a failure says of the outside evidence that did not explain it."""
-    said = _evidence_words(figures.evidence, 1.0, 1.0, shares=False)
+    said = _evidence_words(evidence, 1.0, 1.0, shares=False)
     outside = "nothing beyond the baseline's"
     if said:
-        outside = f"{said}; together {figures.explained_share:.0%} of the lost time"
-    cpu = figures.cpu_change
+        outside = f"{said}; together {explained:.0%} of the lost time"
     own = "" if cpu is None else f"; its own CPU time per token {cpu:+.1%} on that core"
     return f"measured outside the rank: {outside}{own}"
 

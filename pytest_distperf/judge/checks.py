@@ -68,17 +68,6 @@ class BusyEvidence:
 
 
 @dataclass(frozen=True)
-class BusyFigures:
-    """Where a drop beyond the tolerance was weighed against the evidence."""
-
-    evidence: BusyEvidence
-    explained_share: float  # of the lost time, what the evidence accounts for
-    change_beyond_evidence: float  # the rate's change with it taken out
-    # CPU time per token over the recorded runs', over the core's slowdown (None: unknown)
-    cpu_change: float | None = None
-
-
-@dataclass(frozen=True)
 class WaitFigures:
     """The ranks' own waits (judge/busy.py): shares of the wall time of a repeat."""
 
@@ -101,7 +90,6 @@ class BaselineFigures:
     recorded_at: str
     commit: str | None
     runs_needed: int = 0  # recorded runs still missing before the tolerance is the runs' own
-    busy: BusyFigures | None = None  # where a drop was weighed against the busy evidence
     waits: WaitFigures | None = None  # where both sides measured the ranks' own waits
 
 
@@ -123,13 +111,6 @@ class RelativeSpeedFigures:
 
 
 @dataclass(frozen=True)
-class WorkFigures:
-    tolerance: float  # of bytes, ops, FLOPs and kernels; kinds and calls are exact
-    more: tuple[str, ...]  # more work, a new collective kind or more calls: each fails
-    less: tuple[str, ...]  # less work: a stale baseline
-
-
-@dataclass(frozen=True)
 class DeviceTimeFigures:
     baseline_s: float
     change: float  # of time: positive when slower
@@ -142,7 +123,6 @@ Figures = (
     | BaselineFigures
     | DetectableFigures
     | RelativeSpeedFigures
-    | WorkFigures
     | DeviceTimeFigures
 )
 

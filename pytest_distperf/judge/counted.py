@@ -10,7 +10,6 @@ from pytest_distperf.judge.checks import (
     CheckStatus,
     DeviceTimeFigures,
     GateSettings,
-    WorkFigures,
     comparison_status,
     skipped_check,
 )
@@ -37,11 +36,6 @@ def work_check(
         )
     tolerance = settings.work_tolerance
     comparison = compare_work(entry.work, work, tolerance)
-    figures = WorkFigures(
-        tolerance=tolerance,
-        more=tuple(c.message for c in comparison.more),
-        less=tuple(c.message for c in comparison.less),
-    )
     rule = (
         f"(collective kinds and calls exact; bytes, ops, FLOPs and kernels within "
         f"{tolerance:.1%}; host syncs exact)"
@@ -52,16 +46,16 @@ def work_check(
         rule += "; " + "; ".join(comparison.notes)
     if comparison.more:
         message = f"the counted work changed: {comparison.message()} {rule}"
-        return Check("work", CheckStatus.FAIL, message, figures)
+        return Check("work", CheckStatus.FAIL, message)
     if comparison.less:
         status = CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN
         message = (
             f"less work than the baseline counted; the baseline looks stale, update it: "
             f"{comparison.message()} {rule}"
         )
-        return Check("work", status, message, figures)
+        return Check("work", status, message)
     message = f"the same work as the baseline: collectives per token {work_cell(work)} {rule}"
-    return Check("work", CheckStatus.OK, message, figures)
+    return Check("work", CheckStatus.OK, message)
 
 
 def device_time_check(

@@ -99,7 +99,7 @@ def _figure_keys(figures: Figures | None) -> dict[str, Any]:
         keys = {"runs_needed": "baseline_runs_needed", "verdict": "baseline_verdict"}
         keys |= {"recorded_at": "baseline_recorded_at", "commit": "baseline_commit"}
         row = {keys.get(f.name, f.name): getattr(figures, f.name) for f in fields(figures)}
-        del row["busy"], row["waits"]
+        del row["waits"]
         return row | ({} if figures.waits is None else {"off_cpu_share_change": figures.waits.rise})
     if isinstance(figures, RelativeSpeedFigures):
         return {f"relative_speed_{name}": value for name, value in asdict(figures).items()}

@@ -122,7 +122,7 @@ def baseline_check(
     evidence = busy_evidence(entry, result)
     level, rate = comparison.baseline_median, comparison.current_median
     cpu = cpu_change(entry, result, evidence.core_slowdown)
-    busy, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
+    explained, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
     shares = off_cpu_shares([r.samples for r in result.ranks])
     waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
     judged = outcome(comparison, tolerance, settings, excuse)
@@ -133,7 +133,7 @@ def baseline_check(
         status, verdict = CheckStatus.FAIL, "regression"
         lines.insert(0, waits_words(waits))
     elif status is CheckStatus.FAIL:
-        lines.append(unexplained(busy))
+        lines.append(unexplained(evidence, explained, cpu))
     figures = BaselineFigures(
         baseline_tokens_per_sec=level,
         change=comparison.change,
@@ -145,7 +145,6 @@ def baseline_check(
         recorded_at=entry.recorded_at,
         commit=entry.commit,
         runs_needed=tolerance.runs_needed,
-        busy=busy if comparison.verdict == "regression" else None,
         waits=waits,
     )
     return Check("baseline", status, "\n".join(lines), figures)
