@@ -1,8 +1,6 @@
-"""What something outside a rank measurably took from it (its threads' run-queue wait, the
-host's steal, a slower core) beyond the baseline's level: the evidence that turns a timing
-failure into a "machine busy" warning inside that check where it explains the loss, unless the
-rank's CPU time per token rose beyond the tolerance. And the ranks' own waits (a sleep, a sync,
-I/O, a lock, a peer), which no machine excuses. Pure: no I/O, no pytest."""
+"""What something outside a rank took from it beyond the baseline's level (run-queue wait,
+steal, a slower core): a "machine busy" warning where it explains a timing failure. And the
+ranks' own waits (a sleep, a sync, I/O, a lock, a peer), which no machine excuses. Pure."""
 
 from __future__ import annotations
 
@@ -16,9 +14,8 @@ from pytest_distperf.store.entry import BaselineEntry
 
 
 def busy_evidence(entry: BaselineEntry | None, result: RunResult) -> BusyEvidence:
-    """Each measure's excess over the baseline's recorded level; None where either side lacks
-    it. A training step's gradient collectives wait for cores on their own threads: never
-    evidence."""
+    """Each measure's excess over the baseline's level; None where either side lacks it. A
+    training step's collectives wait for cores on their own threads: never evidence."""
 
     def beyond(now: float | None, history: Sequence[float]) -> float | None:
         return None if now is None or not history else max(now - recorded_level(history), 0.0)
@@ -50,8 +47,7 @@ def waited_for_a_core(result: RunResult) -> float | None:
 
 
 def cpu_change(entry: BaselineEntry, result: RunResult, core: float | None) -> float | None:
-    """CPU time per token against the recorded runs', over the core's slowdown: more work the
-    rank did itself. None where either side lacks it."""
+    """CPU time per token against the recorded runs', over the core's slowdown (None: unknown)."""
     history, now = entry.host_cpu_run_medians, result.host_cpu_per_token_s
     if not history or now is None:
         return None

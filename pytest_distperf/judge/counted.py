@@ -22,8 +22,7 @@ from pytest_distperf.work import Work, compare_work, work_cell
 def work_check(
     entry: BaselineEntry | None, work: Work | None, settings: GateSettings, counted: bool = True
 ) -> Check:
-    """The counted work against the baseline's: more work, a new collective kind or a changed
-    call count fails; less work warns that the baseline is stale."""
+    """More work, a new collective kind or a changed call count fails; less warns (stale)."""
     if not counted:
         return skipped_check("work", "not counted (--distperf-count off)")
     if work is None:

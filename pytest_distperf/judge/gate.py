@@ -3,6 +3,7 @@ decision, the new baseline entry (--distperf-update-baselines) and the JudgedRun
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -61,7 +62,6 @@ class Gate:
     rootpath: Path | None = None  # pytest's rootdir; None: identities are the node ids
     # identity -> (the older rootdir-relative form, found or not), of each run looked up
     looked_up: dict[str, tuple[str, bool]] = field(default_factory=dict, repr=False)
-    _known_keys: list[str] | None = field(default=None, repr=False)
 
     @property
     def topology_key(self) -> str:
@@ -176,7 +176,7 @@ class Gate:
         return Decision(
             threshold=threshold,
             gates=settings.gates,
-            baseline=baseline_check(entry, result, settings, self.topology_key, self.known_keys()),
+            baseline=baseline_check(entry, result, settings, self.topology_key, self.known_keys),
             relative_speed=relative_speed_check(entry, result, settings),
             memory=memory_check(entry, result.peak_memory_bytes, settings, exact_memory),
             work=work_check(entry, result.work, settings, counted=spec.count_work),
@@ -199,10 +199,9 @@ class Gate:
         self.looked_up[identity] = (legacy, entry is not None)
         return entry
 
+    @functools.cached_property
     def known_keys(self) -> list[str]:
-        if self._known_keys is None:
-            self._known_keys = self.store.keys()
-        return self._known_keys
+        return self.store.keys()
 
     def record(self, result: RunResult, decision: Decision) -> bool:
         """Store this run as the baseline unless a check failed: it must not be the yardstick."""

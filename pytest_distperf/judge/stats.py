@@ -1,6 +1,5 @@
-"""A timed figure against its baseline (pure functions): a change fails only beyond the tolerance
-(tolerance.py) and where a one-sided test at ``alpha`` says the repeats moved: one unlucky repeat
-must not fail CI. scipy.stats is slow to import, so it is imported inside the functions."""
+"""A timed figure against its baseline: a change beyond the tolerance counts only where a
+one-sided test at ``alpha`` says the repeats moved. Pure; scipy is imported when used."""
 
 from __future__ import annotations
 
@@ -85,8 +84,8 @@ def compare(
     subject: str = "throughput",
     level_runs: int = 0,
 ) -> Comparison:
-    """Whether ``current`` moved from ``baseline`` (already at the recorded level): "regression"
-    or "improvement" beyond ``tolerance`` and significant, "noisy" beyond it only, else "ok"."""
+    """ "regression" or "improvement" beyond ``tolerance`` and significant, "noisy" beyond it
+    only, else "ok"; ``baseline`` already at the recorded level."""
     base = checked_rates(baseline, "baseline")
     cur = checked_rates(current, "current")
     check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
@@ -119,8 +118,7 @@ def compare(
 
 
 def at_level(samples: Sequence[float], run_medians: Sequence[float]) -> list[float]:
-    """The latest recorded repeats rescaled to the recorded runs' level: their shape serves the
-    significance test, the runs' median the level."""
+    """The latest recorded repeats rescaled to the recorded runs' level (recorded_level)."""
     base = checked_rates(samples, "baseline")
     scale = recorded_level(run_medians) / statistics.median(base) if run_medians else 1.0
     return [v * scale for v in base]
@@ -257,8 +255,7 @@ def _t_test_log(base: list[float], cur: list[float], *, pooled: bool, slower: bo
 def compare_memory(
     baseline_bytes: int | None, current_bytes: int | None, tolerance: float = 0.10
 ) -> str | None:
-    """Failure message when peak memory grew by more than ``tolerance`` (relative), else None,
-    as where either side was not measured."""
+    """Why peak memory grew beyond ``tolerance``, else None (also where either is unknown)."""
     if baseline_bytes is None or current_bytes is None:
         return None
     if baseline_bytes == 0:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pytest_distperf.judge.busy import (
     busy_evidence,
@@ -41,24 +40,16 @@ from pytest_distperf.measured import RunResult, off_cpu_shares
 from pytest_distperf.store.entry import BaselineEntry
 
 
-@dataclass(frozen=True)
-class Outcome:
-    status: CheckStatus
-    verdict: BaselineVerdict
-    headline: str  # "" where the comparison's own message says it all
-
-
 def outcome(
     comparison: Comparison, tolerance: Tolerance, settings: GateSettings, excuse: str
-) -> Outcome:
-    """One status from the comparison: a regression the busy evidence explains (`excuse`)
-    warns; a provisional baseline's change within the gross margin is a note within this
-    machine class's host drift and a warning beyond it."""
+) -> tuple[CheckStatus, BaselineVerdict, str]:
+    """A regression the busy evidence explains (`excuse`) warns; a provisional baseline's change
+    is a note within this machine class's host drift and a warning beyond it."""
     status = comparison_status(comparison.verdict, settings)
     if status is CheckStatus.FAIL and comparison.verdict == "regression" and excuse:
-        return Outcome(CheckStatus.WARN, "machine busy", f"machine busy, not failed: {excuse}")
+        return CheckStatus.WARN, "machine busy", f"machine busy, not failed: {excuse}"
     if not tolerance.provisional or comparison.verdict != "ok":
-        return Outcome(status, comparison.verdict, "")
+        return status, comparison.verdict, ""  # the comparison's message says it all
     runs = f"{tolerance.runs} of {RUNS_TO_SETTLE} recorded runs"
     needs = f"record {tolerance.runs_needed} more with --distperf-update-baselines"
     if -comparison.change <= tolerance.drift:
@@ -66,13 +57,13 @@ def outcome(
             f"provisional baseline ({runs}): only a drop beyond {GROSS_DROP:.0%} fails until "
             f"then; {needs}"
         )
-        return Outcome(CheckStatus.NOTE, "provisional", words)
+        return CheckStatus.NOTE, "provisional", words
     words = (
         f"provisional baseline ({runs}): a drop beyond this machine class's host drift "
         f"({tolerance.drift:.0%}) but within the gross margin ({GROSS_DROP:.0%}); {needs} to "
         "judge it against the drift they show"
     )
-    return Outcome(CheckStatus.WARN, "provisional", words)
+    return CheckStatus.WARN, "provisional", words
 
 
 def _compared(
@@ -100,9 +91,7 @@ def baseline_check(
     topology_key: str,
     known_keys: Sequence[str],
 ) -> Check:
-    """The throughput against the recorded runs: beyond their tolerance (and significant) it
-    fails, unless the busy evidence explains the loss; a slower run whose own waits rose
-    beyond their recorded spread fails too."""
+    """The throughput against the recorded runs, and a slower run's own waits against theirs."""
     samples = result.tokens_per_sec_samples
     if entry is None:
         check = detectable_check(samples, settings)
@@ -125,10 +114,8 @@ def baseline_check(
     explained, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
     shares = off_cpu_shares([r.samples for r in result.ranks])
     waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
-    judged = outcome(comparison, tolerance, settings, excuse)
-    status, verdict, lines = judged.status, judged.verdict, [comparison.message()]
-    if judged.headline:
-        lines.insert(0, judged.headline)
+    status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
+    lines = [line for line in (headline, comparison.message()) if line]
     if waits is not None and waits_rose(waits) and comparison.change < 0:
         status, verdict = CheckStatus.FAIL, "regression"
         lines.insert(0, waits_words(waits))
@@ -153,9 +140,8 @@ def baseline_check(
 def relative_speed_check(
     entry: BaselineEntry | None, result: RunResult, settings: GateSettings
 ) -> Check:
-    """The bare model's time over the wrapped one's, against the recorded runs', by the
-    throughput's rule: the host's speed moves both, so what moves it is the strategy's own. A
-    failure that each generation's wait for a core, taken out, explains is a busy machine."""
+    """The bare model's time over the wrapped one's by the throughput's rule: the host's speed
+    moves both. A failure each generation's wait for a core explains is a busy machine."""
     samples = result.relative_speed_samples
     if not samples:
         return Check("relative_speed", CheckStatus.SKIP, "no bare model was timed beside this run")
@@ -187,26 +173,25 @@ def relative_speed_check(
                 f"run-queue wait +{waited * 1e3:.3g} ms per token beyond the baseline's; with "
                 f"each generation's wait for a core taken out it changed {change:+.1%}"
             )
-    judged = outcome(comparison, tolerance, settings, excuse)
+    status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
     figures = RelativeSpeedFigures(
         baseline=comparison.baseline_median,
         change=comparison.change,
         tolerance=tolerance.fails,
         p_value=comparison.p_value,
         detectable_drop=comparison.detectable_drop,
-        verdict=judged.verdict,
+        verdict=verdict,
     )
-    lines = [judged.headline] if judged.headline else []
+    lines = [headline] if headline else []
     lines.append(
         f"{comparison.message()} (the bare model, no wrapper and no collectives, timed beside "
         "each repeat: the host's own speed cancels out)"
     )
-    return Check("relative_speed", judged.status, "\n".join(lines), figures)
+    return Check("relative_speed", status, "\n".join(lines), figures)
 
 
 def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
-    """What a baseline of these samples would let the gate catch from its first recorded run:
-    a gross drop, or the explicit tolerance."""
+    """What a baseline of these samples would catch from its first recorded run."""
     if len(samples) < 2:
         return Check("baseline", CheckStatus.NOTE, "one sample: no drop is detectable")
     tolerance = GROSS_DROP if settings.tolerance is None else settings.tolerance

@@ -65,9 +65,6 @@ class BaselineStore:
         # means something is wrong (a hung process, a network filesystem), not contention.
         self.lock_timeout = lock_timeout
 
-    def __repr__(self) -> str:
-        return f"BaselineStore({str(self.directory)!r})"
-
     def path(self, topology_key: str) -> Path:
         return self.directory / f"{validate_topology_key(topology_key)}.json"
 
