@@ -35,24 +35,13 @@ class JudgedRun:
 
     @classmethod
     def of(
-        cls,
-        result: RunResult,
-        decision: Decision,
-        *,
-        prediction: Prediction | None,
-        topology_key: str,
-        baseline_recorded: bool,
-        calibration: Calibration | None,
-        session_started_at: float,
+        cls, result: RunResult, decision: Decision, *, session_started_at: float, **fields: Any
     ) -> JudgedRun:
+        """The record, given the other fields by name; the first timed token from the session's
+        start is the slowest rank's."""
+        first_timed = max(r.timed_from for r in result.ranks)
         return cls(
-            run=result,
-            decision=decision,
-            prediction=prediction,
-            topology_key=topology_key,
-            baseline_recorded=baseline_recorded,
-            calibration=calibration,
-            session_to_first_timed_s=max(r.timed_from for r in result.ranks) - session_started_at,
+            result, decision, session_to_first_timed_s=first_timed - session_started_at, **fields
         )
 
     @property

@@ -79,17 +79,16 @@ class History:
 def store_histories(directory: str | Path) -> list[History]:
     """Every entry of the baseline store in `directory`, with the gate's default tolerance."""
     from pytest_distperf.judge.tolerance import THROUGHPUT_FLOOR, recorded_level, run_tolerance
-    from pytest_distperf.store.store import BaselineFileError, BaselineStore
+    from pytest_distperf.store.snapshot import SnapshotError, read_directory
 
-    store = BaselineStore(directory)
-    if not store.directory.is_dir():
-        raise ChartError(f"{directory}: no such baseline directory")
-    histories, topology_keys = [], store.keys()
-    for key in topology_keys:
-        try:
-            entries = store.load(key)
-        except BaselineFileError as error:
-            raise ChartError(str(error)) from None
+    try:
+        snapshot = read_directory(directory)
+    except SnapshotError as error:
+        raise ChartError(str(error)) from None
+    if snapshot.unreadable:
+        raise ChartError(str(snapshot.unreadable[0]))
+    histories = []
+    for key, entries in snapshot.entries.items():
         for test_id, entry in sorted(entries.items()):
             runs = entry.run_medians or (entry.median,)
             accelerator = "cuda" if key.startswith("cuda") else "cpu"
