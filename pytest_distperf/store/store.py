@@ -1,12 +1,7 @@
-"""Baseline store: one reviewable JSON file per topology key, merged under a file lock.
-
-``<directory>/<topology_key>.json`` holds ``{"schema", "topology_key", "topology", "entries"}``,
-sorted and indented so that an update reads as a small diff. Readers take no lock: writers
-replace the file atomically (temp file, fsync, ``os.replace``, fsync of the directory). Writers
-serialize on ``<file>.lock`` (an ``flock`` the kernel drops when its holder dies) and re-read the
-file inside it, replacing only their own test ids, so parallel jobs keep each other's entries.
-A file that cannot be read raises BaselineFileError and is never overwritten.
-"""
+"""Baseline store: ``<directory>/<topology_key>.json``, sorted and indented so that an update
+reads as a small diff. Readers take no lock: writers replace the file atomically. Writers take
+``<file>.lock`` (an ``flock`` the kernel drops when its holder dies) and re-read the file inside
+it, replacing only their own test ids. An unreadable file raises BaselineFileError, untouched."""
 
 from __future__ import annotations
 
@@ -39,19 +34,21 @@ class BaselineFileError(ValueError):
         self.problem = problem
 
 
+def _safe(topology_key: object) -> bool:
+    return (
+        isinstance(topology_key, str)
+        and ".." not in topology_key
+        and bool(_KEY_PATTERN.fullmatch(topology_key))
+    )
+
+
 def validate_topology_key(topology_key: str) -> str:
     """Return ``topology_key`` if it is safe as a file name, else raise ValueError saying why."""
-    if not isinstance(topology_key, str):
-        raise ValueError(f"topology key must be a string, got {topology_key!r}")
-    if "/" in topology_key or "\\" in topology_key or ".." in topology_key:
+    if not _safe(topology_key):
         raise ValueError(
-            f"topology key {topology_key!r} must not contain path separators or '..': it is "
-            "used as a file name in the baseline directory"
-        )
-    if not _KEY_PATTERN.fullmatch(topology_key):
-        raise ValueError(
-            f"topology key {topology_key!r} is not a safe file name: use 1-200 characters from "
-            "A-Z a-z 0-9 . _ + - starting with a letter or digit"
+            f"topology key {topology_key!r} is not a safe file name in the baseline directory: "
+            "use 1-200 characters from A-Z a-z 0-9 . _ + - starting with a letter or digit, "
+            "no '..'"
         )
     return topology_key
 
@@ -72,13 +69,9 @@ class BaselineStore:
         """Topology keys that have a baseline file, sorted."""
         if not self.directory.is_dir():
             return []
+        paths = self.directory.iterdir()
         return sorted(
-            p.stem
-            for p in self.directory.iterdir()
-            if p.suffix == ".json"
-            and _KEY_PATTERN.fullmatch(p.stem)
-            and ".." not in p.stem
-            and p.is_file()
+            p.stem for p in paths if p.suffix == ".json" and _safe(p.stem) and p.is_file()
         )
 
     def load(self, topology_key: str) -> dict[str, BaselineEntry]:
