@@ -131,10 +131,6 @@ def wait_figures(
     )
 
 
-def waits_rose(figures: WaitFigures | None) -> bool:
-    return figures is not None and figures.rise - figures.outside_share > figures.tolerance
-
-
 def waits_words(figures: WaitFigures) -> str:
     outside = (
         f", {figures.outside_share:.1%} of it measured outside the ranks and taken off"

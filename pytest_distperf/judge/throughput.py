@@ -14,7 +14,6 @@ from pytest_distperf.judge.busy import (
     cpu_change,
     unexplained,
     wait_figures,
-    waits_rose,
     waits_words,
     weigh,
 )
@@ -116,7 +115,8 @@ def baseline_check(
     waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
     status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
     lines = [line for line in (headline, comparison.message()) if line]
-    if waits is not None and waits_rose(waits) and comparison.change < 0:
+    rose = waits is not None and waits.rise - waits.outside_share > waits.tolerance
+    if waits is not None and rose and comparison.change < 0:
         status, verdict = CheckStatus.FAIL, "regression"
         lines.insert(0, waits_words(waits))
     elif status is CheckStatus.FAIL:

@@ -47,14 +47,14 @@ def junit_properties(record: JudgedRun) -> list[tuple[str, Any]]:
     row = record.to_dict()
     ttft_s = row["ttft_s"]
     row["ttft_ms"] = None if ttft_s is None else ttft_s * 1000
-    named = [(name, row.get(name)) for name in (*SCALARS, "ttft_ms", *COUNTED)]
-    return [(f"distperf_{name}", _text(value)) for name, value in named if value is not None]
-
-
-def _text(value: Any) -> Any:
-    if isinstance(value, dict | list):  # a JUnit property holds text
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return value
+    properties = []
+    for name in (*SCALARS, "ttft_ms", *COUNTED):
+        value = row.get(name)
+        if isinstance(value, dict | list):  # a JUnit property holds text
+            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        if value is not None:
+            properties.append((f"distperf_{name}", value))
+    return properties
 
 
 def _figure(name: str, scale: float = 1.0) -> Callable[[Mapping[str, Any]], Any]:
