@@ -93,11 +93,9 @@ class BaselineStore:
         *,
         moved_from: Mapping[str, str] | None = None,
     ) -> Path:
-        """Merge ``entries`` into the file for ``topology_key``, each after the stored one's run
-        history (`BaselineEntry.following`); ``moved_from`` maps a test id to an older one whose
-        entry it takes over where only the older is stored; ``topology`` replaces the stored
-        description when given. BaselineFileError (the file left as it is) when the file is
-        unreadable, TimeoutError when the lock is not taken within ``lock_timeout`` seconds."""
+        """Merge ``entries`` into ``topology_key``'s file after the stored runs (`following`);
+        ``moved_from``: test id -> an older id whose entry it takes over where only that is
+        stored. BaselineFileError when the file is unreadable, TimeoutError without the lock."""
         path = self.path(topology_key)
         updates = dict(entries)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -126,9 +124,8 @@ class BaselineStore:
         topology_key: str,
         change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
     ) -> dict[str, BaselineEntry]:
-        """Replace the entries of ``topology_key``'s file by ``change(entries)`` under the lock;
-        a file left without entries is removed. Returns what it holds now. BaselineFileError
-        (the file left as it is) when unreadable, FileNotFoundError when there is none."""
+        """Replace ``topology_key``'s entries by ``change(entries)`` under the lock, removing a
+        file left empty; what it holds now. BaselineFileError, FileNotFoundError as `save`."""
         path = self.path(topology_key)
         with self._locked(path):
             raw = _bytes(path)
