@@ -125,7 +125,7 @@ class BaselineStore:
         change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
     ) -> dict[str, BaselineEntry]:
         """Replace ``topology_key``'s entries by ``change(entries)`` under the lock, removing a
-        file left empty; what it holds now. BaselineFileError, FileNotFoundError as `save`."""
+        file left empty; what it holds now. FileNotFoundError when there is none."""
         path = self.path(topology_key)
         with self._locked(path):
             raw = _bytes(path)
