@@ -214,21 +214,11 @@ class BaselineEntry:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "test_id": self.test_id,
-            "samples": list(self.samples),
-            "median": self.median,
-            "dispersion": self.dispersion,
-            "stdev": self.stdev,
-            "n": self.n,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "recorded_at": self.recorded_at,
-            "commit": self.commit,
-            "versions": dict(self.versions),
-            "extra": json.loads(json.dumps(dict(self.extra))),
-            **{name: list(getattr(self, name)) for name in (*_LIST_FIELDS, *_RUN_RECORDS)},
-            **({} if self.work is None else {"work": self.work.to_json()}),
-        }
+        """The entry as plain JSON; the work left out when it was not counted."""
+        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "work"}
+        row = {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
+        row |= {"versions": dict(self.versions), "extra": json.loads(json.dumps(dict(self.extra)))}
+        return row | ({} if self.work is None else {"work": self.work.to_json()})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BaselineEntry:
