@@ -64,7 +64,6 @@ def test_entry_is_immutable_and_hashable() -> None:
         ([], {}, "no samples"),
         ([0.0], {}, "positive"),
         ([float("nan")], {}, "positive"),
-        ([1.0], {"now": datetime(2025, 1, 1)}, "timezone-aware"),
         ([1.0], {"extra": {"x": object()}}, "JSON"),
     ],
 )

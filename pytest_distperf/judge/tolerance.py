@@ -62,8 +62,7 @@ def run_tolerance(
     tolerance replaces it from the first run."""
     runs = len(checked_rates(run_medians, "run_medians"))
     drift = HOST_DRIFT.get(accelerator, HOST_DRIFT["cpu"])
-    if explicit is not None:
-        check_fraction(explicit, "tolerance", upper=math.inf)
+    if explicit is not None:  # options.py checked it
         return Tolerance(explicit, drift, runs, explicit=True)
     if runs < RUNS_TO_SETTLE:
         return Tolerance(GROSS_DROP, drift, runs)
@@ -86,12 +85,3 @@ def checked_rates(samples: Sequence[float], name: str) -> list[float]:
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"{name}: rates must be finite and positive, got {v!r}")
     return [float(v) for v in values]
-
-
-def check_fraction(value: float, name: str, *, upper: float, allow_zero: bool = True) -> None:
-    if not is_number(value) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not low_ok or value >= upper:
-        bound = "[0" if allow_zero else "(0"
-        raise ValueError(f"{name} must be in {bound}, {upper:g}), got {value!r}")

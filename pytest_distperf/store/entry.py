@@ -160,8 +160,6 @@ class BaselineEntry:
         relative = _rounded(relative_samples, test_id, "relative_samples")
         host = _rounded(host_loop_samples, test_id, "host_loop_samples")
         when = datetime.now(timezone.utc) if now is None else now
-        if when.tzinfo is None:
-            raise ValueError("now must be timezone-aware (baselines record UTC)")
         recorded_at = when.astimezone(timezone.utc).isoformat(timespec="seconds")
         median = _round(statistics.median(rounded))
         # a zero time per token (a profile without kernels) is no level to compare with
