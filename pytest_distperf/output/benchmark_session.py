@@ -39,20 +39,13 @@ class MeasuredRun:
     has_error: bool = False
 
 
-def benchmark_session(config: pytest.Config) -> Any | None:
-    """pytest-benchmark's session when it will record benchmarks, else None."""
-    session = config.pluginmanager.get_plugin(SESSION_PLUGIN)
-    # Disabled under xdist and with --benchmark-disable: its fixture records nothing then either.
-    if session is None or getattr(session, "disabled", True) or not hasattr(session, "benchmarks"):
-        return None
-    return session
-
-
 def add_benchmark(item: pytest.Item, record: JudgedRun, occurrence: int) -> bool:
     """Add the run to pytest-benchmark's session; False when it is not recording. A second run
     in one test gets its own name, so saved runs never merge the two."""
-    session, result = benchmark_session(item.config), record.run
-    if session is None or not result.samples:
+    session, result = item.config.pluginmanager.get_plugin(SESSION_PLUGIN), record.run
+    # Disabled under xdist and with --benchmark-disable: its fixture records nothing then either.
+    disabled = session is None or getattr(session, "disabled", True)
+    if disabled or not hasattr(session, "benchmarks") or not result.samples:
         return False
     from pytest_benchmark.stats import Metadata  # lazy: only when pytest-benchmark is active
 
