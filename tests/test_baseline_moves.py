@@ -30,7 +30,7 @@ def test_each_recorded_run_keeps_its_date_and_commit(tmp_path: Path) -> None:
     for day in range(RUN_HISTORY + 2):
         store.save(KEY, {"t": _entry("t", 100.0 + day, day, commit=f"c{day}")})
         store.save(KEY, {"t": _entry("t", 100.0 + day, day, commit=f"c{day}")})  # once
-    entry = store.get(KEY, "t")
+    entry = store.load(KEY).get("t")
     assert entry is not None and len(entry.run_medians) == RUN_HISTORY
     assert entry.run_commits == tuple(f"c{d}" for d in range(2, RUN_HISTORY + 2))
     assert entry.run_recorded_at[-1] == entry.recorded_at
@@ -43,7 +43,7 @@ def test_a_file_of_another_schema_is_refused_naming_it(tmp_path: Path) -> None:
     path = BaselineStore(tmp_path).path(KEY)
     path.write_text(json.dumps(document))
     with pytest.raises(BaselineFileError, match=f"{path}.*unknown schema version 6"):
-        BaselineStore(tmp_path).get(KEY, "t")
+        BaselineStore(tmp_path).load(KEY).get("t")
     assert json.loads(path.read_text()) == document  # left as it is
 
 

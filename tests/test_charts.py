@@ -116,7 +116,7 @@ def _record(directory: Path, medians: list[float]) -> BaselineStore:
         samples = [median * f for f in (0.98, 0.99, 1.0, 1.01, 1.02)]
         now = datetime(2026, 12, 1, run, tzinfo=timezone.utc)
         entry = BaselineEntry.from_samples(test_id, samples, None, {}, now=now)
-        previous = store.get(KEY, test_id)
+        previous = store.load(KEY).get(test_id)
         entry = entry.following(previous) if previous else entry
         store.save(KEY, {test_id: entry}, {})
     return store
@@ -125,7 +125,7 @@ def _record(directory: Path, medians: list[float]) -> BaselineStore:
 def test_store_histories_hold_the_gates_level_and_tolerance(tmp_path: Path) -> None:
     store = _record(tmp_path, [100.0, 90.0, 110.0, 104.0])
     [history] = store_histories(tmp_path)
-    entry = store.get(KEY, history.test_id)
+    entry = store.load(KEY).get(history.test_id)
     assert history.run_medians == (100.0, 90.0, 110.0, 104.0)
     assert history.latest_samples == entry.samples
     # the gate's level and tolerance: the runs' median, 3 x the largest drop below it (90)

@@ -18,7 +18,6 @@ from pytest_distperf.judge.checks import (
     DeviceTimeFigures,
     GateSettings,
     ThresholdFigures,
-    WorkFigures,
     memory_check,
     skipped_check,
 )
@@ -253,8 +252,7 @@ def test_a_wait_for_a_core_that_explains_the_loss_is_a_busy_machine_inside_the_c
     busy = _throughput(entry, replace(_run(50.0, wait=lost_s)))
     assert busy.status == WARN and _figures(busy).verdict == "machine busy", busy.message
     assert busy.message.startswith("machine busy, not failed: run-queue wait +10 ms per token")
-    figures = _figures(busy).busy
-    assert figures is not None and figures.explained_share == pytest.approx(1.0)
+    assert "ms per token, 100% of the lost time" in busy.message
     half = _throughput(entry, _run(50.0, wait=lost_s / 2))  # explains only half of it
     assert half.status == FAIL and "together 50% of the lost time" in half.message
     # the rank's own CPU time per token rose beyond the tolerance: it did more, no excuse
@@ -309,7 +307,6 @@ def test_the_work_gates_from_the_first_recorded_run_naming_what_changed() -> Non
     assert more.message.startswith(
         "the counted work changed: all_reduce per token: 0 -> 12 calls (+768 B)"
     )
-    assert isinstance(more.figures, WorkFigures) and more.figures.more
     assert work_check(entry, _work(5.9e9), SETTINGS).status == FAIL
     assert work_check(entry, _work(5.9e9), replace(SETTINGS, work_tolerance=0.2)).status == OK
     less = work_check(entry, _work(ops=900), SETTINGS)
@@ -378,7 +375,7 @@ def test_the_gate_decides_each_check_on_its_own(tmp_path) -> None:
     store = BaselineStore(tmp_path)
     recording = Gate(probe("cpu", 2), store, update=True)
     decision = recording.decide(_run(), SETTINGS, None)
-    assert decision.work.status == SKIP and recording.record(_run(), decision, None)
+    assert decision.work.status == SKIP and recording.record(_run(), decision)
     gate = Gate(probe("cpu", 2), store)
     [(_, entry)] = store.load(gate.topology_key).items()
     more = _work(extra={"all_reduce": CollectiveCount(12, 768)})

@@ -392,7 +392,7 @@ def _record_baselines(directory: Path, refreshes: int) -> None:
             versions={},
             now=datetime(2026, 12, 1, run, tzinfo=timezone.utc),
         )
-        old = store.get("cpu_x2_loopbackx1_2cpus", entry.test_id)
+        old = store.load("cpu_x2_loopbackx1_2cpus").get(entry.test_id)
         entry = entry.following(old) if old else entry
         store.save("cpu_x2_loopbackx1_2cpus", {entry.test_id: entry}, {})
 

@@ -13,8 +13,6 @@ import pytest
 from pytest_distperf.jsonfields import json_value
 from pytest_distperf.judge.checks import (
     BaselineFigures,
-    BusyEvidence,
-    BusyFigures,
     Check,
     CheckStatus,
     Decision,
@@ -22,7 +20,6 @@ from pytest_distperf.judge.checks import (
     RelativeSpeedFigures,
     ThresholdFigures,
     WaitFigures,
-    WorkFigures,
 )
 from pytest_distperf.judge.record import JudgedRun
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
@@ -175,7 +172,6 @@ BASELINE = BaselineFigures(
     verdict="regression",
     recorded_at="2026-01-02T03:04:05+00:00",
     commit=None,
-    busy=BusyFigures(BusyEvidence(0.001, None, None), 0.3, -0.3),
     waits=WaitFigures(0.25, 0.02, 0.23, 0.05, 0.0),
 )
 THRESHOLD = ThresholdFigures(40.0, 12.0, 0.3, "compute", "single-rank compute", "NV18", 0.42)
@@ -188,7 +184,7 @@ def _record(result: RunResult | None = None) -> JudgedRun:
         baseline=Check("baseline", CheckStatus.FAIL, "regression", BASELINE),
         relative_speed=Check("relative_speed", CheckStatus.OK, "within tolerance", RELATIVE),
         memory=Check("memory", CheckStatus.OK, "peak memory within tolerance"),
-        work=Check("work", CheckStatus.OK, "the same work", WorkFigures(0.01, (), ())),
+        work=Check("work", CheckStatus.OK, "the same work"),
         device_time=Check(
             "device_time", CheckStatus.OK, "within", DeviceTimeFigures(0.005, 0.01, 0.02, "ok")
         ),

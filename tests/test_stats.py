@@ -7,10 +7,15 @@ from statistics import NormalDist
 import pytest
 from scipy.stats import mannwhitneyu
 
-from pytest_distperf.judge.significance import mann_whitney_floor
-from pytest_distperf.judge.stats import Comparison, at_level, compare, compare_memory
-from pytest_distperf.judge.tolerance import detectable_drop
-from pytest_distperf.store.spread import relative_spread
+from pytest_distperf.judge.stats import (
+    Comparison,
+    at_level,
+    compare,
+    compare_memory,
+    detectable_drop,
+    mann_whitney_floor,
+)
+from pytest_distperf.store.entry import relative_spread
 
 FLOOR = 0.05
 
@@ -219,15 +224,6 @@ def test_impossible_samples_raise(baseline: list[object], current: list[object])
         _compare(baseline, current)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [{"alpha": 0.0}, {"alpha": 1.0}, {"tolerance": -0.1}, {"tolerance": math.nan}],
-)
-def test_bad_parameters_raise(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="alpha|tolerance"):
-        _compare([1.0, 2.0], [1.0, 2.0], **kwargs)
-
-
 def test_comparison_is_frozen() -> None:
     result = _compare([100.0] * 5, [100.0] * 5)
     assert isinstance(result, Comparison)
@@ -248,7 +244,3 @@ def test_compare_memory() -> None:
     assert compare_memory(gib, int(gib * 1.2), tolerance=0.25) is None
     assert compare_memory(0, 0) is None
     assert compare_memory(0, 10) is not None
-    with pytest.raises(ValueError, match="current_bytes"):
-        compare_memory(gib, -1)
-    with pytest.raises(ValueError, match="tolerance"):
-        compare_memory(gib, gib, tolerance=-0.1)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distperf.judge import significance, tolerance
+from pytest_distperf.judge import stats, tolerance
 from pytest_distperf.judge.stats import compare
-from pytest_distperf.store.spread import relative_spread
+from pytest_distperf.store.entry import relative_spread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,13 +110,13 @@ def test_mann_whitney_is_the_count_of_every_split(slower: bool) -> None:
     tied = [(b, c) for b, c in TIED if _has_ties(b, c)]
     assert len(untied) > 50 and len(tied) > 40
     for base, cur in untied + tied:
-        ours = significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
+        ours = stats.one_sided_p(base, cur, "mann-whitney", slower=slower)
         assert ours == pytest.approx(enumerated_p(base, cur, slower), rel=1e-9)
 
 
 def test_mann_whitney_by_hand() -> None:
     def p(base: list[float], cur: list[float], slower: bool = True) -> float:
-        return significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
+        return stats.one_sided_p(base, cur, "mann-whitney", slower=slower)
 
     # cur below every baseline value: one split in C(n, k) is as extreme
     assert p([10.0, 11, 12, 13, 14], [1.0, 2, 3, 4, 5]) == pytest.approx(1 / 252)
@@ -136,7 +136,7 @@ def test_mann_whitney_past_fifty_samples_is_the_normal_approximation() -> None:
     assert any(_has_ties(b, c) for b, c in LARGE) and not all(_has_ties(b, c) for b, c in LARGE)
     for base, cur in LARGE:
         for slower in (True, False):
-            ours = significance.one_sided_p(base, cur, "mann-whitney", slower=slower)
+            ours = stats.one_sided_p(base, cur, "mann-whitney", slower=slower)
             assert ours == pytest.approx(normal_approximation_p(base, cur, slower), rel=1e-9)
 
 
@@ -151,7 +151,7 @@ def test_mann_whitney_agrees_with_scipys_permutation_test() -> None:
     cases = [p for p in beyond if _has_ties(*p)][:2] + [p for p in beyond if not _has_ties(*p)][:2]
     assert len(cases) == 4
     for base, cur in cases:
-        ours = significance.one_sided_p(base, cur, "mann-whitney", slower=True)
+        ours = stats.one_sided_p(base, cur, "mann-whitney", slower=True)
         theirs = mannwhitneyu(cur, base, alternative="less", method=exact).pvalue
         assert ours == pytest.approx(float(theirs), rel=1e-9)
 
@@ -166,7 +166,7 @@ def test_t_tests_on_log_rates_are_the_formulas(method: str) -> None:
         if statistics.pvariance(base) == 0 and statistics.pvariance(cur) == 0:
             continue  # the exact-difference case: by hand below
         for slower in (True, False):
-            ours = significance.one_sided_p(base, cur, method, slower=slower)
+            ours = stats.one_sided_p(base, cur, method, slower=slower)
             reference = t_test_log_p(base, cur, method == "student-log", slower)
             assert ours == pytest.approx(reference, rel=1e-9, abs=1e-300)
             checked += 1
@@ -177,16 +177,16 @@ def test_t_tests_by_hand() -> None:
     e = math.exp
     # logs 0, 0.2 against -0.3, -0.1: diff -0.3, se sqrt(0.02), t = -3 / sqrt(2), 2 d.f.,
     # whose CDF is 1/2 + t / (2 sqrt(2 + t^2))
-    welch = significance.one_sided_p([1.0, e(0.2)], [e(-0.3), e(-0.1)], "welch-log", slower=True)
+    welch = stats.one_sided_p([1.0, e(0.2)], [e(-0.3), e(-0.1)], "welch-log", slower=True)
     assert welch == pytest.approx(0.5 - 3 / (2 * math.sqrt(13)), rel=1e-9)
     # log 0 against -0.3, -0.1: pooled variance 0.02, se sqrt(0.03), t = -2 / sqrt(3), 1 d.f.
     # (Cauchy): CDF 1/2 + atan(t) / pi
-    student = significance.one_sided_p([1.0], [e(-0.3), e(-0.1)], "student-log", slower=True)
+    student = stats.one_sided_p([1.0], [e(-0.3), e(-0.1)], "student-log", slower=True)
     assert student == pytest.approx(0.5 - math.atan(2 / math.sqrt(3)) / math.pi, rel=1e-9)
     # identical repeats on both sides: the difference is exact
-    assert significance.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=True) == 0
-    assert significance.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=False) == 1
-    assert significance.one_sided_p([100.0] * 3, [100.0] * 3, "welch-log", slower=True) == 1
+    assert stats.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=True) == 0
+    assert stats.one_sided_p([100.0] * 3, [90.0] * 3, "welch-log", slower=False) == 1
+    assert stats.one_sided_p([100.0] * 3, [100.0] * 3, "welch-log", slower=True) == 1
 
 
 def test_identical_repeats_and_near_identical_ones_raise_no_warning() -> None:
@@ -194,7 +194,7 @@ def test_identical_repeats_and_near_identical_ones_raise_no_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         base, cur = [100.0, 105.0, 100.0, 100.0, 105.0], [95.0] * 7
-        assert significance.one_sided_p(base, cur, "welch-log", slower=True) == pytest.approx(
+        assert stats.one_sided_p(base, cur, "welch-log", slower=True) == pytest.approx(
             t_test_log_p(base, cur, False, True), rel=1e-9
         )
 
@@ -219,7 +219,7 @@ def test_spreads_and_quantiles_are_the_formulas() -> None:
                 * (x - math.floor(x))
                 for x in positions
             ]
-            got = tolerance._quantiles(ordered, n)
+            got = stats._quantiles(ordered, n)
             if n == len(ordered):
                 expected = ordered
             assert got == pytest.approx(expected, rel=1e-12)
@@ -231,7 +231,7 @@ def test_spreads_by_hand() -> None:
     # the largest drop of a recorded run below their median: 90 of 100
     assert tolerance.largest_drop([100.0, 90, 110]) == pytest.approx(0.1)
     assert tolerance.largest_drop([100.0, 100, 100]) == 0.0
-    assert tolerance._quantiles([1.0, 2, 3, 4], 2) == pytest.approx([1.5, 3.5])
+    assert stats._quantiles([1.0, 2, 3, 4], 2) == pytest.approx([1.5, 3.5])
 
 
 # (baseline, current, recorded run medians), and what the hand-written statistics decided:

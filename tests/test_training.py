@@ -376,7 +376,7 @@ def test_a_slower_step_fails_its_baseline_whatever_its_threads_waited(tmp_path) 
     store = BaselineStore(tmp_path)
     recording = Gate(probe("cpu", 2), store, update=True)
     healthy = _step_run(1.0, cpu=0.001, waited=0.0008)
-    assert recording.record(healthy, recording.decide(healthy, settings, None), None)
+    assert recording.record(healthy, recording.decide(healthy, settings, None))
     gate = Gate(probe("cpu", 2), store)
     unchanged = gate.decide(_step_run(1.0, 0.001, 0.0008), settings, None)
     assert unchanged.verdict == "ok" and "provisional" in unchanged.baseline.message

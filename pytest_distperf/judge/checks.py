@@ -1,8 +1,5 @@
-"""What a check returns and what a run's checks add up to: `Check` (pytest-benchmark's `fails()`
-idea, with a status instead of None so that a passing run carries its figures too), each
-check's typed figures, the settings every check reads, and the `Decision`. The memory check
-lives here; the others have a module each. Pure: no I/O, no pytest.
-"""
+"""What a check returns (pytest-benchmark's `fails()` idea, with a status so that a passing run
+carries its figures too), each check's typed figures, the settings and the `Decision`. Pure."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pytest_distperf.judge.stats import Comparison, Verdict, compare_memory
+from pytest_distperf.judge.stats import Verdict, compare_memory
 from pytest_distperf.store.entry import BaselineEntry
 
 
@@ -42,8 +39,6 @@ CheckName = Literal[
 CHECK_NAMES: tuple[CheckName, ...] = get_args(CheckName)  # in the order a reader wants them
 #: A comparison's verdict, or the throughput check's own words for an excused or early one.
 BaselineVerdict = Literal[Verdict, "machine busy", "provisional"]
-MACHINE_BUSY: BaselineVerdict = "machine busy"
-PROVISIONAL: BaselineVerdict = "provisional"
 
 
 @dataclass(frozen=True)
@@ -59,8 +54,8 @@ class ThresholdFigures:
 
 @dataclass(frozen=True)
 class BusyEvidence:
-    """What something outside the rank measurably took from it per new token, beyond what it
-    took when the baseline was recorded (judge/busy.py); None where not measured."""
+    """What something outside the rank took from it per new token beyond the baseline's level
+    (judge/busy.py); None where not measured."""
 
     run_queue_wait_per_token_s: float | None  # its threads runnable, waiting for a core
     steal_per_token_s: float | None  # the hypervisor ran another guest (per CPU)
@@ -72,24 +67,9 @@ class BusyEvidence:
         return (self.run_queue_wait_per_token_s or 0.0) + (self.steal_per_token_s or 0.0)
 
 
-NO_EVIDENCE = BusyEvidence(None, None, None)
-
-
-@dataclass(frozen=True)
-class BusyFigures:
-    """Where a drop beyond the tolerance was weighed against the evidence."""
-
-    evidence: BusyEvidence
-    explained_share: float  # of the lost time, what the evidence accounts for
-    change_beyond_evidence: float  # the rate's change with it taken out
-    # CPU time per token against the recorded runs', over the core's slowdown: what the rank
-    # did itself; beyond the tolerance it vetoes any excuse. None where either side lacks it.
-    cpu_change: float | None = None
-
-
 @dataclass(frozen=True)
 class WaitFigures:
-    """The ranks' own waits (judge/waits.py): shares of the wall time of a repeat."""
+    """The ranks' own waits (judge/busy.py): shares of the wall time of a repeat."""
 
     off_cpu_share: float  # the rank that waited most, median of the repeats
     baseline_off_cpu_share: float  # the recorded runs' level
@@ -110,7 +90,6 @@ class BaselineFigures:
     recorded_at: str
     commit: str | None
     runs_needed: int = 0  # recorded runs still missing before the tolerance is the runs' own
-    busy: BusyFigures | None = None  # where a drop was weighed against the busy evidence
     waits: WaitFigures | None = None  # where both sides measured the ranks' own waits
 
 
@@ -132,18 +111,7 @@ class RelativeSpeedFigures:
 
 
 @dataclass(frozen=True)
-class WorkFigures:
-    """What the work check found changed against the baseline's counts (work.compare_work)."""
-
-    tolerance: float  # of bytes, ops, FLOPs and kernels; kinds and calls are exact
-    more: tuple[str, ...]  # more work, a new collective kind or more calls: each fails
-    less: tuple[str, ...]  # less work: a stale baseline
-
-
-@dataclass(frozen=True)
 class DeviceTimeFigures:
-    """Kernel time per decode token against the recorded runs' (lower is better)."""
-
     baseline_s: float
     change: float  # of time: positive when slower
     tolerance: float
@@ -155,7 +123,6 @@ Figures = (
     | BaselineFigures
     | DetectableFigures
     | RelativeSpeedFigures
-    | WorkFigures
     | DeviceTimeFigures
 )
 
@@ -173,29 +140,24 @@ class GateSettings:
     efficiency: float
     tolerance: float | None  # None: the rule on the recorded runs (judge/tolerance.py)
     alpha: float = 0.01
-    # The least tolerance of the throughput (None: its machine class's, THROUGHPUT_FLOOR), the
-    # relative speed and the device time once their recorded runs settle it (docs/gates.md).
+    # Least settled tolerances (docs/gates.md); the throughput's None: its machine class's.
     tolerance_floor: float | None = None
     relative_tolerance_floor: float = 0.05
     device_time_tolerance_floor: float = 0.02
-    # The least rise of the ranks' own waits, as a share of the wall time, that fails a slower
-    # run once three recorded runs give that share's spread.
+    # The least rise of the ranks' own off-CPU share that fails a slower run.
     wait_share_floor: float = 0.05
     memory_tolerance: float = 0.10
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
     gates: bool = True  # False: every check is reported, none fails the test (--distperf-gates)
-    # The work gate's relative tolerance of bytes, ops, FLOPs and kernels (--distperf-work-
-    # tolerance); collective kinds and calls are exact.
-    work_tolerance: float = 0.01
+    work_tolerance: float = 0.01  # bytes, ops, FLOPs and kernels; kinds and calls are exact
 
 
 def memory_check(
     entry: BaselineEntry | None, peak_bytes: int, settings: GateSettings, exact: bool = True
 ) -> Check:
-    """`exact`: the figure is an allocator peak (CUDA). A process RSS peak (CPU ranks) also
-    counts the unsharded build and allocator caching, and moves between identical runs far more
-    than an allocator peak does, so it only warns."""
+    """`exact`: an allocator peak (CUDA). A process RSS peak (CPU ranks) moves between identical
+    runs far more, so it only warns."""
     if entry is None or entry.peak_memory_bytes is None:
         return Check("memory", CheckStatus.NOTE, "no baseline peak memory")
     problem = compare_memory(entry.peak_memory_bytes, peak_bytes, settings.memory_tolerance)
@@ -208,7 +170,7 @@ def skipped_check(name: CheckName, why: str) -> Check:
     return Check(name, CheckStatus.SKIP, why)
 
 
-def comparison_status(comparison: Comparison, settings: GateSettings) -> CheckStatus:
+def comparison_status(verdict: str, settings: GateSettings) -> CheckStatus:
     """A stale (much faster) baseline warns unless --distperf-fail-on-improvement; a change
     beyond the tolerance without statistical support only warns."""
     return {
@@ -216,7 +178,7 @@ def comparison_status(comparison: Comparison, settings: GateSettings) -> CheckSt
         "regression": CheckStatus.FAIL,
         "improvement": CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN,
         "noisy": CheckStatus.WARN,
-    }[comparison.verdict]
+    }[verdict]
 
 
 @dataclass(frozen=True)
@@ -228,12 +190,10 @@ class Decision:
     relative_speed: Check
     memory: Check
     gates: bool = True  # False: reported only; the verdict says "off" and nothing fails the test
-    work: Check = Check("work", CheckStatus.SKIP, "not run")  # judge/counted.py
+    work: Check = Check("work", CheckStatus.SKIP, "not run")
     device_time: Check = Check("device_time", CheckStatus.SKIP, "not run")
-    loss: Check = Check("loss", CheckStatus.SKIP, "not a training run")  # training only
-    # What something outside the ranks took, against the baseline's (judge/busy.py); None
-    # without a baseline to compare with.
-    busy_evidence: BusyEvidence | None = None
+    loss: Check = Check("loss", CheckStatus.SKIP, "not a training run")
+    busy_evidence: BusyEvidence | None = None  # None without a baseline to compare with
 
     @property
     def checks(self) -> tuple[Check, ...]:

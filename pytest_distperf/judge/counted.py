@@ -1,7 +1,5 @@
-"""Checks on what the counted generation saw: the work gate (counts do not move between
-unchanged runs: calls and collective kinds exact, the rest within a small tolerance) and the
-device time per token. Both gate from the first recorded run. Pure: no I/O, no pytest.
-"""
+"""Checks on what the counted generation saw, both from the first recorded run: the work
+(counts do not move between unchanged runs) and the device time per token. Pure."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from pytest_distperf.judge.checks import (
     CheckStatus,
     DeviceTimeFigures,
     GateSettings,
-    WorkFigures,
+    comparison_status,
     skipped_check,
 )
 from pytest_distperf.judge.stats import Verdict
@@ -24,8 +22,7 @@ from pytest_distperf.work import Work, compare_work, work_cell
 def work_check(
     entry: BaselineEntry | None, work: Work | None, settings: GateSettings, counted: bool = True
 ) -> Check:
-    """The counted work against the baseline's: more work, a new collective kind or a changed
-    call count fails; less work warns that the baseline is stale."""
+    """More work, a new collective kind or a changed call count fails; less warns (stale)."""
     if not counted:
         return skipped_check("work", "not counted (--distperf-count off)")
     if work is None:
@@ -38,11 +35,6 @@ def work_check(
         )
     tolerance = settings.work_tolerance
     comparison = compare_work(entry.work, work, tolerance)
-    figures = WorkFigures(
-        tolerance=tolerance,
-        more=tuple(c.message for c in comparison.more),
-        less=tuple(c.message for c in comparison.less),
-    )
     rule = (
         f"(collective kinds and calls exact; bytes, ops, FLOPs and kernels within "
         f"{tolerance:.1%}; host syncs exact)"
@@ -53,24 +45,23 @@ def work_check(
         rule += "; " + "; ".join(comparison.notes)
     if comparison.more:
         message = f"the counted work changed: {comparison.message()} {rule}"
-        return Check("work", CheckStatus.FAIL, message, figures)
+        return Check("work", CheckStatus.FAIL, message)
     if comparison.less:
         status = CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN
         message = (
             f"less work than the baseline counted; the baseline looks stale, update it: "
             f"{comparison.message()} {rule}"
         )
-        return Check("work", status, message, figures)
+        return Check("work", status, message)
     message = f"the same work as the baseline: collectives per token {work_cell(work)} {rule}"
-    return Check("work", CheckStatus.OK, message, figures)
+    return Check("work", CheckStatus.OK, message)
 
 
 def device_time_check(
     entry: BaselineEntry | None, device_time_s: float | None, settings: GateSettings
 ) -> Check:
-    """Kernel time per decode token against the recorded runs' median, from the first recorded
-    run: it barely moves with the host. Tolerance: max(floor, SAFETY x the largest rise of any
-    recorded run above their median) once RUNS_TO_SETTLE are recorded, the floor before."""
+    """Kernel time per decode token against the recorded runs' median: max(floor, SAFETY x the
+    largest rise of any recorded run) once RUNS_TO_SETTLE are recorded, the floor before."""
     if device_time_s is None:
         return skipped_check("device_time", "no device time per token (CPU ranks, or not counted)")
     history = () if entry is None else entry.device_time_run_medians
@@ -87,11 +78,7 @@ def device_time_check(
     verdict: Verdict = "ok"
     if abs(change) > tolerance:
         verdict = "regression" if change > 0 else "improvement"
-    status = {
-        "ok": CheckStatus.OK,
-        "regression": CheckStatus.FAIL,
-        "improvement": CheckStatus.FAIL if settings.fail_on_improvement else CheckStatus.WARN,
-    }[verdict]
+    status = comparison_status(verdict, settings)
     headline = {
         "ok": "device time per token within tolerance",
         "regression": "device time per token grew",

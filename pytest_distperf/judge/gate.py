@@ -1,9 +1,9 @@
 """Judges one RunResult for the session: its prediction on this topology, its baseline, the
-decision, (with --distperf-update-baselines) the new baseline entry, and the JudgedRun record
-the reports are made from. No pytest here."""
+decision, the new baseline entry (--distperf-update-baselines) and the JudgedRun record."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -38,12 +38,8 @@ BASELINE_DIR_NAME = "distperf-baselines"
 
 
 def test_identity(result: RunResult, nodeid: str | None = None) -> str:
-    """What makes two runs comparable: node id (strategy and ranks are in it) and workload.
-
-    `nodeid`: the node id as the identity names it (store/identity.py), default pytest's own.
-    The slow-down knobs are left out on purpose: a slowed run must meet its normal baseline.
-    Arguments left unset (None) are left out too, so adding one keeps existing identities.
-    """
+    """What makes two runs comparable: node id (default pytest's) and workload, less the
+    slow-down knobs (a slowed run meets its normal baseline) and arguments left unset."""
     knobs = ("slowdown", "comm_delay", "compile")
     params = {
         k: v for k, v in result.spec.workload.params().items() if k not in knobs and v is not None
@@ -63,16 +59,13 @@ class Gate:
     update: bool = False
     writes: bool = True  # False on ranks other than 0 of a launched job
     commit: str | None = None
-    # pytest's rootdir, which node ids are relative to; None: identities are the node ids
-    rootpath: Path | None = None
+    rootpath: Path | None = None  # pytest's rootdir; None: identities are the node ids
     # identity -> (the older rootdir-relative form, found or not), of each run looked up
     looked_up: dict[str, tuple[str, bool]] = field(default_factory=dict, repr=False)
-    _known_keys: list[str] | None = field(default=None, repr=False)
 
     @property
     def topology_key(self) -> str:
-        """The topology's key, plus NCCL settings that change the transport: a run with
-        peer-to-peer disabled must never be compared with one over NVLink."""
+        """The topology's key and NCCL settings that change the transport (transport_suffix)."""
         return self.topology.key() + transport_suffix(self.topology.accelerator)
 
     def prediction(
@@ -133,19 +126,17 @@ class Gate:
         *,
         session_started_at: float,
     ) -> JudgedRun:
-        """Apply every check to `result`, store it as the baseline when asked, and say so in
-        the record the reports are made from."""
+        """Apply every check to `result` and store it as the baseline when asked."""
         if calibration is not None:  # a job over several nodes: its network, once measured
             self.topology = measured_network(self.topology, calibration)
         prediction, why_none = self.prediction(result, calibration)
         decision = self.decide(result, settings, prediction, why_none)
-        decision = replace(decision, gates=settings.gates)
         return JudgedRun.of(
             result,
             decision,
             prediction=prediction,
             topology_key=self.topology_key,
-            baseline_recorded=self.record(result, decision, prediction),
+            baseline_recorded=self.record(result, decision),
             calibration=calibration,
             session_started_at=session_started_at,
         )
@@ -175,6 +166,7 @@ class Gate:
             compared = ("relative_speed", "memory", "work", "device_time")
             return Decision(
                 threshold=threshold,
+                gates=settings.gates,
                 baseline=detectable_check(result.tokens_per_sec_samples, settings),
                 **{name: skipped_check(name, why) for name in compared},
                 **loss,  # a baseline must train the right function too
@@ -183,7 +175,8 @@ class Gate:
         exact_memory = spec.accelerator == "cuda"  # allocator peak, not process RSS
         return Decision(
             threshold=threshold,
-            baseline=baseline_check(entry, result, settings, self.topology_key, self.known_keys()),
+            gates=settings.gates,
+            baseline=baseline_check(entry, result, settings, self.topology_key, self.known_keys),
             relative_speed=relative_speed_check(entry, result, settings),
             memory=memory_check(entry, result.peak_memory_bytes, settings, exact_memory),
             work=work_check(entry, result.work, settings, counted=spec.count_work),
@@ -193,34 +186,28 @@ class Gate:
         )
 
     def identities(self, result: RunResult) -> tuple[str, str]:
-        """This run's baseline identity (its file relative to the repository holding it) and
-        the rootdir-relative form entries were stored under before; alike outside git."""
+        """This run's identity (from the repository root) and the rootdir-relative form."""
         legacy = test_identity(result)
         if self.rootpath is None:
             return legacy, legacy
         return test_identity(result, repository_nodeid(result.spec.test_id, self.rootpath)), legacy
 
     def baseline_entry(self, result: RunResult) -> BaselineEntry | None:
-        """The entry under this run's identity, else under its older form (noted for the
-        session's orphan warning)."""
+        """The entry under this run's identity, else under its older form (noted for orphans)."""
         identity, legacy = self.identities(result)
         entry = self.store.find(self.topology_key, identity, legacy)
         self.looked_up[identity] = (legacy, entry is not None)
         return entry
 
+    @functools.cached_property
     def known_keys(self) -> list[str]:
-        if self._known_keys is None:
-            self._known_keys = self.store.keys()
-        return self._known_keys
+        return self.store.keys()
 
-    def record(self, result: RunResult, decision: Decision, prediction: Prediction | None) -> bool:
-        """Store this run as the baseline unless it failed its threshold: a run the links
-        cannot explain must not become the yardstick."""
+    def record(self, result: RunResult, decision: Decision) -> bool:
+        """Store this run as the baseline unless a check failed: it must not be the yardstick."""
         if not (self.update and self.writes) or decision.failed:
             return False
-        figures = decision.threshold.figures
-        judged = getattr(figures, "predicted_tokens_per_sec", None)
-        extra = {"predicted_tokens_per_sec": judged} if judged else None
+        judged = getattr(decision.threshold.figures, "predicted_tokens_per_sec", None)
         identity, legacy = self.identities(result)
         entry = BaselineEntry.from_samples(
             identity,
@@ -228,7 +215,7 @@ class Gate:
             peak_memory_bytes=result.peak_memory_bytes,
             versions=result.versions,
             commit=self.commit,
-            extra=extra,
+            extra={"predicted_tokens_per_sec": judged} if judged else None,
             relative_samples=result.relative_speed_samples,
             host_loop_samples=result.host_loop_samples,
             work=result.work,
@@ -253,8 +240,7 @@ TRANSPORT_VARIABLES = ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE",
 
 
 def counted_collectives(result: RunResult) -> dict[str, tuple[float, float]] | None:
-    """kind -> (calls, bytes) per decode token (or training step) as the ranks counted; None when
-    the work was not counted (the prediction then charges what the strategy expects)."""
+    """kind -> (calls, bytes) per decode token (or step) as counted; None: not counted."""
     if result.work is None:
         return None
     return {k: (c.calls, c.bytes) for k, c in result.work.main.collectives.items()}
@@ -284,15 +270,14 @@ def default_baseline_dir(rootpath: Path) -> Path:
 def session_message_sizes(
     workloads: list[tuple[str, Workload]], devices: int, max_bytes: int | None = None
 ) -> MessageSizes | None:
-    """Union of the message sizes every collected (strategy, workload) really uses, up to
-    `max_bytes`; a builder's model is calibrated in its ranks once built
-    (RunSpec.calibrate_model)."""
+    """Union of the message sizes every collected (strategy, workload) uses, up to `max_bytes`;
+    a builder's model is calibrated in its ranks once built (RunSpec.calibrate_model)."""
     from pytest_distperf.models import shape_of
 
     used = []
     for strategy, workload in workloads:
         shape = None if workload.training else shape_of(workload.model)
-        if shape is not None:  # unknown until a rank builds it; a training step's calibrated there
+        if shape is not None:  # a builder's or a training step's: calibrated in the ranks
             precision = PRECISION_BYTES[workload.precision]
             used.append(message_sizes_for(shape, strategy, devices, precision, workload.batch_size))
 

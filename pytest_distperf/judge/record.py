@@ -1,15 +1,9 @@
-"""One judged run as one typed value, and its one serialisation for the reports.
-
-The gate (gate.py) builds a `JudgedRun` from a RunResult, its prediction and its checks;
-`to_dict()` is its row of the JSON report (--distperf-json): the run's figures
-(`RunResult.to_dict`) and the gate's, under names that users' scripts and CI templates read and
-that do not change. The terminal table, JUnit properties, Markdown summary, pytest-benchmark
-export and charts (output/) read that row. Pure: no I/O, no pytest.
-"""
+"""One judged run as one typed value; `to_dict()` is its row of the JSON report, the run's
+figures and the gate's under names users' scripts read, which every output/ module reads."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from pytest_distperf.jsonfields import json_value
@@ -41,31 +35,19 @@ class JudgedRun:
 
     @classmethod
     def of(
-        cls,
-        result: RunResult,
-        decision: Decision,
-        *,
-        prediction: Prediction | None,
-        topology_key: str,
-        baseline_recorded: bool,
-        calibration: Calibration | None,
-        session_started_at: float,
+        cls, result: RunResult, decision: Decision, *, session_started_at: float, **fields: Any
     ) -> JudgedRun:
+        """The record, given the other fields by name; the first timed token from the session's
+        start is the slowest rank's."""
+        first_timed = max(r.timed_from for r in result.ranks)
         return cls(
-            run=result,
-            decision=decision,
-            prediction=prediction,
-            topology_key=topology_key,
-            baseline_recorded=baseline_recorded,
-            calibration=calibration,
-            session_to_first_timed_s=max(r.timed_from for r in result.ranks) - session_started_at,
+            result, decision, session_to_first_timed_s=first_timed - session_started_at, **fields
         )
 
     @property
     def bandwidth_utilization(self) -> float | None:
-        """Share of the measured device copy bandwidth that the weights read reach: weight
-        bytes a rank reads per forward x forwards/sec (decode tok/s over the batch size) over
-        the copy bandwidth (the calibration's). None without a prediction or a calibration."""
+        """Weight bytes a rank reads per forward x forwards/sec over the calibrated copy
+        bandwidth; None without a prediction or a calibration."""
         calibration, prediction = self.calibration, self.prediction
         if prediction is None or calibration is None or not calibration.memory_bandwidth:
             return None
@@ -100,42 +82,16 @@ class JudgedRun:
 
 def _figure_keys(figures: Figures | None) -> dict[str, Any]:
     """A check's figures under the keys the JSON report has always called them."""
-    if isinstance(figures, ThresholdFigures):
-        return {
-            "predicted_tokens_per_sec": figures.predicted_tokens_per_sec,
-            "threshold_tokens_per_sec": figures.threshold_tokens_per_sec,
-            "efficiency": figures.efficiency,
-            "bound": figures.bound,
-            "bound_description": figures.bound_description,
-            "link_class": figures.link_class,
-            "ratio_to_predicted": figures.ratio_to_predicted,
-        }
-    if isinstance(figures, DetectableFigures):  # the baseline check's, without a baseline
-        return {"detectable_drop": figures.detectable_drop}
+    if isinstance(figures, ThresholdFigures | DetectableFigures):
+        return asdict(figures)
     if isinstance(figures, BaselineFigures):
-        waits = figures.waits
-        return {
-            "baseline_tokens_per_sec": figures.baseline_tokens_per_sec,
-            "change": figures.change,
-            "tolerance": figures.tolerance,
-            "tolerance_runs": figures.tolerance_runs,
-            "baseline_runs_needed": figures.runs_needed,
-            "p_value": figures.p_value,
-            "detectable_drop": figures.detectable_drop,
-            "baseline_verdict": figures.verdict,
-            "baseline_recorded_at": figures.recorded_at,
-            "baseline_commit": figures.commit,
-            **({} if waits is None else {"off_cpu_share_change": waits.rise}),
-        }
+        keys = {"runs_needed": "baseline_runs_needed", "verdict": "baseline_verdict"}
+        keys |= {"recorded_at": "baseline_recorded_at", "commit": "baseline_commit"}
+        row = {keys.get(f.name, f.name): getattr(figures, f.name) for f in fields(figures)}
+        del row["waits"]
+        return row | ({} if figures.waits is None else {"off_cpu_share_change": figures.waits.rise})
     if isinstance(figures, RelativeSpeedFigures):
-        return {
-            "relative_speed_baseline": figures.baseline,
-            "relative_speed_change": figures.change,
-            "relative_speed_tolerance": figures.tolerance,
-            "relative_speed_p_value": figures.p_value,
-            "relative_speed_detectable_drop": figures.detectable_drop,
-            "relative_speed_verdict": figures.verdict,
-        }
+        return {f"relative_speed_{name}": value for name, value in asdict(figures).items()}
     if isinstance(figures, DeviceTimeFigures):
         return {"device_time_change": figures.change}
     return {}

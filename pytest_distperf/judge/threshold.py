@@ -1,8 +1,5 @@
-"""The threshold: the run against `efficiency` x the modelled, links-aware prediction (perfmodel/:
-the links, the calibrated collectives and the model timed alone), which `distperf predict`
-shows too. Judged wherever ranks exchange collectives (GPUs over their links, CPU ranks over
-loopback); on one device there are no links to judge, so a note carries the prediction. Pure.
-"""
+"""The threshold: the run against `efficiency` x the modelled, links-aware prediction
+(perfmodel/), judged wherever ranks exchange collectives; on one device a note. Pure."""
 
 from __future__ import annotations
 
@@ -25,8 +22,7 @@ def threshold_check(
     mode: str,
     why_none: str = "",
 ) -> Check:
-    """Fails below `efficiency` x the prediction where ranks exchange collectives; a note on
-    one device and where UNMODELLED says the prediction does not hold."""
+    """Fails below `efficiency` x the prediction; a note on one device and where UNMODELLED."""
     if prediction is None:
         because = f": {why_none}" if why_none else ""
         return Check("threshold", CheckStatus.NOTE, f"no prediction for this run{because}")

@@ -1,64 +1,54 @@
 """The timed checks against the recorded runs: the throughput ("baseline") and the speed
-relative to the bare model. Each fails only beyond the drift its own recorded runs have shown
-(judge/tolerance.py); until a baseline has enough of them only a gross drop fails, and the
-check says the baseline is provisional. Measured outside evidence that explains a failure makes
-it a "machine busy" warning (judge/busy.py), computed here; a rise of the ranks' own waits fails
-a slower run (judge/waits.py). Pure: no I/O, no pytest.
-"""
+relative to the bare model, each by the tolerance rule (judge/tolerance.py); outside evidence
+that explains a failure makes it a "machine busy" warning and a rise of the ranks' own waits
+fails a slower run (judge/busy.py). Pure: no I/O, no pytest."""
 
 from __future__ import annotations
 
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from pytest_distperf.judge.busy import busy_evidence, cpu_change, unexplained, weigh
+from pytest_distperf.judge.busy import (
+    busy_evidence,
+    cpu_change,
+    unexplained,
+    wait_figures,
+    waits_words,
+    weigh,
+)
 from pytest_distperf.judge.checks import (
-    MACHINE_BUSY,
-    PROVISIONAL,
     BaselineFigures,
     BaselineVerdict,
     Check,
-    CheckName,
     CheckStatus,
     DetectableFigures,
     GateSettings,
     RelativeSpeedFigures,
     comparison_status,
 )
-from pytest_distperf.judge.stats import Comparison, at_level, compare
+from pytest_distperf.judge.stats import Comparison, at_level, compare, detectable_drop
 from pytest_distperf.judge.tolerance import (
     GROSS_DROP,
     RUNS_TO_SETTLE,
     THROUGHPUT_FLOOR,
     Tolerance,
-    detectable_drop,
     run_tolerance,
 )
-from pytest_distperf.judge.waits import wait_figures, waits_rose, waits_words
 from pytest_distperf.measured import RunResult, off_cpu_shares
 from pytest_distperf.store.entry import BaselineEntry
 
 
-@dataclass(frozen=True)
-class Outcome:
-    status: CheckStatus
-    verdict: BaselineVerdict
-    headline: str  # "" where the comparison's own message says it all
-
-
 def outcome(
     comparison: Comparison, tolerance: Tolerance, settings: GateSettings, excuse: str
-) -> Outcome:
-    """One status from the comparison: a failure the busy evidence explains (`excuse`) warns;
-    a provisional baseline's change within its gross margin is a note within the host drift of
-    this machine class and a warning beyond it."""
-    status = comparison_status(comparison, settings)
+) -> tuple[CheckStatus, BaselineVerdict, str]:
+    """A regression the busy evidence explains (`excuse`) warns; a provisional baseline's change
+    is a note within this machine class's host drift and a warning beyond it."""
+    status = comparison_status(comparison.verdict, settings)
     if status is CheckStatus.FAIL and comparison.verdict == "regression" and excuse:
-        return Outcome(CheckStatus.WARN, MACHINE_BUSY, f"machine busy, not failed: {excuse}")
+        return CheckStatus.WARN, "machine busy", f"machine busy, not failed: {excuse}"
     if not tolerance.provisional or comparison.verdict != "ok":
-        return Outcome(status, comparison.verdict, "")
+        return status, comparison.verdict, ""  # the comparison's message says it all
     runs = f"{tolerance.runs} of {RUNS_TO_SETTLE} recorded runs"
     needs = f"record {tolerance.runs_needed} more with --distperf-update-baselines"
     if -comparison.change <= tolerance.drift:
@@ -66,13 +56,31 @@ def outcome(
             f"provisional baseline ({runs}): only a drop beyond {GROSS_DROP:.0%} fails until "
             f"then; {needs}"
         )
-        return Outcome(CheckStatus.NOTE, PROVISIONAL, words)
+        return CheckStatus.NOTE, "provisional", words
     words = (
         f"provisional baseline ({runs}): a drop beyond this machine class's host drift "
         f"({tolerance.drift:.0%}) but within the gross margin ({GROSS_DROP:.0%}); {needs} to "
         "judge it against the drift they show"
     )
-    return Outcome(CheckStatus.WARN, PROVISIONAL, words)
+    return CheckStatus.WARN, "provisional", words
+
+
+def _compared(
+    samples: Sequence[float],
+    recorded: Sequence[float],
+    history: Sequence[float],
+    tolerance: Tolerance,
+    settings: GateSettings,
+    **words: str,
+) -> Comparison:
+    return compare(
+        at_level(recorded, history),
+        samples,
+        tolerance=tolerance.fails,
+        alpha=settings.alpha,
+        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
+        **words,
+    )
 
 
 def baseline_check(
@@ -82,9 +90,7 @@ def baseline_check(
     topology_key: str,
     known_keys: Sequence[str],
 ) -> Check:
-    """The throughput against the recorded runs: beyond their tolerance (and significant) it
-    fails, unless the busy evidence explains the loss; a slower run whose own waits rose
-    beyond their recorded spread fails too."""
+    """The throughput against the recorded runs, and a slower run's own waits against theirs."""
     samples = result.tokens_per_sec_samples
     if entry is None:
         check = detectable_check(samples, settings)
@@ -100,29 +106,21 @@ def baseline_check(
     floor = settings.tolerance_floor
     floor = THROUGHPUT_FLOOR.get(accelerator, THROUGHPUT_FLOOR["cpu"]) if floor is None else floor
     tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
-    comparison = compare(
-        at_level(entry.samples, history),
-        samples,
-        tolerance=tolerance.fails,
-        alpha=settings.alpha,
-        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
-    )
+    comparison = _compared(samples, entry.samples, history, tolerance, settings)
     evidence = busy_evidence(entry, result)
     level, rate = comparison.baseline_median, comparison.current_median
     cpu = cpu_change(entry, result, evidence.core_slowdown)
-    busy, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
+    explained, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
     shares = off_cpu_shares([r.samples for r in result.ranks])
     waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
-    judged = outcome(comparison, tolerance, settings, excuse)
-    status, verdict, lines = judged.status, judged.verdict, [comparison.message()]
-    if judged.headline:
-        lines.insert(0, judged.headline)
-    if waits is not None and waits_rose(waits) and comparison.change < 0:
+    status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
+    lines = [line for line in (headline, comparison.message()) if line]
+    rose = waits is not None and waits.rise - waits.outside_share > waits.tolerance
+    if waits is not None and rose and comparison.change < 0:
         status, verdict = CheckStatus.FAIL, "regression"
         lines.insert(0, waits_words(waits))
     elif status is CheckStatus.FAIL:
-        lines.append(unexplained(busy))
-    weighed = comparison.verdict == "regression"
+        lines.append(unexplained(evidence, explained, cpu))
     figures = BaselineFigures(
         baseline_tokens_per_sec=level,
         change=comparison.change,
@@ -134,7 +132,6 @@ def baseline_check(
         recorded_at=entry.recorded_at,
         commit=entry.commit,
         runs_needed=tolerance.runs_needed,
-        busy=busy if weighed else None,
         waits=waits,
     )
     return Check("baseline", status, "\n".join(lines), figures)
@@ -143,27 +140,26 @@ def baseline_check(
 def relative_speed_check(
     entry: BaselineEntry | None, result: RunResult, settings: GateSettings
 ) -> Check:
-    """The bare model's time over the wrapped one's, against the recorded runs', by the
-    throughput's rule: the host's speed moves both, so what moves it is the strategy's own. A
-    failure that each generation's wait for a core, taken out, explains is a busy machine."""
-    name: CheckName = "relative_speed"
+    """The bare model's time over the wrapped one's by the throughput's rule: the host's speed
+    moves both. A failure each generation's wait for a core explains is a busy machine."""
     samples = result.relative_speed_samples
     if not samples:
-        return Check(name, CheckStatus.SKIP, "no bare model was timed beside this run")
+        return Check("relative_speed", CheckStatus.SKIP, "no bare model was timed beside this run")
     if entry is None or not entry.relative_samples:
-        return Check(name, CheckStatus.NOTE, "no baseline of the speed relative to the bare model")
+        message = "no baseline of the speed relative to the bare model"
+        return Check("relative_speed", CheckStatus.NOTE, message)
     history = entry.relative_run_medians or (statistics.median(entry.relative_samples),)
     tolerance = run_tolerance(
         history, settings.relative_tolerance_floor, result.spec.accelerator, settings.tolerance
     )
-    comparison = compare(
-        at_level(entry.relative_samples, history),
+    comparison = _compared(
         samples,
-        tolerance=tolerance.fails,
-        alpha=settings.alpha,
+        entry.relative_samples,
+        history,
+        tolerance,
+        settings,
         unit="x bare",
         subject="relative speed",
-        level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
     )
     excuse = ""
     unqueued = result.relative_speed_unqueued_samples
@@ -177,26 +173,25 @@ def relative_speed_check(
                 f"run-queue wait +{waited * 1e3:.3g} ms per token beyond the baseline's; with "
                 f"each generation's wait for a core taken out it changed {change:+.1%}"
             )
-    judged = outcome(comparison, tolerance, settings, excuse)
+    status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
     figures = RelativeSpeedFigures(
         baseline=comparison.baseline_median,
         change=comparison.change,
         tolerance=tolerance.fails,
         p_value=comparison.p_value,
         detectable_drop=comparison.detectable_drop,
-        verdict=judged.verdict,
+        verdict=verdict,
     )
-    lines = [judged.headline] if judged.headline else []
+    lines = [headline] if headline else []
     lines.append(
         f"{comparison.message()} (the bare model, no wrapper and no collectives, timed beside "
         "each repeat: the host's own speed cancels out)"
     )
-    return Check(name, judged.status, "\n".join(lines), figures)
+    return Check("relative_speed", status, "\n".join(lines), figures)
 
 
 def detectable_check(samples: Sequence[float], settings: GateSettings) -> Check:
-    """What a baseline of these samples would let the gate catch from its first recorded run:
-    a gross drop, or the explicit tolerance."""
+    """What a baseline of these samples would catch from its first recorded run."""
     if len(samples) < 2:
         return Check("baseline", CheckStatus.NOTE, "one sample: no drop is detectable")
     tolerance = GROSS_DROP if settings.tolerance is None else settings.tolerance

@@ -1,7 +1,6 @@
 """How far a timed figure may move before its check says so: one rule on the recorded runs'
-medians, which carry both the repeats' noise and the host's drift between sessions. Pure
-functions; why each number is what it is: docs/gates.md ("Tolerances").
-"""
+medians, which carry both the repeats' noise and the host's drift between sessions. Pure; why
+each number is what it is: docs/gates.md ("The tolerance rule")."""
 
 from __future__ import annotations
 
@@ -11,23 +10,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_distperf.jsonfields import is_number
-from pytest_distperf.judge.significance import choose_method, one_sided_p
-from pytest_distperf.store.spread import checked_rates
 
 # Recorded runs a baseline needs before its medians measure the host's drift: fewer than
 # three have no middle run to measure a drop from.
 RUNS_TO_SETTLE = 3
-# A settled tolerance is this many times the largest drop any recorded run showed below
-# their median: three runs rarely catch the host's worst session.
+# A settled tolerance is this many times the largest drop of any recorded run below their
+# median: three runs rarely catch the host's worst session.
 SAFETY = 3.0
-# A drop beyond this fails from the first recorded run, whatever the runs showed: beyond the
-# largest drift measured between unchanged sessions on any machine class (docs/gates.md).
+# A drop beyond this fails from the first recorded run, whatever the runs showed.
 GROSS_DROP = 0.5
-# Below this drop a provisional baseline's change is the host drift measured between unchanged
-# sessions on that machine class, which a single recorded run cannot tell apart (docs/gates.md).
+# A provisional baseline's change within this host drift of its machine class is a note.
 HOST_DRIFT = {"cpu": 0.40, "cuda": 0.20}
-# The least settled throughput tolerance of a machine class: three recorded runs may agree by
-# chance on a host whose sessions drift (docs/gates.md).
+# The least settled throughput tolerance of a machine class.
 THROUGHPUT_FLOOR = {"cpu": 0.20, "cuda": 0.10}
 
 
@@ -48,7 +42,7 @@ class Tolerance:
 
     @property
     def runs_needed(self) -> int:
-        return 0 if not self.provisional else RUNS_TO_SETTLE - self.runs
+        return RUNS_TO_SETTLE - self.runs if self.provisional else 0
 
 
 def largest_drop(run_medians: Sequence[float]) -> float:
@@ -63,13 +57,12 @@ def run_tolerance(
     accelerator: str,
     explicit: float | None = None,
 ) -> Tolerance:
-    """The rule: with RUNS_TO_SETTLE or more recorded runs, max(floor, SAFETY x the largest drop
-    of any run below their median), never beyond GROSS_DROP; with fewer, GROSS_DROP. An
-    explicit tolerance replaces it from the first run."""
+    """With RUNS_TO_SETTLE or more recorded runs, max(floor, SAFETY x the largest drop of any
+    run below their median), never beyond GROSS_DROP; with fewer, GROSS_DROP. An explicit
+    tolerance replaces it from the first run."""
     runs = len(checked_rates(run_medians, "run_medians"))
     drift = HOST_DRIFT.get(accelerator, HOST_DRIFT["cpu"])
-    if explicit is not None:
-        check_fraction(explicit, "tolerance", upper=math.inf)
+    if explicit is not None:  # options.py checked it
         return Tolerance(explicit, drift, runs, explicit=True)
     if runs < RUNS_TO_SETTLE:
         return Tolerance(GROSS_DROP, drift, runs)
@@ -81,49 +74,14 @@ def recorded_level(history: Sequence[float]) -> float:
     return statistics.median(history) if len(history) >= RUNS_TO_SETTLE else history[-1]
 
 
-def detectable_drop(
-    baseline: Sequence[float], n_current: int, tolerance: float, alpha: float = 0.01
-) -> float:
-    """Smallest relative drop that `stats.compare` would flag: beyond `tolerance` and
-    significant at `alpha` when the run has the baseline's noise, slowed uniformly (its
-    samples the baseline's quantiles times 1 - d); inf when none below 100% is. The p-value
-    falls monotonically with d, so bisection finds the significant part."""
-    base = checked_rates(baseline, "baseline")
-    check_fraction(alpha, "alpha", upper=1.0, allow_zero=False)
-    method = choose_method(len(base), n_current, alpha)
-    if tolerance >= 1.0 or method == "none":
-        return math.inf
-    pattern = _quantiles(sorted(base), n_current)
-
-    def significant(drop: float) -> bool:
-        shifted = [v * (1.0 - drop) for v in pattern]
-        return one_sided_p(base, shifted, method, slower=True) <= alpha
-
-    lo, hi = 0.0, 1.0 - 1e-9
-    if not significant(hi):
-        return math.inf
-    if significant(lo):
-        return tolerance
-    for _ in range(40):  # 2^-40: far below any meaningful percentage
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if significant(mid) else (mid, hi)
-    return max(tolerance, hi)
-
-
-def _quantiles(sorted_values: list[float], n: int) -> list[float]:
-    """n values at the plotting positions (j + 0.5) / n of the sample (Hazen's definition)."""
-    if n == len(sorted_values):  # exactly the sample: interpolation would blur ties
-        return list(sorted_values)
-    import numpy as np  # lazy: only once a comparison runs
-
-    positions = [(j + 0.5) / n for j in range(n)]
-    return [float(q) for q in np.quantile(sorted_values, positions, method="hazen")]
-
-
-def check_fraction(value: float, name: str, *, upper: float, allow_zero: bool = True) -> None:
-    if not is_number(value) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not low_ok or value >= upper:
-        bound = "[0" if allow_zero else "(0"
-        raise ValueError(f"{name} must be in {bound}, {upper:g}), got {value!r}")
+def checked_rates(samples: Sequence[float], name: str) -> list[float]:
+    """The samples as floats; a ValueError naming `name` when one is no finite positive rate."""
+    values = list(samples)
+    if not values:
+        raise ValueError(f"{name}: no samples")
+    for v in values:
+        if not is_number(v):
+            raise ValueError(f"{name}: samples must be numbers, got {v!r}")
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{name}: rates must be finite and positive, got {v!r}")
+    return [float(v) for v in values]

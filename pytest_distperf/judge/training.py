@@ -1,5 +1,4 @@
-"""The training run's own check (`distperf(mode="train")`): its first-step loss against one
-process's. Pure: no torch, no pytest."""
+"""The training run's own check (`distperf(mode="train")`): its first loss. Pure."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Every distperf run as a benchmark of pytest-benchmark's session, so its saving, comparing and
-exports work on distperf tests: a `Metadata` built around the test, one round per timed
-generation (the slowest rank's prefill + decode), the figures of `EXTRA_INFO` in `extra_info`."""
+"""Every distperf run as a benchmark of pytest-benchmark's session (saving, comparing, exports):
+one round per timed generation (the slowest rank's prefill + decode), EXTRA_INFO's figures."""
 
 from __future__ import annotations
 
@@ -40,20 +39,13 @@ class MeasuredRun:
     has_error: bool = False
 
 
-def benchmark_session(config: pytest.Config) -> Any | None:
-    """pytest-benchmark's session when it will record benchmarks, else None."""
-    session = config.pluginmanager.get_plugin(SESSION_PLUGIN)
-    # Disabled under xdist and with --benchmark-disable: its fixture records nothing then either.
-    if session is None or getattr(session, "disabled", True) or not hasattr(session, "benchmarks"):
-        return None
-    return session
-
-
 def add_benchmark(item: pytest.Item, record: JudgedRun, occurrence: int) -> bool:
     """Add the run to pytest-benchmark's session; False when it is not recording. A second run
-    in one test (`occurrence` > 1) gets its own name, so saved runs never merge the two."""
-    session, result = benchmark_session(item.config), record.run
-    if session is None or not result.samples:
+    in one test gets its own name, so saved runs never merge the two."""
+    session, result = item.config.pluginmanager.get_plugin(SESSION_PLUGIN), record.run
+    # Disabled under xdist and with --benchmark-disable: its fixture records nothing then either.
+    disabled = session is None or getattr(session, "disabled", True)
+    if disabled or not hasattr(session, "benchmarks") or not result.samples:
         return False
     from pytest_benchmark.stats import Metadata  # lazy: only when pytest-benchmark is active
 
@@ -96,8 +88,7 @@ def function_id(item: pytest.Item) -> str:
 
 
 def extra_info(record: JudgedRun) -> dict[str, Any]:
-    """The figures of EXTRA_INFO and the tokens of one generation, those without a value left
-    out: plain JSON, non-finite numbers as strings."""
+    """EXTRA_INFO's figures and the tokens of a generation as plain JSON, None left out."""
     row = record.to_dict()
     row["new_tokens_per_generation"] = record.run.new_tokens
     names = (*EXTRA_INFO, "new_tokens_per_generation")
@@ -105,8 +96,7 @@ def extra_info(record: JudgedRun) -> dict[str, Any]:
 
 
 def update_machine_info(machine_info: dict[str, Any], records: Iterable[JudgedRun]) -> None:
-    """Name the topology keys and devices of the session's runs in pytest-benchmark's machine
-    info; nothing when no distperf test ran."""
+    """The session's topology keys and devices in pytest-benchmark's machine info, if any."""
     records = list(records)
     keys = sorted({r.topology_key for r in records if r.topology_key})
     devices = sorted({r.run.device_name for r in records if r.run.device_name})
@@ -115,8 +105,8 @@ def update_machine_info(machine_info: dict[str, Any], records: Iterable[JudgedRu
 
 
 def without_distperf_machine_info(compared: dict[str, Any]) -> dict[str, Any] | None:
-    """The saved machine info less this plugin's part (None when it has none): it is compared at
-    configure time, before a run describes the machine; the topology key is in `extra_info`."""
+    """The saved machine info less this plugin's part (None when it has none): it is compared
+    before a run describes the machine; the topology key is in `extra_info`."""
     saved = compared.get("machine_info")
     if not isinstance(saved, Mapping) or MACHINE_INFO_KEY not in saved:
         return None

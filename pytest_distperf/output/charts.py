@@ -1,6 +1,5 @@
-"""Charts of distperf results as PNG files (the `plot` extra): a report's tok/s per strategy, or
-each baseline's recorded medians with the band the next run is held to. matplotlib's Agg canvas
-without pyplot: no display, no global backend state."""
+"""`distperf plot`: a report's tok/s per strategy, or each baseline's recorded medians with the
+band the next run is held to, as PNG (matplotlib's Agg canvas without pyplot: no display)."""
 
 from __future__ import annotations
 
@@ -39,9 +38,6 @@ class ResultBar:
     topology_key: str | None = None
 
 
-# --------------------------------------------------------------------------- inputs
-
-
 def report_bars(document: object, source: str = "report") -> list[ResultBar]:
     """The runs of a JSON report; ChartError naming the field when it is not one."""
     from pytest_distperf.output.markdown import ReportError, parse_report
@@ -50,25 +46,21 @@ def report_bars(document: object, source: str = "report") -> list[ResultBar]:
         rows = parse_report(document, source)
     except ReportError as error:
         raise ChartError(str(error)) from None
-    bars = []
-    for row in rows:
-        rate = row.tokens_per_sec
-        if rate is None or not math.isfinite(rate):
-            continue  # a run that measured nothing has no bar
-        bars.append(
-            ResultBar(
-                test=row.test_id.split("[", 1)[0],
-                strategy=row.strategy or "?",
-                devices=row.devices,
-                tokens_per_sec=rate,
-                predicted=row.predicted_tokens_per_sec,
-                threshold=row.threshold_tokens_per_sec,
-                bound=row.bound,
-                failed=(row.verdict or "").upper().startswith("FAIL"),
-                topology_key=row.topology_key,
-            )
+    return [
+        ResultBar(
+            test=row.test_id.split("[", 1)[0],
+            strategy=row.strategy or "?",
+            devices=row.devices,
+            tokens_per_sec=row.tokens_per_sec,
+            predicted=row.predicted_tokens_per_sec,
+            threshold=row.threshold_tokens_per_sec,
+            bound=row.bound,
+            failed=(row.verdict or "").upper().startswith("FAIL"),
+            topology_key=row.topology_key,
         )
-    return bars
+        for row in rows
+        if row.tokens_per_sec is not None and math.isfinite(row.tokens_per_sec)
+    ]
 
 
 @dataclass(frozen=True)
@@ -87,34 +79,28 @@ class History:
 def store_histories(directory: str | Path) -> list[History]:
     """Every entry of the baseline store in `directory`, with the gate's default tolerance."""
     from pytest_distperf.judge.tolerance import THROUGHPUT_FLOOR, recorded_level, run_tolerance
-    from pytest_distperf.store.store import BaselineFileError, BaselineStore
+    from pytest_distperf.store.snapshot import SnapshotError, read_directory
 
-    store = BaselineStore(directory)
-    if not store.directory.is_dir():
-        raise ChartError(f"{directory}: no such baseline directory")
+    try:
+        snapshot = read_directory(directory)
+    except SnapshotError as error:
+        raise ChartError(str(error)) from None
+    if snapshot.unreadable:
+        raise ChartError(str(snapshot.unreadable[0]))
     histories = []
-    topology_keys = store.keys()
-    for key in topology_keys:
-        try:
-            entries = store.load(key)
-        except BaselineFileError as error:
-            raise ChartError(str(error)) from None
+    for key, entries in snapshot.entries.items():
         for test_id, entry in sorted(entries.items()):
             runs = entry.run_medians or (entry.median,)
-            # The level and the tolerance the next run meets, as the gate holds them.
             accelerator = "cuda" if key.startswith("cuda") else "cpu"
             held = run_tolerance(runs, THROUGHPUT_FLOOR[accelerator], accelerator)
             from_runs = 0 if held.provisional else held.runs
-            level = recorded_level(runs)
+            level = recorded_level(runs)  # the level and tolerance as the gate holds them
             histories.append(
                 History(key, test_id, runs, entry.samples, level, held.fails, from_runs)
             )
     if not histories:
         raise ChartError(f"{directory}: no baselines recorded there")
     return histories
-
-
-# --------------------------------------------------------------------------- drawing
 
 
 def _figure(width: float, height: float) -> Any:
@@ -128,7 +114,8 @@ def _figure(width: float, height: float) -> Any:
     return figure
 
 
-def _save(figure: Any, out: str | Path) -> Path:
+def _save(figure: Any, out: str | Path, title: str) -> Path:
+    figure.suptitle(title, fontsize=12)
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
@@ -171,17 +158,15 @@ def plot_report(bars: Sequence[ResultBar], out: str | Path, title: str = "") -> 
     _report_legend(figure, counts, bars)
     keys = sorted({bar.topology_key for bar in bars if bar.topology_key})
     where = f" on {keys[0]}" if len(keys) == 1 else ""
-    figure.suptitle(title or f"distperf: tokens/sec per strategy{where}", fontsize=12)
-    return _save(figure, out)
+    return _save(figure, out, title or f"distperf: tokens/sec per strategy{where}")
 
 
 def _draw_bar(ax: Any, x: float, width: float, bar: ResultBar, colour: str) -> None:
     edge = _FAILED if bar.failed else "none"
     ax.bar(x, bar.tokens_per_sec, width * 0.92, color=colour, edgecolor=edge, linewidth=2)
-    # Above the bar and its marks, so that neither covers the figure.
     top = max(bar.tokens_per_sec, bar.predicted or 0, bar.threshold or 0)
     label = _rate(bar.tokens_per_sec) + (" FAIL" if bar.failed else "")
-    colour = _FAILED if bar.failed else "black"
+    colour = _FAILED if bar.failed else "black"  # above the bar and its marks
     ax.annotate(label, (x, top), color=colour, fontsize=9, weight="bold", **_LABEL)
     half = width * 0.46
     if bar.predicted:
@@ -257,8 +242,7 @@ def plot_history(histories: Sequence[History], out: str | Path, title: str = "")
     handles, labels = [handles[i] for i in order], [labels[i] for i in order]
     figure.legend(handles, labels, fontsize=9, loc="outside lower center", ncols=3)
     where = keys[0] if len(keys) == 1 else f"{len(keys)} topology keys"
-    figure.suptitle(title or f"distperf baseline history: {where}", fontsize=12)
-    return _save(figure, out)
+    return _save(figure, out, title or f"distperf baseline history: {where}")
 
 
 def _short(test_id: str, limit: int = 70) -> str:
@@ -273,12 +257,7 @@ def _rate(value: float) -> str:
 
 
 def _ranks(count: int | None) -> str:
-    if count is None:
-        return "ranks unknown"
-    return f"{count} rank" + ("s" if count != 1 else "")
-
-
-# --------------------------------------------------------------------------- `distperf plot`
+    return "ranks unknown" if count is None else f"{count} rank" + ("s" if count != 1 else "")
 
 
 def add_parser(sub: Any) -> None:

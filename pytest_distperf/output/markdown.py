@@ -1,4 +1,4 @@
-"""A Markdown summary of distperf results for CI job summaries, from a JSON report or judged runs:
+"""A Markdown summary of a distperf JSON report for CI job summaries:
 `python -m pytest_distperf.output.markdown distperf.json [--title TITLE]`."""
 
 from __future__ import annotations
@@ -9,18 +9,19 @@ import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER, get_field, json_object
 from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
-from pytest_distperf.judge.record import JudgedRun
 
 REPORT_SCHEMAS = (1,)
 _PASSING = frozenset({"ok", "pass", "passed"})
 _TELLING = frozenset({CheckStatus.FAIL, CheckStatus.WARN})
 _MISSING = "–"
+# How a SummaryRow field's annotation is read from a JSON row.
+_KINDS: dict[str, Any] = {"str | None": str, "int | None": int, "float | None": NUMBER}
 
 
 class ReportError(ValueError):
@@ -60,35 +61,18 @@ class SummaryRow:
     def from_json(cls, row: object, where: str) -> SummaryRow:
         """A row of a JSON report; ValueError naming `where` and the field when it is not one."""
         data = json_object(row, where)
-
-        def read(name: str, kind: type | tuple[type, ...] = str) -> Any:
-            return get_field(data, name, kind, where, optional=True)
-
-        test_id = get_field(data, "test_id", str, where)  # a row names its test
         messages = []
         for name in CHECK_NAMES:
-            status = read(f"{name}_status")
+            status = get_field(data, f"{name}_status", str, where, optional=True)
             if status is not None:
                 status = CheckStatus.parse(status, f"{where}: {name}_status")
-                messages.append(Message(name, status, read(f"{name}_message") or ""))
-        return cls(
-            test_id=test_id,
-            messages=tuple(messages),
-            strategy=read("strategy"),
-            devices=read("devices", int),
-            accelerator=read("accelerator"),
-            device_name=read("device_name"),
-            topology_key=read("topology_key"),
-            tokens_per_sec=read("tokens_per_sec", NUMBER),
-            baseline_tokens_per_sec=read("baseline_tokens_per_sec", NUMBER),
-            change=read("change", NUMBER),
-            relative_speed=read("relative_speed", NUMBER),
-            relative_speed_change=read("relative_speed_change", NUMBER),
-            verdict=read("verdict"),
-            predicted_tokens_per_sec=read("predicted_tokens_per_sec", NUMBER),
-            threshold_tokens_per_sec=read("threshold_tokens_per_sec", NUMBER),
-            bound=read("bound"),
-        )
+                text = get_field(data, f"{name}_message", str, where, optional=True)
+                messages.append(Message(name, status, text or ""))
+        figures = {
+            f.name: get_field(data, f.name, _KINDS[str(f.type)], where, optional=True)
+            for f in fields(cls)[2:]
+        }
+        return cls(get_field(data, "test_id", str, where), tuple(messages), **figures)
 
 
 def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
@@ -107,12 +91,8 @@ def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
         raise ReportError(f"not a distperf JSON report: {error}") from None
 
 
-def render_markdown(rows: Sequence[SummaryRow | JudgedRun], title: str = "") -> str:
+def render_markdown(summary: Sequence[SummaryRow], title: str = "") -> str:
     """The Markdown summary of these runs."""
-    summary = [
-        row if isinstance(row, SummaryRow) else SummaryRow.from_json(row.to_dict(), "record")
-        for row in rows
-    ]
     lines = [f"## {title or 'distperf results'}", ""]
     if not summary:
         lines.append("No distperf results: no test ran a measured generation.")
@@ -160,16 +140,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--title", default="", help="heading of the summary")
     args = parser.parse_args(argv)
     try:
-        document = json.loads(args.report.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        parser.exit(2, f"{parser.prog}: error: cannot read report {args.report}: {error}\n")
-    try:
-        rows = parse_report(document, str(args.report))
-    except ReportError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
-    text = render_markdown(rows, title=args.title)
+        rows = parse_report(json.loads(args.report.read_text(encoding="utf-8")), str(args.report))
+    except (OSError, ValueError) as error:  # ReportError included
+        reason = (
+            error
+            if isinstance(error, ReportError)
+            else f"cannot read report {args.report}: {error}"
+        )
+        parser.exit(2, f"{parser.prog}: error: {reason}\n")
     # UTF-8 regardless of the runner's locale: the table uses a few non-ASCII characters.
-    sys.stdout.buffer.write(text.encode("utf-8"))
+    sys.stdout.buffer.write(render_markdown(rows, title=args.title).encode("utf-8"))
     sys.stdout.flush()
     return 0
 
@@ -195,8 +175,6 @@ _STYLES: dict[str, Callable[[Any], str]] = {
 _ALIGN = {
     style: "--:" if style in ("count", "rate", "change", "ratio") else "---" for style in _STYLES
 }
-
-
 # The table's columns, left to right: header, SummaryRow field, style.
 COLUMNS = (
     ("Test", "test_id", "code"),

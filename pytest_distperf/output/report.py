@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_distperf.judge.record import JudgedRun
-from pytest_distperf.store.files import atomic_write_text
+from pytest_distperf.store.store import atomic_write_text
 from pytest_distperf.work import Work, work_cell
 
 REPORT_SCHEMA = 1
@@ -36,101 +35,81 @@ def write_json_report(
     records: Sequence[JudgedRun],
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write every run's row atomically: a reader never sees half a report. `extra`: the
-    session's own fields (``baseline_orphans``), present only when there is something to say."""
+    """Every run's row, atomically; `extra`: the session's own fields (``baseline_orphans``)."""
     rows = [record.to_dict() for record in records]
     document = {**(extra or {}), "schema": REPORT_SCHEMA, "results": rows}
-    text = json.dumps(document, indent=2, sort_keys=True)
-    return atomic_write_text(path, text + "\n")
+    return atomic_write_text(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
 def junit_properties(record: JudgedRun) -> list[tuple[str, Any]]:
-    """(name, value) pairs for the test report's `user_properties` (JUnit XML), in the order of
-    SCALARS, then ttft in ms, then COUNTED; a figure without a value is left out, a record is
-    written as JSON text."""
+    """`user_properties` (JUnit XML) in the order of SCALARS, ttft in ms, COUNTED; a figure
+    without a value left out, a record as JSON text."""
     row = record.to_dict()
     ttft_s = row["ttft_s"]
     row["ttft_ms"] = None if ttft_s is None else ttft_s * 1000
-    named = [(name, row.get(name)) for name in (*SCALARS, "ttft_ms", *COUNTED)]
-    return [(f"distperf_{name}", _text(value)) for name, value in named if value is not None]
+    properties = []
+    for name in (*SCALARS, "ttft_ms", *COUNTED):
+        value = row.get(name)
+        if isinstance(value, dict | list):  # a JUnit property holds text
+            value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        if value is not None:
+            properties.append((f"distperf_{name}", value))
+    return properties
 
 
-def _text(value: Any) -> Any:
-    if isinstance(value, dict | list):  # a JUnit property holds text
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
-    return value
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column of the terminal table: its header, the format of its values and which value of
-    a row (`JudgedRun.to_dict`) it shows; None shows as "-"."""
-
-    header: str
-    spec: str  # format spec: "<" for left-aligned, width, precision
-    value: Callable[[Mapping[str, Any], str], Any]  # (row, the test's outcome) -> value
-    sep: str = " "  # text before the column
-
-    @property
-    def width(self) -> int:
-        return int("".join(c for c in self.spec.split(".")[0] if c.isdigit()) or 0)
-
-    def heading(self) -> str:
-        return format(self.header, ("<" if self.spec.startswith("<") else ">") + str(self.width))
-
-    def text(self, row: Mapping[str, Any], outcome: str) -> str:
-        value = self.value(row, outcome)
-        if value is None:
-            return "-".ljust(self.width) if self.spec.startswith("<") else "-".rjust(self.width)
-        return format(value, self.spec)
-
-
-def _figure(name: str, scale: float = 1.0) -> Callable[[Mapping[str, Any], str], Any]:
-    def value(row: Mapping[str, Any], outcome: str) -> Any:
+def _figure(name: str, scale: float = 1.0) -> Callable[[Mapping[str, Any]], Any]:
+    def value(row: Mapping[str, Any]) -> Any:
         figure = row.get(name)
         return figure if figure is None or scale == 1 else figure * scale
 
     return value
 
 
-def _work(row: Mapping[str, Any], outcome: str) -> str | None:
+def _work(row: Mapping[str, Any]) -> str | None:
     work = row["work"]
     return None if work is None else work_cell(Work.from_json(work, "work"))
 
 
-def _verdict(row: Mapping[str, Any], outcome: str) -> str:
-    # How the test came out: a run whose test failed otherwise may read "ok".
-    return row["verdict"] if outcome == "passed" else "FAILED"
-
-
-TABLE = (
-    Column("tok/s", "10.2f", _figure("tokens_per_sec")),
-    Column("decode", "9.2f", _figure("decode_tokens_per_sec")),
-    Column("ttft ms", "8.1f", _figure("ttft_s", 1000)),
-    Column("strategy", "<15", _figure("strategy")),
-    Column("ranks", "<9", lambda row, _: f"{row['devices']} x {row['accelerator']}"),
-    Column("predicted", "9.2f", _figure("predicted_tokens_per_sec")),
-    Column("bound", "<13", _figure("bound")),
-    Column("work", "<13", _work),
-    Column("baseline", "9.2f", _figure("baseline_tokens_per_sec")),
-    Column("change", "+7.1%", _figure("change")),
-    Column("detect", "6.0%", _figure("detectable_drop")),
-    Column("rel.chg", "+7.1%", _figure("relative_speed_change")),
-    Column("detect", "6.0%", _figure("relative_speed_detectable_drop")),
-    Column("verdict", "<18", _verdict, sep="  "),
-    Column("test", "", _figure("test_id")),
+# The terminal table's columns: header, format spec (its digits the width), value of a row
+# (`JudgedRun.to_dict`), text before it. The verdict column is the test's outcome's.
+TABLE: tuple[tuple[str, str, Callable[[Mapping[str, Any]], Any], str], ...] = (
+    ("tok/s", "10.2f", _figure("tokens_per_sec"), " "),
+    ("decode", "9.2f", _figure("decode_tokens_per_sec"), " "),
+    ("ttft ms", "8.1f", _figure("ttft_s", 1000), " "),
+    ("strategy", "<15", _figure("strategy"), " "),
+    ("ranks", "<9", lambda row: f"{row['devices']} x {row['accelerator']}", " "),
+    ("predicted", "9.2f", _figure("predicted_tokens_per_sec"), " "),
+    ("bound", "<13", _figure("bound"), " "),
+    ("work", "<13", _work, " "),
+    ("baseline", "9.2f", _figure("baseline_tokens_per_sec"), " "),
+    ("change", "+7.1%", _figure("change"), " "),
+    ("detect", "6.0%", _figure("detectable_drop"), " "),
+    ("rel.chg", "+7.1%", _figure("relative_speed_change"), " "),
+    ("detect", "6.0%", _figure("relative_speed_detectable_drop"), " "),
+    ("verdict", "<18", _figure("verdict"), "  "),
+    ("test", "", _figure("test_id"), " "),
 )
 
 
+def _width(spec: str) -> str:
+    return ("<" if spec.startswith("<") else ">") + "".join(filter(str.isdigit, spec.split(".")[0]))
+
+
 def result_header() -> str:
-    return "".join(column.sep + column.heading() for column in TABLE)[1:]
+    return "".join(sep + format(header, _width(spec)) for header, spec, _, sep in TABLE)[1:]
 
 
 def format_result_line(record: JudgedRun, outcome: str) -> str:
-    """One row of the table under `result_header()`; `outcome` is the test's ("passed", ...).
-    A figure the run does not have (no prediction, no baseline yet) shows as "-"."""
+    """One row of the table under `result_header()`; `outcome` is the test's ("passed", ...):
+    a run whose test failed otherwise may read "ok". A figure the run lacks shows as "-"."""
     row = record.to_dict()
-    return "".join(column.sep + column.text(row, outcome) for column in TABLE)[1:]
+    if outcome != "passed":
+        row["verdict"] = "FAILED"
+    cells = []
+    for _, spec, value, sep in TABLE:
+        figure = value(row)
+        cells.append(sep + (format("-", _width(spec)) if figure is None else format(figure, spec)))
+    return "".join(cells)[1:]
 
 
 def result_lines(

@@ -1,6 +1,5 @@
-"""What changes between two baseline snapshots (directories, or a directory at a commit): per
-test, its status, the old and the new median, the recorded runs and the counted work, as rows
-for JSON and as text or a Markdown table for a review (`distperf baselines diff`). Pure."""
+"""`distperf baselines diff`: per test of two snapshots, its status, old and new median, recorded
+runs and counted work, as JSON rows, text or a Markdown table for a review. Pure."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Where a baseline's test identity starts: the repository that holds the test file, not the
-directory pytest happened to pick as its rootdir.
-
-pytest's node id is relative to the rootdir, which moves with the invocation (the arguments,
-an existing path among them, an ini file). The identity uses the test file's path relative to
-the nearest enclosing git work tree instead (walking up for ``.git``, a directory or a
-worktree's file), so `pytest perf/` from the repository, `pytest .` inside `perf/` and another
-checkout all name a test alike; outside git it stays the rootdir-relative node id. An identity
-reads ``<node id> [<workload>]`` (judge/gate.py builds it). Pure: file-system reads only.
-"""
+"""Where a baseline's test identity starts: the git work tree holding the test file (walking up
+for ``.git``), not pytest's rootdir, which moves with the invocation; so `pytest perf/` from the
+repository, `pytest .` inside `perf/` and another checkout name a test alike. Outside git it is
+the rootdir-relative node id. An identity reads ``<node id> [<workload>]`` (judge/gate.py)."""
 
 from __future__ import annotations
 
@@ -18,28 +12,16 @@ SEPARATOR = "::"  # between a node id's file and the rest (class, function, para
 WORKLOAD_OPENER = " ["  # between an identity's node id and its workload
 
 
-def repository_root(directory: Path) -> Path | None:
-    """The nearest directory at or above `directory` that holds ``.git``, or None."""
-    for candidate in (directory, *directory.parents):
-        if (candidate / ".git").exists():
-            return candidate
-    return None
-
-
 def repository_nodeid(nodeid: str, rootpath: str | os.PathLike[str]) -> str:
     """`nodeid` (relative to `rootpath`) with its file part made relative to the git work tree
-    that holds the file; `nodeid` itself when there is none, or the file is not under it."""
+    that holds the file; `nodeid` itself when there is none."""
     file_part, sep, rest = nodeid.partition(SEPARATOR)
     # normpath, not resolve(): a symlinked checkout keeps its own name for both paths.
     path = Path(os.path.normpath(Path(os.path.abspath(rootpath)) / file_part))
-    root = repository_root(path.parent)
-    if root is None:
-        return nodeid
-    try:
-        relative = path.relative_to(root).as_posix()
-    except ValueError:
-        return nodeid
-    return f"{relative}{sep}{rest}"
+    for root in path.parents:
+        if (root / ".git").exists():
+            return f"{path.relative_to(root).as_posix()}{sep}{rest}"
+    return nodeid
 
 
 def split_identity(test_id: str) -> tuple[str, str]:

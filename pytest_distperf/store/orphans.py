@@ -1,14 +1,12 @@
-"""Orphaned baselines: entries of this machine's file that no collected test matched, found in a
-session where some tests had no entry. Silently "no baseline" for every test of a moved suite
-is the failure a gate must never have, so the session names both lists, the likely cause and
-the command that keeps the history. Pure: node ids and identities in, a value out.
-"""
+"""Orphaned baselines: entries of this machine's file that no collected test matched, in a
+session where some tests found none. A moved suite must never go silently without baselines, so
+the session names both lists, the likely cause and the command that keeps the history. Pure."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pytest_distperf.store.identity import file_of, name_in_file, split_identity
@@ -34,10 +32,6 @@ class Suggestion:
     test: str | None = None  # the test without a baseline it likely belongs to
     command: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"orphan": self.orphan, "cause": self.cause, "test": self.test,
-                "command": self.command}  # fmt: skip
-
 
 @dataclass(frozen=True)
 class Orphans:
@@ -49,8 +43,7 @@ class Orphans:
 
     @property
     def likely_cause(self) -> str:
-        causes = dict.fromkeys(s.cause for s in self.suggestions)
-        return "; ".join(causes)
+        return "; ".join(dict.fromkeys(s.cause for s in self.suggestions))
 
     @property
     def commands(self) -> tuple[str, ...]:
@@ -63,7 +56,7 @@ class Orphans:
             "tests_without_baseline": list(self.without_baseline),
             "orphaned_entries": list(self.orphaned),
             "likely_cause": self.likely_cause,
-            "suggestions": [s.to_json() for s in self.suggestions],
+            "suggestions": [asdict(s) for s in self.suggestions],
             "commands": list(self.commands),
         }
 
@@ -93,13 +86,9 @@ def find_orphans(
     baseline_file: str,
     directory: str,
 ) -> Orphans | None:
-    """The orphans of a session, or None when no test went without its entry or every entry
-    matched a test.
-
-    `looked_up`: identity -> (older form, found) of each run (judge/gate.py); `collected`: the
-    node ids of the session's tests that did not run (deselected, skipped), in either form,
-    whose entries are kept whatever their workload.
-    """
+    """The orphans of a session, or None when every test found its entry or every entry
+    matched a test. `looked_up`: identity -> (older form, found) of each run (judge/gate.py);
+    `collected`: node ids of the tests that did not run, whose entries are not orphans."""
     ran = set(looked_up) | {legacy for legacy, _ in looked_up.values()}
     ran_nodeids = {split_identity(test_id)[0] for test_id in ran}
     others = set(collected) - ran_nodeids

@@ -1,11 +1,10 @@
-"""Every baseline file of a directory, or of a directory at a commit (``REF:DIR``, read through
-`git show`), for the `distperf baselines` commands: the readable files' entries by topology
-key, and each unreadable file named with its problem (left as it is, never rewritten)."""
+"""Every baseline file of a directory, or of one at a commit (``REF:DIR``, through `git show`),
+for `distperf baselines`: the entries by topology key, and each unreadable file's problem."""
 
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_distperf.gitinfo import GIT_TIMEOUT_S
@@ -27,7 +26,7 @@ class Snapshot:
     source: str  # the directory, or REF:DIR, as given
     entries: dict[str, dict[str, BaselineEntry]]  # topology key -> test id -> entry
     unreadable: tuple[BaselineFileError, ...] = ()
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
 
 def read_directory(directory: str | Path) -> Snapshot:
@@ -35,8 +34,7 @@ def read_directory(directory: str | Path) -> Snapshot:
     store = BaselineStore(directory)
     if not store.directory.is_dir():
         raise SnapshotError(f"{directory}: no such baseline directory")
-    entries, unreadable = {}, []
-    topology_keys = store.keys()
+    entries, unreadable, topology_keys = {}, [], store.keys()
     for key in topology_keys:
         try:
             entries[key] = store.load(key)
@@ -54,8 +52,8 @@ def read_source(source: str) -> Snapshot:
 
 
 def read_commit(ref: str, directory: str, cwd: str | Path = ".") -> Snapshot:
-    """The baseline files of `directory` (as git names it: from the repository's root, or
-    ``./DIR`` from `cwd`) at commit `ref`. None there yet: no entries, and a note saying so."""
+    """The baseline files of `directory` (from the repository's root, or ``./DIR`` from `cwd`)
+    at commit `ref`; none there yet: no entries, and a note saying so."""
     source = f"{ref}:{directory}"
     try:
         _git(cwd, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
@@ -75,9 +73,9 @@ def read_commit(ref: str, directory: str, cwd: str | Path = ".") -> Snapshot:
             validate_topology_key(key)
         except ValueError:
             continue  # what BaselineStore.keys() skips on a disk too
-        path = Path(f"{source}/{name}")
         try:
-            entries[key] = read_document(path, _git(cwd, "show", f"{source}/{name}"), key)[1]
+            raw = _git(cwd, "show", f"{source}/{name}")
+            entries[key] = read_document(Path(f"{source}/{name}"), raw, key)[1]
         except BaselineFileError as error:
             unreadable.append(error)
     return Snapshot(source, entries, tuple(unreadable))

@@ -1,28 +1,14 @@
-"""Baseline store: one reviewable JSON file per topology key, merged under a file lock.
-
-Layout: ``<directory>/<topology_key>.json`` holding
-``{"schema": 4, "topology_key": ..., "topology": {...}, "entries": {test_id: entry, ...}}``.
-Files are written sorted and indented so that a baseline update reads as a small diff in review.
-
-Concurrency: readers take no lock, because writers replace the file atomically (temp file in the
-same directory, fsync, ``os.replace``, fsync of the directory), so a reader sees the old or the new
-file and never half of one. Writers serialize on ``<file>.lock`` (``filelock.FileLock``, an
-``flock`` on POSIX that the kernel drops when the holder dies, so a killed writer leaves no stale
-lock) and merge: each re-reads the file inside the lock and replaces only its own test ids, so
-parallel CI jobs (or pytest-xdist workers) sharing a baseline directory do not lose each other's
-entries. Add ``*.lock`` to the baseline directory's ``.gitignore``.
-
-A file that cannot be read (truncated, not JSON, unknown schema, wrong shape) raises
-:class:`BaselineFileError` and is never overwritten: it may hold reviewed numbers that a person
-should repair, not a test run. `rewrite` (the `distperf baselines` commands) holds to the same
-rules, and removes a file whose last entry it removes.
-"""
+"""Baseline store: ``<directory>/<topology_key>.json``, sorted and indented so that an update
+reads as a small diff. Readers take no lock: writers replace the file atomically. Writers take
+``<file>.lock`` (an ``flock`` the kernel drops when its holder dies) and re-read the file inside
+it, replacing only their own test ids. An unreadable file raises BaselineFileError, untouched."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
@@ -32,11 +18,9 @@ from typing import Any
 import filelock
 
 from pytest_distperf.jsonfields import get_field
-from pytest_distperf.store.entry import READABLE_SCHEMAS, SCHEMA, BaselineEntry
-from pytest_distperf.store.files import atomic_write_text
+from pytest_distperf.store.entry import SCHEMA, BaselineEntry
 
-# Conservative on purpose: keys become file names on every OS a runner may use and appear in
-# shell commands and CI logs. 200 leaves room for ".json.lock" and the temp-file affixes.
+# Keys become file names on every OS a runner may use; 200 leaves room for the affixes.
 _KEY_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 _FILE_FIELDS = frozenset({"schema", "topology_key", "topology", "entries"})
 
@@ -50,19 +34,21 @@ class BaselineFileError(ValueError):
         self.problem = problem
 
 
+def _safe(topology_key: object) -> bool:
+    return (
+        isinstance(topology_key, str)
+        and ".." not in topology_key
+        and bool(_KEY_PATTERN.fullmatch(topology_key))
+    )
+
+
 def validate_topology_key(topology_key: str) -> str:
     """Return ``topology_key`` if it is safe as a file name, else raise ValueError saying why."""
-    if not isinstance(topology_key, str):
-        raise ValueError(f"topology key must be a string, got {topology_key!r}")
-    if "/" in topology_key or "\\" in topology_key or ".." in topology_key:
+    if not _safe(topology_key):
         raise ValueError(
-            f"topology key {topology_key!r} must not contain path separators or '..': it is "
-            "used as a file name in the baseline directory"
-        )
-    if not _KEY_PATTERN.fullmatch(topology_key):
-        raise ValueError(
-            f"topology key {topology_key!r} is not a safe file name: use 1-200 characters from "
-            "A-Z a-z 0-9 . _ + - starting with a letter or digit"
+            f"topology key {topology_key!r} is not a safe file name in the baseline directory: "
+            "use 1-200 characters from A-Z a-z 0-9 . _ + - starting with a letter or digit, "
+            "no '..'"
         )
     return topology_key
 
@@ -72,43 +58,30 @@ class BaselineStore:
 
     def __init__(self, directory: str | os.PathLike[str], *, lock_timeout: float = 60.0) -> None:
         self.directory = Path(directory)
-        # A writer holds the lock for one read + write of a small file: a minute of waiting means
-        # something is wrong (a hung process, a lock on a network filesystem), not contention.
+        # A writer holds the lock for one read + write of a small file: a minute of waiting
+        # means something is wrong (a hung process, a network filesystem), not contention.
         self.lock_timeout = lock_timeout
-
-    def __repr__(self) -> str:
-        return f"BaselineStore({str(self.directory)!r})"
 
     def path(self, topology_key: str) -> Path:
         return self.directory / f"{validate_topology_key(topology_key)}.json"
 
     def keys(self) -> list[str]:
-        """Topology keys that have a baseline file, sorted (for "keys that exist: ...")."""
+        """Topology keys that have a baseline file, sorted."""
         if not self.directory.is_dir():
             return []
+        paths = self.directory.iterdir()
         return sorted(
-            p.stem
-            for p in self.directory.iterdir()
-            if p.suffix == ".json"
-            and _KEY_PATTERN.fullmatch(p.stem)
-            and ".." not in p.stem
-            and p.is_file()
+            p.stem for p in paths if p.suffix == ".json" and _safe(p.stem) and p.is_file()
         )
 
     def load(self, topology_key: str) -> dict[str, BaselineEntry]:
         """All entries for ``topology_key``; empty when there is no file yet."""
-        return self._read(topology_key)[1]
-
-    def topology(self, topology_key: str) -> dict[str, Any] | None:
-        """The stored description of the topology, or None when there is no file yet."""
-        return self._read(topology_key)[0]
-
-    def get(self, topology_key: str, test_id: str) -> BaselineEntry | None:
-        return self.load(topology_key).get(test_id)
+        path = self.path(topology_key)
+        raw = _bytes(path)
+        return {} if raw is None else read_document(path, raw, topology_key)[1]
 
     def find(self, topology_key: str, *test_ids: str) -> BaselineEntry | None:
-        """The entry stored under the first of `test_ids` that has one (an identity, then the
-        older forms of it), or None."""
+        """The entry stored under the first of `test_ids` that has one, or None."""
         entries = self.load(topology_key)
         return next((entries[t] for t in test_ids if t in entries), None)
 
@@ -118,52 +91,29 @@ class BaselineStore:
         entries: Mapping[str, BaselineEntry],
         topology: Mapping[str, Any] | None = None,
         *,
-        keep_history: bool = True,
         moved_from: Mapping[str, str] | None = None,
     ) -> Path:
-        """Merge ``entries`` into the file for ``topology_key``; other test ids are kept.
-
-        With ``keep_history`` an entry that replaces a stored one carries the stored entry's run
-        medians before its own (`BaselineEntry.following`). ``moved_from`` maps a test id to an
-        older one: where only the older is stored, the entry takes its place and its history.
-
-        ``topology`` replaces the stored description when given. Raises BaselineFileError (and
-        leaves the file byte-identical) when the existing file is unreadable, and TimeoutError
-        when the lock is not acquired within ``lock_timeout`` seconds.
-        """
+        """Merge ``entries`` into ``topology_key``'s file after the stored runs (`following`);
+        ``moved_from``: test id -> an older id whose entry it takes over where only that is
+        stored. BaselineFileError when the file is unreadable, TimeoutError without the lock."""
         path = self.path(topology_key)
         updates = dict(entries)
-        for test_id, entry in updates.items():
-            if not isinstance(entry, BaselineEntry):
-                raise TypeError(
-                    f"{test_id!r}: expected a BaselineEntry, got {type(entry).__name__}"
-                )
-            if test_id != entry.test_id:
-                raise ValueError(f"entry stored under {test_id!r} has test_id {entry.test_id!r}")
-        new_topology: dict[str, Any] | None = None
-        if topology is not None:
-            try:
-                new_topology = json.loads(json.dumps(dict(topology), allow_nan=False))
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"topology must be JSON-serializable ({exc})") from exc
-
         self.directory.mkdir(parents=True, exist_ok=True)
         with self._locked(path):
             raw = _bytes(path)
-            # Parsing inside the lock is what makes this a merge rather than last-writer-wins;
-            # an unreadable file raises here, before anything is written.
-            old_topology, merged = ({}, {}) if raw is None else _parse(path, raw, topology_key)
+            # Parsing inside the lock makes this a merge rather than last-writer-wins.
+            old_topology, merged = (
+                ({}, {}) if raw is None else read_document(path, raw, topology_key)
+            )
             for test_id, older in (moved_from or {}).items():
                 if test_id in updates and test_id not in merged and older in merged:
                     merged[test_id] = replace(merged.pop(older), test_id=test_id)
-            if keep_history:
-                # Read under the lock, so two refreshes of one test both land in its history.
-                for test_id, entry in updates.items():
-                    if test_id in merged:
-                        updates[test_id] = entry.following(merged[test_id])
+            for test_id, entry in updates.items():
+                if test_id in merged:
+                    updates[test_id] = entry.following(merged[test_id])
             merged.update(updates)
             text = _render(
-                topology_key, old_topology if new_topology is None else new_topology, merged
+                topology_key, old_topology if topology is None else dict(topology), merged
             )
             if raw != text.encode("utf-8"):
                 atomic_write_text(path, text)
@@ -174,22 +124,15 @@ class BaselineStore:
         topology_key: str,
         change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
     ) -> dict[str, BaselineEntry]:
-        """Replace the entries of ``topology_key``'s file by ``change(entries)``, read and written
-        under the lock; a file left without entries is removed. Returns what it holds now.
-
-        Raises BaselineFileError (the file left byte-identical) when it is unreadable,
-        FileNotFoundError when there is none, and ValueError from ``change``.
-        """
+        """Replace ``topology_key``'s entries by ``change(entries)`` under the lock, removing a
+        file left empty; what it holds now. FileNotFoundError when there is none."""
         path = self.path(topology_key)
         with self._locked(path):
             raw = _bytes(path)
             if raw is None:
                 raise FileNotFoundError(f"no baseline file {path}")
-            topology, entries = _parse(path, raw, topology_key)
+            topology, entries = read_document(path, raw, topology_key)
             changed = change(dict(entries))
-            for test_id, entry in changed.items():
-                if test_id != entry.test_id:
-                    raise ValueError(f"entry under {test_id!r} has test_id {entry.test_id!r}")
             if not changed:
                 path.unlink()
             elif changed != entries:
@@ -207,22 +150,49 @@ class BaselineStore:
                 f"{path}.lock"
             ) from exc
         try:
-            _remove_orphaned_temps(path)
+            # Temp files exist only under the lock: one found now is a dead writer's.
+            for orphan in path.parent.glob(f".{path.name}.*.tmp"):
+                orphan.unlink(missing_ok=True)
             yield
         finally:
             lock.release()
 
-    def _read(self, topology_key: str) -> tuple[dict[str, Any] | None, dict[str, BaselineEntry]]:
-        """The stored topology and entries; (None, {}) when there is no file yet."""
-        path = self.path(topology_key)
-        raw = _bytes(path)
-        return (None, {}) if raw is None else _parse(path, raw, topology_key)
 
-
-# --- file format -------------------------------------------------------------------------------
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same directory, fsync, rename: a
+    reader sees the old file or the new one, never half of either."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        # mkstemp creates 0600: keep an existing file's mode, else 0644 for a checked-in file.
+        try:
+            mode = target.stat().st_mode & 0o777
+        except FileNotFoundError:
+            mode = 0o644
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if os.name == "posix":  # makes the rename itself durable
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return target
 
 
 def _render(topology_key: str, topology: dict[str, Any], entries: dict[str, BaselineEntry]) -> str:
+    for test_id, entry in entries.items():  # a file must read back
+        if not isinstance(entry, BaselineEntry) or entry.test_id != test_id:
+            raise ValueError(f"entry under {test_id!r} is not a BaselineEntry of that test_id")
     document = {
         "schema": SCHEMA,
         "topology_key": topology_key,
@@ -244,8 +214,7 @@ class _DuplicateKey(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    # A hand-resolved merge conflict can leave the same test id twice; json would keep the last
-    # one silently, so refuse instead.
+    # A hand-resolved merge conflict can leave a test id twice; json would keep the last one.
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
@@ -263,12 +232,6 @@ def read_document(
 ) -> tuple[dict[str, Any], dict[str, BaselineEntry]]:
     """The topology and entries of a baseline file's bytes (``path`` names it in errors: it may
     come from a commit rather than the disk); BaselineFileError when it is no such file."""
-    return _parse(path, raw, topology_key)
-
-
-def _parse(
-    path: Path, raw: bytes, topology_key: str
-) -> tuple[dict[str, Any], dict[str, BaselineEntry]]:
     if not raw.strip():
         raise BaselineFileError(path, "file is empty (truncated?)")
     try:
@@ -285,12 +248,11 @@ def _parse(
         raise BaselineFileError(path, f"expected a JSON object, found {type(data).__name__}")
     if "schema" not in data:
         raise BaselineFileError(path, "no 'schema' field: not a pytest-distperf baseline file")
-    if data["schema"] not in READABLE_SCHEMAS or isinstance(data["schema"], bool):
-        readable = ", ".join(map(str, READABLE_SCHEMAS))
+    if data["schema"] != SCHEMA or isinstance(data["schema"], bool):
         raise BaselineFileError(
             path,
             f"unknown schema version {data['schema']!r} (this pytest-distperf reads schema "
-            f"{readable} only: record the baselines again with --distperf-update-baselines, or "
+            f"{SCHEMA} only: record the baselines again with --distperf-update-baselines, or "
             "use the version that wrote it)",
         )
     missing = sorted(_FILE_FIELDS - data.keys())
@@ -304,7 +266,7 @@ def _parse(
         )
     try:
         topology = get_field(data, "topology", dict)
-        stored = get_field(data, "entries", dict)  # test ids to entries
+        stored = get_field(data, "entries", dict)
     except ValueError as exc:
         raise BaselineFileError(path, str(exc)) from exc
     entries: dict[str, BaselineEntry] = {}
@@ -317,10 +279,3 @@ def _parse(
             raise BaselineFileError(path, f"entry {test_id!r} carries test_id {entry.test_id!r}")
         entries[test_id] = entry
     return topology, entries
-
-
-def _remove_orphaned_temps(path: Path) -> None:
-    # Temp files (atomic_write_text's) are only created while holding the lock, so one that
-    # exists while we hold it belongs to a writer that died between writing and renaming.
-    for orphan in path.parent.glob(f".{path.name}.*.tmp"):
-        orphan.unlink(missing_ok=True)
