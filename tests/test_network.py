@@ -13,13 +13,12 @@ from pytest_distperf.perfmodel import (
     GB,
     Calibration,
     CollectiveFigure,
-    describe_prediction,
     failure_message,
-    job_links,
     measured_network,
     run_links,
 )
-from pytest_distperf.perfmodel.links import NOMINAL_NETWORK_GBPS
+from pytest_distperf.perfmodel.links import NOMINAL_NETWORK_GBPS, job_links
+from pytest_distperf.perfmodel.prediction import describe_prediction
 from pytest_distperf.ranks.calibrate import job_nodes
 from pytest_distperf.strategies import predict_for, predict_train_for
 from pytest_distperf.topology import Device, Link, Network, Topology
