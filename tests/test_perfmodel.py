@@ -206,7 +206,7 @@ def test_calibrated_overlap_reaches_the_links() -> None:
     with pytest.raises(ValueError, match="overlap must be in"):
         replace(cal, overlap=1.5)
     old_report["overlap"] = "most"
-    with pytest.raises(ValueError, match="field 'overlap' has the wrong type"):
+    with pytest.raises(ValueError, match="field 'overlap' must be a number"):
         Calibration.from_dict(old_report)
 
 
