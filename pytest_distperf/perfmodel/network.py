@@ -1,8 +1,6 @@
-"""The network between a job's nodes in a prediction: which share of each link term crossing
-nodes costs (`network_charge`), said in the threshold's message, and the topology's network
-figures once the ranks measured them (`measured_network`). Pure; docs/perfmodel.md
-("Multi-node jobs").
-"""
+"""The network between a job's nodes: the share of each link term that crossing nodes costs
+(`network_charge`), and the topology's network figures once measured (`measured_network`);
+docs/perfmodel.md ("Multi-node jobs")."""
 
 from __future__ import annotations
 
@@ -22,8 +20,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class NetworkCharge:
-    """What a prediction charges at the network between a job's nodes: for each link term, the
-    seconds of it that crossing nodes costs (per token; a training prediction's per step)."""
+    """For each link term, the seconds of it that crossing nodes costs (per token or step)."""
 
     nodes: int
     terms: dict[str, float]
@@ -36,8 +33,8 @@ class NetworkCharge:
         return sum(self.terms.values())
 
     def describe(self, per: str = "token") -> str:
-        """E.g. "network term: 3.1 ms per token (all_gather 2.9 ms, latency 0.2 ms) crosses
-        the network between 2 nodes at its measured 0.31 GB/s bus bandwidth, 250 us latency"."""
+        """E.g. "network term: 3.1 ms per token (all_gather 2.9 ms, ...) crosses the network
+        between 2 nodes at its measured 0.31 GB/s bus bandwidth, 250 us latency"."""
         kind = "measured" if self.measured else "nominal"
         latency = f"{self.latency_s * 1e6:.3g} us"
         figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {latency} latency"
@@ -64,8 +61,8 @@ class NetworkCharge:
 def network_charge(
     links: Links, terms: Mapping[str, float], terms_on: Callable[[Links], Mapping[str, float]]
 ) -> NetworkCharge | None:
-    """The network's share of the link terms in `terms`: each as charged, less the same
-    collectives' (`terms_on` other links) with the network's calls free. None on one node."""
+    """Each link term less the same collectives' (`terms_on`) with the network's calls free;
+    None on one node."""
     if links.nodes <= 1:
         return None
     free = terms_on(replace(links, network_free=True))
@@ -81,7 +78,7 @@ def network_charge(
 
 def measured_network(topology: Topology, calibration: Calibration) -> Topology:
     """`topology` with its network's figures from a calibration over its nodes: the largest
-    all-gather's bus bandwidth and the smallest's time (unchanged where none crossed nodes)."""
+    all-gather's bus bandwidth and the latency (unchanged where none crossed nodes)."""
     gathers = calibration.all_gather
     if topology.nodes <= 1 or calibration.nodes <= 1 or not gathers:
         return topology
