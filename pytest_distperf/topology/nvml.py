@@ -4,18 +4,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_distperf.topology.cuda import (
-    as_text,
-    mapping_note,
-    normal_bus_id,
-    pick_devices,
-    resolve_visible_devices,
-)
+from pytest_distperf.topology.cuda import as_text, normal_bus_id, run_devices
 from pytest_distperf.topology.host import host_facts
 from pytest_distperf.topology.model import UNKNOWN, Device, Link, Topology
 
@@ -138,9 +131,7 @@ def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
         count = int(nv.nvmlDeviceGetCount())
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [as_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
-        env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        visible, env_notes = resolve_visible_devices(env, uuids)
-        wanted = pick_devices(visible, indices, env)
+        visible, wanted, notes = run_devices(uuids, indices)
         # No PCI info (None): no busId, which normal_bus_id reads as no bus.
         pcis = [_nvml_try(nv, "nvmlDeviceGetPciInfo", h) for h in handles]
         buses = [normal_bus_id(getattr(pci, "busId", "")) for pci in pcis]
@@ -163,7 +154,6 @@ def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
             )
         ends = {i: _nvlink_ends(nv, handles[visible[i]], gpu_buses) for i in wanted}
         links = []
-        notes = list(env_notes) + mapping_note(wanted, visible, env)
         for n, a in enumerate(wanted):
             for b in wanted[n + 1 :]:
                 na, nb = visible[a], visible[b]

@@ -4,7 +4,6 @@ NVML's Python binding fails."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import subprocess
@@ -12,12 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_distperf.topology.cuda import (
-    mapping_note,
-    normal_bus_id,
-    pick_devices,
-    resolve_visible_devices,
-)
+from pytest_distperf.topology.cuda import normal_bus_id, run_devices
 from pytest_distperf.topology.host import host_facts
 from pytest_distperf.topology.model import (
     LOOPBACK,
@@ -228,10 +222,7 @@ def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
     count = max(parsed.indices) + 1
     # Without the query no UUIDs are known, so UUID entries in CUDA_VISIBLE_DEVICES match nothing.
     uuids = [query.get(i, {}).get("uuid", "") for i in range(count)]
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible, env_notes = resolve_visible_devices(env, uuids)
-    visible = tuple(v for v in visible if v in parsed.indices)
-    wanted = pick_devices(visible, indices, env)
+    visible, wanted, run_notes = run_devices(uuids, indices, parsed.indices)
     devices = []
     for cuda_index in wanted:
         row = query.get(visible[cuda_index])
@@ -256,6 +247,6 @@ def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
         for n, a in enumerate(wanted)
         for b in wanted[n + 1 :]
     ]
-    notes = list(env_notes) + mapping_note(wanted, visible, env) + notes
+    notes = run_notes + notes
     _, cpus, sockets = host_facts()
     return Topology("cuda", tuple(devices), tuple(links), "nvidia-smi", cpus, sockets, tuple(notes))
