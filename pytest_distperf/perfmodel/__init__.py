@@ -4,8 +4,13 @@ plain values (no torch, no I/O, no strategy by name). What each module holds: do
 from __future__ import annotations
 
 from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure, MessageSizes
-from pytest_distperf.perfmodel.links import Links, link_figures, links_from_calibration, run_links
-from pytest_distperf.perfmodel.network import measured_network
+from pytest_distperf.perfmodel.links import (
+    Links,
+    link_figures,
+    links_from_calibration,
+    measured_network,
+    run_links,
+)
 from pytest_distperf.perfmodel.prediction import (
     DEFAULT_EFFICIENCY,
     Prediction,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.calibration import Calibration, bus_factor
 from pytest_distperf.perfmodel.terms import GB
+from pytest_distperf.topology.model import Network
 
 if TYPE_CHECKING:
     from pytest_distperf.topology import Topology
@@ -66,8 +67,7 @@ class Links:
 
     def collective_time(self, op: str, nbytes: float, world_size: int) -> tuple[float, float]:
         """(transfer, latency) seconds of one `op` of `nbytes` among `world_size` ranks: within
-        one node at its own links, across nodes at the whole job's (a ring is as slow as its
-        network hops)."""
+        one node at its own links, across nodes at the whole job's."""
         if world_size <= 1:
             return 0.0, 0.0
         if self.node is not None and not self.crosses_nodes(world_size):
@@ -185,8 +185,7 @@ COPY_EFFICIENCY = 0.85
 UNKNOWN_PCIE_GPU_GBPS = 600.0
 UNKNOWN_NVLINK_GPU_GBPS = 2000.0
 # CPU ranks with nothing measured: one core's share of host memory streaming, and a copy into
-# new memory, which pays page faults (GPUs' caching allocators make the two equal); nominal,
-# calibrate() measures both (docs/perfmodel.md).
+# new memory, which pays page faults; nominal, calibrate() measures both (docs/perfmodel.md).
 CPU_RANK_MEMORY_GBPS = 20.0
 CPU_RANK_FRESH_COPY_GBPS = 5.0
 # Nothing known of a network nobody measured: 1 Gb/s Ethernet, slow enough not to fail a healthy
@@ -378,14 +377,9 @@ def run_links(
 
 
 def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
-    """The slowest link between a node's `devices` devices, as a measured link's class."""
     if devices > 1 and topology.links:
         return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
     return "none"
-
-
-def network_class(nodes: int) -> str:
-    return f"network between {nodes} nodes"
 
 
 def job_links(
@@ -404,7 +398,7 @@ def job_links(
     if devices % nodes:
         raise ValueError(f"{devices} ranks do not split evenly over {nodes} nodes")
     per_node = devices // nodes
-    network = network_class(nodes)
+    network = f"network between {nodes} nodes"
     if calibration is None:
         node = nominal_links(topology, per_node, memory_bandwidth, bus_bandwidth)
         guess = (
@@ -437,3 +431,19 @@ def job_links(
         whole = links_from_calibration(calibration, network)
         whole = replace(whole, assumptions=(*whole.assumptions, note))
     return replace(whole, nodes=nodes, node=node if per_node > 1 else None)
+
+
+def measured_network(topology: Topology, calibration: Calibration) -> Topology:
+    """`topology` with its network's figures from a calibration over its nodes: the largest
+    all-gather's bus bandwidth and the latency (unchanged where none crossed nodes)."""
+    gathers = calibration.all_gather
+    if topology.nodes <= 1 or calibration.nodes <= 1 or not gathers:
+        return topology
+    per_node = calibration.world_size // calibration.nodes
+    network = Network(
+        busbw=gathers[-1].busbw,
+        latency_s=calibration.latency_s,
+        measured_by=f"{calibration.backend} all-gather over {calibration.world_size} ranks, "
+        f"{per_node} per node",
+    )
+    return replace(topology, network=network)

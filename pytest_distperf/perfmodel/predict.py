@@ -10,8 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes, bus_factor
-from pytest_distperf.perfmodel.network import network_charge
-from pytest_distperf.perfmodel.prediction import Prediction
+from pytest_distperf.perfmodel.prediction import Prediction, network_charge
 from pytest_distperf.perfmodel.shape import kv_cache_bytes
 from pytest_distperf.perfmodel.step import (
     CHARGED_AS,

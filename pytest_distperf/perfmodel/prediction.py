@@ -1,12 +1,13 @@
-"""A prediction (a rate and its named terms, decode or training) and the verdict text built
-from it: the threshold, the one-line description, the failure message."""
+"""A prediction (a rate and its named terms, decode or training, with the network's share of
+them in a job over several nodes) and the verdict text built from it: the threshold, the
+one-line description, the failure message."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.network import NetworkCharge
 from pytest_distperf.perfmodel.step import Collectives, describe
 from pytest_distperf.perfmodel.terms import (
     GB,
@@ -17,9 +18,70 @@ from pytest_distperf.perfmodel.terms import (
     ms,
 )
 
+if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.links import Links
+
 # Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
 # fails; small drops are the baselines' job. Why this figure: docs/perfmodel.md ("Threshold").
 DEFAULT_EFFICIENCY = 0.7
+
+
+@dataclass(frozen=True)
+class NetworkCharge:
+    """For each link term, the seconds of it that crossing nodes costs (per token or step)."""
+
+    nodes: int
+    terms: dict[str, float]
+    busbw: float  # bytes/s of the network's figures at large messages
+    latency_s: float
+    measured: bool
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.terms.values())
+
+    def describe(self, per: str = "token") -> str:
+        """E.g. "network term: 3.1 ms per token (all_gather 2.9 ms, ...) crosses the network
+        between 2 nodes at its measured 0.31 GB/s bus bandwidth, 250 us latency"."""
+        kind = "measured" if self.measured else "nominal"
+        latency = f"{self.latency_s * 1e6:.3g} us"
+        figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {latency} latency"
+        where = f"network between {self.nodes} nodes"
+        if not self.terms:
+            return f"network term: none (nothing crosses the {where}; its {figures})"
+        parts = ", ".join(f"{k} {ms(v)}" for k, v in self.terms.items())
+        return (
+            f"network term: {ms(self.seconds)} per {per} ({parts}) crosses the {where} at its "
+            f"{figures}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "seconds": self.seconds,
+            "terms": dict(self.terms),
+            "busbw": self.busbw,
+            "latency_s": self.latency_s,
+            "measured": self.measured,
+        }
+
+
+def network_charge(
+    links: Links, terms: Mapping[str, float], terms_on: Callable[[Links], Mapping[str, float]]
+) -> NetworkCharge | None:
+    """Each link term less the same collectives' (`terms_on`) with the network's calls free;
+    None on one node."""
+    if links.nodes <= 1:
+        return None
+    free = terms_on(replace(links, network_free=True))
+    shares = {k: v - free.get(k, 0.0) for k, v in terms.items() if k in LINK_TERMS}
+    return NetworkCharge(
+        links.nodes,
+        {k: v for k, v in shares.items() if v > 0},
+        links.busbw,
+        links.latency_s,
+        links.measured,
+    )
 
 
 @dataclass(frozen=True)
