@@ -93,9 +93,6 @@ class ModelShape:
             ),
         )
 
-    def to_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
 
 def kv_cache_bytes(shape: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
     """The static KV cache, read whole every decode step: keys and values of every query group,

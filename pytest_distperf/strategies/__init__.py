@@ -18,18 +18,6 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.prediction import Prediction
     from pytest_distperf.perfmodel.shape import ModelShape
 
-__all__ = [
-    "STRATEGIES",
-    "StrategyRecord",
-    "get_strategy",
-    "message_sizes_for",
-    "predict_all_for",
-    "predict_for",
-    "predict_train_for",
-    "strategy_names",
-    "train_message_sizes_for",
-]
-
 STRATEGIES: dict[str, StrategyRecord] = {
     record.name: record
     for record in (*replicated.RECORDS, *fsdp.RECORDS, *tp.RECORDS, *pipeline.RECORDS)
