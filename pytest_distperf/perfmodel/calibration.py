@@ -1,10 +1,7 @@
-"""Calibration values measured in the ranks (ranks/calibrate.py), in nccl-tests conventions, and
-the message sizes worth measuring.
-
-nccl-tests (doc/PERFORMANCE.md): an all-gather's `bytes` is its gathered OUTPUT size; algbw =
-bytes / time; busbw = algbw x (n-1)/n for all-gather, x 2(n-1)/n for all-reduce, x 1 for a
-point-to-point hop ("p2p", sendrecv: every rank sends to the next, receives from the one before).
-"""
+"""Calibration values measured in the ranks (ranks/calibrate.py) and the message sizes worth
+measuring, in nccl-tests' conventions (doc/PERFORMANCE.md): an all-gather's `bytes` is its
+OUTPUT size; algbw = bytes / time; busbw = algbw x `bus_factor`; a point-to-point hop ("p2p")
+is nccl-tests' sendrecv (every rank sends to the next, receives from the one before)."""
 
 from __future__ import annotations
 
@@ -64,30 +61,25 @@ class CollectiveFigure:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the ranks measured: collectives at the model's message sizes, and device figures.
-
-    `memory_bandwidth`: a large device copy's bytes read + written per second;
-    `fresh_copy_bandwidth`: the same into a new tensor, what FSDP2's copies cost (0: not
-    measured); `latency_s`: the smallest all-gather, launch and sync included; `overlap`: the
-    share of the shorter of (a large all-gather, host-issued small kernels) hidden when both run
-    at once (0: not measured); `in_step_latency_s`: a small all-reduce issued between bursts of
-    host compute with no barrier, the ranks' drift included (0: not measured). Over `nodes` > 1
-    every figure crossed the network; `within_node`: the same among one node's ranks (None: not
-    measured, or one rank per node).
-    """
+    """What the ranks measured (0: not measured): collectives at the model's message sizes, and
+    the device's figures. Over `nodes` > 1 every collective figure crossed the network."""
 
     world_size: int
     backend: str
     device_type: str
     all_gather: tuple[CollectiveFigure, ...]
     all_reduce: tuple[CollectiveFigure, ...]
-    memory_bandwidth: float
-    latency_s: float
-    fresh_copy_bandwidth: float = 0.0
+    memory_bandwidth: float  # a large device copy's bytes read + written per second
+    latency_s: float  # the smallest all-gather, launch and sync included
+    fresh_copy_bandwidth: float = 0.0  # a copy into a new tensor: what FSDP2's copies cost
+    # The share of the shorter of (a large all-gather, host-issued small kernels) hidden when
+    # both run at once.
     overlap: float = 0.0
     p2p: tuple[CollectiveFigure, ...] = ()
     nodes: int = 1
-    within_node: Calibration | None = None
+    within_node: Calibration | None = None  # among one node's ranks (None: one rank per node)
+    # A small all-reduce issued between bursts of host compute with no barrier before it, the
+    # ranks' drift included.
     in_step_latency_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -1,7 +1,6 @@
-"""One step of one rank, decode and training alike: what a strategy's cost function receives
-(`StepInput`) and returns (`StepCost`), the interface its pure record implements
-(`StrategyModel`), and the counted collectives charged in place of the expected ones.
-perfmodel names no strategy; the step's sum is `perfmodel.predict.predict_step`."""
+"""One step of one rank, decode and training alike: what a strategy's cost receives (`StepInput`)
+and returns (`StepCost`), the interface its record implements (`StrategyModel`), and the counted
+collectives charged in place of the expected ones (the sum: `predict.predict_step`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""A training step (forward, backward, AdamW) as the step model's input, terms in SECONDS PER
-STEP (`predict_train`): the compute every strategy pays (a measured single-process step, or
-model FLOPs at the measured matmul rate plus AdamW's traffic), and the message sizes worth
-calibrating. The strategy's share is its record's `cost`; docs/perfmodel.md ("Training step").
-"""
+"""A training step (forward, backward, AdamW), terms in SECONDS PER STEP (`predict_train`): the
+compute every strategy pays (measured, or model FLOPs at the matmul rate plus AdamW's traffic)
+and the sizes worth calibrating; docs/perfmodel.md ("Training step")."""
 
 from __future__ import annotations
 
