@@ -157,9 +157,10 @@ def _moved_bytes(collectives: Iterable[Collective], devices: int) -> dict[str, f
 
 
 def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple[str, ...]:
-    """The transfers hidden behind the host's work (the measured share of the shorter path), as
-    the negative term `overlap`; the transfers nothing runs beside stay whole. CPU ranks hide
-    none: gloo's threads share the compute's cores."""
+    """The transfers hidden behind the host's work, as the negative term `overlap`: collectives
+    run on their own stream, so where nothing makes the host wait a step costs about the longer
+    path (the measured share of the shorter is hidden); the transfers nothing runs beside stay
+    whole. CPU ranks hide none: gloo's threads share the compute's cores."""
     overlap, notes = x.links.overlap, ()
     if x.device_type == "cpu":
         cpu = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
@@ -243,7 +244,8 @@ def predict(
     counted_collectives: Collectives | None = None,
     collective_in_step_s: float | None = None,
 ) -> Prediction:
-    """Predicted tokens/sec of one rank's decode stream under `strategy` (its record).
+    """Predicted tokens/sec of one rank's decode stream under `strategy` (its record); on one
+    device a strategy still pays its wrapper's own costs (FSDP's per-unit hooks).
 
     `compute_time_s`: the measured single-rank time per token, else a roofline from `links`'
     memory bandwidth; `prefill_time_s`: the measured single-rank prefill, whose excess over one

@@ -126,9 +126,8 @@ class StrategyModel(Protocol):
 
     def replicas(self, devices: int) -> int: ...  # independent decode streams on `devices`
 
-    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
-        """The collective sizes worth calibrating for this model's decode under it."""
-        ...
+    # The collective sizes worth calibrating for this model's decode under it.
+    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes: ...
 
 
 # --------------------------------------------------------------------------- counted collectives
