@@ -162,7 +162,7 @@ _QUERY_FIELDS = (
 )
 
 
-def _run_nvidia_smi(exe: str, *args: str) -> str:
+def run_nvidia_smi(exe: str, *args: str) -> str:
     try:
         done = subprocess.run(
             [exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
@@ -196,11 +196,11 @@ def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise FileNotFoundError("nvidia-smi not found on PATH")
-    parsed = parse_nvidia_smi_topo(_run_nvidia_smi(exe, "topo", "-m"))
+    parsed = parse_nvidia_smi_topo(run_nvidia_smi(exe, "topo", "-m"))
     notes = list(parsed.notes)
     try:
         query = _parse_query(
-            _run_nvidia_smi(
+            run_nvidia_smi(
                 exe, f"--query-gpu={','.join(_QUERY_FIELDS)}", "--format=csv,noheader,nounits"
             )
         )
