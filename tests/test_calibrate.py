@@ -10,7 +10,8 @@ import torch
 from distperf_model.config import PRESETS
 from helpers import spawn_gloo_ranks
 
-from pytest_distperf.perfmodel import Calibration, bus_factor
+from pytest_distperf.perfmodel import Calibration
+from pytest_distperf.perfmodel.calibration import bus_factor
 from pytest_distperf.ranks.calibrate import calibrate
 from pytest_distperf.ranks.probes import (
     OVERLAP_PROBE_MAX_S,

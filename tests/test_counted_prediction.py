@@ -7,7 +7,7 @@ import pytest
 from distperf_model.config import PRESETS
 from test_perfmodel import NVLINK
 
-from pytest_distperf.perfmodel import describe_prediction
+from pytest_distperf.perfmodel.prediction import describe_prediction
 from pytest_distperf.strategies import predict_for
 
 CFG = PRESETS["pythia-2.8b"]

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distperf.perfmodel import (
-    GB,
-    Calibration,
-    CollectiveFigure,
-    nominal_links,
-    run_links,
-)
+from pytest_distperf.perfmodel import GB, Calibration, CollectiveFigure, run_links
 from pytest_distperf.perfmodel import links as pm_links
+from pytest_distperf.perfmodel.links import nominal_links
 from pytest_distperf.topology import Device, Link, Topology, load_nvidia_smi_topo
 
 DATA = Path(__file__).parent / "data" / "topologies"

@@ -27,13 +27,8 @@ from torch import nn
 
 from pytest_distperf.judge import gate
 from pytest_distperf.options import SettingError, workload_from_marker
-from pytest_distperf.perfmodel import (
-    Calibration,
-    CollectiveFigure,
-    Links,
-    bus_factor,
-    links_from_calibration,
-)
+from pytest_distperf.perfmodel import Calibration, CollectiveFigure, Links, links_from_calibration
+from pytest_distperf.perfmodel.calibration import bus_factor
 from pytest_distperf.ranks.strategies.tp import load_plan
 from pytest_distperf.spec import RunSpec, Workload
 from pytest_distperf.strategies import STRATEGIES, get_strategy

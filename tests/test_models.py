@@ -19,7 +19,8 @@ from pytest_distperf.judge import gate
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
 from pytest_distperf.models import context_limit, litgpt_shape, run_shape, shape_of
 from pytest_distperf.options import SettingError, workload_from_marker
-from pytest_distperf.perfmodel import Calibration, CollectiveFigure, ModelShape
+from pytest_distperf.perfmodel import Calibration, CollectiveFigure
+from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks.models import adapt, build, init_from_seed, measure_shape
 from pytest_distperf.ranks.timing import (
     Fences,

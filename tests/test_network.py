@@ -13,13 +13,12 @@ from pytest_distperf.perfmodel import (
     GB,
     Calibration,
     CollectiveFigure,
-    describe_prediction,
     failure_message,
-    job_links,
     measured_network,
     run_links,
 )
-from pytest_distperf.perfmodel.links import NOMINAL_NETWORK_GBPS
+from pytest_distperf.perfmodel.links import NOMINAL_NETWORK_GBPS, job_links
+from pytest_distperf.perfmodel.prediction import describe_prediction
 from pytest_distperf.ranks.calibrate import job_nodes
 from pytest_distperf.strategies import predict_for, predict_train_for
 from pytest_distperf.topology import Device, Link, Network, Topology
@@ -108,7 +107,7 @@ def test_job_nodes_from_torchruns_local_world_size() -> None:
 def test_the_topology_names_the_network_once_measured() -> None:
     job = LaunchedJob(rank=0, world_size=4, local_world_size=2)
     topology = job.topology(replace(_node(), nodes=1))
-    assert topology.nodes == 2 and not topology.network.measured
+    assert topology.nodes == 2 and topology.network.busbw is None
     assert "network between 2 nodes: unknown" in topology.network.describe(2)
     measured = measured_network(topology, _job_calibration())
     assert measured.network.busbw == pytest.approx(_job_calibration().all_gather[-1].busbw)

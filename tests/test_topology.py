@@ -10,18 +10,16 @@ from typing import Any
 import pytest
 from topology_cases import DATA, classes, h200_pair, read
 
-from pytest_distperf import topology as topo
 from pytest_distperf.topology import (
     Device,
     Link,
     Topology,
-    TopologyFileError,
-    TopologyParseError,
     load_nvidia_smi_topo,
     load_topology,
     parse_nvidia_smi_topo,
     probe_cpu,
 )
+from pytest_distperf.topology.model import TopologyFileError, TopologyParseError, link_rank
 
 TOPO_FILES = sorted(p for p in DATA.glob("topo_*.txt") if not p.name.endswith(".source.txt"))
 OTHER_FILES = sorted(
@@ -207,9 +205,9 @@ def test_link_lookup_errors() -> None:
 
 
 def test_slowest_link_order() -> None:
-    ranks = [topo.link_rank(c) for c in ("NV18", "NV2", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS")]
+    ranks = [link_rank(c) for c in ("NV18", "NV2", "NV1", "PIX", "PXB", "PHB", "NODE", "SYS")]
     assert ranks == sorted(ranks, reverse=True)
-    assert topo.link_rank("unknown") < topo.link_rank("SYS")
+    assert link_rank("unknown") < link_rank("SYS")
     devices = tuple(Device(i, "x", 0) for i in range(3))
     t = Topology(
         "cuda",

@@ -14,16 +14,8 @@ import pytest
 from topology_cases import classes, h200_pair, read
 
 from pytest_distperf import topology as topo
-from pytest_distperf.topology import (
-    Topology,
-    detect,
-    host,
-    probe,
-    probe_cpu,
-    probe_nvml,
-    resolve_visible_devices,
-    smi,
-)
+from pytest_distperf.topology import Topology, host, probe, probe_cpu, probe_nvml, smi
+from pytest_distperf.topology.cuda import resolve_visible_devices
 
 
 class FakeNVMLError(Exception):
@@ -349,7 +341,7 @@ def test_probe_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(ranks: int) -> Topology:
         raise RuntimeError("cpuinfo exploded")
 
-    monkeypatch.setattr(detect, "probe_cpu", boom)
+    monkeypatch.setattr(topo, "probe_cpu", boom)
     t = probe("cpu", 2)
     assert t.notes == ("topology probe failed: RuntimeError: cpuinfo exploded",)
 

@@ -14,14 +14,13 @@ from pytest_distperf.perfmodel import (
     Calibration,
     CollectiveFigure,
     Links,
-    ModelShape,
-    describe_prediction,
     failure_message,
     model_flops_per_step,
-    predict_train,
 )
+from pytest_distperf.perfmodel.prediction import describe_prediction
+from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.perfmodel.terms import LINK_TERMS
-from pytest_distperf.perfmodel.train import ADAMW_ACCESSES, BACKWARD_SHARE
+from pytest_distperf.perfmodel.train import ADAMW_ACCESSES, BACKWARD_SHARE, predict_train
 from pytest_distperf.strategies import (
     STRATEGIES,
     get_strategy,

@@ -1,27 +1,18 @@
-"""Calibration values measured in the ranks, in nccl-tests conventions, and the message sizes
-worth measuring. Pure: the ranks fill these in (ranks/calibrate.py), everything else reads them.
-
-Conventions (nccl-tests, doc/PERFORMANCE.md): an all-gather's `bytes` is its gathered OUTPUT
-size; algbw = bytes / time; all-gather busbw = algbw x (n-1)/n; all-reduce busbw = algbw x
-2(n-1)/n; a point-to-point hop ("p2p", nccl-tests' sendrecv: every rank sends to the next and
-receives from the one before) busbw = algbw.
-
-In a job over several nodes the figures are the whole job's, so every one of them crossed the
-network between the nodes ("network" scope); `within_node` holds the same collectives among one
-node's ranks ("node" scope), measured when a node has two ranks or more.
-"""
+"""Calibration values measured in the ranks (ranks/calibrate.py) and the message sizes worth
+measuring, in nccl-tests' conventions (doc/PERFORMANCE.md): an all-gather's `bytes` is its
+OUTPUT size; algbw = bytes / time; busbw = algbw x `bus_factor`; a point-to-point hop ("p2p")
+is nccl-tests' sendrecv (every rank sends to the next, receives from the one before)."""
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_distperf.jsonfields import NUMBER, get_field, json_object
+
 OPS = ("all_gather", "all_reduce", "p2p")
-# Added after calibrations were first written: absent from older reports, read as none measured.
-OPTIONAL_OPS = frozenset({"p2p"})
 # Which links a calibration's figures crossed, as its JSON names them.
 NODE_SCOPE = "node"
 NETWORK_SCOPE = "network"
@@ -59,51 +50,36 @@ class CollectiveFigure:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(
-        cls, data: Mapping[str, Any], where: str = "collective figure"
-    ) -> CollectiveFigure:
-        op = _field(data, "op", str, where)
+    def from_dict(cls, value: Any, where: str) -> CollectiveFigure:
+        data = json_object(value, where)
+        op = get_field(data, "op", str, where)
         if op not in OPS:
             raise ValueError(f"{where}: unknown op {op!r}")
-        return cls(
-            op=op,
-            bytes=int(_field(data, "bytes", (int,), where)),
-            time_s=float(_field(data, "time_s", (int, float), where)),
-            algbw=float(_field(data, "algbw", (int, float), where)),
-            busbw=float(_field(data, "busbw", (int, float), where)),
-        )
+        times = (float(get_field(data, k, NUMBER, where)) for k in ("time_s", "algbw", "busbw"))
+        return cls(op, get_field(data, "bytes", int, where), *times)
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the ranks measured: collectives at the model's message sizes and memory bandwidth.
-
-    `memory_bandwidth` is a large device copy's bytes read + written per second; `latency_s` the
-    smallest-message all-gather time (launch and synchronisation included);
-    `fresh_copy_bandwidth` the same copy into a newly allocated tensor, what FSDP2's copies into
-    new buffers cost (0: not measured, use `memory_bandwidth`); `overlap` the share of the
-    shorter of (a large all-gather, host-issued small kernels) that is hidden when both run at
-    once, in [0, 1] (0: not measured, nothing hidden); `p2p` one send/recv hop at each size
-    (empty: not measured). `nodes`: the nodes the ranks span (> 1: every figure above crossed
-    the network); `within_node`: the same collectives among one node's ranks (None: not
-    measured, or one rank per node), with this calibration's device figures.
-    `in_step_latency_s`: what one small all-reduce costs issued between bursts of host compute
-    with no barrier before it, the ranks' drift and wake-up included (0: not measured; where
-    kernels queue on a device, not measured).
-    """
+    """What the ranks measured (0: not measured): collectives at the model's message sizes, and
+    the device's figures. Over `nodes` > 1 every collective figure crossed the network."""
 
     world_size: int
     backend: str
     device_type: str
     all_gather: tuple[CollectiveFigure, ...]
     all_reduce: tuple[CollectiveFigure, ...]
-    memory_bandwidth: float
-    latency_s: float
-    fresh_copy_bandwidth: float = 0.0
+    memory_bandwidth: float  # a large device copy's bytes read + written per second
+    latency_s: float  # the smallest all-gather, launch and sync included
+    fresh_copy_bandwidth: float = 0.0  # a copy into a new tensor: what FSDP2's copies cost
+    # The share of the shorter of (a large all-gather, host-issued small kernels) hidden when
+    # both run at once.
     overlap: float = 0.0
     p2p: tuple[CollectiveFigure, ...] = ()
     nodes: int = 1
-    within_node: Calibration | None = None
+    within_node: Calibration | None = None  # among one node's ranks (None: one rank per node)
+    # A small all-reduce issued between bursts of host compute with no barrier before it, the
+    # ranks' drift included.
     in_step_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -123,7 +99,6 @@ class Calibration:
 
     @property
     def scope(self) -> str:
-        """The links its figures crossed: one node's ("node") or the network's ("network")."""
         return NETWORK_SCOPE if self.nodes > 1 else NODE_SCOPE
 
     def figures(self, op: str) -> tuple[CollectiveFigure, ...]:
@@ -132,14 +107,9 @@ class Calibration:
         return getattr(self, op)
 
     def time_at(self, op: str, nbytes: float) -> float:
-        """Time of one `op` of `nbytes` at this world size, interpolated between measured sizes.
-
-        Linear in bytes between two measured sizes (t = latency + bytes / bandwidth holds
-        piecewise); below the smallest size, the smallest size's time; above the largest, the
-        largest size's time plus the extra bytes at the faster of that size's algorithm
-        bandwidth and the best bus bandwidth any collective reached on these links: a largest
-        size that is all latency (a small all-reduce) says nothing of the bandwidth.
-        """
+        """One `op` of `nbytes`: linear between measured sizes, the smallest's time below them;
+        above, the largest's plus the extra bytes at the faster of its algbw and `best_algbw`
+        (a largest size that is all latency says nothing of the bandwidth)."""
         figures = self.figures(op)
         if not figures:
             raise ValueError(f"calibration has no {op} figures")
@@ -156,9 +126,8 @@ class Calibration:
         return lo.time_s + share * (hi.time_s - lo.time_s)
 
     def best_algbw(self, op: str) -> float:
-        """The algorithm bandwidth (bytes/s) an `op` would reach at the best bus bandwidth any
-        measured collective reached (nccl-tests' busbw is the links' share, the same measure
-        for every kind); 0 where none was measured or the op moves nothing on one rank."""
+        """The algbw an `op` reaches at the best busbw any measured collective reached (busbw is
+        the links' share, the same for every kind); 0 where none was measured."""
         best = max((f.busbw for kind in OPS for f in self.figures(kind)), default=0.0)
         factor = bus_factor(op, self.world_size)
         return best / factor if factor > 0 else 0.0
@@ -170,7 +139,7 @@ class Calibration:
 
     def merged(self, newer: Calibration) -> Calibration:
         """This calibration with `newer`'s collectives at the sizes it lacks (a builder's model,
-        calibrated once built); the device figures (bandwidth, latency, overlap) stay its own."""
+        calibrated once built); the device figures stay its own."""
         figures = {}
         for op in OPS:
             sizes = {f.bytes for f in self.figures(op)}
@@ -208,69 +177,41 @@ class Calibration:
     @classmethod
     def from_dict(cls, data: Any) -> Calibration:
         """Inverse of `to_dict`; raises ValueError naming the bad field."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"calibration: expected a JSON object, got {type(data).__name__}")
+        where = "calibration"
+        data = json_object(data, where)
         if data.get("scope", NODE_SCOPE) not in (NODE_SCOPE, NETWORK_SCOPE):
             raise ValueError(f"calibration: unknown scope {data['scope']!r}")
-        inner = data.get("within_node")
+
+        def number(name: str, **absent: float) -> float:
+            return float(get_field(data, name, NUMBER, where, **absent))
+
         figures = {}
         for op in OPS:
-            if op in OPTIONAL_OPS and op not in data:
-                figures[op] = ()
-                continue
-            raw = _field(data, op, (list, tuple), "calibration")
+            # p2p came after the first reports: absent reads as none measured
+            raw = get_field(data, op, (list, tuple), where, optional=op == "p2p") or ()
             figures[op] = tuple(
-                CollectiveFigure.from_dict(
-                    _mapping(item, f"calibration {op}[{i}]"), f"calibration {op}[{i}]"
-                )
-                for i, item in enumerate(raw)
+                CollectiveFigure.from_dict(item, f"{where} {op}[{i}]") for i, item in enumerate(raw)
             )
+        inner = data.get("within_node")
+        if inner is not None:
+            inner = json_object(inner, "calibration within_node")
+            if inner.get("scope", NODE_SCOPE) != NODE_SCOPE:
+                raise ValueError(f"calibration within_node: scope must be {NODE_SCOPE!r}")
+            inner = cls.from_dict(inner)
         return cls(
-            world_size=int(_field(data, "world_size", (int,), "calibration")),
-            backend=_field(data, "backend", str, "calibration"),
-            device_type=_field(data, "device_type", str, "calibration"),
-            all_gather=figures["all_gather"],
-            all_reduce=figures["all_reduce"],
-            memory_bandwidth=_number(data, "memory_bandwidth"),
-            latency_s=_number(data, "latency_s"),
-            fresh_copy_bandwidth=_number(data, "fresh_copy_bandwidth", 0.0),
-            # Reports written before the overlap was measured: nothing hidden, terms add up.
-            overlap=_number(data, "overlap", 0.0),
-            p2p=figures["p2p"],
-            nodes=int(_field(data, "nodes", (int,), "calibration")) if "nodes" in data else 1,
-            in_step_latency_s=_number(data, "in_step_latency_s", 0.0),
-            within_node=None if inner is None else cls.from_dict(_within_node(inner)),
+            world_size=get_field(data, "world_size", int, where),
+            backend=get_field(data, "backend", str, where),
+            device_type=get_field(data, "device_type", str, where),
+            memory_bandwidth=number("memory_bandwidth"),
+            latency_s=number("latency_s"),
+            # Figures measured after the first reports were written: absent reads as none.
+            fresh_copy_bandwidth=number("fresh_copy_bandwidth", default=0.0),
+            overlap=number("overlap", default=0.0),
+            in_step_latency_s=number("in_step_latency_s", default=0.0),
+            nodes=get_field(data, "nodes", int, where, default=1),
+            within_node=inner,
+            **figures,
         )
-
-
-def _within_node(value: Any) -> Mapping[str, Any]:
-    data = _mapping(value, "calibration within_node")
-    if data.get("scope", NODE_SCOPE) != NODE_SCOPE:
-        raise ValueError(f"calibration within_node: scope must be {NODE_SCOPE!r}")
-    return data
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _number(data: Mapping[str, Any], name: str, absent: float | None = None) -> float:
-    """A figure of the calibration; `absent` where reports written before it lack it."""
-    if absent is not None and name not in data:
-        return absent
-    return float(_field(data, name, (int, float), "calibration"))
-
-
-def _field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if name not in data:
-        raise ValueError(f"{where}: missing field {name!r}")
-    value = data[name]
-    # JSON true is an int in Python; a boolean where a number belongs is a mistake worth naming.
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ValueError(f"{where}: field {name!r} has the wrong type ({value!r})")
-    return value
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_distperf.perfmodel.calibration import Calibration, bus_factor
 from pytest_distperf.perfmodel.terms import GB
+from pytest_distperf.topology.model import Network
 
 if TYPE_CHECKING:
     from pytest_distperf.topology import Topology
@@ -35,13 +36,12 @@ class Links:
     node: Links | None = None
     # The network's calls cost nothing: predict compares with it to name the network's share.
     network_free: bool = False
-    # What a collective between host-run layers costs at least, the ranks' drift included
-    # (Calibration.in_step_latency_s, or the run's own: `in_step`); 0: not measured.
+    # The least a collective between host-run layers costs, the ranks' drift included; 0: none.
     in_step_latency_s: float = 0.0
 
     def in_step(self, seconds: float) -> Links:
-        """These links with each collective call costing at least `seconds` too, as timed
-        between the layers of the run's own model, and a note saying so."""
+        """These links with each collective costing at least `seconds`, as timed between the
+        layers of the run's own model, and a note saying so."""
         note = (
             f"collective latency at least {seconds * 1e6:.3g} us a call: an all-reduce where the "
             "strategy sums, timed in the ranks between the whole model's layers"
@@ -62,14 +62,12 @@ class Links:
         return self.nodes > 1 and ranks > self.ranks_per_node
 
     def hops_across_nodes(self, ranks: int) -> int:
-        """How many hops of the chain rank 0 -> 1 -> ... -> `ranks` - 1 go from a node to the
-        next (0 on one node)."""
+        """How many hops of the chain of the first `ranks` ranks go from a node to the next."""
         return (ranks - 1) // self.ranks_per_node if self.nodes > 1 and ranks > 1 else 0
 
     def collective_time(self, op: str, nbytes: float, world_size: int) -> tuple[float, float]:
-        """(transfer, latency) seconds of one `op` of `nbytes` among `world_size` ranks; in a
-        job over several nodes, within one node at its own links, across nodes at the whole
-        job's figures (a ring over ranks of several nodes is as slow as its network hops)."""
+        """(transfer, latency) seconds of one `op` of `nbytes` among `world_size` ranks: within
+        one node at its own links, across nodes at the whole job's."""
         if world_size <= 1:
             return 0.0, 0.0
         if self.node is not None and not self.crosses_nodes(world_size):
@@ -83,7 +81,6 @@ class Links:
             if world_size != cal.world_size:
                 # Measured at another size of group: the same link carries a different share.
                 transfer *= bus_factor(op, world_size) / bus_factor(op, cal.world_size)
-            # Between host-run layers a call also pays the ranks' drift (in_step_latency_s).
             return transfer, max(min(self.latency_s, total), self.in_step_latency_s)
         latency = max(self.latency_s, self.in_step_latency_s)
         if self.busbw <= 0:
@@ -95,8 +92,8 @@ class Links:
         return self.calibration is not None and bool(self.calibration.p2p)
 
     def p2p_time(self, nbytes: float) -> tuple[float, float]:
-        """(transfer, latency) seconds of one point-to-point hop of `nbytes`: measured send/recv
-        where calibrated, else the all-gather's (one hop of its ring; in a job, between nodes)."""
+        """(transfer, latency) seconds of one point-to-point hop: measured send/recv where
+        calibrated, else one hop of the all-gather's ring."""
         if self.network_free and self.nodes > 1:
             return 0.0, 0.0
         cal = self.calibration
@@ -109,8 +106,7 @@ class Links:
         return nbytes / self.busbw, self.latency_s
 
     def hop_time(self, nbytes: float, across_nodes: bool) -> tuple[float, float]:
-        """(transfer, latency) of one hop between two ranks: `p2p_time` on one node; in a job
-        over several, between nodes at the network's figures, within one at its own links."""
+        """`p2p_time` of one hop, within a node at that node's own links."""
         if not across_nodes and self.node is not None:
             return self.node.p2p_time(nbytes)
         return self.p2p_time(nbytes)
@@ -133,10 +129,15 @@ PCIE_DEFAULT = (4, 16)
 # Without peer-to-peer NCCL relays through host memory, which halves the link's share
 # (docs/perfmodel.md, PCIe; docs/benchmarks/h200-2026-11-29.md, NCCL_P2P_DISABLE=1).
 HOST_STAGED_FACTOR = 0.5
-PCIE_CLASS_FACTOR = {"PIX": 1.0, "PXB": 1.0, "PHB": HOST_STAGED_FACTOR, "NODE": HOST_STAGED_FACTOR}
-# Across sockets the relay also crosses the SMP interconnect, shared with everything else: a
-# nominal share below HOST_STAGED_FACTOR, not a measurement (docs/perfmodel.md, PCIe).
-PCIE_CLASS_FACTOR["SYS"] = 0.4
+# Across sockets ("SYS") the relay also crosses the SMP interconnect, shared with everything
+# else: a nominal share below HOST_STAGED_FACTOR, not a measurement (docs/perfmodel.md, PCIe).
+PCIE_CLASS_FACTOR = {
+    "PIX": 1.0,
+    "PXB": 1.0,
+    "PHB": HOST_STAGED_FACTOR,
+    "NODE": HOST_STAGED_FACTOR,
+    "SYS": 0.4,
+}
 # Host-timed small all-gather (launch + sync included), seconds, when nothing was measured:
 # nominal figures per link class (docs/perfmodel.md, "Nominal links"), replaced by calibrate().
 NOMINAL_LATENCY_S = {
@@ -184,9 +185,13 @@ COPY_EFFICIENCY = 0.85
 UNKNOWN_PCIE_GPU_GBPS = 600.0
 UNKNOWN_NVLINK_GPU_GBPS = 2000.0
 # CPU ranks with nothing measured: one core's share of host memory streaming, and a copy into
-# new memory (page faults); nominal, calibrate() measures both (docs/perfmodel.md).
+# new memory, which pays page faults; nominal, calibrate() measures both (docs/perfmodel.md).
 CPU_RANK_MEMORY_GBPS = 20.0
 CPU_RANK_FRESH_COPY_GBPS = 5.0
+# Nothing known of a network nobody measured: 1 Gb/s Ethernet, slow enough not to fail a healthy
+# run (a nominal figure, not a measurement; the calibration replaces it).
+NOMINAL_NETWORK_GBPS = 0.1
+NOMINAL_NETWORK_LATENCY_S = 200e-6
 
 
 def gpu_memory_bandwidth(name: str) -> float | None:
@@ -304,8 +309,6 @@ def nominal_links(
         memory_bandwidth = _nominal_memory_bandwidth(topology, notes)
     else:
         notes.append(f"memory bandwidth: given, {memory_bandwidth / GB:.4g} GB/s")
-    # On CPU a copy into new memory pays page faults, several times slower than a warm copy;
-    # GPUs' caching allocators make the two equal (docs/perfmodel.md, memory bandwidth).
     copy_bandwidth = CPU_RANK_FRESH_COPY_GBPS * GB if topology.accelerator == "cpu" else None
     if not links:
         return Links("none", n, 0.0, 0.0, memory_bandwidth, False, None, tuple(notes))
@@ -328,7 +331,6 @@ def nominal_links(
 def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
     """Link figures measured in the ranks; `link_class` is the topology's slowest link."""
     gathers = calibration.all_gather
-    busbw = gathers[-1].busbw if gathers else 0.0
     notes: tuple[str, ...] = (
         f"collectives measured in the ranks ({calibration.backend}, {calibration.world_size} "
         f"ranks) at {len(gathers)} all-gather sizes; memory bandwidth measured by a device copy",
@@ -342,7 +344,7 @@ def links_from_calibration(calibration: Calibration, link_class: str) -> Links:
     return Links(
         link_class,
         calibration.world_size,
-        busbw,
+        gathers[-1].busbw if gathers else 0.0,
         calibration.latency_s,
         calibration.memory_bandwidth or None,
         True,
@@ -375,37 +377,9 @@ def run_links(
 
 
 def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
-    """The slowest link between a node's `devices` devices, as a measured link's class."""
     if devices > 1 and topology.links:
         return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
     return "none"
-
-
-def network_class(nodes: int) -> str:
-    return f"network between {nodes} nodes"
-
-
-# Nothing known of a network nobody measured: 1 Gb/s Ethernet, slow enough not to fail a healthy
-# run (a nominal figure, not a measurement; the calibration replaces it).
-NOMINAL_NETWORK_GBPS = 0.1
-NOMINAL_NETWORK_LATENCY_S = 200e-6
-
-
-def _nominal_network(node: Links, devices: int, network: str) -> Links:
-    """`node`'s device figures, with the nominal network for every collective across nodes."""
-    guess = (
-        f"{network}: not measured; assumed {NOMINAL_NETWORK_GBPS:g} GB/s bus bandwidth and "
-        f"{NOMINAL_NETWORK_LATENCY_S * 1e6:g} us latency (1 Gb/s Ethernet), slow enough not to "
-        "fail a healthy run"
-    )
-    return replace(
-        node,
-        link_class=network,
-        world_size=devices,
-        busbw=NOMINAL_NETWORK_GBPS * GB,
-        latency_s=NOMINAL_NETWORK_LATENCY_S,
-        assumptions=(*node.assumptions, guess),
-    )
 
 
 def job_links(
@@ -418,22 +392,32 @@ def job_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """The links of a run of `devices` ranks over `nodes` nodes, placed node by node: the whole
-    job's figures, which every collective over ranks of several nodes crosses (measured, or a
-    nominal network), with one node's own links (`topology`: one node's devices) for what
-    stays within a node. Raises ValueError when the ranks do not split evenly."""
+    """The links of `devices` ranks placed node by node over `nodes` nodes: the whole job's
+    figures (measured, or a nominal network) for every collective across nodes, one node's own
+    links (`topology`: one node's devices) within a node. ValueError when they do not split."""
     if devices % nodes:
         raise ValueError(f"{devices} ranks do not split evenly over {nodes} nodes")
     per_node = devices // nodes
-    network = network_class(nodes)
+    network = f"network between {nodes} nodes"
     if calibration is None:
         node = nominal_links(topology, per_node, memory_bandwidth, bus_bandwidth)
-        whole = _nominal_network(node, devices, network)
+        guess = (
+            f"{network}: not measured; assumed {NOMINAL_NETWORK_GBPS:g} GB/s bus bandwidth and "
+            f"{NOMINAL_NETWORK_LATENCY_S * 1e6:g} us latency (1 Gb/s Ethernet), slow enough not "
+            "to fail a healthy run"
+        )
+        whole = replace(
+            node,
+            link_class=network,
+            world_size=devices,
+            busbw=NOMINAL_NETWORK_GBPS * GB,
+            latency_s=NOMINAL_NETWORK_LATENCY_S,
+            assumptions=(*node.assumptions, guess),
+        )
     else:
         inner = calibration.within_node
         node_class = _node_class(topology, per_node, transport_suffix)
         node = None if inner is None else links_from_calibration(inner, node_class)
-        whole = links_from_calibration(calibration, network)
         if per_node == 1:
             within = "nothing stays within a node (one rank per node)"
         elif node is None:
@@ -444,5 +428,22 @@ def job_links(
             f"{network}: every collective over ranks of several nodes is charged at the "
             f"figures measured over all {devices} ranks; {within}"
         )
+        whole = links_from_calibration(calibration, network)
         whole = replace(whole, assumptions=(*whole.assumptions, note))
     return replace(whole, nodes=nodes, node=node if per_node > 1 else None)
+
+
+def measured_network(topology: Topology, calibration: Calibration) -> Topology:
+    """`topology` with its network's figures from a calibration over its nodes: the largest
+    all-gather's bus bandwidth and the latency (unchanged where none crossed nodes)."""
+    gathers = calibration.all_gather
+    if topology.nodes <= 1 or calibration.nodes <= 1 or not gathers:
+        return topology
+    per_node = calibration.world_size // calibration.nodes
+    network = Network(
+        busbw=gathers[-1].busbw,
+        latency_s=calibration.latency_s,
+        measured_by=f"{calibration.backend} all-gather over {calibration.world_size} ranks, "
+        f"{per_node} per node",
+    )
+    return replace(topology, network=network)

@@ -1,21 +1,16 @@
-"""Predicted tokens/sec of one strategy as a sum of named terms of one step (`predict_step`,
-decode and training alike) and a decode step's own inputs (`predict`). Pure; each term and its
-reasoning: docs/perfmodel.md.
-
-The strategy's own share of a step comes from its record (a `perfmodel.step.StrategyModel`,
-passed in by the caller), never from a branch on its name here.
-"""
+"""Predicted tokens/sec as a sum of named terms of one step (`predict_step`, decode and training
+alike) and a decode step's own inputs (`predict`); the strategy's share comes from its record,
+never from a branch on its name. Each term and its reasoning: docs/perfmodel.md."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes, bus_factor
-from pytest_distperf.perfmodel.network import network_charge
-from pytest_distperf.perfmodel.prediction import Prediction
+from pytest_distperf.perfmodel.prediction import Prediction, network_charge
 from pytest_distperf.perfmodel.shape import kv_cache_bytes
 from pytest_distperf.perfmodel.step import (
     CHARGED_AS,
@@ -41,15 +36,12 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.step import Collective, StepCost, StrategyModel
 
 
-# --------------------------------------------------------------------------- one step's sum
-
-
 def predict_step(
     record: StrategyModel, x: StepInput, work: StepWork, counted: Collectives | None
 ) -> Prediction:
-    """The step's prediction: the single-rank `work` scaled by the rank's shares, the record's
-    collectives (the `counted` ones where they differ) and overheads, the overlap between the
-    host's path and the transfers'. Decode terms are per token, training terms per step."""
+    """The single-rank `work` scaled by the rank's shares, plus the record's collectives (the
+    `counted` ones where they differ) and overheads, less what overlaps. Decode terms are per
+    token, training terms per step."""
     cost = record.cost(x)
     per = "step" if x.training else "token"
     charged, counted_note = (
@@ -165,14 +157,10 @@ def _moved_bytes(collectives: Iterable[Collective], devices: int) -> dict[str, f
 
 
 def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple[str, ...]:
-    """The transfers hidden behind the host's work, as the negative term `overlap`.
-
-    Collectives run on their own stream while the host goes on issuing work, so where nothing
-    makes the host wait a step costs about the longer path, not the sum. How much a machine
-    hides is measured in the ranks (`calibrate`); CPU ranks count none: their threads fill the
-    cores, and what a calibration saw hidden was one session's scheduling. The transfers
-    nothing runs beside (not `overlappable`: the first gather, the last reduction) stay whole.
-    """
+    """The transfers hidden behind the host's work, as the negative term `overlap`: collectives
+    run on their own stream, so where nothing makes the host wait a step costs about the longer
+    path (the measured share of the shorter is hidden); the transfers nothing runs beside stay
+    whole. CPU ranks hide none: gloo's threads share the compute's cores."""
     overlap, notes = x.links.overlap, ()
     if x.device_type == "cpu":
         cpu = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
@@ -204,8 +192,7 @@ def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple
 def check_step(
     devices: int, counts: Mapping[str, int], figures: Mapping[str, float | None]
 ) -> None:
-    """A step's arguments: `counts` positive ints, `figures` (where given) positive seconds or
-    rates."""
+    """`counts` positive ints, `figures` (where given) positive and finite."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     for name, value in counts.items():
@@ -216,15 +203,13 @@ def check_step(
             raise ValueError(f"{name} must be > 0 and finite, got {figure!r}")
 
 
-# --------------------------------------------------------------------------- decode
-
-
 def _decode_work(x: StepInput, compute_time_s: float | None) -> StepWork:
     """One decode step's compute on one rank: measured, or a roofline from memory bandwidth."""
     cfg = x.shape
+    # The embedding is a lookup of a few rows; lm_head is read whole.
     weights = (cfg.n_layer * cfg.block_param_count() + cfg.padded_vocab_size * cfg.n_embd) * (
         x.comm_bytes
-    )  # the embedding is a lookup of a few rows; lm_head is read whole
+    )
     kv = kv_cache_bytes(cfg, x.batch_size, x.seq_length, x.comm_bytes)
     moved = {"weights_read": float(weights), "kv_read": kv}
     if compute_time_s is not None:
@@ -259,17 +244,14 @@ def predict(
     counted_collectives: Collectives | None = None,
     collective_in_step_s: float | None = None,
 ) -> Prediction:
-    """Predicted tokens/sec of one rank's stream under `strategy` (its record) on `devices`.
+    """Predicted tokens/sec of one rank's decode stream under `strategy` (its record); on one
+    device a strategy still pays its wrapper's own costs (FSDP's per-unit hooks).
 
-    `compute_time_s`: the measured single-rank time per token (docs/perfmodel.md, compute);
-    without it the compute comes from the memory bandwidth in `links` (a roofline). On one
-    device a strategy still pays its wrapper's own costs (FSDP's per-unit hooks), with no
-    traffic. `prefill_time_s`: the measured single-rank prefill; the rate counts the prefill's
-    token, so what the prefill costs beyond one step is spread over the generation's tokens.
-    `counted_collectives`: kind -> (calls, bytes) per decode token counted in the run's ranks;
-    where they differ from what the strategy's model expects, they are charged instead.
-    `collective_in_step_s`: one collective between the layers of the whole model, timed in the
-    ranks (CPU ranks, tp): each call costs at least that (`Links.in_step`).
+    `compute_time_s`: the measured single-rank time per token, else a roofline from `links`'
+    memory bandwidth; `prefill_time_s`: the measured single-rank prefill, whose excess over one
+    step is spread over the tokens; `counted_collectives`: kind -> (calls, bytes) per token
+    counted in the ranks, charged where they differ from the model's; `collective_in_step_s`:
+    one collective timed between the whole model's layers, the least each call costs.
     """
     counts = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
     check_step(devices, counts | {"dtype_bytes": dtype_bytes}, {"compute_time_s": compute_time_s})
@@ -285,36 +267,20 @@ def predict(
     return predict_step(strategy, x, work, counted_collectives)
 
 
-def predict_all(
-    config: ModelShape,
-    devices: int,
-    links: Links,
-    strategies: Iterable[StrategyModel],
-    **kwargs: Any,
-) -> list[Prediction]:
-    """`predict` for each of `strategies` (records), in their order."""
-    return [predict(config, strategy, devices, links, **kwargs) for strategy in strategies]
-
-
 def message_sizes(
     config: ModelShape,
     strategies: Iterable[StrategyModel],
     devices: int,
     dtype_bytes: int,
     batch: int = 1,
-    latency_probe_bytes: int = LATENCY_PROBE_BYTES,
 ) -> MessageSizes:
-    """The message sizes the model really uses under `strategies` (their records).
-
-    Always: a latency probe and the per-token activation (batch x n_embd), the all-reduce a
-    tensor-parallel layer would need; then what each strategy's record asks for (for the
-    sharded ones, the weights their all-gathers move; for pipeline, its hops).
-    """
+    """The message sizes the model really uses under `strategies`: a latency probe and the
+    per-token activation (a tensor-parallel all-reduce), then what each record asks for."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     activation = batch * config.n_embd * dtype_bytes
-    gather = {latency_probe_bytes, activation}
-    reduce = {latency_probe_bytes, activation}
+    gather = {LATENCY_PROBE_BYTES, activation}
+    reduce = {LATENCY_PROBE_BYTES, activation}
     p2p: set[int] = set()
     for strategy in strategies:
         own = strategy.message_sizes(config, dtype_bytes, batch)

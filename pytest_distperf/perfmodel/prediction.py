@@ -1,14 +1,13 @@
-"""A prediction (`Prediction`: a rate and its named terms, decode or training) and the verdict
-text built from it: the threshold, the one-line description, the failure message. Pure; each
-term and its reasoning: docs/perfmodel.md.
-"""
+"""A prediction (a rate and its named terms, decode or training, with the network's share of
+them in a job over several nodes) and the verdict text built from it: the threshold, the
+one-line description, the failure message."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.network import NetworkCharge
 from pytest_distperf.perfmodel.step import Collectives, describe
 from pytest_distperf.perfmodel.terms import (
     GB,
@@ -19,16 +18,76 @@ from pytest_distperf.perfmodel.terms import (
     ms,
 )
 
+if TYPE_CHECKING:
+    from pytest_distperf.perfmodel.links import Links
+
+# Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
+# fails; small drops are the baselines' job. Why this figure: docs/perfmodel.md ("Threshold").
+DEFAULT_EFFICIENCY = 0.7
+
+
+@dataclass(frozen=True)
+class NetworkCharge:
+    """For each link term, the seconds of it that crossing nodes costs (per token or step)."""
+
+    nodes: int
+    terms: dict[str, float]
+    busbw: float  # bytes/s of the network's figures at large messages
+    latency_s: float
+    measured: bool
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.terms.values())
+
+    def describe(self, per: str = "token") -> str:
+        """E.g. "network term: 3.1 ms per token (all_gather 2.9 ms, ...) crosses the network
+        between 2 nodes at its measured 0.31 GB/s bus bandwidth, 250 us latency"."""
+        kind = "measured" if self.measured else "nominal"
+        latency = f"{self.latency_s * 1e6:.3g} us"
+        figures = f"{kind} {self.busbw / GB:.3g} GB/s bus bandwidth, {latency} latency"
+        where = f"network between {self.nodes} nodes"
+        if not self.terms:
+            return f"network term: none (nothing crosses the {where}; its {figures})"
+        parts = ", ".join(f"{k} {ms(v)}" for k, v in self.terms.items())
+        return (
+            f"network term: {ms(self.seconds)} per {per} ({parts}) crosses the {where} at its "
+            f"{figures}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": self.nodes,
+            "seconds": self.seconds,
+            "terms": dict(self.terms),
+            "busbw": self.busbw,
+            "latency_s": self.latency_s,
+            "measured": self.measured,
+        }
+
+
+def network_charge(
+    links: Links, terms: Mapping[str, float], terms_on: Callable[[Links], Mapping[str, float]]
+) -> NetworkCharge | None:
+    """Each link term less the same collectives' (`terms_on`) with the network's calls free;
+    None on one node."""
+    if links.nodes <= 1:
+        return None
+    free = terms_on(replace(links, network_free=True))
+    shares = {k: v - free.get(k, 0.0) for k, v in terms.items() if k in LINK_TERMS}
+    return NetworkCharge(
+        links.nodes,
+        {k: v for k, v in shares.items() if v > 0},
+        links.busbw,
+        links.latency_s,
+        links.measured,
+    )
+
 
 @dataclass(frozen=True)
 class Prediction:
-    """A predicted rate and its named terms.
-
-    `mode` "generate": terms, bytes and collectives per token (a decode step). `mode` "train"
-    (`perfmodel.train.predict_train`): terms, bytes and collectives per training STEP, whose
-    time is `step_time_s`; `time_per_token_s` is that step over its `tokens_per_step` (every
-    data-parallel replica's tokens), and `tokens_per_sec` those tokens over the step.
-    """
+    """A predicted rate and its named terms: per token (`mode` "generate"), or per training step
+    ("train") of `step_time_s` over `tokens_per_step` (every data-parallel replica's tokens)."""
 
     strategy: str
     devices: int
@@ -48,7 +107,7 @@ class Prediction:
     # counted (None: not counted); the terms charge the counted ones (perfmodel/step.py).
     expected_collectives: dict[str, tuple[float, float]] = field(default_factory=dict)
     counted_collectives: dict[str, tuple[float, float]] | None = None
-    mode: str = "generate"  # or "train": see the class docstring for the units
+    mode: str = "generate"  # or "train"
     step_time_s: float | None = None  # train: seconds per optimizer step
     tokens_per_step: int = 0  # train: tokens of one step over all data-parallel replicas
     # A job over several nodes: the share of the link terms the network between them sets.
@@ -63,29 +122,15 @@ class Prediction:
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        data = {
-            "strategy": self.strategy,
-            "devices": self.devices,
-            "implementation": self.implementation,
-            "tokens_per_sec": self.tokens_per_sec,
-            "time_per_token_s": self.time_per_token_s,
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "network"}
+        counted = self.counted_collectives
+        data |= {
             "terms": dict(self.terms),
-            "bound": self.bound,
             "bound_description": self.bound_description,
             "bytes_per_token": dict(self.bytes_per_token),
-            "collectives_per_token": self.collectives_per_token,
-            "batch_size": self.batch_size,
             "expected_collectives": _collectives_json(self.expected_collectives),
-            "counted_collectives": None
-            if self.counted_collectives is None
-            else _collectives_json(self.counted_collectives),
-            "link_class": self.link_class,
-            "bandwidth_used": self.bandwidth_used,
-            "measured_links": self.measured_links,
+            "counted_collectives": None if counted is None else _collectives_json(counted),
             "assumptions": list(self.assumptions),
-            "mode": self.mode,
-            "step_time_s": self.step_time_s,
-            "tokens_per_step": self.tokens_per_step,
         }
         if self.network is not None:  # a single node's prediction is written as it always was
             data["network"] = self.network.to_dict()
@@ -96,15 +141,6 @@ def _collectives_json(collectives: Collectives) -> dict[str, dict[str, float]]:
     return {kind: {"calls": c, "bytes": b} for kind, (c, b) in sorted(collectives.items())}
 
 
-# --------------------------------------------------------------------------- verdict text
-
-
-# Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
-# fails; the threshold is the coarse gate, small drops are the baselines' job. Why this figure:
-# docs/perfmodel.md ("Threshold").
-DEFAULT_EFFICIENCY = 0.7
-
-
 def threshold(prediction: Prediction, efficiency: float) -> float:
     """The lowest tokens/sec a run may reach: `efficiency` x predicted, efficiency in (0, 1]."""
     if isinstance(efficiency, bool) or not 0 < efficiency <= 1:
@@ -113,8 +149,7 @@ def threshold(prediction: Prediction, efficiency: float) -> float:
 
 
 def describe_prediction(prediction: Prediction) -> str:
-    """One line: predicted rate, its bound, the link and the bytes moved; a training step's
-    "predicted X tok/s (step Y ms: compute a ms, ...; bound: ...)"."""
+    """One line: predicted rate, its bound, the link and the bytes moved (training: the step)."""
     p = prediction
     per = "step" if p.mode == "train" else "token"
     terms = ", ".join(f"{k} {ms(v)}" for k, v in p.terms.items())
@@ -145,22 +180,16 @@ def describe_prediction(prediction: Prediction) -> str:
 def failure_message(
     prediction: Prediction, measured_tokens_per_sec: float, efficiency: float
 ) -> str:
-    """Why a run below `threshold(prediction, efficiency)` failed, in terms a user can act on."""
+    """Why a run below `threshold(prediction, efficiency)` failed, in terms a user can act on;
+    where the predicted compute came from closes it."""
     p = prediction
     limit = threshold(p, efficiency)
     ratio = measured_tokens_per_sec / p.tokens_per_sec if p.tokens_per_sec else 0.0
     impl = f" ({p.implementation})" if p.implementation else ""
+    compute = "".join(f"\n  {a}" for a in p.assumptions if a.startswith("compute"))
     return (
         f"{p.strategy}{impl} on {p.devices} device(s): measured {measured_tokens_per_sec:.3g} "
         f"tok/s is below the threshold {limit:.3g} tok/s ({efficiency:.0%} of the modelled "
         f"{p.tokens_per_sec:.3g} tok/s); measured/predicted = {ratio:.2f}.\n"
-        f"  {describe_prediction(p)}{_compute_source(p)}"
+        f"  {describe_prediction(p)}{compute}"
     )
-
-
-def _compute_source(p: Prediction) -> str:
-    """Where the predicted compute came from."""
-    notes = [a for a in p.assumptions if a.startswith("compute")]
-    if not notes:
-        return ""
-    return "\n  " + "\n  ".join(notes)

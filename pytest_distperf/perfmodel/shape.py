@@ -1,10 +1,6 @@
-"""The shape of a model as the performance model sees it: sizes and parameter counts, no weights.
-
-Every cost function and message size takes one of these (or anything with the same attributes:
-`distperf_model.config.Config` has them all). A shape comes from a config where one is known in
-the pytest process (presets; LitGPT names, counted from their config in `models.py`) or from the
-built model in a rank, which `ranks/models.py` measures and every `RankResult` reports. Pure.
-"""
+"""A model's shape as the performance model sees it: sizes and parameter counts, no weights.
+Every cost takes one (or anything with its attributes, as `distperf_model.config.Config`), from a
+config in the pytest process or measured on the built model in a rank (`ranks/models.py`)."""
 
 from __future__ import annotations
 
@@ -13,17 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 _SIZES = (
-    "n_layer",
-    "n_embd",
-    "n_head",
-    "n_query_groups",
-    "head_size",
-    "vocab_size",
-    "padded_vocab_size",
-    "intermediate_size",
+    *("n_layer", "n_embd", "n_head", "n_query_groups", "head_size"),
+    *("vocab_size", "padded_vocab_size", "intermediate_size"),
 )
-
-
 # A `transformers` config's name for each size (the first it has; GPT-2's names last).
 HF_SIZE_NAMES = {
     "n_layer": ("num_hidden_layers", "n_layer"),
@@ -39,9 +27,8 @@ HF_SIZE_NAMES = {
 
 
 def hf_sizes(config: Mapping[str, Any]) -> dict[str, int]:
-    """The shape's sizes from a `transformers` config's JSON (`config.to_dict()`), defaults
-    filled in as transformers does: key/value heads = heads, head size = width / heads, an MLP
-    4x wide; a size the config does not state is left out."""
+    """The sizes a `transformers` config's JSON states, with its defaults: key/value heads =
+    heads, head size = width / heads, an MLP 4x wide."""
     sizes: dict[str, int] = {}
     for size, names in HF_SIZE_NAMES.items():
         value = next((config[n] for n in names if isinstance(config.get(n), int)), None)
@@ -94,9 +81,8 @@ class ModelShape:
         block_params: int | None = None,
         non_block_params: int | None = None,
     ) -> ModelShape:
-        """From any config with the shape's sizes (this project's `Config`, LitGPT's); the
-        parameter counts from its `block_param_count()`/`non_block_param_count()` unless given
-        (LitGPT's config has no such methods: they are counted on a built model)."""
+        """From any config with the shape's sizes; the parameter counts from its
+        `block_param_count()`/`non_block_param_count()` unless given (LitGPT's has none)."""
         sizes = {name: int(getattr(config, name)) for name in _SIZES}
         return cls(
             **sizes,
@@ -107,12 +93,9 @@ class ModelShape:
             ),
         )
 
-    def to_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
 
 def kv_cache_bytes(shape: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
-    """The static KV cache, read whole every decode step (attention over all positions,
-    masked): keys and values of every query group, layer and position."""
+    """The static KV cache, read whole every decode step: keys and values of every query group,
+    layer and position."""
     per_layer = 2 * batch * shape.n_query_groups * shape.head_size * seq_length * dtype_bytes
     return float(shape.n_layer * per_layer)

@@ -1,13 +1,6 @@
-"""One step of one rank as the performance model sees it, decode and training alike: what a
-strategy's cost function receives (`StepInput`) and returns (`StepCost`: its collectives and
-per-unit overheads), the interface its pure record implements (`StrategyModel`), and the
-counted collectives a run's ranks charge in place of the expected ones. Pure; perfmodel names no
-strategy and imports none (the registry, `pytest_distperf.strategies`, sits above both).
-
-A decode step is one forward of `batch_size` rows of one token each; a training step is a
-forward and a backward (two passes) of `batch_size` sequences of `seq_length` tokens. How the
-step's terms are summed: `perfmodel.predict.predict_step`; docs/perfmodel.md.
-"""
+"""One step of one rank, decode and training alike: what a strategy's cost receives (`StepInput`)
+and returns (`StepCost`), the interface its record implements (`StrategyModel`), and the counted
+collectives charged in place of the expected ones (the sum: `predict.predict_step`)."""
 
 from __future__ import annotations
 
@@ -38,13 +31,10 @@ SAME_BYTES = 0.01  # counts are exact; bytes may differ by rounding to whole ele
 
 @dataclass(frozen=True)
 class StepInput:
-    """Everything a strategy's cost function may look at: one step of one data-parallel rank.
-
-    `seq_length`: decode, prompt + new tokens (the static KV cache's length); training, the
-    tokens of each sequence. `param_bytes` per stored parameter; `comm_bytes` per element the
-    collectives move (decode: the model's dtype; training, e.g. bf16-mixed: 2 for FSDP's
-    MixedPrecision and autocast activations, the caller's choice).
-    """
+    """One step of one data-parallel rank: a decode step is one forward of `batch_size` rows of
+    one token over a KV cache of `seq_length`; a training step a forward and a backward of
+    `batch_size` sequences of `seq_length` tokens. `comm_bytes` per element the collectives
+    move (training under bf16-mixed: 2, the caller's choice), `param_bytes` per parameter."""
 
     shape: ModelShape
     devices: int
@@ -59,7 +49,6 @@ class StepInput:
 
     @property
     def passes(self) -> int:
-        """Passes over the model in one step: a forward, or a forward and a backward."""
         return 2 if self.training else 1
 
     @property
@@ -70,9 +59,8 @@ class StepInput:
 
 @dataclass(frozen=True)
 class Collective:
-    """`calls` collectives of one kind, `bytes` of them all together (nccl-tests' sizes: an
-    all-gather's gathered output). Not `overlappable`: nothing runs beside it (each is the next
-    operation's input; the first gather, the last reduction)."""
+    """`calls` collectives of one kind, `bytes` of them all together (an all-gather's gathered
+    output). Not `overlappable`: nothing runs beside it (the first gather, the last reduction)."""
 
     kind: str  # "all_gather", "all_reduce", "reduce_scatter" or "p2p" (a hop between two ranks)
     bytes: float
@@ -88,9 +76,9 @@ class Collective:
 
 @dataclass(frozen=True)
 class StepCost:
-    """A strategy's own share of one step, on top of the compute every strategy pays: its
-    collectives in issue order, and its wrapper's host work (`units` x `unit_s` every pass, plus
-    `collective_s` per gather or reduction, copies in and out of their buffers when `copies`)."""
+    """A strategy's own share of one step beyond the compute: its collectives in issue order,
+    and its wrapper's host work (`units` x `unit_s` every pass, plus `collective_s` per gather
+    or reduction, and copies in and out of their buffers when `copies`)."""
 
     implementation: str
     collectives: tuple[Collective, ...]
@@ -111,9 +99,8 @@ class StepCost:
 
 @dataclass(frozen=True)
 class StepWork:
-    """A step's single-rank work, before any strategy: its terms, bytes and notes (decode:
-    measured or a roofline; training: measured or model FLOPs), and a decode's measured prefill
-    (its seconds, one step's, the tokens its excess is spread over)."""
+    """A step's single-rank work before any strategy (terms, bytes, notes), and a decode's
+    measured prefill: (its seconds, one step's, the tokens its excess is spread over)."""
 
     terms: dict[str, float]
     moved: dict[str, float]
@@ -123,41 +110,31 @@ class StepWork:
 
 @runtime_checkable
 class StrategyModel(Protocol):
-    """A strategy as `predict`, `predict_train` and the message sizes see it; the pure strategy
-    records (`pytest_distperf.strategies.StrategyRecord`) implement it."""
+    """A strategy as the predictions and message sizes see it; the pure records
+    (`pytest_distperf.strategies.StrategyRecord`) implement it."""
 
     @property
     def name(self) -> str: ...
 
     @property
-    def train_refusal(self) -> str:
-        """Why it cannot train ("": it can)."""
-        ...
+    def train_refusal(self) -> str: ...  # why it cannot train ("": it can)
 
     @property
-    def runs_on(self) -> frozenset[str]:
-        """The accelerators it builds on ("cpu", "cuda")."""
-        ...
+    def runs_on(self) -> frozenset[str]: ...  # the accelerators it builds on
 
-    def cost(self, x: StepInput) -> StepCost:
-        """The strategy's own share of a decode or training step (`x.training`)."""
-        ...
+    def cost(self, x: StepInput) -> StepCost: ...  # its share of a decode or training step
 
-    def replicas(self, devices: int) -> int:
-        """Independent decode streams (data-parallel replicas) in a run on `devices` ranks."""
-        ...
+    def replicas(self, devices: int) -> int: ...  # independent decode streams on `devices`
 
-    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
-        """The collective sizes worth calibrating for this model's decode under it."""
-        ...
+    # The collective sizes worth calibrating for this model's decode under it.
+    def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes: ...
 
 
 # --------------------------------------------------------------------------- counted collectives
 
 
 def expected_collectives(cost: StepCost) -> dict[str, tuple[float, float]]:
-    """What the strategy's cost charges per token (a training cost: per step), by kind (a
-    pipeline's hops as "send/recv")."""
+    """What `cost` charges per token (training: per step) by kind, a pipeline's as "send/recv"."""
     kinds: dict[str, tuple[float, float]] = {}
     for c in cost.collectives:
         kind = "send/recv" if c.kind == "p2p" else c.kind
@@ -174,7 +151,7 @@ def charged_collectives(
     under the terms it names them by; a pipeline's hops stay its own (docs/perfmodel.md)."""
     charged = {k: v for k, v in counted.items() if k in CHARGED_AS and v[0] > 0}
     expected = {k: v for k, v in expected_collectives(cost).items() if k in CHARGED_AS}
-    if same_collectives(expected, charged):
+    if _same_collectives(expected, charged):
         return cost.collectives, ()
     terms = {c.kind: c.charged_to for c in cost.collectives}
     kept = tuple(c for c in cost.collectives if c.kind not in CHARGED_AS)
@@ -197,7 +174,7 @@ def describe(collectives: Collectives) -> str:
     )
 
 
-def same_collectives(expected: Collectives, counted: Collectives) -> bool:
+def _same_collectives(expected: Collectives, counted: Collectives) -> bool:
     """The same kinds, calls and (within `SAME_BYTES`) bytes."""
     if expected.keys() != counted.keys():
         return False

@@ -1,6 +1,5 @@
-"""The vocabulary of a prediction: units, term names and the fixed overheads no bandwidth
-explains. Pure values; docs/perfmodel.md explains each term. What a strategy's cost function
-receives and returns is in `perfmodel.step`."""
+"""A prediction's vocabulary: units, term names and the fixed overheads no bandwidth explains
+(docs/perfmodel.md explains each term)."""
 
 from __future__ import annotations
 
@@ -56,39 +55,27 @@ LINK_TERMS = frozenset(
 TRANSFER_PATH_TERMS = LINK_TERMS | {"gather_copies"}
 
 
-# Fitted once on the 2 x H200 eager rows; each fit and its rows: docs/perfmodel.md ("Fixed
-# overheads"), refitted with the overlap out in docs/benchmarks/h200-2026-11-29-overlap.md.
-LAUNCH_PER_LAYER_S = 0.28e-3  # the eager pythia-2.8b and llama-2-7b reference rows
-FSDP1_UNIT_S = 0.95e-3  # (measured - compute - gathers) / units, FSDP1 FULL_SHARD rows
-FSDP2_UNIT_S = 0.3e-3  # FSDP2 rows with reshard_after_forward=False
-FSDP2_GATHER_S = 0.6e-3  # FSDP2 resharding rows, beyond FSDP2_UNIT_S and the gather copies
-# The 8 compiled FSDP rows of docs/benchmarks/h200-2026-12-01-gate3.md, checked in gate4.md.
-GRAPH_BREAK_UNIT_FACTOR = 1.35
-
-
 @dataclass(frozen=True)
 class Overheads:
-    """Fixed per-forward costs that no bandwidth explains, in seconds.
+    """Fixed per-forward host costs in seconds, for every model and link; fitted once on the
+    2 x H200 eager rows (docs/perfmodel.md, "Fixed overheads"; refitted with the overlap out in
+    docs/benchmarks/h200-2026-11-29-overlap.md)."""
 
-    Used for every model and link. They are host-CPU costs, so a slow host pays more, which its
-    measured compute and calibrated collectives dominate anyway.
-    """
-
-    # Eager decode launches tens of kernels per layer, on top of the weights streaming.
-    launch_per_layer_s: float = LAUNCH_PER_LAYER_S
+    # Eager decode launches tens of kernels per layer (the pythia-2.8b and llama-2-7b rows).
+    launch_per_layer_s: float = 0.28e-3
     # FSDP1 FULL_SHARD, per unit: hooks and parameter views, paid even when nothing is gathered.
-    fsdp1_unit_s: float = FSDP1_UNIT_S
-    # FSDP2, per unit that does not gather (reshard_after_forward=False).
-    fsdp2_unit_s: float = FSDP2_UNIT_S
+    fsdp1_unit_s: float = 0.95e-3
+    # FSDP2, per unit that does not gather (the reshard_after_forward=False rows).
+    fsdp2_unit_s: float = 0.3e-3
     # FSDP2, per unit that gathers, on top of `fsdp2_unit_s` and of `gather_copies`.
-    fsdp2_gather_s: float = FSDP2_GATHER_S
-    # Compiled with graph breaks at the wrapper's hooks: each unit also leaves and re-enters
-    # the compiled code (guards, resume), so its host work costs this many times the eager one.
-    graph_break_unit_factor: float = GRAPH_BREAK_UNIT_FACTOR
+    fsdp2_gather_s: float = 0.6e-3
+    # Compiled with graph breaks at the wrapper's hooks, each unit's host work costs this many
+    # times the eager one (docs/benchmarks/h200-2026-12-01-gate3.md, checked in gate4.md).
+    graph_break_unit_factor: float = 1.35
     note: str = ""  # said in the prediction's assumptions when these are not the eager figures
 
     def around_graph_breaks(self) -> Overheads:
-        """The per-unit costs of a run compiled around its wrapper's hooks (docs/perfmodel.md)."""
+        """The per-unit costs of a run compiled around its wrapper's hooks."""
         if self.note:  # already scaled
             return self
         k = self.graph_break_unit_factor

@@ -1,14 +1,6 @@
-"""A distributed training step (forward, backward, AdamW) as the step model's input: its
-compute on one rank, terms in SECONDS PER STEP (`predict_train`), and the message sizes worth
-calibrating for it. Pure.
-
-The compute every strategy pays is here: a measured single-process step of the whole model, or
-its model FLOPs at the measured matmul rate (plus AdamW's memory traffic). A strategy's own
-share (gradient all-reduce, all-gathers, reduce-scatters, activation all-reduces) is its
-record's `cost` of a training `StepInput`, never a branch on its name here; a record that
-cannot train says why (`train_refusal`). The terms and their assumptions: docs/perfmodel.md
-("Training step").
-"""
+"""A training step (forward, backward, AdamW), terms in SECONDS PER STEP (`predict_train`): the
+compute every strategy pays (measured, or model FLOPs at the matmul rate plus AdamW's traffic)
+and the sizes worth calibrating; docs/perfmodel.md ("Training step")."""
 
 from __future__ import annotations
 
@@ -34,9 +26,6 @@ BACKWARD_SHARE = 2 / 3
 ADAMW_ACCESSES = 7
 
 
-# --------------------------------------------------------------------------- model FLOPs
-
-
 def flops_split(shape: ModelShape, batch_size: int, seq_length: int) -> tuple[float, float]:
     """(blocks, head) model FLOPs of one training step: what tensor parallelism splits and what
     every rank computes whole."""
@@ -48,11 +37,10 @@ def flops_split(shape: ModelShape, batch_size: int, seq_length: int) -> tuple[fl
 
 
 def model_flops_per_step(shape: ModelShape, batch_size: int, seq_length: int) -> float:
-    """PaLM/Megatron "model FLOPs" of one training step on one data-parallel rank's batch:
-    6 x parameters (all blocks + the head; the embedding lookup is no matmul) x tokens, plus
-    the attention matmuls 12 x n_layer x n_head x head_size x seq_length x tokens, FULL (not
-    halved for the causal mask, as PaLM counts them). Forward + backward = 3 x forward; no
-    recomputation, no optimizer. What MFU divides by."""
+    """PaLM/Megatron "model FLOPs" of one training step of one data-parallel rank's batch, what
+    MFU divides by: 6 x parameters (blocks and head; the embedding lookup is no matmul) x
+    tokens, plus the attention matmuls 12 x n_layer x n_head x head_size x seq_length x tokens,
+    not halved for the causal mask (as PaLM counts them); no recomputation, no optimizer."""
     blocks, head = flops_split(shape, batch_size, seq_length)
     return blocks + head
 
@@ -61,9 +49,6 @@ def adamw_bytes(shape: ModelShape, param_bytes: int) -> float:
     """Bytes AdamW moves to update every parameter once (`ADAMW_ACCESSES` x param_bytes each)."""
     params = shape.n_layer * shape.block_param_count() + shape.non_block_param_count()
     return float(ADAMW_ACCESSES * params * param_bytes)
-
-
-# --------------------------------------------------------------------------- the prediction
 
 
 def _train_work(
@@ -114,8 +99,7 @@ def predict_train(
 ) -> Prediction:
     """Predicted training tokens/sec of `record`'s strategy on `devices` ranks; terms in
     seconds per step. `counted_collectives`: kind -> (calls, bytes) per step counted in the
-    ranks; where they differ from what the strategy's model expects, they are charged instead.
-    Raises ValueError when the strategy cannot train or no compute figure is given."""
+    ranks, charged where they differ from the model's."""
     if record.train_refusal:
         raise ValueError(f"strategy {record.name!r} cannot train: {record.train_refusal}")
     counts = {"batch_size": batch_size, "seq_length": seq_length}
@@ -142,10 +126,9 @@ def train_message_sizes(
     batch_size: int,
     seq_length: int,
 ) -> MessageSizes:
-    """The collective sizes a training step really uses under `records` (those that can
-    train): a latency probe, then one call of each collective of each record's step (DDP's
-    buckets, FSDP's unit gathers and reductions in comm_bytes, tp's activation all-reduces),
-    under the figures that time it (a reduce-scatter: an all-gather's)."""
+    """The collective sizes a training step really uses under `records` (those that can train):
+    a latency probe, then one call of each collective of each record's step, under the figures
+    that time it (a reduce-scatter: an all-gather's)."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     sizes = {"all_gather": {LATENCY_PROBE_BYTES}, "all_reduce": {LATENCY_PROBE_BYTES}, "p2p": set()}

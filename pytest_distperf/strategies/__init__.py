@@ -1,18 +1,13 @@
-"""The strategy registry: name -> pure `StrategyRecord`, built from one module per family, and
-the performance model's functions by strategy name.
-
-Torch-free, not even lazily: the plugin validates markers at collection and the performance
-model predicts from these records. The rank halves (build, wrap, next token) are registered
-under the same names in `pytest_distperf.ranks.strategies`. Adding a strategy: a record in its
-family's module (or a new module, one line below) and its rank half (docs/extending.md).
-"""
+"""The strategy registry: name -> pure `StrategyRecord`, one module per family, and the
+performance model's functions by strategy name. Torch-free, not even lazily; the rank halves
+are registered under the same names in `pytest_distperf.ranks.strategies`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.predict import message_sizes, predict, predict_all
+from pytest_distperf.perfmodel.predict import message_sizes, predict
 from pytest_distperf.perfmodel.train import predict_train, train_message_sizes
 from pytest_distperf.strategies import fsdp, pipeline, replicated, tp
 from pytest_distperf.strategies.record import StrategyRecord
@@ -23,26 +18,9 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.prediction import Prediction
     from pytest_distperf.perfmodel.shape import ModelShape
 
-__all__ = [
-    "STRATEGIES",
-    "StrategyRecord",
-    "get_strategy",
-    "message_sizes_for",
-    "predict_all_for",
-    "predict_for",
-    "predict_train_for",
-    "strategy_names",
-    "train_message_sizes_for",
-]
-
 STRATEGIES: dict[str, StrategyRecord] = {
     record.name: record
-    for record in (
-        *replicated.RECORDS,
-        *fsdp.RECORDS,
-        *tp.RECORDS,
-        *pipeline.RECORDS,
-    )
+    for record in (*replicated.RECORDS, *fsdp.RECORDS, *tp.RECORDS, *pipeline.RECORDS)
 }
 
 
@@ -58,18 +36,12 @@ def get_strategy(name: str) -> StrategyRecord:
 
 
 def _records(names: str | Iterable[str]) -> list[StrategyRecord]:
-    """The records of one name or several."""
     return [get_strategy(n) for n in ((names,) if isinstance(names, str) else names)]
 
 
 def message_sizes_for(
-    shape: ModelShape,
-    names: str | Iterable[str],
-    devices: int,
-    dtype_bytes: int,
-    batch: int = 1,
+    shape: ModelShape, names: str | Iterable[str], devices: int, dtype_bytes: int, batch: int = 1
 ) -> MessageSizes:
-    """`perfmodel.message_sizes` for the strategies named (one name or several)."""
     return message_sizes(shape, _records(names), devices, dtype_bytes, batch)
 
 
@@ -81,22 +53,17 @@ def predict_for(
 
 
 def predict_all_for(
-    shape: ModelShape,
-    devices: int,
-    links: Links,
-    names: Iterable[str] | None = None,
-    **kwargs: Any,
+    shape: ModelShape, devices: int, links: Links, names: Iterable[str] | None = None, **kwargs: Any
 ) -> list[Prediction]:
-    """`perfmodel.predict_all` for every registered strategy (or the ones named), in order."""
+    """`perfmodel.predict` for every registered strategy (or the ones named), in order."""
     records = _records(strategy_names() if names is None else names)
-    return predict_all(shape, devices, links, records, **kwargs)
+    return [predict(shape, record, devices, links, **kwargs) for record in records]
 
 
 def predict_train_for(
     shape: ModelShape, name: str, devices: int, links: Links, **kwargs: Any
 ) -> Prediction:
-    """`perfmodel.predict_train` for the strategy named `name`; the keywords are its.
-    Raises ValueError when that strategy cannot train (the reason is its record's)."""
+    """`perfmodel.predict_train` for the strategy named `name`; the keywords are its."""
     return predict_train(shape, get_strategy(name), devices, links, **kwargs)
 
 
@@ -111,7 +78,5 @@ def train_message_sizes_for(
 ) -> MessageSizes:
     """`perfmodel.train_message_sizes` for the strategies named (those that cannot train add
     nothing)."""
-    records = _records(names)
-    return train_message_sizes(
-        shape, records, devices, param_bytes, comm_bytes, batch_size, seq_length
-    )
+    args = (devices, param_bytes, comm_bytes, batch_size, seq_length)
+    return train_message_sizes(shape, _records(names), *args)

@@ -1,10 +1,6 @@
-"""Fully sharded strategies: `fsdp`, `fsdp2`, `fsdp-noreshard`, one unit per transformer block.
-
-On CUDA `fsdp` is FSDP1 FULL_SHARD per block (the seed's setup); Fabric's FSDP refuses CPU, so
-there it is FSDP2's `fully_shard` per block on gloo, which `fsdp2` is everywhere. What each
-gathers per forward, and why: docs/perfmodel.md ("Strategies"). The rank half (builds):
-`pytest_distperf.ranks.strategies.fsdp`.
-"""
+"""Fully sharded strategies, one unit per transformer block: `fsdp` (CUDA: FSDP1 FULL_SHARD per
+block, the seed's setup; elsewhere Fabric refuses it, so FSDP2's `fully_shard` on gloo), `fsdp2`
+and `fsdp-noreshard`. What each gathers, and why: docs/perfmodel.md ("Strategies")."""
 
 from __future__ import annotations
 
@@ -21,22 +17,21 @@ if TYPE_CHECKING:
     from pytest_distperf.perfmodel.shape import ModelShape
     from pytest_distperf.perfmodel.step import StepInput
 
-# --------------------------------------------------------------------------- cost terms
-
 OVERLAPPED = (
     "FSDP: the next unit's gather prefetched behind this unit's compute, reductions "
     "behind the next unit's backward"
 )
-
 # A sharded step reports its gathers' bytes, none included (fsdp-noreshard's decode).
 NO_GATHERS = {"all_gather_output": 0.0, "all_gather_received": 0.0}
 
 
+def _unit_bytes(shape: ModelShape, dtype_bytes: int) -> tuple[int, int]:
+    """A block's and the root's (embedding, final norm, head) bytes, as gathered."""
+    return shape.block_param_count() * dtype_bytes, shape.non_block_param_count() * dtype_bytes
+
+
 def _gathered_weights(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
-    """One block's and the root's (embedding, final norm, head) gathered weights."""
-    block = config.block_param_count() * dtype_bytes
-    root = config.non_block_param_count() * dtype_bytes
-    return MessageSizes(tuple(sorted({block, root})), ())
+    return MessageSizes(tuple(sorted(set(_unit_bytes(config, dtype_bytes)))), ())
 
 
 def _sharded(
@@ -47,32 +42,24 @@ def _sharded(
     notes: tuple[str, ...],
     **host_work: Any,
 ) -> StepCost:
-    """One all-gather per entry of `gathers` (gathered bytes) and one gradient reduce-scatter
-    per entry of `reductions`, in issue order; every rank updates its shard of the parameters.
-    A training step's first gather has no compute before it, its last reduction none after
-    it: nothing hides them."""
+    """The all-gathers and gradient reduce-scatters in issue order (bytes each); every rank
+    updates its shard. Nothing hides a training step's first gather nor its last reduction."""
     ops = [Collective("all_gather", g) for g in gathers if g > 0]
     ops += [Collective("reduce_scatter", r) for r in reductions if r > 0]
     if x.training and ops:
         ops[0] = Collective("all_gather", ops[0].bytes, overlappable=False)
         ops[-1] = Collective(ops[-1].kind, ops[-1].bytes, overlappable=False)
-    message = ("all_gather", _unit_bytes(x)[0])
+    message = ("all_gather", _unit_bytes(x.shape, x.comm_bytes)[0])
     share = 1 / x.devices
     return StepCost(
         name, tuple(ops), message, notes, moved=NO_GATHERS, optimizer_share=share, **host_work
     )
 
 
-def _unit_bytes(x: StepInput) -> tuple[int, int]:
-    """A block's and the root's (embedding, final norm, head) bytes, as gathered."""
-    shape = x.shape
-    return shape.block_param_count() * x.comm_bytes, shape.non_block_param_count() * x.comm_bytes
-
-
 def _fsdp1(x: StepInput) -> StepCost:
     """FULL_SHARD: every block gathered every forward, and again in backward (resharded after
     forward); the root gathered once and kept, in training from forward to backward."""
-    (block, root), n_layer = _unit_bytes(x), x.shape.n_layer
+    (block, root), n_layer = _unit_bytes(x.shape, x.comm_bytes), x.shape.n_layer
     units, unit_s = n_layer + 1, x.overheads.fsdp1_unit_s
     if x.training:
         gathers, reductions = [root] + [block] * (2 * n_layer), [block] * n_layer + [root]
@@ -96,7 +83,7 @@ def _fsdp1(x: StepInput) -> StepCost:
 def _fsdp2(reshard: bool, x: StepInput) -> StepCost:
     """fully_shard per block and on the root: every unit gathered in forward, resharded units
     again in backward; a training step reduce-scatters every unit's gradients."""
-    (block, root), n_layer = _unit_bytes(x), x.shape.n_layer
+    (block, root), n_layer = _unit_bytes(x.shape, x.comm_bytes), x.shape.n_layer
     units, o = n_layer + 1, x.overheads
     if x.training:
         again = [block] * n_layer + [root] if reshard else []
@@ -138,8 +125,6 @@ def fsdp_is_fsdp1(accelerator: str) -> bool:
 def _fsdp_cost(x: StepInput) -> StepCost:
     return _fsdp1(x) if fsdp_is_fsdp1(x.device_type) else _fsdp2(True, x)
 
-
-# --------------------------------------------------------------------------- records
 
 _fsdp = partial(
     StrategyRecord,

@@ -1,12 +1,6 @@
-"""Pipeline parallelism over all ranks (`pipeline`): LitGPT's sequentially.py layer split,
-across processes.
-
-Each rank holds a contiguous group of blocks; every forward passes the activation rank to rank
-with torch.distributed send/recv, and the last rank samples and sends the token back. One
-stream, so at batch 1 no stage overlaps another. Not a Fabric strategy: Fabric only launches
-and fences the ranks; the rank half (`pytest_distperf.ranks.strategies.pipeline`) splits the
-model (`distperf_model.parallelize.PipelineStage`) and decodes across the stages.
-"""
+"""Pipeline parallelism over all ranks (`pipeline`), LitGPT's sequentially.py split across
+processes: each rank holds contiguous blocks, every forward sends the activation rank to rank
+and the last rank sends the sampled token back; one stream, so no stage overlaps another."""
 
 from __future__ import annotations
 
@@ -41,8 +35,7 @@ def check(config: ModelShape, devices: int) -> str | None:
 
 
 def cost(x: StepInput) -> StepCost:
-    """A decode step's hops: the activation stage to stage, the sampled token back to the
-    first; one stream, so each waits for the one before (none overlappable)."""
+    """A decode step's hops, none overlappable: the activation stage to stage, the token back."""
     n = x.devices
     activation = activation_bytes(x.shape, x.comm_bytes, x.batch_size)
     token = x.batch_size * TOKEN_BYTES

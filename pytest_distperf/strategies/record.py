@@ -1,10 +1,6 @@
-"""One strategy, one pure record: what a step costs it, what it calibrates, where it runs.
-
-No torch here, not even lazily: the plugin validates markers and the performance model predicts
-from these records (they implement `perfmodel.step.StrategyModel`). How a rank builds, wraps and
-steps the strategy is its rank half, registered under the same name in
-`pytest_distperf.ranks.strategies`.
-"""
+"""One strategy, one pure record: what a step costs it, what it calibrates, where it runs. No
+torch, not even lazily; it implements `perfmodel.step.StrategyModel`, and its rank half is
+registered under the same name in `pytest_distperf.ranks.strategies` (docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -31,49 +27,37 @@ def model_parallel(devices: int) -> int:
 
 
 def fits_any(config: ModelShape, devices: int) -> str | None:
-    """Any model splits over any number of ranks (data parallel, sharded storage)."""
     return None
 
 
 @dataclass(frozen=True)
 class StrategyRecord:
-    """Everything the plugin and the performance model need to know of a strategy.
+    """Everything the plugin and the performance model need to know of a strategy; each field's
+    role: docs/extending.md ("Pure record").
 
-    `cost(x)` the strategy's own share of a decode or training step (`x.training`): its
-    collectives and overheads (perfmodel.step); `replicas(devices)` how many independent decode
-    streams the run has; `message_sizes(config, dtype_bytes, batch)` the collective sizes worth
-    calibrating for that model's decode; `check(config, devices)` why the model
-    cannot be split over `devices` ranks (the plugin asks at collection, the rank once built),
-    or None. `decodes_across_ranks`: no rank holds the logits to sample from, so the rank half
-    steps the decode itself (its `next_token`: pipeline) and no user `generate=` loop or compiled
-    step can run; tensor parallel is False, every rank samples its whole logits.
-
-    Training (perfmodel/train.py): `train_refusal` why it cannot train ("": it can, and `cost`
-    takes a training step, whose collectives are the sizes to calibrate).
-
-    `changes_what_runs`: the wrapped model runs other work than the bare one (sharded storage,
-    a split model), so the bare model timed beside it measures the strategy's own cost; the
-    relative speed is then measured by default (a replicated model is the bare one behind a
-    forward wrapper: measured on request only, `--distperf-relative-speed`).
+    `check(config, devices)`: why the model cannot be split over `devices` ranks, or None.
+    `decodes_across_ranks`: no rank holds the logits to sample from, so the rank half steps the
+    decode itself (pipeline) and no user `generate=` loop or compiled step can run.
+    `changes_what_runs`: the wrapped model runs other work than the bare one (sharded storage, a
+    split model), so its relative speed is measured by default, elsewhere on request only.
     """
 
     name: str
     description: str
     family: str  # the module that defines it: "replicated", "fsdp", ...
     sharded: bool  # parameters sharded across ranks: the whole model exists only before wrapping
-    cost: Callable[[StepInput], StepCost]
-    replicas: Callable[[int], int]
-    message_sizes: Callable[[ModelShape, int, int], MessageSizes]
+    cost: Callable[[StepInput], StepCost]  # its share of a decode or training step
+    replicas: Callable[[int], int]  # independent decode streams on `devices` ranks
+    message_sizes: Callable[[ModelShape, int, int], MessageSizes]  # (config, dtype_bytes, batch)
     runs_on: frozenset[str]  # accelerators it can be built on
     min_ranks: int
     check: Callable[[ModelShape, int], str | None] = fits_any
     decodes_across_ranks: bool = False
-    train_refusal: str = ""
+    train_refusal: str = ""  # why it cannot train ("": it can)
     changes_what_runs: bool = False
 
     def measures_relative_speed(self, asked: bool) -> bool:
-        """Whether a run times the bare model beside its repeats: by default where the strategy
-        changes what runs, elsewhere when `asked` (the option or the marker's argument)."""
+        """Whether a run times the bare model beside its repeats (`asked`: option or marker)."""
         return self.changes_what_runs or asked
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:

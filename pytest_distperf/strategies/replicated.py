@@ -1,24 +1,19 @@
-"""Replicated strategies: every rank holds the whole model (`auto`, `ddp`).
-
-DDP communicates in backward only, so an inference forward has no collective; the worker makes
-the KV caches after wrapping, so there is no buffer broadcast either (docs/perfmodel.md). A
-training step all-reduces every gradient in DDP's buckets while backward runs. The rank half:
-`pytest_distperf.ranks.strategies.replicated`.
-"""
+"""Replicated strategies, every rank holding the whole model (`auto`, `ddp`): no collective in
+an inference forward (DDP communicates in backward only, and the KV caches are made after
+wrapping: no buffer broadcast); a training step all-reduces the gradients in DDP's buckets."""
 
 from __future__ import annotations
 
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pytest_distperf.perfmodel.calibration import NO_MESSAGES, MessageSizes
+from pytest_distperf.perfmodel.calibration import NO_MESSAGES
 from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.terms import MB
 from pytest_distperf.perfmodel.train import BACKWARD_SHARE
 from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
 
 if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.shape import ModelShape
     from pytest_distperf.perfmodel.step import StepInput
 
 MIB = 1024 * 1024
@@ -30,9 +25,8 @@ DDP_FIRST_BUCKET_BYTES = 1 * MIB
 
 
 def ddp_buckets(total_bytes: int) -> list[int]:
-    """DDP's gradient buckets in the order backward fills them: the first bucket, then full
-    ones, then the rest (the embedding's, ready last). Whole parameters per bucket in DDP; the
-    shape has no parameter list, so bytes are cut at the caps exactly."""
+    """DDP's gradient buckets in the order backward fills them: the first, then full ones, then
+    the rest; cut at the caps exactly (the shape has no parameter list)."""
     first = min(total_bytes, DDP_FIRST_BUCKET_BYTES)
     sizes = [first] if first else []
     rest = total_bytes - first
@@ -42,24 +36,17 @@ def ddp_buckets(total_bytes: int) -> list[int]:
     return sizes
 
 
-def _gradient_bytes(config: ModelShape, param_bytes: int) -> int:
-    # DDP reduces the gradients in the parameters' own dtype (float32 under bf16-mixed).
-    params = config.n_layer * config.block_param_count() + config.non_block_param_count()
-    return params * param_bytes
-
-
 def cost(x: StepInput) -> StepCost:
-    """Decode: no collective (DDP communicates in backward only). Training: DDP's gradient
-    all-reduce of every parameter, bucket by bucket, during backward; on one device (Fabric's
-    single-device strategy) no collective at all."""
     if not x.training:
         block = x.shape.block_param_count() * x.comm_bytes
         notes = ("replicated: no collective in an inference forward",)
         return StepCost("replicated", (), ("all_gather", block), notes)
-    if x.devices == 1:
+    if x.devices == 1:  # Fabric's single-device strategy
         notes = ("one device: no gradient all-reduce",)
         return StepCost("one device", (), ("all_gather", 0), notes)
-    total = _gradient_bytes(x.shape, x.param_bytes)
+    # DDP reduces the gradients in the parameters' own dtype (float32 under bf16-mixed).
+    params = x.shape.n_layer * x.shape.block_param_count() + x.shape.non_block_param_count()
+    total = params * x.param_bytes
     buckets = ddp_buckets(total)
     # the last bucket starts when backward ends: nothing runs beside it
     reductions = tuple(
@@ -81,17 +68,13 @@ def cost(x: StepInput) -> StepCost:
     )
 
 
-def _no_messages(config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes:
-    return NO_MESSAGES
-
-
 _replicated = partial(
     StrategyRecord,
     family="replicated",
     sharded=False,
     cost=cost,
     replicas=data_parallel,
-    message_sizes=_no_messages,
+    message_sizes=lambda config, dtype_bytes, batch: NO_MESSAGES,
     runs_on=CPU_AND_CUDA,
     min_ranks=1,
 )
@@ -101,8 +84,5 @@ RECORDS = (
         name="auto",
         description="Fabric's default: DDP for N > 1, every rank holds the model",
     ),
-    _replicated(
-        name="ddp",
-        description="explicit DDP: every rank holds the whole model",
-    ),
+    _replicated(name="ddp", description="explicit DDP: every rank holds the whole model"),
 )

@@ -1,12 +1,6 @@
-"""Tensor parallelism over all ranks (`tp`), as LitGPT's generate/tp.py does it.
-
-Attention heads and the MLP's hidden dimension are split across the ranks (column-wise in,
-row-wise out), so every block all-reduces its activation twice: after attention and after the
-MLP; the embedding and the head stay whole on every rank. Fabric's `ModelParallelStrategy`
-(data_parallel_size=1) launches the ranks and makes the mesh; the split is done by hand, plain
-weight slices and an all-reduce in a forward hook (`distperf_model.parallelize.tensor_parallel`),
-or it is the marker's `tp_plan`: the rank half, `pytest_distperf.ranks.strategies.tp`.
-"""
+"""Tensor parallelism over all ranks (`tp`), as LitGPT's generate/tp.py does it: heads and the
+MLP's hidden dimension split (column-wise in, row-wise out), so every block all-reduces its
+activation twice, after attention and after the MLP; the embedding and the head stay whole."""
 
 from __future__ import annotations
 
@@ -36,9 +30,8 @@ def check(config: ModelShape, devices: int) -> str | None:
 
 
 def compute_share(x: StepInput) -> float:
-    """Decode: the share of the bytes a rank streams per token, its 1/N of the blocks' weights
-    and of the KV cache (its heads' groups), and the head whole, since every rank keeps it.
-    Training: its share of the model FLOPs, 1/N of the blocks' and the head whole."""
+    """A rank's share of the work, 1/N of the blocks and the head whole: decode, of the bytes it
+    streams (weights and KV cache); training, of the model FLOPs."""
     cfg = x.shape
     if x.training:
         blocks, head = flops_split(cfg, x.batch_size, x.seq_length)
@@ -50,14 +43,13 @@ def compute_share(x: StepInput) -> float:
 
 
 def activation_bytes(config: ModelShape, dtype_bytes: int, batch: int, tokens: int = 1) -> int:
-    """The activation each all-reduce (or hop) moves, batch x tokens x n_embd: one token a row
-    in a decode step, the sequence in a training step."""
+    """The activation each all-reduce (or hop) moves: batch x tokens x n_embd."""
     return batch * tokens * config.n_embd * dtype_bytes
 
 
 def cost(x: StepInput) -> StepCost:
-    """Per block 2 activation all-reduces every pass (after attention, after the MLP; in
-    backward the gradient of each split layer's input), none overlappable."""
+    """Per block 2 activation all-reduces every pass (in backward, the gradient of each split
+    layer's input), none overlappable."""
     n, shape = x.devices, x.shape
     size = activation_bytes(shape, x.comm_bytes, x.batch_size, x.tokens_per_row)
     count = 2 * x.passes * shape.n_layer

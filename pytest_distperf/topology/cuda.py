@@ -3,8 +3,9 @@ for the probes that see every GPU of the host and report the run's under its CUD
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 
@@ -44,10 +45,15 @@ def resolve_visible_devices(
     return tuple(chosen), tuple(notes)
 
 
-def pick_devices(
-    visible: Sequence[int], indices: Sequence[int] | None, env: str | None
-) -> list[int]:
-    """The CUDA indices the run uses, checked against what is visible."""
+def run_devices(
+    uuids: Sequence[str], indices: Sequence[int] | None, present: Collection[int] | None = None
+) -> tuple[tuple[int, ...], list[int], list[str]]:
+    """(NVML index of each CUDA index, the CUDA indices the run uses, notes): `indices` (None:
+    all visible) checked against what CUDA_VISIBLE_DEVICES shows of `uuids` (and `present`)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible, env_notes = resolve_visible_devices(env, uuids)
+    if present is not None:
+        visible = tuple(v for v in visible if v in present)
     wanted = list(range(len(visible))) if indices is None else list(indices)
     shown = "unset" if env is None else repr(env)
     for i in wanted:
@@ -58,14 +64,13 @@ def pick_devices(
             )
     if len(set(wanted)) != len(wanted):
         raise ValueError(f"device indices repeat: {wanted}")
-    return wanted
-
-
-def mapping_note(wanted: Sequence[int], visible: Sequence[int], env: str | None) -> list[str]:
-    if all(visible[i] == i for i in wanted):
-        return []
-    pairs = ", ".join(f"cuda:{i}=GPU{visible[i]}" for i in wanted)
-    return [f"CUDA_VISIBLE_DEVICES={env!r} maps the run's devices to nvidia-smi's numbers: {pairs}"]
+    notes = list(env_notes)
+    if any(visible[i] != i for i in wanted):
+        pairs = ", ".join(f"cuda:{i}=GPU{visible[i]}" for i in wanted)
+        notes.append(
+            f"CUDA_VISIBLE_DEVICES={env!r} maps the run's devices to nvidia-smi's numbers: {pairs}"
+        )
+    return visible, wanted, notes
 
 
 def as_text(value: Any) -> str:

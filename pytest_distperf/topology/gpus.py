@@ -6,13 +6,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import subprocess
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
 from pytest_distperf.topology.cuda import as_text, resolve_visible_devices
+from pytest_distperf.topology.smi import run_nvidia_smi
 
-SMI_TIMEOUT_S = 10.0
 _SMI_GPU_LINE = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[0-9a-fA-F-]+)\)", re.MULTILINE)
 
 
@@ -50,13 +50,10 @@ def _nvml_uuids() -> list[str]:
 
 
 def _smi_uuids() -> list[str]:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=SMI_TIMEOUT_S, check=True
-        )
-    except FileNotFoundError:
-        raise NoDriver from None
-    return parse_nvidia_smi_l(out.stdout)
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        raise NoDriver
+    return parse_nvidia_smi_l(run_nvidia_smi(exe, "-L"))
 
 
 def parse_nvidia_smi_l(text: str) -> list[str]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from pathlib import Path
 
 from pytest_distperf.topology.model import LOOPBACK, Device, Link, Topology
 
 _CPUINFO = Path("/proc/cpuinfo")
-_MEMINFO = Path("/proc/meminfo")
 
 
 def _parse_cpuinfo(text: str) -> tuple[str | None, int]:
@@ -30,13 +28,6 @@ def _parse_cpuinfo(text: str) -> tuple[str | None, int]:
     return model, len(sockets) or 1
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 def available_cpus() -> int:
     # The affinity mask is what this process may use (containers, taskset); cpu_count is the host.
     try:
@@ -46,9 +37,7 @@ def available_cpus() -> int:
 
 
 def _host_memory_bytes() -> int:
-    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", _read_text(_MEMINFO), re.MULTILINE)
-    if m:
-        return int(m.group(1)) * 1024
+    # Linux's sysconf answers from the kernel's total RAM, /proc/meminfo's MemTotal.
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -57,7 +46,11 @@ def _host_memory_bytes() -> int:
 
 def host_facts() -> tuple[str, int, int]:
     """(CPU model, usable CPUs, sockets)."""
-    model, sockets = _parse_cpuinfo(_read_text(_CPUINFO))
+    try:
+        text = _CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    model, sockets = _parse_cpuinfo(text)
     if not model:
         model = platform.processor() or platform.machine() or "cpu"
     return model, available_cpus(), sockets

@@ -1,12 +1,12 @@
 """The values of a topology: devices, links, link classes (`nvidia-smi topo -m`'s words, plus
-LOOPBACK and "unknown") and their order. Pure values, JSON round trip and the key."""
+LOOPBACK and "unknown") and their order; JSON round trip and the key."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER, get_field, json_object
@@ -18,12 +18,11 @@ UNKNOWN = "unknown"
 
 # Higher is faster; PCIe classes in nvidia-smi's legend order (fewer bridges keep more bandwidth).
 # "unknown" ranks lowest so that `slowest_link()` reports it: a guessed link is worse than none.
-_PCIE_RANK = {"PIX": 6, "PXB": 5, "PHB": 4, "NODE": 3, "SYS": 2}
-_LOOPBACK_RANK = 1
-_UNKNOWN_RANK = 0
+_RANK = {"PIX": 6, "PXB": 5, "PHB": 4, "NODE": 3, "SYS": 2, LOOPBACK: 1, UNKNOWN: 0}
 _NV_BASE_RANK = 100  # every NVLink bundle beats every PCIe path; more links beat fewer
 _NV_RE = re.compile(r"NV(\d+)")
-_TEXT = {"name": str, "bus_id": str}  # a Device's text fields; the others are counts
+# JSON kinds of the Device and Link fields that are not counts.
+_KINDS = {"name": str, "bus_id": str, "link_class": str, "p2p_supported": bool}
 
 
 class TopologyError(ValueError):
@@ -43,26 +42,18 @@ def link_rank(link_class: str) -> int:
     m = _NV_RE.fullmatch(link_class)
     if m:
         return _NV_BASE_RANK + int(m.group(1))
-    if link_class in _PCIE_RANK:
-        return _PCIE_RANK[link_class]
-    if link_class == LOOPBACK:
-        return _LOOPBACK_RANK
-    if link_class == UNKNOWN:
-        return _UNKNOWN_RANK
+    if link_class in _RANK:
+        return _RANK[link_class]
     raise ValueError(
         f"unknown link class {link_class!r} (expected NV<n>, PIX, PXB, PHB, NODE, SYS, "
         f"{LOOPBACK} or {UNKNOWN})"
     )
 
 
-# --------------------------------------------------------------------------- values
-
-
 @dataclass(frozen=True)
 class Device:
-    """One device of the run: `index` is the CUDA index the run uses (a parsed file's: the GPU
-    number nvidia-smi printed). Unknown: None, `memory_bytes` 0 (CPU ranks: the host's, shared),
-    `name` "unknown"."""
+    """One device of the run under the CUDA index it uses (a parsed file's: nvidia-smi's GPU
+    number). Unknown: None, `memory_bytes` 0 (CPU ranks: the host's, shared), `name` "unknown"."""
 
     index: int
     name: str
@@ -115,7 +106,7 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """The network between a job's nodes: the calibration's figures (None: not yet measured),
+    """The network between a job's nodes as the calibration measured it (None: not yet);
     never part of the key (measurements, not the kind of machine)."""
 
     busbw: float | None = None  # bytes/s: bus bandwidth of the largest calibrated all-gather
@@ -127,10 +118,6 @@ class Network:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise ValueError(f"network: {name} must be >= 0, got {value!r}")
-
-    @property
-    def measured(self) -> bool:
-        return self.busbw is not None
 
     def describe(self, nodes: int) -> str:
         where = f"network between {nodes} nodes"
@@ -209,8 +196,7 @@ class Topology:
         return tuple(d.index for d in self.devices)
 
     def slowest_link(self) -> Link:
-        """The link that bounds a collective over all devices (ring/tree traffic crosses it);
-        ValueError for fewer than two devices."""
+        """The link that bounds a collective over all devices (ring/tree traffic crosses it)."""
         if not self.links:
             raise ValueError(f"a topology of {self.device_count} device(s) has no links")
         return min(self.links, key=lambda link: (link.rank, link.a, link.b))
@@ -258,48 +244,32 @@ class Topology:
             )
         devices_raw = get_field(data, "devices", list, "topology")
         links_raw = get_field(data, "links", list, "topology")
-        notes_raw = get_field(data, "notes", list, "topology", default=[])
-        devices = []
-        for i, d in enumerate(devices_raw):
-            where = f"devices[{i}]"
-            d = json_object(d, where)
-            # Every field in declaration order; those with a default (None) are optional.
-            values = {
-                f.name: get_field(
-                    d, f.name, _TEXT.get(f.name, int), where, optional=f.default is None
-                )
-                for f in fields(Device)
-            }
-            devices.append(Device(**values))
+        notes = get_field(data, "notes", list, "topology", default=[])
+        if not all(isinstance(n, str) for n in notes):
+            raise ValueError("'notes' must be a list of strings")
         links = []
         for i, raw in enumerate(links_raw):
-            where = f"links[{i}]"
-            raw = json_object(raw, where)
+            values = _fields(Link, raw, f"links[{i}]")
             try:
-                links.append(
-                    Link(
-                        a=get_field(raw, "a", int, where),
-                        b=get_field(raw, "b", int, where),
-                        link_class=get_field(raw, "link_class", str, where),
-                        nvlinks=get_field(raw, "nvlinks", int, where, default=0),
-                        nvlink_version=get_field(raw, "nvlink_version", int, where, optional=True),
-                        p2p_supported=get_field(raw, "p2p_supported", bool, where, optional=True),
-                    )
-                )
+                links.append(Link(**values))
             except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
-        if not all(isinstance(n, str) for n in notes_raw):
-            raise ValueError("'notes' must be a list of strings")
+                raise ValueError(f"links[{i}]: {exc}") from None
+        network = get_field(data, "network", Mapping, "topology", default={})
         return cls(
             accelerator=get_field(data, "accelerator", str, "topology"),
-            devices=tuple(devices),
+            devices=tuple(
+                Device(**_fields(Device, d, f"devices[{i}]")) for i, d in enumerate(devices_raw)
+            ),
             links=tuple(links),
             source=get_field(data, "source", str, "topology"),
             host_cpus=get_field(data, "host_cpus", int, "topology", default=0),
             sockets=get_field(data, "sockets", int, "topology", default=0),
-            notes=tuple(notes_raw),
+            notes=tuple(notes),
             nodes=get_field(data, "nodes", int, "topology", default=1),
-            network=_network(get_field(data, "network", Mapping, "topology", default={})),
+            network=Network(
+                *(_optional_number(network, name) for name in ("busbw", "latency_s")),
+                get_field(network, "measured_by", str, "network", default=""),
+            ),
         )
 
     def matrix(self, cell: Callable[[int, int], str] | None = None, diagonal: str = " X") -> str:
@@ -317,13 +287,22 @@ class Topology:
         return "\n".join(lines) + "\n"
 
 
-def _network(data: Mapping[str, Any]) -> Network:
-    def number(name: str) -> float | None:
-        value = get_field(data, name, NUMBER, "network", optional=True)
-        return None if value is None else float(value)
+def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
+    """A Device's or Link's fields from JSON: required without a default, optional if None."""
+    data = json_object(raw, where)
+    values = {}
+    for f in fields(cls):
+        kind = _KINDS.get(f.name, int)
+        if f.default is MISSING or f.default is None:
+            values[f.name] = get_field(data, f.name, kind, where, optional=f.default is None)
+        else:
+            values[f.name] = get_field(data, f.name, kind, where, default=f.default)
+    return values
 
-    measured_by = get_field(data, "measured_by", str, "network", default="")
-    return Network(number("busbw"), number("latency_s"), measured_by)
+
+def _optional_number(data: Mapping[str, Any], name: str) -> float | None:
+    value = get_field(data, name, NUMBER, "network", optional=True)
+    return None if value is None else float(value)
 
 
 def _slug(text: str) -> str:

@@ -4,18 +4,11 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_distperf.topology.cuda import (
-    as_text,
-    mapping_note,
-    normal_bus_id,
-    pick_devices,
-    resolve_visible_devices,
-)
+from pytest_distperf.topology.cuda import as_text, normal_bus_id, run_devices
 from pytest_distperf.topology.host import host_facts
 from pytest_distperf.topology.model import UNKNOWN, Device, Link, Topology
 
@@ -86,8 +79,9 @@ def _nvml_pair(
     handles: tuple[Any, Any],
     buses: tuple[str | None, str | None],
     ends: tuple[list[_LinkEnd], list[_LinkEnd]],
-) -> tuple[Link, list[str]]:
-    notes: list[str] = []
+    notes: list[str],
+) -> Link:
+    """The link between CUDA devices `a` and `b`; what NVML could not say goes to `notes`."""
     ha, hb = handles
     ok = _const(nv, "NVML_P2P_STATUS_OK", 0)
     p2p_status = _nvml_try(
@@ -120,12 +114,12 @@ def _nvml_pair(
         versions = {e.version for e in counted if e.version is not None}
         version = min(versions) if versions else None
         n = len(counted)
-        return Link(a, b, f"NV{n}", n, version, p2p), notes
+        return Link(a, b, f"NV{n}", n, version, p2p)
     level = _nvml_try(nv, "nvmlDeviceGetTopologyCommonAncestor", ha, hb)
     link_class = _ANCESTOR_CLASS.get(level, UNKNOWN) if level is not None else UNKNOWN
     if link_class == UNKNOWN:
         notes.append(f"GPU{a}-GPU{b}: NVML gave no PCIe common ancestor (answer {level!r})")
-    return Link(a, b, link_class, p2p_supported=p2p), notes
+    return Link(a, b, link_class, p2p_supported=p2p)
 
 
 def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
@@ -138,9 +132,7 @@ def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
         count = int(nv.nvmlDeviceGetCount())
         handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         uuids = [as_text(nv.nvmlDeviceGetUUID(h)) for h in handles]
-        env = os.environ.get("CUDA_VISIBLE_DEVICES")
-        visible, env_notes = resolve_visible_devices(env, uuids)
-        wanted = pick_devices(visible, indices, env)
+        visible, wanted, notes = run_devices(uuids, indices)
         # No PCI info (None): no busId, which normal_bus_id reads as no bus.
         pcis = [_nvml_try(nv, "nvmlDeviceGetPciInfo", h) for h in handles]
         buses = [normal_bus_id(getattr(pci, "busId", "")) for pci in pcis]
@@ -163,15 +155,11 @@ def probe_nvml(indices: Sequence[int] | None = None) -> Topology:
             )
         ends = {i: _nvlink_ends(nv, handles[visible[i]], gpu_buses) for i in wanted}
         links = []
-        notes = list(env_notes) + mapping_note(wanted, visible, env)
         for n, a in enumerate(wanted):
             for b in wanted[n + 1 :]:
                 na, nb = visible[a], visible[b]
-                link, pair_notes = _nvml_pair(
-                    nv, a, b, (handles[na], handles[nb]), (buses[na], buses[nb]), (ends[a], ends[b])
-                )
-                links.append(link)
-                notes += pair_notes
+                pair = (handles[na], handles[nb]), (buses[na], buses[nb]), (ends[a], ends[b])
+                links.append(_nvml_pair(nv, a, b, *pair, notes))
         if any(e.to_switch for es in ends.values() for e in es) and any(
             link.is_nvlink for link in links
         ):

@@ -4,20 +4,14 @@ NVML's Python binding fails."""
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from pytest_distperf.topology.cuda import (
-    mapping_note,
-    normal_bus_id,
-    pick_devices,
-    resolve_visible_devices,
-)
+from pytest_distperf.topology.cuda import normal_bus_id, run_devices
 from pytest_distperf.topology.host import host_facts
 from pytest_distperf.topology.model import (
     LOOPBACK,
@@ -52,23 +46,40 @@ def parse_nvidia_smi_topo(text: str) -> Topology:
         )
     block = _matrix_rows(lines[header_at + 1 :])
     columns = _columns(lines[header_at], {tokens[0] for tokens in block})
-    matrix = _Matrix(_gpu_rows(block, columns), {label: i for i, label in enumerate(columns)}, rocm)
-    indices = sorted(matrix.rows)
+    rows = _gpu_rows(block, columns)
+    position = {label: n for n, label in enumerate(columns)}  # a column's cell in a row
+    notes: list[str] = []
+
+    def cell(i: int, j: int) -> str:
+        token = rows[i][position[f"GPU{j}"]]
+        if token in _OLD_TOKENS:
+            note = f"old link name {token} read as {_OLD_TOKENS[token]}"
+            if note not in notes:
+                notes.append(note)
+            token = _OLD_TOKENS[token]
+        with contextlib.suppress(ValueError):  # NV<n> and PCIe words; not LOOPBACK nor unknown
+            if link_rank(token) > link_rank(LOOPBACK):
+                return token
+        raise TopologyParseError(f"row GPU{i} column GPU{j}: unknown link token {token!r}")
+
+    indices = sorted(rows)
     links = []
     for n, i in enumerate(indices):
-        matrix.cell(i, i)
+        diagonal = rows[i][position[f"GPU{i}"]]
+        if diagonal != "X":
+            raise TopologyParseError(
+                f"row GPU{i}: expected X on the diagonal, found {diagonal!r}{rocm}"
+            )
         for j in indices[n + 1 :]:
-            forward, backward = matrix.cell(i, j), matrix.cell(j, i)
+            forward, backward = cell(i, j), cell(j, i)
             chosen = forward
             if forward != backward:
                 # nvidia-smi prints a symmetric matrix; if a copy is not, trust the slower word.
                 chosen = min(forward, backward, key=link_rank)
-                matrix.notes.append(
-                    f"GPU{i}-GPU{j} printed as {forward} and {backward}; using {chosen}"
-                )
+                notes.append(f"GPU{i}-GPU{j} printed as {forward} and {backward}; using {chosen}")
             links.append(Link(i, j, chosen))
     devices = tuple(Device(index=i, name=UNKNOWN, memory_bytes=0) for i in indices)
-    return Topology("cuda", devices, tuple(links), "nvidia-smi", notes=tuple(matrix.notes))
+    return Topology("cuda", devices, tuple(links), "nvidia-smi", notes=tuple(notes))
 
 
 def _matrix_rows(lines: Sequence[str]) -> list[list[str]]:
@@ -120,35 +131,6 @@ def _gpu_rows(block: Sequence[Sequence[str]], columns: Sequence[str]) -> dict[in
     return gpu_rows
 
 
-@dataclass
-class _Matrix:
-    """The GPU rows of a parsed matrix, read cell by cell; what reading changed goes to notes."""
-
-    rows: dict[int, list[str]]
-    position: dict[str, int]  # column label -> its cell's index in a row
-    rocm: str  # said in a diagonal's error when the text looks like rocm-smi's
-    notes: list[str] = field(default_factory=list)
-
-    def cell(self, i: int, j: int) -> str:
-        token = self.rows[i][self.position[f"GPU{j}"]]
-        if i == j:
-            if token != "X":
-                raise TopologyParseError(
-                    f"row GPU{i}: expected X on the diagonal, found {token!r}{self.rocm}"
-                )
-            return token
-        if token in _OLD_TOKENS:
-            new = _OLD_TOKENS[token]
-            note = f"old link name {token} read as {new}"
-            if note not in self.notes:
-                self.notes.append(note)
-            token = new
-        with contextlib.suppress(ValueError):  # NV<n> and PCIe words; not LOOPBACK nor unknown
-            if link_rank(token) > link_rank(LOOPBACK):
-                return token
-        raise TopologyParseError(f"row GPU{i} column GPU{j}: unknown link token {token!r}")
-
-
 def _find_header(lines: Sequence[str]) -> int | None:
     for n, line in enumerate(lines):
         tokens = line.split()
@@ -180,7 +162,7 @@ _QUERY_FIELDS = (
 )
 
 
-def _run_nvidia_smi(exe: str, *args: str) -> str:
+def run_nvidia_smi(exe: str, *args: str) -> str:
     try:
         done = subprocess.run(
             [exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
@@ -214,11 +196,11 @@ def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         raise FileNotFoundError("nvidia-smi not found on PATH")
-    parsed = parse_nvidia_smi_topo(_run_nvidia_smi(exe, "topo", "-m"))
+    parsed = parse_nvidia_smi_topo(run_nvidia_smi(exe, "topo", "-m"))
     notes = list(parsed.notes)
     try:
         query = _parse_query(
-            _run_nvidia_smi(
+            run_nvidia_smi(
                 exe, f"--query-gpu={','.join(_QUERY_FIELDS)}", "--format=csv,noheader,nounits"
             )
         )
@@ -228,10 +210,7 @@ def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
     count = max(parsed.indices) + 1
     # Without the query no UUIDs are known, so UUID entries in CUDA_VISIBLE_DEVICES match nothing.
     uuids = [query.get(i, {}).get("uuid", "") for i in range(count)]
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible, env_notes = resolve_visible_devices(env, uuids)
-    visible = tuple(v for v in visible if v in parsed.indices)
-    wanted = pick_devices(visible, indices, env)
+    visible, wanted, run_notes = run_devices(uuids, indices, parsed.indices)
     devices = []
     for cuda_index in wanted:
         row = query.get(visible[cuda_index])
@@ -256,6 +235,6 @@ def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
         for n, a in enumerate(wanted)
         for b in wanted[n + 1 :]
     ]
-    notes = list(env_notes) + mapping_note(wanted, visible, env) + notes
+    notes = run_notes + notes
     _, cpus, sockets = host_facts()
     return Topology("cuda", tuple(devices), tuple(links), "nvidia-smi", cpus, sockets, tuple(notes))
