@@ -322,7 +322,7 @@ def test_the_work_gates_from_the_first_recorded_run_naming_what_changed() -> Non
 
 def test_the_device_time_gates_from_the_first_recorded_run() -> None:
     one = replace(_entry(100.0), device_time_run_medians=(0.010,))
-    assert device_time_check(one, 0.0101, SETTINGS).status == OK  # within the 2% floor
+    assert device_time_check(one, 0.0104, SETTINGS).status == OK  # within the 5% floor
     slower = device_time_check(one, 0.0110, SETTINGS)
     assert slower.status == FAIL
     assert slower.message.startswith("device time per token grew: 11 ms vs baseline 10 ms")

@@ -143,7 +143,7 @@ class GateSettings:
     # Least settled tolerances (docs/gates.md); the throughput's None: its machine class's.
     tolerance_floor: float | None = None
     relative_tolerance_floor: float = 0.05
-    device_time_tolerance_floor: float = 0.02
+    device_time_tolerance_floor: float = 0.05
     # The least rise of the ranks' own off-CPU share that fails a slower run.
     wait_share_floor: float = 0.05
     memory_tolerance: float = 0.10
