@@ -50,17 +50,6 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-def train_batch(
-    vocab_size: int, batch: int, length: int, seed: int, dp_rank: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of one data-parallel rank: random tokens from (seed, dp_rank), drawn
-    on the CPU so that every device draws the same ones."""
-    generator = torch.Generator().manual_seed(seed + dp_rank)
-    tokens = torch.randint(0, vocab_size, (batch, length + 1), generator=generator)  # [B, T+1]
-    tokens = tokens.to(device)
-    return tokens[:, :-1], tokens[:, 1:]
-
-
 def make_step(
     module: Any,
     optimizer: Any,
@@ -111,14 +100,6 @@ def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) ->
     return 2 * n**3 / statistics.median(times), how
 
 
-def compute_dtype(ctx: RankContext) -> torch.dtype:
-    """The dtype the matmuls run in: bfloat16 under bf16-mixed's autocast."""
-    return torch.bfloat16 if ctx.workload.precision == "bf16-mixed" else ctx.dtype
-
-
-# --------------------------------------------------------------------------- phases
-
-
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the sizes a training step of this model moves, and the matmul rate."""
     workload, shape = ctx.workload, ctx.model.shape
@@ -131,14 +112,25 @@ def calibrate(ctx: RankContext) -> None:
         workload.batch_size,
         workload.seq_length or 0,
     )
+    # The matmuls run in bfloat16 under bf16-mixed's autocast.
+    dtype = torch.bfloat16 if workload.precision == "bf16-mixed" else ctx.dtype
     # With the session's sizes, when this pool has none yet.
     session = ctx.spec.calibration_sizes is not None
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
         if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
-        ctx.calibration = phases.calibrated(ctx, sizes, compute_dtype(ctx))
-    rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
-    ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
+        ctx.calibration = phases.calibrated(ctx, sizes, dtype)
+    rate, how = matmul_rate(ctx.device, ctx.platform, dtype)
+    # This data-parallel rank's random tokens, drawn on the CPU: every device draws the same.
+    world = max(ctx.spec.devices, 1)
+    dp_rank = environment.global_rank() // max(world // ctx.record.replicas(world), 1)
+    generator = torch.Generator().manual_seed(workload.seed + dp_rank)
+    shape = (workload.batch_size, (workload.seq_length or 0) + 1)
+    tokens = torch.randint(0, ctx.model.shape.vocab_size, shape, generator=generator)  # [B, T+1]
+    tokens = tokens.to(ctx.device)
+    ctx.train = TrainState(
+        tokens[:, :-1], tokens[:, 1:], matmul_flops_per_s=rate, matmul_source=how
+    )
 
 
 def check(ctx: RankContext) -> None:
@@ -165,14 +157,11 @@ def reference(ctx: RankContext) -> None:
         lambda loss: loss.backward(),
         ctx.fabric.autocast,
     )
-    sync = device_sync(ctx.device)
+    alone = Fences(sync=device_sync(ctx.device), barrier=lambda: None)
 
     def once() -> float:
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        return time.perf_counter() - start
+        _, start, end, _ = fenced(step, alone)
+        return end - start
 
     try:
         train.reference_loss = float(step())  # and the warm-up: AdamW's state, the allocator
@@ -285,15 +274,6 @@ def result(ctx: RankContext) -> None:
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
     )
-
-
-def _batch(ctx: RankContext) -> tuple[torch.Tensor, torch.Tensor]:
-    world = max(ctx.spec.devices, 1)
-    replicas = ctx.record.replicas(world)
-    dp_rank = environment.global_rank() // max(world // replicas, 1)
-    w = ctx.workload
-    vocab = ctx.model.shape.vocab_size
-    return train_batch(vocab, w.batch_size, w.seq_length or 0, w.seed, dp_rank, ctx.device)
 
 
 def _wrapped_step(ctx: RankContext) -> Step:
