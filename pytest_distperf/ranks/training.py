@@ -3,10 +3,11 @@ backward, AdamW on the rank's own random batch); docs/training.md."""
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
+from pytest_distperf.ranks.probes import Timer, median_time
 from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, steady_median
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
@@ -82,22 +84,15 @@ def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) ->
     n = platform.matmul_size
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = device_sync(device)
-    for _ in range(2):  # warm-up: kernels chosen, clocks up
-        torch.mm(a, b)
-    sync()
-    times = []
-    for _ in range(platform.matmul_repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        times.append(time.perf_counter() - start)
+    alone = Timer(sync=device_sync(device), barrier=lambda: None, agree=float)
+    # Two warm-up calls (kernels chosen, clocks up); every repeat timed, however long.
+    seconds = median_time(partial(torch.mm, a, b), alone, 2, platform.matmul_repeats, math.inf)
     threads = f", {torch.get_num_threads()} thread(s)" if platform.shares_cores else ""
     how = (
         f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
         f"{environment.device_name(device)}{threads}"
     )
-    return 2 * n**3 / statistics.median(times), how
+    return 2 * n**3 / seconds, how
 
 
 def calibrate(ctx: RankContext) -> None:
