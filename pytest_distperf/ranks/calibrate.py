@@ -12,11 +12,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from pytest_distperf.perfmodel.calibration import (
-    LATENCY_PROBE_BYTES,
-    Calibration,
-    CollectiveFigure,
-)
+from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, Calibration, CollectiveFigure
 from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.probes import (
     Group,

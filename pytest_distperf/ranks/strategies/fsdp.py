@@ -21,9 +21,7 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
         unit_classes=context.wrap_units,
     )
     return fabric_module("strategies").ModelParallelStrategy(
-        parallelize_fn=shard,
-        data_parallel_size=context.devices,
-        tensor_parallel_size=1,
+        parallelize_fn=shard, data_parallel_size=context.devices, tensor_parallel_size=1
     )
 
 
