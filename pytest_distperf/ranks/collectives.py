@@ -43,23 +43,20 @@ def in_step_seconds(
         return None
     local = Fences(sync=sync, barrier=lambda: None)
 
-    def step_s() -> float:
-        sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
-        return step_seconds(sample, steps)
-
-    def summed_step_s() -> float:
-        handles = [point.register_forward_hook(_summed_copy) for point in points]
+    def step_s(summed: bool) -> float:
+        handles = [point.register_forward_hook(_summed_copy) for point in points if summed]
         try:
-            return step_s()
+            sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
+            return step_seconds(sample, steps)
         finally:
             for handle in handles:
                 handle.remove()
 
-    summed_step_s()
+    step_s(summed=True)
     excess = []
     for _ in range(PAIRS):
-        alone = step_s()
-        excess.append(summed_step_s() - alone)
+        alone = step_s(summed=False)
+        excess.append(step_s(summed=True) - alone)
     return max(statistics.median(excess), 0.0) / len(points)
 
 
