@@ -129,13 +129,13 @@ class RankPool:
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
             if not self.ready:  # first use: every rank joins the process group
-                replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
+                replies = self._collect(START_TIMEOUT_S, expect=READY)
                 self._raise_failed(spec, replies, READY, start, starting=True)
                 self.ready = True
             running_from = time.perf_counter()  # the ranks' watchdogs count from here
             for connection in self._connections:
                 connection.send((RUN, spec))
-            replies = self._collect(spec, spec.timeout + GRACE_S, expect=DONE, progress=progress)
+            replies = self._collect(spec.timeout + GRACE_S, expect=DONE, progress=progress)
         finally:
             if streamer is not None:
                 streamer.stop()
@@ -151,11 +151,7 @@ class RankPool:
         return RunResult(spec, ranks, time.perf_counter() - start, launched_at)
 
     def _collect(
-        self,
-        spec: RunSpec,
-        timeout: float,
-        expect: str,
-        progress: Callable[[str], None] | None = None,
+        self, timeout: float, expect: str, progress: Callable[[str], None] | None = None
     ) -> Replies:
         """Every rank's reply, (status, text) where it raised, died or timed out; on the way,
         progress goes to `progress` and rank 0's store port to the others."""

@@ -89,7 +89,8 @@ class Caches:
             module.clear_caches()
         elif self.api == "litgpt":
             module.clear_kv_cache()
-            for name in ("cos", "sin") if self.rope_dtype is not None else ():
+            rope = ("cos", "sin") if self.rope_dtype is not None else ()
+            for name in rope:
                 if isinstance(getattr(module, name, None), torch.Tensor):
                     delattr(module, name)
 
