@@ -15,6 +15,7 @@ from pytest_distperf.perfmodel.calibration import bus_factor
 from pytest_distperf.ranks.calibrate import calibrate
 from pytest_distperf.ranks.probes import (
     OVERLAP_PROBE_MAX_S,
+    Timer,
     median_time,
     overlap_fraction,
     probe_index,
@@ -148,7 +149,8 @@ def test_a_slow_call_is_timed_once_after_its_warm_up(slow_call_s: float, calls: 
         agreed.append(seconds)
         return seconds
 
-    median = median_time(op, lambda: None, lambda: None, 2, 5, agree, slow_call_s=slow_call_s)
+    timer = Timer(sync=lambda: None, barrier=lambda: None, agree=agree)
+    median = median_time(op, timer, 2, 5, slow_call_s=slow_call_s)
     assert len(made) == calls
     assert len(agreed) == 1 and agreed[0] >= 0.002  # the last warm-up call, asked once
     assert median >= 0.002

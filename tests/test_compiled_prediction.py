@@ -145,9 +145,9 @@ def test_a_sharded_step_is_compiled_around_its_hooks_a_replicated_one_whole(
     asked: list[dict] = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: asked.append(kwargs) or fn)
     model, cpu = torch.nn.Linear(2, 2), torch.device("cpu")
-    sharded = compile_decode_step(model, model, cpu, replicated=False, own_step=False)
+    sharded = compile_decode_step(model, cpu, replicated=False, own_step=False)
     assert [kwargs.get("fullgraph", False) for kwargs in asked] == [False]
-    whole = compile_decode_step(model, model, cpu, replicated=True, own_step=False)
+    whole = compile_decode_step(model, cpu, replicated=True, own_step=False)
     assert asked[1:] and all(kwargs.get("fullgraph") for kwargs in asked[1:])
-    own = compile_decode_step(model, model, cpu, replicated=False, own_step=True)
+    own = compile_decode_step(model, cpu, replicated=False, own_step=True)
     assert sharded.graph_breaks and not whole.graph_breaks and not own.graph_breaks

@@ -39,7 +39,7 @@ def test_pool_hands_progress_on_and_waits_for_the_reply() -> None:
     theirs.send((PROGRESS, "repeat 1/1: 3.00 tok/s (rank 0)"))
     theirs.send((DONE, "result"))
     seen: list[str] = []
-    replies = pool._collect(None, 5.0, expect=DONE, progress=seen.append)  # type: ignore[arg-type]
+    replies = pool._collect(5.0, expect=DONE, progress=seen.append)
     assert replies == {0: (DONE, "result")}
     assert seen == ["warm-up 1/1", "repeat 1/1: 3.00 tok/s (rank 0)"]
 

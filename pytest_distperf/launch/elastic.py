@@ -3,17 +3,16 @@ processes, a loopback rendezvous on a free port, no restarts, a log per rank for
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
@@ -27,21 +26,6 @@ from pytest_distperf.launch.failures import (
 from pytest_distperf.launch.signals import STOPPING_SIGNALS, SessionStopped, own_signals
 from pytest_distperf.measured import RankResult, RunResult
 from pytest_distperf.spec import RunSpec
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    # Spawned ranks inherit the parent's environment at start; restore it afterwards.
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
 
 
 def launch(spec: RunSpec) -> RunResult:
@@ -69,11 +53,12 @@ def launch(spec: RunSpec) -> RunResult:
         numa_options=binding,
     )
     threads = str(spec.threads_per_rank)
-    launched_at = time.time()
-    start = time.perf_counter()
+    # Spawned ranks inherit the parent's environment at start; it is restored afterwards.
+    inherited = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    launched_at, start = time.time(), time.perf_counter()
     signals: set[int] = set()
     try:
-        with _environment(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads), own_signals(signals):
+        with mock.patch.dict(os.environ, inherited), own_signals(signals):
             returned: dict[int, RankResult] = elastic_launch(config, run_rank)(spec)
     except ChildFailedError as error:
         # A terminal's Ctrl-C reaches the ranks too; when they stop before the agent's own

@@ -41,14 +41,12 @@ class LaunchedJob:
         return max(1, self.world_size // self.local_world_size)
 
     def topology(self, node: Topology) -> Topology:
-        """One node's probed topology (`local_world_size` devices) as this job's: over several
-        nodes, it names their count, so a job's baselines are never one node's, and the
-        network between them."""
+        """One node's probed topology as this job's: over several nodes it names their count, so
+        a job's baselines are never one node's."""
         return replace(node, nodes=self.nodes) if self.nodes > 1 else node
 
     def environment(self) -> dict[str, str]:
-        """torchrun's variables, which torch.distributed's env:// rendezvous reads; under srun
-        they are derived from SLURM's, so that both jobs join the same way."""
+        """torchrun's variables, which env:// reads (under srun derived from SLURM's)."""
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
@@ -92,8 +90,7 @@ def launched_job(environ: Mapping[str, str] = os.environ) -> LaunchedJob | None:
 
 
 def _checked(job: LaunchedJob, names: tuple[str, str, str, str]) -> LaunchedJob:
-    """`job`, once its numbers agree; `names`: the variables of rank, world size, local world
-    size and local rank, as the launcher spells them."""
+    """`job`, once its numbers agree; `names`: its variables as the launcher spells them."""
     rank, world, local_world, local_rank = names
     problems = []
     if job.world_size < 1:
@@ -130,8 +127,7 @@ def _integers(
 
 def run_in_job(spec: RunSpec, notice: Callable[[str], None] | None = None) -> RunResult:
     """Run `spec` as this rank of the job: every rank's result. A run that fails in one rank
-    fails in all with its error (the next test gets a new group); a timeout ends the job.
-    `notice`: rank 0's `notice_writer`."""
+    fails in all with its error; a timeout ends the job. `notice`: rank 0's `notice_writer`."""
     from pytest_distperf.ranks.jobgroup import JobRunFailed, run_in_group
 
     launched_at, start = time.time(), time.perf_counter()
@@ -159,9 +155,8 @@ def _run_failed(spec: RunSpec, failed: Any) -> RunFailed:
 
 
 def notice_writer(config: Any) -> Callable[[str], None] | None:
-    """Rank 0's way to say why the job stops when its test never comes back to report it (a
-    rank stuck where nothing reaches it): straight to the terminal, past pytest's capture. Call
-    it from pytest_configure, while file descriptor 1 is still the terminal."""
+    """Rank 0's way to say why the job stops when its test never comes back to report it:
+    straight to the terminal (call it from pytest_configure, while fd 1 is still that)."""
     try:
         fd = os.dup(sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # no file descriptor (an in-process session)

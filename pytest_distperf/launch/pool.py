@@ -4,6 +4,7 @@ than a small test's timed work. A test that raises, hangs or loses a rank stops 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
 import tempfile
@@ -26,7 +27,7 @@ from pytest_distperf.launch.failures import (
     where,
 )
 from pytest_distperf.launch.signals import stopping_signals
-from pytest_distperf.measured import RankResult, RunResult
+from pytest_distperf.measured import RunResult
 from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RunSpec
@@ -34,25 +35,17 @@ from pytest_distperf.spec import RunSpec
 # Variables that change how ranks talk to each other or what they run on: pools differ when
 # these do, even after a pool's first test (ranks read them once, at their start).
 POOL_VARIABLES = (
-    "NCCL_P2P_DISABLE",
-    "NCCL_P2P_LEVEL",
-    "NCCL_SHM_DISABLE",
-    "NCCL_NET",
-    "NCCL_IB_DISABLE",
-    "NCCL_IB_HCA",
-    "NCCL_SOCKET_IFNAME",
-    "NCCL_ALGO",
-    "NCCL_PROTO",
-    "NCCL_NVLS_ENABLE",
-    "NCCL_CUMEM_ENABLE",
-    "CUDA_VISIBLE_DEVICES",
-    "PYTORCH_CUDA_ALLOC_CONF",
+    *("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE", "NCCL_NET", "NCCL_IB_DISABLE"),
+    *("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE"),
+    *("NCCL_CUMEM_ENABLE", "CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF"),
 )
 START_TIMEOUT_S = 300.0  # process start, imports, process group
 GRACE_S = 10.0  # past the timeout, for the ranks' own watchdogs to dump their stacks
 FAILED_GRACE_S = 3.0  # for the other ranks' replies once one rank has failed
 STOP_WAIT_S = 5.0
 OUTPUT_SECTION_LINES = 200  # of each rank's output shown with a failed test
+
+Replies = dict[int, tuple[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -62,10 +55,6 @@ class PoolKey:
     accelerator: str
     ranks: int
     comm_environment: tuple[tuple[str, str], ...] = ()
-
-    @classmethod
-    def of(cls, spec: RunSpec, environ: Mapping[str, str] = os.environ) -> PoolKey:
-        return cls.for_ranks(spec.accelerator, spec.devices, environ)
 
     @classmethod
     def for_ranks(
@@ -79,12 +68,12 @@ class RankPool:
     """The ranks of one PoolKey; `run(spec)` returns a RunResult or raises RunFailed."""
 
     def __init__(self, key: PoolKey) -> None:
-        import multiprocessing
+        from pytest_distperf.ranks.serve import serve
 
         self.key = key
-        self.started_at = time.time()
         self.tests_run = 0
         self.ready = False  # every rank has joined the process group
+        self.last_output: dict[int, str] = {}  # each rank's output during the last test
         self._started_in = _surroundings()
         self._log_dir = Path(tempfile.mkdtemp(prefix="distperf-pool-"))
         context = multiprocessing.get_context("spawn")
@@ -92,19 +81,17 @@ class RankPool:
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
-        from pytest_distperf.ranks.serve import serve
-
         try:
-            for rank in range(key.ranks):
+            for rank, log in enumerate(self.log_paths):
                 ours, theirs = context.Pipe()
                 place = RankPlace(
-                    rank=rank,
-                    world_size=key.ranks,
-                    accelerator=key.accelerator,
-                    log_path=str(self.log_paths[rank]),
-                    threads=threads,
-                    parent_pid=os.getpid(),
-                    environ=key.comm_environment,
+                    rank,
+                    key.ranks,
+                    key.accelerator,
+                    str(log),
+                    threads,
+                    os.getpid(),
+                    key.comm_environment,
                 )
                 process = context.Process(
                     target=serve, args=(place, theirs), name=f"distperf-{rank}"
@@ -118,7 +105,6 @@ class RankPool:
         except BaseException:  # a Ctrl-C halfway: the ranks already started go too
             self.close(kill=True)
             raise
-        self.last_output: dict[int, str] = {}  # each rank's output during the last test
 
     @property
     def alive(self) -> bool:
@@ -131,16 +117,6 @@ class RankPool:
             return False
         return self.tests_run > 0 or self._started_in == _surroundings()
 
-    def wait_ready(self, spec: RunSpec) -> None:
-        """Block until every rank has joined the process group (first use only)."""
-        start = time.perf_counter()
-        replies = self._collect(spec, START_TIMEOUT_S, expect=READY)
-        failed = {rank: reply for rank, reply in replies.items() if reply[0] != READY}
-        if failed:
-            elapsed = time.perf_counter() - start
-            raise RunFailed(self._failure_text(spec, failed, elapsed, starting=True))
-        self.ready = True
-
     def run(
         self,
         spec: RunSpec,
@@ -152,12 +128,14 @@ class RankPool:
         offsets = [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
         streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
-            if not self.ready:
-                self.wait_ready(spec)
+            if not self.ready:  # first use: every rank joins the process group
+                replies = self._collect(START_TIMEOUT_S, expect=READY)
+                self._raise_failed(spec, replies, READY, start, starting=True)
+                self.ready = True
             running_from = time.perf_counter()  # the ranks' watchdogs count from here
             for connection in self._connections:
                 connection.send((RUN, spec))
-            replies = self._collect(spec, spec.timeout + GRACE_S, expect=DONE, progress=progress)
+            replies = self._collect(spec.timeout + GRACE_S, expect=DONE, progress=progress)
         finally:
             if streamer is not None:
                 streamer.stop()
@@ -167,24 +145,17 @@ class RankPool:
                 for rank, (path, offset) in enumerate(zip(self.log_paths, offsets, strict=True))
             }
         self.tests_run += 1
-        elapsed = time.perf_counter() - start
-        failed = {rank: reply for rank, reply in replies.items() if reply[0] != DONE}
-        if failed:
-            ran = time.perf_counter() - running_from
-            raise RunFailed(self._failure_text(spec, failed, elapsed, ran >= spec.timeout))
-        ranks: tuple[RankResult, ...] = tuple(replies[r][1] for r in sorted(replies))
-        return RunResult(spec=spec, ranks=ranks, launch_s=elapsed, launched_at=launched_at)
+        timed_out = time.perf_counter() - running_from >= spec.timeout
+        self._raise_failed(spec, replies, DONE, start, timed_out)
+        ranks = tuple(replies[r][1] for r in sorted(replies))
+        return RunResult(spec, ranks, time.perf_counter() - start, launched_at)
 
     def _collect(
-        self,
-        spec: RunSpec,
-        timeout: float,
-        expect: str,
-        progress: Callable[[str], None] | None = None,
-    ) -> dict[int, tuple[str, Any]]:
+        self, timeout: float, expect: str, progress: Callable[[str], None] | None = None
+    ) -> Replies:
         """Every rank's reply, (status, text) where it raised, died or timed out; on the way,
         progress goes to `progress` and rank 0's store port to the others."""
-        replies: dict[int, tuple[str, Any]] = {}  # in order of arrival: the first failure leads
+        replies: Replies = {}  # in order of arrival: the first failure leads
         pending = dict(enumerate(self._connections))
         deadline = time.monotonic() + timeout
         with stopping_signals():
@@ -192,11 +163,9 @@ class RankPool:
                 # Once one rank has failed, the others are likely stuck in a collective with it.
                 if any(kind != expect for kind, _ in replies.values()):
                     deadline = min(deadline, time.monotonic() + FAILED_GRACE_S)
-                left = max(deadline - time.monotonic(), 0.0)
-                ready = wait(list(pending.values()), timeout=left)
+                ready = wait(list(pending.values()), timeout=max(deadline - time.monotonic(), 0))
                 if not ready:
-                    for rank in pending:
-                        replies[rank] = ("timeout", "")
+                    replies.update(dict.fromkeys(pending, ("timeout", "")))
                     self.stop(kill=True)
                     break
                 for rank, connection in list(pending.items()):
@@ -209,55 +178,55 @@ class RankPool:
                     if message[0] == PROGRESS:  # not a reply: this rank's reply is still due
                         if progress is not None:
                             progress(message[1])
-                        continue
-                    if message[0] == STORE:  # nor this: the others join through rank 0's store
+                    elif message[0] == STORE:  # nor this: the others join through rank 0's store
                         for other in self._connections[1:]:
                             with contextlib.suppress(OSError):  # a rank gone: seen as such
                                 other.send(message)
-                        continue
-                    del pending[rank]
-                    replies[rank] = message
+                    else:
+                        del pending[rank]
+                        replies[rank] = message
         if any(kind == "died" for kind, _ in replies.values()):
             self.stop(kill=True)  # let the exit codes settle before they are read
-            self._raise_if_interrupted()
+            # A Ctrl-C that reached a rank before this process: still the user's interrupt.
+            if any(p.exitcode == -signal.SIGINT for p in self._processes):
+                raise KeyboardInterrupt
         return replies
 
-    def _raise_if_interrupted(self) -> None:
-        # A Ctrl-C that reached a rank before this process: still the user's interrupt.
-        if any(p.exitcode == -signal.SIGINT for p in self._processes):
-            raise KeyboardInterrupt
-
-    def _failure_text(
+    def _raise_failed(
         self,
         spec: RunSpec,
-        replies: dict[int, tuple[str, Any]],
-        elapsed: float,
+        replies: Replies,
+        expect: str,
+        start: float,
         past_timeout: bool = False,
         starting: bool = False,
-    ) -> str:
-        """`replies`: the failed ranks' (kind, text); `past_timeout`: the ranks' watchdogs were
-        due, so every rank's stack matters; `starting`: the pool was still starting."""
-        kinds = {kind for kind, _ in replies.values()}
-        failed = {rank: text for rank, (_, text) in replies.items()}
-        timed_out = "timeout" in kinds or past_timeout
+    ) -> None:
+        """RunFailed saying why, where a rank's reply is not `expect`. `past_timeout`: the ranks'
+        watchdogs were due, so every rank's stack matters; `starting`: the pool was starting."""
+        failed = {rank: text for rank, (kind, text) in replies.items() if kind != expect}
+        if not failed:
+            return
+        elapsed = time.perf_counter() - start
         self.stop(kill=True)
-        if timed_out:  # every rank's stack matters: who waits for whom
+        if past_timeout or any(replies[rank][0] == "timeout" for rank in failed):
+            headline = timeout_headline(spec)
             if starting:
-                lines = [start_timeout_headline(spec, START_TIMEOUT_S)]
-            else:
-                lines = [timeout_headline(spec)]
-            for rank in range(self.key.ranks):
-                body = failed.get(rank) or self._output(rank)
-                lines.append(rank_section(rank, self._status(rank), body))
-            return "\n".join(lines)
+                headline = start_timeout_headline(spec, START_TIMEOUT_S)
+            sections = [
+                rank_section(rank, self._status(rank), failed.get(rank) or self._output(rank))
+                for rank in range(self.key.ranks)
+            ]
+            raise RunFailed("\n".join([headline, *sections]))
         # The first rank to fail is the cause; the others failed because it was gone.
         first, *after = failed
-        lines = [failed_headline(spec, [first], elapsed)]
-        lines.append(rank_section(first, self._status(first), failed[first] or self._output(first)))
+        lines = [
+            failed_headline(spec, [first], elapsed),
+            rank_section(first, self._status(first), failed[first] or self._output(first)),
+        ]
         for rank in after:
             last = (failed[rank] or self._output(rank)).strip().splitlines()[-1:] or [""]
             lines.append(f"\n(rank {rank} failed after it, {self._status(rank)}: {last[0]})")
-        return "\n".join(lines)
+        raise RunFailed("\n".join(lines))
 
     def _output(self, rank: int) -> str:
         return output_tail(self.log_paths[rank])
@@ -282,14 +251,12 @@ class RankPool:
                 with contextlib.suppress(OSError, ValueError):
                     connection.send((STOP, None))
         # Even when killing, a rank that is already exiting gets a moment to finish.
-        wait = STOP_WAIT_S if polite else 0.5 if self.ready else 0.0
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + (STOP_WAIT_S if polite else 0.5 if self.ready else 0.0)
         for process in self._processes:
             process.join(timeout=max(deadline - time.monotonic(), 0.0))
         for process in self._processes:
             if process.is_alive():
-                # SIGTERM first: the rank's faulthandler leaves its stack in the log.
-                process.terminate()
+                process.terminate()  # SIGTERM first: the rank's faulthandler leaves its stack
         for process in self._processes:
             process.join(timeout=2.0)
             if process.is_alive():
@@ -357,20 +324,19 @@ class Pools:
     """The session's pools, one per PoolKey, one alive at a time (never two on the same GPUs)."""
 
     def __init__(self) -> None:
-        self._current: RankPool | None = None
+        self.current: RankPool | None = None
         self.last_output: dict[int, str] = {}
-
-    @property
-    def current(self) -> RankPool | None:
-        return self._current
 
     def start(self, key: PoolKey) -> None:
         """Start the ranks of `key` now; the first test that needs them reports any trouble."""
-        if self._current is not None and self._current.fits(key):
-            return
-        self.close()
         with contextlib.suppress(Exception):
-            self._current = RankPool(key)
+            self._pool(key)
+
+    def _pool(self, key: PoolKey) -> RankPool:
+        if self.current is None or not self.current.fits(key):
+            self.close()
+            self.current = RankPool(key)
+        return self.current
 
     def run(
         self,
@@ -379,17 +345,11 @@ class Pools:
         progress: Callable[[str], None] | None = None,
     ) -> RunResult:
         spec = replace(spec, threads_per_rank=rank_threads(spec.platform, spec.devices))
-        key = PoolKey.of(spec)
-        pool = self._current
-        if pool is None or not pool.fits(key):
-            self.close()
-            try:
-                pool = self._current = RankPool(key)
-            except Exception as error:  # spawn trouble: still this test's failure
-                raise RunFailed(
-                    f"distperf: could not start the ranks {where(spec)}: "
-                    f"{type(error).__name__}: {error}"
-                ) from error
+        try:
+            pool = self._pool(PoolKey.for_ranks(spec.accelerator, spec.devices))
+        except Exception as error:  # spawn trouble: still this test's failure
+            why = f"{type(error).__name__}: {error}"
+            raise RunFailed(f"distperf: could not start the ranks {where(spec)}: {why}") from error
         try:
             return pool.run(spec, live, progress)
         except RunFailed:
@@ -402,6 +362,6 @@ class Pools:
             self.last_output = pool.last_output
 
     def close(self, kill: bool = False) -> None:
-        if self._current is not None:
-            self._current.close(kill=kill)
-            self._current = None
+        if self.current is not None:
+            self.current.close(kill=kill)
+            self.current = None

@@ -59,10 +59,9 @@ def stopping_signals() -> Iterator[None]:
     def stop(signum: int, frame: object) -> None:
         raise SessionStopped(signum)
 
-    stopping = [s for s in HANDLED_SIGNALS if s != signal.SIGINT]
-    saved = {s: signal.getsignal(s) for s in stopping}
+    saved = {s: signal.getsignal(s) for s in STOPPING_SIGNALS}
     try:
-        for sig in stopping:
+        for sig in STOPPING_SIGNALS:
             signal.signal(sig, stop)
     except ValueError:  # not the main thread: leave the handlers alone
         saved = {}

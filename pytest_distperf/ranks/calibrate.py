@@ -12,11 +12,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from pytest_distperf.perfmodel.calibration import (
-    LATENCY_PROBE_BYTES,
-    Calibration,
-    CollectiveFigure,
-)
+from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, Calibration, CollectiveFigure
 from pytest_distperf.platform import platform_of
 from pytest_distperf.ranks.probes import (
     Group,
@@ -67,28 +63,26 @@ def calibrate(
     asked["p2p"] = sizes_p2p if n > 1 else ()
 
     def measure(group: Group) -> dict[str, tuple[list[int], list[float]]]:
-        """kind -> (bytes moved, median seconds this rank) of every asked collective in `group`."""
         return {
             k: time_collective(k, s, device, dtype, timer, warmup, iters, group)
             for k, s in asked.items()
         }
 
-    world = world_group()
-    measured = measure(world)
+    measured = measure(world_group())
     within: dict[str, tuple[list[int], list[float]]] = {}
     if nodes > 1 and n // nodes > 1:
         with node_group(n // nodes) as node:
             within = measure(node)
-    if copy_bytes is None:
-        copy_bytes = platform_of(device.type).copy_probe_bytes
-    copy_bytes = max(1, int(copy_bytes))
+    platform = platform_of(device.type)
+    copy_bytes = max(1, int(platform.copy_probe_bytes if copy_bytes is None else copy_bytes))
     copies = copy_times(copy_bytes, device, timer, warmup, iters)
     overlap_times = overlap_probe(measured["all_gather"], device, dtype, timer, warmup, iters)
     # Where the host runs the compute, a collective between its layers also pays the ranks'
     # drift (probes.all_reduce_between_bursts); where kernels queue, their stream hides it.
-    host_computes = not platform_of(device.type).queues_kernels
     small = min(sizes_all_reduce, default=LATENCY_PROBE_BYTES)
-    in_step = all_reduce_between_bursts(small, device, dtype, timer) if host_computes else 0.0
+    in_step = 0.0
+    if not platform.queues_kernels:
+        in_step = all_reduce_between_bursts(small, device, dtype, timer)
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     times = [t for _, t in (*measured.values(), *within.values())]
     *collective_times, (copy_time, fresh_copy_time), overlap, (in_step,) = slowest_of_all(

@@ -1,9 +1,7 @@
-"""What a collective between host-run layers costs in a decode step, timed on the whole model
-before wrapping (CPU ranks): every rank runs the same whole model with an all-reduce after each
-module where the strategy's decode sums over the ranks (RankStrategy.collective_points), so the
-ranks' drift, wake-ups and waits for a core are in it as in the split model's decode, which a
-calibration's call fenced by a barrier does not pay (docs/benchmarks/
-cpu-2026-12-02-allreduce-in-step.md). The performance model charges it per call."""
+"""What a collective between host-run layers costs in a decode step (CPU ranks), timed on the
+whole model before wrapping with an all-reduce after each of the strategy's collective points:
+the ranks' drift and wake-ups are in it, as a fenced calibration call's are not
+(docs/benchmarks/cpu-2026-12-02-allreduce-in-step.md)."""
 
 from __future__ import annotations
 
@@ -32,10 +30,9 @@ def in_step_seconds(
     sync: Callable[[], None],
     generate: GenerateFn | None = None,
 ) -> float | None:
-    """Seconds one all-reduce of a point's output adds to a decode step of the whole model:
-    the median over pairs of (a step with one after every point (`points_of(module)`) less a
-    step without), over the points; None without a peer, or where the model has no such points
-    (a builder's own layout). Every rank must call it (the all-reduces pair up)."""
+    """Seconds one all-reduce after a point (`points_of(module)`) adds to a decode step: the
+    median over pairs of steps with and without, per point; None without a peer or points.
+    Every rank must call it (the all-reduces pair up)."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     try:
@@ -46,23 +43,20 @@ def in_step_seconds(
         return None
     local = Fences(sync=sync, barrier=lambda: None)
 
-    def step_s() -> float:
-        sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
-        return step_seconds(sample, steps)
-
-    def summed_step_s() -> float:
-        handles = [point.register_forward_hook(_summed_copy) for point in points]
+    def step_s(summed: bool) -> float:
+        handles = [point.register_forward_hook(_summed_copy) for point in points if summed]
         try:
-            return step_s()
+            sample = timed_generation(module, prompt, steps, local, generate=generate)[0]
+            return step_seconds(sample, steps)
         finally:
             for handle in handles:
                 handle.remove()
 
-    summed_step_s()
+    step_s(summed=True)
     excess = []
     for _ in range(PAIRS):
-        alone = step_s()
-        excess.append(summed_step_s() - alone)
+        alone = step_s(summed=False)
+        excess.append(step_s(summed=True) - alone)
     return max(statistics.median(excess), 0.0) / len(points)
 
 

@@ -47,14 +47,9 @@ class CompiledStep:
 
 
 def compile_decode_step(
-    wrapped: Any,
-    inner: torch.nn.Module,
-    device: torch.device,
-    *,
-    replicated: bool,
-    own_step: bool,
+    inner: torch.nn.Module, device: torch.device, *, replicated: bool, own_step: bool
 ) -> CompiledStep:
-    """The compiled steps for `wrapped` (what the strategy built around `inner`)."""
+    """The compiled steps for what the strategy built around `inner`."""
     if own_step:
         return CompiledStep(None, "eager: the strategy's own step sends and receives between ranks")
     if replicated:
@@ -109,7 +104,7 @@ def compile_run(
     """(the wrapped model's steps, the bare model's, seconds compiling and settling both); a
     bare model that is the replicated wrapper's `inner` shares its steps."""
     device = prompt.device
-    compiled = compile_decode_step(wrapped, inner, device, replicated=replicated, own_step=own_step)
+    compiled = compile_decode_step(inner, device, replicated=replicated, own_step=own_step)
     seconds = settle(compiled, wrapped, prompt, sync)
     bare_steps = compiled if replicated and bare is inner else None
     if bare is not None and bare_steps is None:
@@ -121,8 +116,7 @@ def compile_run(
 def settle(
     compiled: CompiledStep, model: Any, prompt: torch.Tensor, sync: Callable[[], None]
 ) -> float:
-    """Compile and warm `compiled`'s steps up on `model` (its KV cache set up); the seconds it
-    took."""
+    """Seconds compiling and warming `compiled`'s steps up on `model` (its KV cache set up)."""
     batch, prompt_length = prompt.shape
     token = prompt[:, -1:]  # [B, 1]
     pos = torch.tensor([prompt_length], device=prompt.device)  # [1]

@@ -38,14 +38,9 @@ def join_group(
     platform = platform_of(device.type)
     if platform.gpus:
         torch.cuda.set_device(device)
-    backend = platform.backend
-    if store is None:
-        dist.init_process_group(backend, timeout=default_pg_timeout)
-    else:
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world, timeout=default_pg_timeout
-        )
-    if backend == "nccl":  # torch warns at exit about a process group never destroyed
+    joined = {} if store is None else {"store": store, "rank": rank, "world_size": world}
+    dist.init_process_group(platform.backend, timeout=default_pg_timeout, **joined)
+    if platform.backend == "nccl":  # torch warns at exit about a process group never destroyed
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
 

@@ -1,10 +1,6 @@
-"""A Hugging Face `transformers` causal LM as it is, seen through the plugin's model interface:
-`forward(idx, input_pos) -> logits` on the model's own KV cache (a `StaticCache` where every
-layer of it is a plain static one, so decode steps keep one shape and compile), its decoder
-layers (`_no_split_modules`) as shard units, its `base_model_tp_plan` for `tp` and its
-embedding, layers, final norm and head for `pipeline`. Imported only for such models: it is
-the one module that imports `transformers`.
-"""
+"""A Hugging Face `transformers` causal LM as it is, through the plugin's model interface (issue
+47): its own KV cache, `_no_split_modules` as shard units, `base_model_tp_plan` for `tp`, its
+parts for `pipeline`. The one module that imports `transformers`, only for such models."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ HF_BASE = "PreTrainedModel"  # the class every transformers model derives from
 
 
 def is_hf_causal_lm(module: Any) -> bool:
-    """`module` is a transformers model with an output head, told from its classes alone (so
-    that checking a builder's module never imports transformers)."""
+    """A transformers model with an output head, told from its classes (importing nothing)."""
     if not any(
         kind.__name__ == HF_BASE and kind.__module__.startswith("transformers.")
         for kind in type(module).__mro__
@@ -37,7 +32,7 @@ def is_hf_causal_lm(module: Any) -> bool:
 
 @dataclass(frozen=True)
 class Startup:
-    """Seconds a rank spent making an HF model: importing transformers, building the model."""
+    """Seconds a rank spent importing transformers and building the model."""
 
     import_s: float
     build_s: float
@@ -46,8 +41,8 @@ class Startup:
 def build_hf(
     model: str, test_dir: str, seed: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[nn.Module, Startup]:
-    """`AutoModelForCausalLM` from the config `hf:<config>` names, on `device` in `dtype`,
-    its weights from `seed` alone (nothing downloaded); and what the import and build cost."""
+    """`AutoModelForCausalLM` from the config `hf:<config>` names, weights from `seed` alone
+    (nothing downloaded), and what the import and build cost."""
     path = hf_config_path(model, test_dir)
     began = time.perf_counter()
     try:
@@ -72,8 +67,8 @@ def transformers_version() -> str:
 
 
 class HFCausalLM(nn.Module):
-    """An HF causal LM called as this project's models are: `forward(idx, input_pos)` returns
-    logits [B, T, V]; `setup_caches` / `clear_caches` make and drop the model's own cache."""
+    """An HF causal LM called as this project's models are: `forward(idx, input_pos)`,
+    `setup_caches` / `clear_caches` (the model's own cache)."""
 
     def __init__(self, model: nn.Module, name: str) -> None:
         super().__init__()
@@ -103,8 +98,7 @@ class HFCausalLM(nn.Module):
         return output.logits
 
     def next_token_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The model's own training loss (its `loss_function`) of logits [B, T, V] against the
-        next tokens [B, T], already shifted."""
+        """The model's own `loss_function` of logits [B, T, V] against next tokens [B, T]."""
         return self.model.loss_function(
             logits=logits,
             labels=None,
@@ -126,8 +120,8 @@ class HFCausalLM(nn.Module):
     def setup_caches(
         self, max_batch_size: int, max_seq_length: int, device: torch.device, dtype: torch.dtype
     ) -> None:
-        """The model's own cache for `max_seq_length` positions: a `StaticCache` where the model
-        compiles whole and every layer of it is a plain static one (made here), else dynamic."""
+        """A `StaticCache` where the model compiles whole and every layer of it is a plain static
+        one (so decode steps keep one shape and compile), else a dynamic one."""
         import transformers
         from transformers.cache_utils import StaticLayer
 
@@ -166,8 +160,7 @@ class HFCausalLM(nn.Module):
         self.cache, self.static = None, False
 
     def tp_plan(self) -> dict[str, str]:
-        """The model's tensor-parallel plan, its names from this module: the base model's
-        `base_model_tp_plan`; a setup error naming `tp_plan=` where it has none."""
+        """The base model's `base_model_tp_plan`, named from this module."""
         plan = getattr(self.model.config, "base_model_tp_plan", None)
         if not plan:
             raise ValueError(
@@ -179,7 +172,7 @@ class HFCausalLM(nn.Module):
         return {prefix + pattern: style for pattern, style in plan.items()}
 
     def tp_heads(self) -> dict[str, int]:
-        """The counts a tensor-parallel split must divide (heads and key/value heads)."""
+        """The head counts a tensor-parallel split must divide."""
         config = self.model.config
         heads = int(config.num_attention_heads)
         return {
@@ -188,8 +181,8 @@ class HFCausalLM(nn.Module):
         }
 
     def pipeline_parts(self) -> tuple[tuple[nn.Module, str], ...]:
-        """(owner, attribute) of the embedding, the decoder layers' list, the final norm and
-        the head: what a pipeline stage keeps or drops; TypeError saying what is missing."""
+        """(owner, attribute) of the embedding, the layers' list, the final norm and the head:
+        what a pipeline stage keeps or drops."""
         base = self.model.base_model
         found: dict[str, tuple[nn.Module, str]] = {}
         for attribute, child in base.named_children():
@@ -215,7 +208,7 @@ class HFCausalLM(nn.Module):
 
 
 def decoder_layers(model: nn.Module) -> tuple[type[nn.Module], ...]:
-    """The classes `_no_split_modules` names, as found in `model`: its decoder layers."""
+    """The classes `_no_split_modules` names, as found in `model`."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     return tuple({type(m): None for m in model.modules() if type(m).__name__ in names})
 

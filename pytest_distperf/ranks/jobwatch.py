@@ -53,10 +53,8 @@ class Fault:
 
     @classmethod
     def of(cls, rank: int, error: BaseException, elapsed_s: float) -> Fault:
-        if isinstance(error, Interrupted):
-            kind = error.kind
-        else:
-            kind = RAISED if isinstance(error, Exception) else STOPPED
+        kind = RAISED if isinstance(error, Exception) else STOPPED
+        kind = error.kind if isinstance(error, Interrupted) else kind
         lines = "".join(traceback.format_exception(error)).splitlines()
         return cls(rank, kind, "\n".join(lines[-TRACEBACK_LINES:]), elapsed_s)
 
@@ -70,8 +68,8 @@ class Interrupted(Exception):
 
 
 class RunWatch:
-    """This rank's watch over one run: `run(body)`, then `settle(...)` if it failed in any rank.
-    `notice` (rank 0's): called when the test has not come back a while after the deadline."""
+    """This rank's watch over one run: `run(body)`, then `settle(...)` if it failed in any rank;
+    `notice` (rank 0's) is called when the test has not come back a while after the deadline."""
 
     def __init__(
         self,

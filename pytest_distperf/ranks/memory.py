@@ -27,14 +27,14 @@ def reset_peak(device: torch.device) -> bool:
         _CLEAR_REFS.write_text(_RESET_HIGH_WATER_MARK)
     except OSError:
         return False
-    return _high_water_mark() is not None
+    return _status_bytes("VmHWM:") is not None
 
 
 def peak(device: torch.device) -> tuple[int, str]:
     """(bytes, what they are) since the last reset_peak."""
     if platform_of(device.type).allocator_memory:
         return int(torch.cuda.max_memory_allocated(device)), "cuda allocator peak"
-    high = _high_water_mark()
+    high = _status_bytes("VmHWM:")
     if high is not None:
         return high, "process RSS peak"
     # ru_maxrss is in KiB on Linux and covers the whole process life.
@@ -44,10 +44,6 @@ def peak(device: torch.device) -> tuple[int, str]:
 def resident() -> int | None:
     """This process's resident set now (bytes); None where /proc has none."""
     return _status_bytes("VmRSS:")
-
-
-def _high_water_mark() -> int | None:
-    return _status_bytes("VmHWM:")
 
 
 def _status_bytes(key: str) -> int | None:

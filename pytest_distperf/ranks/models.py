@@ -1,8 +1,6 @@
-"""The model a rank runs, built from the workload: a preset, a LitGPT config or a transformers
-config (random weights from the seed) or a builder's module. `RankModel` hides their differences
-(caches, shard units, shape) and says what a module lacks; the contract: docs/extending.md
-("Adding a model"). A transformers model runs through its adapter (ranks/hf.py), as it is.
-"""
+"""The model a rank runs: a preset, a LitGPT or transformers config (weights from the seed) or a
+builder's module, seen through `RankModel`, which says what a module lacks (docs/extending.md,
+"Adding a model"). A transformers model runs as it is, through ranks/hf.py."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import inspect
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,73 +55,44 @@ def load_object(path: str, what: str) -> Any:
         raise AttributeError(f"{what}: module {module_name!r} has no {name!r}") from None
 
 
-class Caches(Protocol):
-    def setup(
-        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
-    ) -> None: ...
-
-    def clear(self, module: nn.Module) -> None: ...
-
-
 @dataclass(frozen=True)
-class DistperfCaches:
-    """This project's interface (gpt-fast's): `setup_caches` / `clear_caches`."""
+class Caches:
+    """How a module's KV caches are made and dropped: `api` "distperf" (this project's, as
+    gpt-fast's), "litgpt" (its rope tables, buffers DDP would broadcast, go and come back with
+    the caches where `rope_dtype` is set) or "" (the test's own loop keeps its own, if any)."""
+
+    api: str
+    rope_dtype: torch.dtype | None = None
 
     def setup(
         self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
     ) -> None:
-        module.setup_caches(max_batch_size=batch, max_seq_length=seq, device=device, dtype=dtype)
+        if self.api == "distperf":
+            module.setup_caches(
+                max_batch_size=batch, max_seq_length=seq, device=device, dtype=dtype
+            )
+        elif self.api == "litgpt":
+            if self.rope_dtype is not None:
+                module.max_seq_length = seq  # LitGPT's setter checks block_size, remakes tables
+                cos, sin = module.rope_cache(device=device)
+                module.register_buffer("cos", cos.to(self.rope_dtype), persistent=False)
+                module.register_buffer("sin", sin.to(self.rope_dtype), persistent=False)
+            # LitGPT-like `set_kv_cache` methods differ in which keywords they take.
+            kwargs = {"max_seq_length": seq, "device": device, "dtype": dtype}
+            parameters = inspect.signature(module.set_kv_cache).parameters
+            if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                kwargs = {k: v for k, v in kwargs.items() if k in parameters}
+            module.set_kv_cache(batch, **kwargs)
 
     def clear(self, module: nn.Module) -> None:
-        module.clear_caches()
-
-
-@dataclass(frozen=True)
-class LitGPTCaches:
-    """LitGPT's `set_kv_cache` / `clear_kv_cache`; its rope tables (buffers DDP would broadcast)
-    go and come back with the KV caches."""
-
-    rope_dtype: torch.dtype | None = None  # None: the module has no LitGPT-style rope tables
-
-    def setup(
-        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
-    ) -> None:
-        if self.rope_dtype is not None:
-            module.max_seq_length = seq  # LitGPT's setter checks block_size, remakes the tables
-            cos, sin = module.rope_cache(device=device)
-            module.register_buffer("cos", cos.to(self.rope_dtype), persistent=False)
-            module.register_buffer("sin", sin.to(self.rope_dtype), persistent=False)
-        _call_with_accepted(
-            module.set_kv_cache, batch_size=batch, max_seq_length=seq, device=device, dtype=dtype
-        )
-
-    def clear(self, module: nn.Module) -> None:
-        module.clear_kv_cache()
-        if self.rope_dtype is not None:
-            for name in ("cos", "sin"):
+        if self.api == "distperf":
+            module.clear_caches()
+        elif self.api == "litgpt":
+            module.clear_kv_cache()
+            rope = ("cos", "sin") if self.rope_dtype is not None else ()
+            for name in rope:
                 if isinstance(getattr(module, name, None), torch.Tensor):
                     delattr(module, name)
-
-
-@dataclass(frozen=True)
-class OwnLoopCaches:
-    """None: the test's own `generate=` loop keeps whatever cache it wants (HF's `generate`)."""
-
-    def setup(
-        self, module: nn.Module, batch: int, seq: int, device: torch.device, dtype: torch.dtype
-    ) -> None:
-        return None
-
-    def clear(self, module: nn.Module) -> None:
-        return None
-
-
-def _call_with_accepted(function: Any, batch_size: int, **kwargs: Any) -> None:
-    """LitGPT-like `set_kv_cache` methods differ in which keywords they take: pass those named."""
-    parameters = inspect.signature(function).parameters
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in parameters}
-    function(batch_size, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -201,10 +170,8 @@ def build(
 def adapt(
     module: nn.Module, name: str, shard_unit: str | None = None, own_loop: bool = False
 ) -> RankModel:
-    """`module` seen through one interface; a TypeError listing everything it lacks otherwise.
-    A transformers causal LM runs as it is: in its adapter for the built-in loop, or bare for
-    the test's own loop (`own_loop`), which needs nothing of a module but its forward (the
-    caches of a module that has them are set up for it all the same)."""
+    """`module` seen through one interface; a TypeError listing everything it lacks otherwise. A
+    transformers causal LM runs in its adapter, or bare for the test's own loop (`own_loop`)."""
     hf_version, sizes = "", {}
     if is_hf_causal_lm(module):
         hf_version, sizes = transformers_version(), config_sizes(module.config)
@@ -212,7 +179,7 @@ def adapt(
     problems = []
     caches = _caches_of(module)
     if caches is None and own_loop:  # the test's own loop keeps its own cache, if any
-        caches = OwnLoopCaches()
+        caches = Caches("")
     if caches is None:
         cache_like = sorted(n for n in dir(type(module)) if "cache" in n.lower())
         has = f"; it has {', '.join(cache_like)}" if cache_like else ""
@@ -262,11 +229,11 @@ def _caches_of(module: nn.Module) -> Caches | None:
         return all(callable(getattr(module, n, None)) for n in names)
 
     if has("setup_caches", "clear_caches"):
-        return DistperfCaches()
+        return Caches("distperf")
     if has("set_kv_cache", "clear_kv_cache"):
         cos = getattr(module, "cos", None)
         rope = has("rope_cache") and isinstance(cos, torch.Tensor)
-        return LitGPTCaches(cos.dtype if rope else None)
+        return Caches("litgpt", cos.dtype if rope else None)
     return None
 
 
@@ -305,18 +272,6 @@ def _vocab_size(module: nn.Module) -> int | None:
     return embedding.num_embeddings if embedding is not None else None
 
 
-def context_limit(module: nn.Module) -> int:
-    """Longest sequence the model accepts: `config.block_size`, else a `max_seq_length` it has
-    set; 0 when it says neither."""
-    for value in (
-        getattr(getattr(module, "config", None), "block_size", None),
-        getattr(module, "max_seq_length", None),
-    ):
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
-
-
 def measure_shape(
     module: nn.Module, units: tuple[type[nn.Module], ...], sizes: dict[str, int] | None = None
 ) -> ModelShape:
@@ -352,17 +307,28 @@ def measure_shape(
         vocab_size=_vocab_size(module) or padded,
         padded_vocab_size=padded,
         intermediate_size=size("intermediate_size", 4 * n_embd),
-        block_size=sizes.get("block_size", context_limit(module)),
+        block_size=sizes.get("block_size", _context_limit(module)),
         block_params=block,
         non_block_params=max(sum(counts.values()) - block * n_layer, 0),
     )
 
 
-# --------------------------------------------------------------------------- LitGPT
+def _context_limit(module: nn.Module) -> int:
+    """`config.block_size`, else a `max_seq_length` the model has set; 0 for neither."""
+    for value in (
+        getattr(getattr(module, "config", None), "block_size", None),
+        getattr(module, "max_seq_length", None),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
 
 
-def _litgpt(config_name: str) -> tuple[type[nn.Module], Any]:
-    """LitGPT's GPT class and the named config; errors name the extra and the name."""
+def build_litgpt(
+    config_name: str, seed: int, device: torch.device, dtype: torch.dtype
+) -> nn.Module:
+    """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
+    materialised in `dtype` (eagerly where its modules keep buffers beside the rope tables)."""
     try:
         from litgpt.config import Config
         from litgpt.model import GPT
@@ -371,25 +337,17 @@ def _litgpt(config_name: str) -> tuple[type[nn.Module], Any]:
             f"model {LITGPT_PREFIX}{config_name} needs LitGPT ({LITGPT_EXTRA}): {error}"
         ) from error
     try:
-        return GPT, Config.from_name(config_name)
+        config = Config.from_name(config_name)
     except ValueError as error:
         raise ValueError(
             f"model {LITGPT_PREFIX}{config_name}: {error} (litgpt.config.name_to_config)"
         ) from None
-
-
-def build_litgpt(
-    config_name: str, seed: int, device: torch.device, dtype: torch.dtype
-) -> nn.Module:
-    """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
-    materialised in `dtype` (eagerly where its modules keep buffers beside the rope tables)."""
-    gpt, config = _litgpt(config_name)
     with torch.device("meta"):
-        module = gpt(config)
+        module = GPT(config)
     if any(n not in ("cos", "sin") for n, _ in module.named_buffers()):
         torch.manual_seed(seed)
         with torch.device(device):
-            module = gpt(config)
+            module = GPT(config)
         module = module.to(dtype=dtype)
     else:
         module = module.to(dtype=dtype).to_empty(device=device)

@@ -7,7 +7,6 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -56,24 +55,8 @@ class Timer(NamedTuple):
 def barrier_after_sync(device: torch.device, sync: Callable[[], None]) -> None:
     # A tiny all-reduce rather than dist.barrier(): it works the same on gloo and NCCL and needs
     # no device_ids for NCCL.
-    token = torch.zeros(1, device=device)
-    dist.all_reduce(token)
+    dist.all_reduce(torch.zeros(1, device=device))
     sync()
-
-
-@dataclass(frozen=True)
-class _Collective:
-    """One kind of collective: the bytes it moves for the tensor each rank holds, and its call."""
-
-    gathers: bool  # an all-gather: its bytes are the gathered output's, every rank's share
-    call: Callable[[torch.Tensor, Group], Callable[[], object]]  # (tensor, group) -> op
-
-
-_COLLECTIVES = {
-    "all_gather": _Collective(True, lambda shard, g: partial(_fresh_all_gather, shard, g)),
-    "all_reduce": _Collective(False, lambda tensor, g: partial(_all_reduce, tensor, g)),
-    "p2p": _Collective(False, lambda message, g: partial(_ring_hop, message, g)),
-}
 
 
 def time_collective(
@@ -86,25 +69,18 @@ def time_collective(
     iters: int,
     group: Group,
 ) -> tuple[list[int], list[float]]:
-    """(bytes moved, median seconds this rank) of `kind` in `group` at each size, ascending."""
-    collective = _COLLECTIVES[kind]
-    n = group.size
+    """(bytes moved, median seconds this rank) of `kind` in `group` at each size, ascending; an
+    all-gather's bytes are its gathered output's."""
+    call = {"all_gather": _fresh_all_gather, "all_reduce": _all_reduce, "p2p": _ring_hop}[kind]
     element = torch.tensor([], dtype=dtype).element_size()
-    share = n if collective.gathers else 1
+    share = group.size if kind == "all_gather" else 1
     moved, times = [], []
     for size in sorted(set(sizes)):
         elements = max(1, -(-size // (element * share)))  # ceil: at least the asked-for bytes
         tensor = torch.ones(elements, dtype=dtype, device=device)
         moved.append(elements * share * element)
-        times.append(
-            median_time(
-                collective.call(tensor, group),
-                timer.sync,
-                timer.barrier,
-                *_repeats(moved[-1], warmup, iters),
-                timer.agree,
-            )
-        )
+        warm, timed = _repeats(moved[-1], warmup, iters)
+        times.append(median_time(partial(call, tensor, group), timer, warm, timed))
         del tensor
     return moved, times
 
@@ -118,10 +94,14 @@ def slowest_of_all(device: torch.device, groups: Sequence[Sequence[float]]) -> l
     return [[next(values) for _ in group] for group in groups]
 
 
+def slowest_rank_seconds(device: torch.device, seconds: float) -> float:
+    """The largest of every rank's `seconds`: ranks must agree on how often they call."""
+    return slowest_of_all(device, [[seconds]])[0][0]
+
+
 # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments); older
 # releases only have the former.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 
 SMALL_MESSAGE_BYTES = 1 << 20
 SMALL_MESSAGE_WARMUP = 5
@@ -138,42 +118,29 @@ def _repeats(nbytes: int, warmup: int, iters: int) -> tuple[int, int]:
 
 # A call this long is a steady measurement by itself (the host's jitter is a small share of it);
 # more repeats would only add seconds each, as huge all-gathers do over loopback on CPU ranks.
-SLOW_CALL_S = 0.5
-
-
-def slowest_rank_seconds(device: torch.device, seconds: float) -> float:
-    """The largest of every rank's `seconds`: ranks must agree on how often they call."""
-    value = torch.tensor([seconds], dtype=torch.float64, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return float(value.item())
+SLOW_S = 0.5
 
 
 def median_time(
-    op: Callable[[], object],
-    sync: Callable[[], None],
-    barrier: Callable[[], None],
-    warmup: int,
-    iters: int,
-    agree: Callable[[float], float],
-    slow_call_s: float = SLOW_CALL_S,
+    op: Callable[[], object], timer: Timer, warmup: int, iters: int, slow_call_s: float = SLOW_S
 ) -> float:
     """Median seconds of `iters` fenced calls of `op` after `warmup` untimed ones; a single
-    timed call when the last warm-up call took `slow_call_s` or more on any rank (`agree`)."""
+    timed call when the last warm-up call took `slow_call_s` or more on any rank."""
     warm_s = 0.0
     for _ in range(warmup):
         start = time.perf_counter()
         op()
-        sync()
+        timer.sync()
         warm_s = time.perf_counter() - start
-    if warmup and agree(warm_s) >= slow_call_s:
+    if warmup and timer.agree(warm_s) >= slow_call_s:
         iters = 1
     samples = []
     for _ in range(iters):
-        sync()
-        barrier()
+        timer.sync()
+        timer.barrier()
         start = time.perf_counter()
         op()
-        sync()
+        timer.sync()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
@@ -218,13 +185,9 @@ def copy_times(
     streaming) and into a new one (FSDP2's copy-out; CPU: several times slower, page faults)."""
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    sync, barrier, agree = timer
-    try:
-        warm = median_time(partial(dst.copy_, src), sync, barrier, max(warmup, 1), iters, agree)
-        fresh = median_time(partial(_fresh_copy, src), sync, barrier, max(warmup, 1), iters, agree)
-        return warm, fresh
-    finally:
-        del src, dst
+    warmup = max(warmup, 1)
+    warm = median_time(partial(dst.copy_, src), timer, warmup, iters)
+    return warm, median_time(partial(_fresh_copy, src), timer, warmup, iters)
 
 
 # Host-issued work for the overlap probe: kernels on a tiny tensor cost their launch, not their
@@ -232,8 +195,6 @@ def copy_times(
 HOST_WORK_ELEMENTS = 256
 HOST_WORK_PROBE_OPS = 200
 HOST_WORK_MAX_OPS = 200_000
-
-
 # The overlap probe's all-gather lasts at most this long where the sizes allow: a longer one
 # shows the machine's hidden share no better, and every phase of the probe repeats it.
 OVERLAP_PROBE_MAX_S = 0.25
@@ -244,25 +205,6 @@ def probe_index(times: Sequence[float]) -> int:
     call took at most OVERLAP_PROBE_MAX_S, else the fastest."""
     fitting = [i for i, seconds in enumerate(times) if seconds <= OVERLAP_PROBE_MAX_S]
     return fitting[-1] if fitting else min(range(len(times)), key=times.__getitem__)
-
-
-def overlap_probe(
-    gathers: tuple[list[int], list[float]],
-    device: torch.device,
-    dtype: torch.dtype,
-    timer: Timer,
-    warmup: int,
-    iters: int,
-) -> tuple[float, float, float]:
-    """`_overlap_times` at the all-gather size `probe_index` picks of the (bytes, seconds)
-    measured; zeros where nothing was gathered or one rank has no peer."""
-    gathered_bytes, gather_times = gathers
-    if not gathered_bytes or dist.get_world_size() < 2:
-        return 0.0, 0.0, 0.0
-    probe = probe_index([timer.agree(t) for t in gather_times])  # the same size everywhere
-    return _overlap_times(
-        gathered_bytes[probe], gather_times[probe], device, dtype, timer, warmup, iters
-    )
 
 
 def overlap_fraction(transfer_s: float, host_s: float, both_s: float) -> float:
@@ -280,60 +222,50 @@ def _host_work(scratch: torch.Tensor, ops: int) -> None:
         scratch.add_(1.0)
 
 
-def _overlap_times(
-    gathered_bytes: int,
-    gather_s: float,
+def _host_ops(
+    scratch: torch.Tensor, seconds: float, timer: Timer, warmup: int, iters: int, least: int
+) -> int:
+    """Host work ops that take about `seconds`, the same on every rank (the fewest any rank
+    asks for): otherwise the faster host would wait for the slower."""
+    work = partial(_host_work, scratch, HOST_WORK_PROBE_OPS)
+    per_op = median_time(work, timer, warmup, iters) / HOST_WORK_PROBE_OPS
+    ops = torch.tensor([seconds / per_op if per_op > 0 else 0.0], device=scratch.device)
+    dist.all_reduce(ops, op=dist.ReduceOp.MIN)
+    return int(min(max(ops.item(), least), HOST_WORK_MAX_OPS))
+
+
+def overlap_probe(
+    gathers: tuple[list[int], list[float]],
     device: torch.device,
     dtype: torch.dtype,
     timer: Timer,
     warmup: int,
     iters: int,
 ) -> tuple[float, float, float]:
-    """(all-gather alone, host work alone, both at once), median seconds, this rank: the
-    gather started asynchronously, as FSDP's next unit's, while the host issues about as much
-    small-kernel work (equal lengths show the hidden share best)."""
-    sync, barrier, agree = timer
+    """(all-gather alone, host work alone, both at once), median seconds this rank, at the
+    all-gather size `probe_index` picks of the (bytes, seconds) measured: the gather started
+    asynchronously, as FSDP's next unit's, while the host issues about as much small-kernel
+    work (equal lengths show the hidden share best). Zeros without a gather or a peer."""
+    gathered_bytes, gather_times = gathers
+    if not gathered_bytes or dist.get_world_size() < 2:
+        return 0.0, 0.0, 0.0
+    probe = probe_index([timer.agree(t) for t in gather_times])  # the same size everywhere
     world = world_group()
-    n = world.size
     element = torch.tensor([], dtype=dtype).element_size()
-    shard = torch.ones(max(1, gathered_bytes // (element * n)), dtype=dtype, device=device)
+    elements = max(1, gathered_bytes[probe] // (element * world.size))
+    shard = torch.ones(elements, dtype=dtype, device=device)
     scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
-    probe = median_time(
-        partial(_host_work, scratch, HOST_WORK_PROBE_OPS),
-        sync,
-        barrier,
-        max(warmup, 1),
-        iters,
-        agree,
-    )
-    per_op = probe / HOST_WORK_PROBE_OPS
-    # Every rank must issue the same work, or the faster host would wait for the slower.
-    ops_local = torch.tensor([gather_s / per_op if per_op > 0 else 0.0], device=device)
-    dist.all_reduce(ops_local, op=dist.ReduceOp.MIN)
-    ops = int(min(max(ops_local.item(), HOST_WORK_PROBE_OPS), HOST_WORK_MAX_OPS))
+    ops = _host_ops(scratch, gather_times[probe], timer, max(warmup, 1), iters, HOST_WORK_PROBE_OPS)
 
-    gather = median_time(
-        partial(_fresh_all_gather, shard, world), sync, barrier, warmup, iters, agree
-    )
-    host = median_time(partial(_host_work, scratch, ops), sync, barrier, warmup, iters, agree)
-    together = median_time(
-        partial(_gather_during_host_work, shard, world, scratch, ops),
-        sync,
-        barrier,
-        warmup,
-        iters,
-        agree,
-    )
-    return gather, host, together
+    def together() -> None:
+        out = torch.empty(shard.numel() * world.size, dtype=dtype, device=device)
+        handle = _all_gather(out, shard, async_op=True)
+        _host_work(scratch, ops)
+        handle.wait()
 
-
-def _gather_during_host_work(
-    shard: torch.Tensor, world: Group, scratch: torch.Tensor, ops: int
-) -> None:
-    out = torch.empty(shard.numel() * world.size, dtype=shard.dtype, device=shard.device)
-    handle = _all_gather(out, shard, async_op=True)
-    _host_work(scratch, ops)
-    handle.wait()
+    gather = median_time(partial(_fresh_all_gather, shard, world), timer, warmup, iters)
+    host = median_time(partial(_host_work, scratch, ops), timer, warmup, iters)
+    return gather, host, median_time(together, timer, warmup, iters)
 
 
 # The in-step probe: small all-reduces, each after a burst of host-issued kernels about as long
@@ -354,33 +286,25 @@ def all_reduce_between_bursts(
     world = world_group()
     if world.size < 2:
         return 0.0
-    sync, barrier, _ = timer
     element = torch.tensor([], dtype=dtype).element_size()
     message = torch.ones(max(1, nbytes // element), dtype=dtype, device=device)
     scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
-    probe = median_time(
-        partial(_host_work, scratch, HOST_WORK_PROBE_OPS), sync, barrier, 1, 3, float
-    )
-    # Every rank issues the same work, as a tensor-parallel rank its equal share.
-    per_op = max(probe / HOST_WORK_PROBE_OPS, 1e-9)
-    ops_local = torch.tensor([IN_STEP_BURST_S / per_op], device=device)
-    dist.all_reduce(ops_local, op=dist.ReduceOp.MIN)
-    ops = int(min(max(ops_local.item(), 1), HOST_WORK_MAX_OPS))
+    ops = _host_ops(scratch, IN_STEP_BURST_S, timer._replace(agree=float), 1, 3, 1)
     for _ in range(3):  # the connection and the burst warm
         _host_work(scratch, ops)
         _all_reduce(message, world)
     alone = with_calls = 0.0
     for _ in range(IN_STEP_ROUNDS):
-        barrier()
+        timer.barrier()
         start = time.perf_counter()
         for _ in range(IN_STEP_CALLS):
             _host_work(scratch, ops)
         alone += time.perf_counter() - start
-        barrier()
+        timer.barrier()
         start = time.perf_counter()
         for _ in range(IN_STEP_CALLS):
             _host_work(scratch, ops)
             _all_reduce(message, world)
-        sync()
+        timer.sync()
         with_calls += time.perf_counter() - start
     return max(with_calls - alone, 0.0) / (IN_STEP_ROUNDS * IN_STEP_CALLS)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.ranks import allocator
@@ -105,8 +106,8 @@ def serve(place: RankPlace, connection: Connection) -> None:
 
 
 def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
-    """(the spec left to run, the pool's calibration), calibrated before the test: inside it, its
-    buffers and time would be the first test's (a builder's is the test's, once built)."""
+    """(the spec left to run, the pool's calibration), calibrated before the test, whose buffers
+    and time it would be otherwise (a builder's is the test's, once built)."""
     sizes = spec.calibration_sizes
     if sizes is None or spec.calibrate_model:
         return spec, None
@@ -120,16 +121,12 @@ def _calibrate_first(spec: RunSpec, place: RankPlace) -> tuple[RunSpec, Any]:
     device = rank_device(platform)  # LOCAL_RANK is the pool rank's
     if not platform.allocator_memory:
         allocator.fault_in_heap(allocator.CALIBRATION_PAD)  # the next test's reset gives it back
-    # The test's own watchdog (worker.run_rank) starts after this: a hung collective here must
-    # leave its stack behind too.
+    # The test's own watchdog (worker.run_rank) starts after this one.
     faulthandler.dump_traceback_later(spec.timeout, exit=True, file=sys.stderr)
+    dtype = DTYPES[spec.workload.precision]
     try:
         calibration = calibrate(
-            sizes.all_gather,
-            sizes.all_reduce,
-            device,
-            DTYPES[spec.workload.precision],
-            sizes_p2p=sizes.p2p,
+            sizes.all_gather, sizes.all_reduce, device, dtype, sizes_p2p=sizes.p2p
         )
     finally:
         faulthandler.cancel_dump_traceback_later()
@@ -227,14 +224,12 @@ def _settings_of_one_test() -> Iterator[None]:
     builder that sets TF32 matmuls or a default dtype must not change the next test's run."""
     import torch
 
-    environ = dict(os.environ)
     dtype, precision = torch.get_default_dtype(), torch.get_float32_matmul_precision()
     deterministic, grad = torch.are_deterministic_algorithms_enabled(), torch.is_grad_enabled()
     try:
-        yield
+        with mock.patch.dict(os.environ):
+            yield
     finally:
-        os.environ.clear()
-        os.environ.update(environ)
         torch.set_default_dtype(dtype)
         torch.set_float32_matmul_precision(precision)
         torch.use_deterministic_algorithms(deterministic)

@@ -3,10 +3,11 @@ backward, AdamW on the rank's own random batch); docs/training.md."""
 
 from __future__ import annotations
 
-import statistics
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
+from pytest_distperf.ranks.probes import Timer, median_time
 from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, steady_median
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
@@ -48,17 +50,6 @@ Step = Callable[[], torch.Tensor]
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of [B, T, V] logits against [B, T] next tokens, in float32."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def train_batch(
-    vocab_size: int, batch: int, length: int, seed: int, dp_rank: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of one data-parallel rank: random tokens from (seed, dp_rank), drawn
-    on the CPU so that every device draws the same ones."""
-    generator = torch.Generator().manual_seed(seed + dp_rank)
-    tokens = torch.randint(0, vocab_size, (batch, length + 1), generator=generator)  # [B, T+1]
-    tokens = tokens.to(device)
-    return tokens[:, :-1], tokens[:, 1:]
 
 
 def make_step(
@@ -93,30 +84,15 @@ def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) ->
     n = platform.matmul_size
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    sync = device_sync(device)
-    for _ in range(2):  # warm-up: kernels chosen, clocks up
-        torch.mm(a, b)
-    sync()
-    times = []
-    for _ in range(platform.matmul_repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        sync()
-        times.append(time.perf_counter() - start)
+    alone = Timer(sync=device_sync(device), barrier=lambda: None, agree=float)
+    # Two warm-up calls (kernels chosen, clocks up); every repeat timed, however long.
+    seconds = median_time(partial(torch.mm, a, b), alone, 2, platform.matmul_repeats, math.inf)
     threads = f", {torch.get_num_threads()} thread(s)" if platform.shares_cores else ""
     how = (
         f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
         f"{environment.device_name(device)}{threads}"
     )
-    return 2 * n**3 / statistics.median(times), how
-
-
-def compute_dtype(ctx: RankContext) -> torch.dtype:
-    """The dtype the matmuls run in: bfloat16 under bf16-mixed's autocast."""
-    return torch.bfloat16 if ctx.workload.precision == "bf16-mixed" else ctx.dtype
-
-
-# --------------------------------------------------------------------------- phases
+    return 2 * n**3 / seconds, how
 
 
 def calibrate(ctx: RankContext) -> None:
@@ -131,14 +107,25 @@ def calibrate(ctx: RankContext) -> None:
         workload.batch_size,
         workload.seq_length or 0,
     )
+    # The matmuls run in bfloat16 under bf16-mixed's autocast.
+    dtype = torch.bfloat16 if workload.precision == "bf16-mixed" else ctx.dtype
     # With the session's sizes, when this pool has none yet.
     session = ctx.spec.calibration_sizes is not None
     if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
         if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
-        ctx.calibration = phases.calibrated(ctx, sizes, compute_dtype(ctx))
-    rate, how = matmul_rate(ctx.device, ctx.platform, compute_dtype(ctx))
-    ctx.train = TrainState(*_batch(ctx), matmul_flops_per_s=rate, matmul_source=how)
+        ctx.calibration = phases.calibrated(ctx, sizes, dtype)
+    rate, how = matmul_rate(ctx.device, ctx.platform, dtype)
+    # This data-parallel rank's random tokens, drawn on the CPU: every device draws the same.
+    world = max(ctx.spec.devices, 1)
+    dp_rank = environment.global_rank() // max(world // ctx.record.replicas(world), 1)
+    generator = torch.Generator().manual_seed(workload.seed + dp_rank)
+    shape = (workload.batch_size, (workload.seq_length or 0) + 1)
+    tokens = torch.randint(0, ctx.model.shape.vocab_size, shape, generator=generator)  # [B, T+1]
+    tokens = tokens.to(ctx.device)
+    ctx.train = TrainState(
+        tokens[:, :-1], tokens[:, 1:], matmul_flops_per_s=rate, matmul_source=how
+    )
 
 
 def check(ctx: RankContext) -> None:
@@ -165,14 +152,11 @@ def reference(ctx: RankContext) -> None:
         lambda loss: loss.backward(),
         ctx.fabric.autocast,
     )
-    sync = device_sync(ctx.device)
+    alone = Fences(sync=device_sync(ctx.device), barrier=lambda: None)
 
     def once() -> float:
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        return time.perf_counter() - start
+        _, start, end, _ = fenced(step, alone)
+        return end - start
 
     try:
         train.reference_loss = float(step())  # and the warm-up: AdamW's state, the allocator
@@ -285,15 +269,6 @@ def result(ctx: RankContext) -> None:
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
     )
-
-
-def _batch(ctx: RankContext) -> tuple[torch.Tensor, torch.Tensor]:
-    world = max(ctx.spec.devices, 1)
-    replicas = ctx.record.replicas(world)
-    dp_rank = environment.global_rank() // max(world // replicas, 1)
-    w = ctx.workload
-    vocab = ctx.model.shape.vocab_size
-    return train_batch(vocab, w.batch_size, w.seq_length or 0, w.seed, dp_rank, ctx.device)
 
 
 def _wrapped_step(ctx: RankContext) -> Step:

@@ -1,9 +1,5 @@
-"""The strategies' rank halves by name: build, wrap, next token (one module per family, as the
-pure records in `pytest_distperf.strategies`). Rank processes only.
-
-    half = rank_strategy(spec.strategy)
-    fabric_strategy = half.build(BuildContext(platform, devices, wrap_units=...))
-"""
+"""The strategies' rank halves by name (one module per family, as the pure records in
+`pytest_distperf.strategies`): `rank_strategy(name).build(BuildContext(...))`."""
 
 from __future__ import annotations
 

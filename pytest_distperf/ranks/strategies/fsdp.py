@@ -21,9 +21,7 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
         unit_classes=context.wrap_units,
     )
     return fabric_module("strategies").ModelParallelStrategy(
-        parallelize_fn=shard,
-        data_parallel_size=context.devices,
-        tensor_parallel_size=1,
+        parallelize_fn=shard, data_parallel_size=context.devices, tensor_parallel_size=1
     )
 
 
@@ -53,16 +51,10 @@ def _describe_sharding(fabric: Any, module: Any) -> str:
     blocks = [m for m in original.modules() if isinstance(m, FSDPModule)]
     if not blocks:
         return "replicated"
-    return f"FSDP2 reshard_after_forward={_fsdp2_reshards(blocks[-1])}"
-
-
-def _fsdp2_reshards(module: Any) -> bool | str:
     # FSDP2 keeps this flag on the module's parameter group.
-    state = module._get_fsdp_state()
-    group = state._fsdp_param_group
-    if group is None:
-        return "unknown"
-    return bool(group.post_forward_mesh_info is not None)
+    group = blocks[-1]._get_fsdp_state()._fsdp_param_group
+    reshards = "unknown" if group is None else group.post_forward_mesh_info is not None
+    return f"FSDP2 reshard_after_forward={reshards}"
 
 
 HALVES = (

@@ -28,19 +28,15 @@ class BuildContext:
 
 @dataclass(frozen=True)
 class RankStrategy:
-    """The rank half of the strategy `name`: `build(context)` a Fabric strategy (or its name);
-    `describe_sharding(fabric, module)` how the wrapped module is sharded, read from it. Optional:
-    `wrap(model, context)` the module to run, in place of Fabric's `setup_module`; `next_token(
-    module, idx, input_pos)` the next token [B, 1] on every rank (`decodes_across_ranks`);
-    `collective_points(module)` the modules of the whole model after whose output its decode
-    sums over the ranks, between layers (tp's row-wise linears): where the reference times that
-    sum's cost in a step (ranks/collectives.py)."""
+    """The rank half of the strategy `name` (docs/extending.md)."""
 
     name: str
-    build: Callable[[BuildContext], Any]
-    describe_sharding: Callable[[Any, Any], str]
-    wrap: Callable[[Any, BuildContext], Any] | None = None
+    build: Callable[[BuildContext], Any]  # a Fabric strategy, or its name
+    describe_sharding: Callable[[Any, Any], str]  # (fabric, module): read from the module
+    wrap: Callable[[Any, BuildContext], Any] | None = None  # in place of Fabric's setup_module
+    # (module, idx, input_pos) -> the next token [B, 1] on every rank (decodes_across_ranks)
     next_token: Callable[[Any, Any, Any], Any] | None = None
+    # The modules after whose output decode sums over the ranks (ranks/collectives.py)
     collective_points: Callable[[Any], list[Any]] | None = None
 
     def describe_implementation(self, fabric: Any, module: Any) -> tuple[str, str, str]:

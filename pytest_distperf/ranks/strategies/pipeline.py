@@ -10,28 +10,16 @@ from distperf_model.parallelize import PipelineStage
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
 
 
-def _build(context: BuildContext) -> Any:
-    return "auto"  # only launches the ranks and gives the barrier; the model is not set up
-
-
 def _wrap(model: Any, context: BuildContext) -> Any:
     return PipelineStage(model, context.rank, context.devices, context.comm_delay_s)
-
-
-def _next_token(module: Any, idx: Any, input_pos: Any) -> Any:
-    return module.next_token(idx, input_pos)
-
-
-def _describe_sharding(fabric: Any, module: Any) -> str:
-    return module.describe()
 
 
 HALVES = (
     RankStrategy(
         "pipeline",
-        build=_build,
-        describe_sharding=_describe_sharding,
+        build=lambda context: "auto",  # launches the ranks, gives the barrier; sets nothing up
+        describe_sharding=lambda fabric, module: module.describe(),
         wrap=_wrap,
-        next_token=_next_token,
+        next_token=lambda module, idx, input_pos: module.next_token(idx, input_pos),
     ),
 )

@@ -8,10 +8,6 @@ from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
 
 
-def _build_auto(context: BuildContext) -> Any:
-    return "auto"  # Fabric's own choice: DDP for several devices, single device for one
-
-
 def _build_ddp(context: BuildContext) -> Any:
     return fabric_module("strategies").DDPStrategy()
 
@@ -21,6 +17,7 @@ def _sharding(fabric: Any, module: Any) -> str:
 
 
 HALVES = (
-    RankStrategy("auto", build=_build_auto, describe_sharding=_sharding),
+    # Fabric's own choice: DDP for several devices, single device for one.
+    RankStrategy("auto", build=lambda context: "auto", describe_sharding=_sharding),
     RankStrategy("ddp", build=_build_ddp, describe_sharding=_sharding),
 )

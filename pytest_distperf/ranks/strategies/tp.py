@@ -5,7 +5,6 @@ or the marker's `tp_plan`."""
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Mapping
 from functools import partial
@@ -107,11 +106,9 @@ def _pattern(key: str) -> str:
 
 def load_plan(plan: str) -> Any:
     """The function `plan` ("package.module:function") names, or an error that names it."""
-    module_name, _, function = plan.partition(":")
-    try:
-        found = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"tp_plan={plan!r}: {type(error).__name__}: {error}") from None
+    from pytest_distperf.ranks.models import load_object
+
+    found = load_object(plan, f"distperf(tp_plan={plan!r})")
     if not callable(found):
         raise ValueError(f"tp_plan={plan!r} is not a function (model, tp_mesh) -> model")
     return found
