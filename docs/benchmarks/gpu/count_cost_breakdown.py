@@ -3,6 +3,9 @@ that each rank prints, to stderr, the seconds of the counting pass, of each prof
 start, stop and trace export, then leaves the file as it was after the run.
 
     python3 docs/benchmarks/gpu/count_cost_breakdown.py -- <pytest arguments>
+
+Written for the two-pass count of 2026-12-02 (a counted, then a profiled generation); since the
+count became one pass (2026-12-06 evening) its patches no longer match and it stops unpatched.
 """
 
 import subprocess
