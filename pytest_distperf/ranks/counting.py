@@ -155,8 +155,7 @@ class _Tally:
         self.steps = 0
 
     def work(self, steps: int, profiled: Profiled | None) -> PhaseWork:
-        """Per step (per decode token, or the one prefill); `profiled`: the phase's kernels and
-        syncs where kernels queue."""
+        """Per step (decode token, or the one prefill); `profiled`: its kernels and syncs."""
         per = 1 / steps if steps else 0.0
         collectives = {
             kind: CollectiveCount(calls * per, size * per)
@@ -302,8 +301,7 @@ def count_work(
 
 
 def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
-    """Count one training step (forward, backward, optimizer) as the timed ones run it,
-    profiled too where kernels queue. RuntimeError where the count failed."""
+    """Count one training step as the timed ones run it (RuntimeError where it failed)."""
 
     def once(mark: Mark) -> None:
         mark("step")
@@ -318,9 +316,8 @@ def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
 def _counted(
     generation: Generation, profiled: bool
 ) -> tuple[WorkCounter, dict[str, Profiled] | None]:
-    """One run of `generation` with its ops counted and, where `profiled`, its kernels and syncs
-    profiled in the same pass (the counter launches no kernel and makes no sync): phase ->
-    what the device ran, or None."""
+    """`generation` run once, its ops counted and, where `profiled`, its kernels and syncs
+    profiled in the same pass (the counter launches no kernel and makes no sync)."""
     counter = WorkCounter()
 
     def counted(profile_mark: Mark) -> None:
@@ -366,9 +363,8 @@ _NOTHING = Profiled(0, 0.0, {})
 
 
 def profile_kernels(generation: Generation) -> dict[str, Profiled]:
-    """phase -> what one profiled generation ran on the device, a CUDA-graph replay's every
-    kernel included: one CUDA-only profiler session per phase, far cheaper than tracing every
-    host op to tell the phases apart. The syncs a session itself makes are taken off."""
+    """phase -> what one generation ran on the device (CUDA-graph replays too), less the session's
+    own syncs: a CUDA-only profiler session per phase, far cheaper than tracing host ops."""
     found = {phase: _NOTHING for phase in ("prefill", "decode", "step")}
     open_session: list[tuple[str, Any]] = []
     own = _session_syncs()
@@ -424,8 +420,7 @@ def _stopped(session: Any) -> Profiled:
 
 @functools.cache  # per process: the same torch every time
 def _session_syncs() -> Mapping[str, int]:
-    """The syncs an empty profiler session records (the flush before its stop, the profiler's
-    own): what every phase's session holds beside the phase's work."""
+    """The syncs an empty profiler session records: every phase's session holds them too."""
     return _stopped(_started()).syncs
 
 
@@ -435,8 +430,7 @@ def _without(profiled: Profiled, own: Mapping[str, int]) -> Profiled:
 
 
 def device_totals(events: list[dict[str, Any]]) -> Profiled:
-    """Kernels, their summed time in seconds, and host syncs by kind among a chrome trace's
-    events; copies, memsets and the host's calls left out."""
+    """Kernels, their summed seconds and host syncs by kind among a chrome trace's events."""
     durations = [e["dur"] for e in events if e.get("cat") == "kernel"]
     syncs = Counter(
         SYNC_KINDS[e["name"]]
