@@ -8,7 +8,8 @@
 # Every step gets what is left of BUDGET_S (default 340 s), so the whole stays under 6 minutes;
 # a step cut short says so (rc 124) and its JSON may be missing.
 #   bash docs/benchmarks/gpu/run_hf.sh
-# hf-fsdp and hf-fsdp-noreshard time `generate` under the plugin's own wrapper of that name.
+# hf-fsdp and hf-fsdp-noreshard time `generate` under the plugin's own wrapper of that name;
+# HF_MODES=eager leaves out the compiled `generate` runs.
 #   STEPS="hf plugin-eager" bash docs/benchmarks/gpu/run_hf.sh          # a part of it
 #   STEPS=gpu-test bash docs/benchmarks/gpu/run_hf.sh   # tests/test_hf.py's gpu test (tokens)
 set -x
@@ -33,14 +34,14 @@ own() {  # the model's own generate, eager then compiled, one process
   local t0=$SECONDS
   timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 "$HERE/hf_generate_baseline.py" \
     --prompt-length "$DISTPERF_HF_PROMPT" --new-tokens "$DISTPERF_HF_NEW" --out-dir "$OUT" \
-    > "$OUT/hf.log" 2>&1
+    --modes "${HF_MODES:-eager,compiled}" > "$OUT/hf.log" 2>&1
   echo "== hf rc=$? $((SECONDS - t0)) s"; tail -4 "$OUT/hf.log"
 }
 own_wrapped() {  # the model's own generate under the plugin's wrapper $1, eager then compiled
   local t0=$SECONDS
   timeout "$(( $(left) < 150 ? $(left) : 150 ))" python3 "$HERE/hf_generate_baseline.py" \
     --prompt-length "$DISTPERF_HF_PROMPT" --new-tokens "$DISTPERF_HF_NEW" --out-dir "$OUT" \
-    --wrap "$1" > "$OUT/hf-$1.log" 2>&1
+    --modes "${HF_MODES:-eager,compiled}" --wrap "$1" > "$OUT/hf-$1.log" 2>&1
   echo "== hf-$1 rc=$? $((SECONDS - t0)) s"; tail -4 "$OUT/hf-$1.log"
 }
 plugin() {  # the plugin, one rank: $1 = eager | compiled
