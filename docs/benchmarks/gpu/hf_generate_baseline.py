@@ -48,6 +48,8 @@ def main() -> None:
     args = parser.parse_args()
 
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     began = time.perf_counter()
     model, startup = build_hf(f"hf:{args.config}", "", args.seed, device, torch.bfloat16)
     built_s = time.perf_counter() - began
