@@ -204,6 +204,9 @@ def test_relative_speed_by_default_only_where_the_strategy_changes_what_runs() -
         "tp": True,
         "pipeline": True,
     }
-    assert not get_strategy("auto").measures_relative_speed(asked=False)
-    assert get_strategy("ddp").measures_relative_speed(asked=True)
-    assert get_strategy("fsdp-noreshard").measures_relative_speed(asked=False)
+    assert not get_strategy("auto").measures_relative_speed(asked=False, devices=2)
+    assert get_strategy("ddp").measures_relative_speed(asked=True, devices=2)
+    assert get_strategy("fsdp-noreshard").measures_relative_speed(asked=False, devices=2)
+    # one rank splits nothing: only the wrapper's hooks would be measured, so only on request
+    assert not get_strategy("fsdp").measures_relative_speed(asked=False, devices=1)
+    assert get_strategy("fsdp").measures_relative_speed(asked=True, devices=1)

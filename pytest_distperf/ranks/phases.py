@@ -152,10 +152,8 @@ def reference(ctx: RankContext) -> None:
     them (ranks/collectives.py); then its caches go."""
     spec, workload, model, platform = ctx.spec, ctx.workload, ctx.model, ctx.platform
     steps, sharded = spec.reference_steps, ctx.record.sharded
-    # On one rank a sharded or model-parallel strategy splits nothing: its bare copy beside
-    # measures only the wrapper's hooks, which the throughput check judges already.
-    changes = ctx.record.measures_relative_speed(False) and spec.devices > 1
-    ctx.bare_beside = bool(steps) and (changes or spec.relative_speed)
+    beside = ctx.record.measures_relative_speed(spec.relative_speed, spec.devices)
+    ctx.bare_beside = bool(steps) and beside
     # Where memory is an RSS heap a preset's or LitGPT's whole copy is taken before wrapping (a
     # builder's is built again: its construction is the contract); it runs beside the repeats.
     copyable = not platform.allocator_memory and not workload.is_custom_builder

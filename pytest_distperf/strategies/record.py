@@ -56,9 +56,10 @@ class StrategyRecord:
     train_refusal: str = ""  # why it cannot train ("": it can)
     changes_what_runs: bool = False
 
-    def measures_relative_speed(self, asked: bool) -> bool:
-        """Whether a run times the bare model beside its repeats (`asked`: option or marker)."""
-        return self.changes_what_runs or asked
+    def measures_relative_speed(self, asked: bool, devices: int) -> bool:
+        """Whether a run times the bare model beside its repeats (`asked`: option or marker): by
+        default where it changes what runs over two or more ranks (one rank splits nothing)."""
+        return asked or (self.changes_what_runs and devices > 1)
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:
         """Why this strategy cannot run on `devices` x `accelerator`, or None when it can."""
