@@ -72,6 +72,21 @@ def test_from_samples_rejects_bad_input(samples, kwargs, match) -> None:
         BaselineEntry.from_samples("t", samples, None, {}, **{"now": WHEN, **kwargs})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("peak_memory_bytes", -1, "t: peak_memory_bytes must be a non-negative int or None"),
+        ("commit", 7, "t: commit must be a string or None"),
+        ("versions", {"torch": 2}, "t: versions must map package names to version strings"),
+        ("stdev", -0.5, "t: stdev must be a non-negative number"),
+    ],
+)
+def test_a_stored_entry_with_a_bad_field_is_refused_by_name(field, value, match) -> None:
+    stored = make_entry().to_dict() | {"test_id": "t", field: value}
+    with pytest.raises(ValueError, match=match):
+        BaselineEntry.from_dict(stored)
+
+
 # --- store -------------------------------------------------------------------------------------
 
 
