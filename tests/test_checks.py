@@ -129,6 +129,7 @@ def _prediction(rate: float = 10.0) -> Prediction:
         link_class="PHB",
         bandwidth_used=12e9,
         assumptions=(),
+        expected_collectives={"all_gather": (16.0, 2.6e9)},
     )
 
 
@@ -147,6 +148,16 @@ def test_the_threshold_fails_below_efficiency_times_the_prediction_naming_the_fi
         assert text in failed.message, text
     # CPU ranks exchange collectives over loopback: judged too
     assert _threshold(3.0, devices=2, accelerator="cpu").status == FAIL
+
+
+def test_ranks_that_exchange_no_collectives_get_a_note_not_a_threshold() -> None:
+    # replicated decode: the prediction is each rank's own compute, timed apart from the run
+    alone = replace(_prediction(10.0), expected_collectives={}, counted_collectives={})
+    run = {"accelerator": "cpu", "strategy": "auto", "mode": "generate"}
+    note = threshold_check(alone, 3.0, SETTINGS.efficiency, devices=2, **run)
+    assert note.status == NOTE and "exchange no collectives per token" in note.message
+    counted = replace(alone, counted_collectives={"all_reduce": (1.0, 64.0)})
+    assert threshold_check(counted, 3.0, SETTINGS.efficiency, devices=2, **run).status == FAIL
 
 
 def test_one_device_or_an_unmodelled_strategy_gets_a_note_with_the_ratio() -> None:

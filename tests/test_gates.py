@@ -90,16 +90,11 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Any]) -> 
 
 
 @pytest.mark.slow
-def test_a_slowed_run_fails_its_threshold_and_baseline(gated: dict[str, Any]) -> None:
+def test_a_slowed_run_fails_its_baseline(gated: dict[str, Any]) -> None:
     slowed = gated["slowed"]
     slowed.result.assert_outcomes(failed=1)
-    slowed.result.stdout.fnmatch_lines(
-        [
-            "*distperf threshold check failed:*",
-            "*auto (replicated) on 2 device(s): measured * tok/s is below the threshold * tok/s "
-            "(70% of the modelled * tok/s)*",
-        ]
-    )
+    # replicated decode exchanges no collectives: its threshold is a note, the baseline fails it
+    slowed.result.stdout.no_fnmatch_line("*distperf threshold check failed:*")
     slowed.result.stdout.fnmatch_lines(
         [
             "*distperf baseline check failed:*",

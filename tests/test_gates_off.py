@@ -63,17 +63,21 @@ def test_off_a_failed_check_is_reported_but_fails_nothing() -> None:
     assert _decision(CheckStatus.OK, gates=False).verdict == "off"
 
 
+# fsdp: its ranks exchange collectives, so the threshold is judged (replicated decode gets a note)
 TESTS = """
 import pytest
 
+@pytest.mark.strategy("fsdp")
 @pytest.mark.distperf(model="tiny", max_new_tokens=4)
 def test_default(distperf):
     distperf.run()
 
+@pytest.mark.strategy("fsdp")
 @pytest.mark.distperf(model="tiny", max_new_tokens=4, gates=False)
 def test_marked_off(distperf):
     distperf.run()
 
+@pytest.mark.strategy("fsdp")
 @pytest.mark.distperf(model="tiny", max_new_tokens=4, gates=True)
 def test_marked_on(distperf):
     distperf.run()
@@ -97,7 +101,7 @@ def test_a_run_far_below_its_threshold_fails_only_with_the_gates_on(
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(["*distperf threshold check failed:*", "*of the modelled*"])
     # off: judged and reported all the same, failing nothing
-    result.stdout.fnmatch_lines(["*off; FAIL (threshold) *test_marked_off[[]auto-2cpu[]]"])
+    result.stdout.fnmatch_lines(["*off; FAIL (threshold) *test_marked_off[[]fsdp-2cpu[]]"])
     assert _verdicts("on.json") == {
         "test_default": "FAIL (threshold)",
         "test_marked_off": "off; FAIL (threshold)",

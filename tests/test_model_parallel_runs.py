@@ -93,7 +93,9 @@ def test_every_run_is_judged_by_the_modelled_prediction(comm: dict[str, Session]
 @pytest.mark.parametrize("strategy", ["auto", "tp", "pipeline"])
 def test_a_healthy_run_meets_the_default_threshold(comm: dict[str, Session], strategy: str) -> None:
     row = comm["healthy"].rows("healthy.json")[f"test_rate[{strategy}-2cpu]"]
-    assert row["threshold_status"] == "ok", row["threshold_message"]
+    # replicated decode exchanges no collectives: a note with the ratio, not judged
+    assert row["threshold_status"] == ("note" if strategy == "auto" else "ok"), row
+    assert "of the modelled" in row["threshold_message"]
     comm["healthy"].result.stdout.fnmatch_lines([f"*test_rate[[]{strategy}-2cpu[]] PASSED*"])
 
 

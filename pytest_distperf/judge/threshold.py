@@ -22,7 +22,8 @@ def threshold_check(
     mode: str,
     why_none: str = "",
 ) -> Check:
-    """Fails below `efficiency` x the prediction; a note on one device and where UNMODELLED."""
+    """Fails below `efficiency` x the prediction; a note on one device, where the ranks exchange
+    no collectives, and where UNMODELLED."""
     if prediction is None:
         because = f": {why_none}" if why_none else ""
         return Check("threshold", CheckStatus.NOTE, f"no prediction for this run{because}")
@@ -43,6 +44,10 @@ def threshold_check(
     )
     if devices < 2:
         message = f"{said}; not judged: one device exchanges no collectives over links"
+        return Check("threshold", CheckStatus.NOTE, message, figures)
+    if not (prediction.counted_collectives or prediction.expected_collectives):
+        # replicated decode: the prediction is the rank's own compute, timed apart from the run
+        message = f"{said}; not judged: the ranks exchange no collectives per token"
         return Check("threshold", CheckStatus.NOTE, message, figures)
     unmodelled = UNMODELLED.get((accelerator, strategy, mode))
     if unmodelled:
