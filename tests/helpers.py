@@ -165,6 +165,16 @@ class Session:
     def output(self) -> str:
         return self.result.stdout.str()
 
+    def assert_outcomes(self, **outcomes: int) -> None:
+        """`RunResult.assert_outcomes`, its message carrying the inner session's failures: a
+        CI log otherwise shows the counts and not which inner test failed, nor why."""
+        try:
+            self.result.assert_outcomes(**outcomes)
+        except AssertionError as error:
+            lines = self.output().splitlines()
+            failures = [line for line in lines if line.startswith(("FAILED", "ERROR", "E  "))]
+            raise AssertionError(f"{error}\ninner session:\n" + "\n".join(failures[-60:])) from None
+
 
 def run_session(
     path: Path,

@@ -358,7 +358,7 @@ def counted(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> Sessi
 
 @pytest.mark.slow
 def test_every_strategy_reports_the_work_it_does_per_token(counted: Session) -> None:
-    counted.result.assert_outcomes(passed=8)
+    counted.assert_outcomes(passed=8)
     rows = counted.rows()
     work = {s: rows[f"test_first[{s}-2cpu]"]["work"] for s in ("auto", "fsdp", "tp", "pipeline")}
     assert work["auto"]["decode"]["collectives"] == {}

@@ -93,15 +93,18 @@ def _tp(in_step: float, own: float | None = None) -> tuple[float, dict[str, floa
 
 def test_a_small_all_reduce_between_host_run_layers_costs_its_in_step_latency() -> None:
     # tp on 2 CPU ranks: 12 all-reduces a token, each after the ranks drifted apart.
+    # Fenced, a 512 B all-reduce is its own smallest call's time, all of it latency.
     fenced_s, fenced = _tp(in_step=0.0)
-    assert fenced["latency"] == pytest.approx(12 * 0.266 * MS)
+    assert fenced["latency"] == pytest.approx(12 * 0.45 * MS) and not fenced["all_reduce"]
     in_step_s, terms = _tp(in_step=1.2 * MS)
     assert terms["latency"] == pytest.approx(12 * 1.2 * MS)
-    assert in_step_s - fenced_s == pytest.approx(12 * (1.2 - 0.266) * MS)
+    # The in-step figure includes the call: nothing of the fenced call is added as transfer.
+    assert not terms["all_reduce"]
+    assert in_step_s - fenced_s == pytest.approx(12 * (1.2 - 0.45) * MS)
     # The run: 19.0 ms a token measured; priced at 7.8 ms with the fenced figure.
     assert 0.8 <= 19.0 * MS / in_step_s <= 1.25
     # An in-step figure below the fenced one never lowers a call's price.
-    assert _tp(in_step=0.1 * MS)[1]["latency"] == pytest.approx(12 * 0.266 * MS)
+    assert _tp(in_step=0.1 * MS)[1]["latency"] == pytest.approx(12 * 0.45 * MS)
 
 
 def test_the_in_step_latency_is_kept_with_the_calibration_and_said() -> None:

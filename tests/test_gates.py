@@ -59,7 +59,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[st
 @pytest.mark.slow
 def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Any]) -> None:
     recorded = gated["recorded"]
-    recorded.result.assert_outcomes(passed=1)
+    recorded.assert_outcomes(passed=1)
     [(test_id, entry)] = gated["first entry"]["entries"].items()
     assert test_id.startswith("test_rate.py::test_rate[auto-2cpu] [")
     assert "model=pythia-14m" in test_id and "slowdown" not in test_id
@@ -72,7 +72,7 @@ def test_a_healthy_run_is_recorded_as_the_baseline(gated: dict[str, Any]) -> Non
 @pytest.mark.slow
 def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Any]) -> None:
     same = gated["same"]
-    same.result.assert_outcomes(passed=1)  # with --distperf-strict: it has a baseline
+    same.assert_outcomes(passed=1)  # with --distperf-strict: it has a baseline
     # at the default tolerance, from the three recorded runs' drift
     same.result.stdout.fnmatch_lines(["*auto*2 x cpu*[+-]*%*test_rate[[]auto-2cpu[]]"])
     [baseline] = _baseline_files(same.path)
@@ -92,7 +92,7 @@ def test_an_unchanged_run_passes_against_its_baseline(gated: dict[str, Any]) -> 
 @pytest.mark.slow
 def test_a_slowed_run_fails_its_baseline(gated: dict[str, Any]) -> None:
     slowed = gated["slowed"]
-    slowed.result.assert_outcomes(failed=1)
+    slowed.assert_outcomes(failed=1)
     # replicated decode exchanges no collectives: its threshold is a note, the baseline fails it
     slowed.result.stdout.no_fnmatch_line("*distperf threshold check failed:*")
     slowed.result.stdout.fnmatch_lines(

@@ -200,7 +200,7 @@ def gated(sessions: dict[str, Session]) -> Session:
 
 def test_hf_models_pass_every_gate(gated: Session) -> None:
     output = gated.output()
-    gated.result.assert_outcomes(passed=7 + 1 + 1 + 2, failed=1)
+    gated.assert_outcomes(passed=7 + 1 + 1 + 2, failed=1)
     rows = gated.rows()
     for test_id, row in rows.items():
         # every run predicted from the built model's own shape, judged and recorded

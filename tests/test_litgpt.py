@@ -186,7 +186,7 @@ def gated(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> dict[st
 def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
     recorded = gated["recorded"]
     assert recorded.result.ret == 0, recorded.output()[-4000:]
-    recorded.result.assert_outcomes(passed=5)
+    recorded.assert_outcomes(passed=5)
     for test_id, row in recorded.rows().items():
         # every run was predicted from its own model's shape (the builder's measured in its
         # ranks), met its threshold (the own loop, gates off, is only judged) and became a
@@ -214,7 +214,7 @@ def test_litgpt_models_give_the_same_tokens_under_every_strategy(
 @pytest.mark.slow
 def test_a_litgpt_model_slower_by_itself_fails_its_baseline(gated: dict[str, Session]) -> None:
     slowed = gated["slowed"]
-    slowed.result.assert_outcomes(failed=3)
+    slowed.assert_outcomes(failed=3)
     # a spin per attention call, gross after one recorded run: generation and training alike
     for test in ("test_builder", "test_train_builder"):
         slowed.result.stdout.fnmatch_lines(

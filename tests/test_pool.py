@@ -131,7 +131,7 @@ def _pids(path: Path) -> dict[str, set[str]]:
 
 @pytest.mark.slow
 def test_ranks_are_started_once_and_reused(reused: Session) -> None:
-    reused.result.assert_outcomes(passed=8, failed=1)  # test_chatty fails after its run
+    reused.assert_outcomes(passed=8, failed=1)  # test_chatty fails after its run
     assert {rank: len(pids) for rank, pids in _pids(reused.path).items()} == {"0": 1, "1": 1}
     # The pool started ahead of the first test never ran one: its ranks lacked SET_LATE.
     assert {path.read_text() for path in (reused.path / "pids").iterdir()} == {"seen"}
@@ -286,8 +286,8 @@ def _target_seen(alone_and_after: dict[str, Session]) -> dict[str, dict]:
 def test_same_test_alone_and_after_ten_others_gives_same_tokens(
     alone_and_after: dict[str, Session],
 ) -> None:
-    alone_and_after["alone"].result.assert_outcomes(passed=2, deselected=3)
-    alone_and_after["after"].result.assert_outcomes(passed=15)
+    alone_and_after["alone"].assert_outcomes(passed=2, deselected=3)
+    alone_and_after["after"].assert_outcomes(passed=15)
     seen = _target_seen(alone_and_after)
     assert seen["after"]["tokens"] == seen["alone"]["tokens"]
 

@@ -129,7 +129,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Session:
 
 @pytest.mark.slow
 def test_the_session_ends_with_every_fault_in_its_own_test(runs: Session) -> None:
-    runs.result.assert_outcomes(passed=6, failed=3)
+    runs.assert_outcomes(passed=6, failed=3)
     assert runs.left_behind == ()
     # the pytest process never imported torch, not even for the faults
     assert (runs.path / "torch-imported").read_text() == "False"

@@ -311,7 +311,7 @@ def test_every_strategy_reports_its_steps(trained: Session) -> None:
 
 @pytest.mark.slow
 def test_every_strategy_trains_at_the_default_threshold(trained: Session) -> None:
-    trained.result.assert_outcomes(passed=len(TRAINING) + LITGPT, errors=1, skipped=1 - LITGPT)
+    trained.assert_outcomes(passed=len(TRAINING) + LITGPT, errors=1, skipped=1 - LITGPT)
     rows = trained.rows()
     for strategy in TRAINING:
         row = rows[f"test_train[{strategy}-2cpu]"]

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.perfmodel.calibration import Calibration, bus_factor
+from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, Calibration, bus_factor
 from pytest_distperf.perfmodel.terms import GB
 from pytest_distperf.topology.model import Network
 
@@ -77,11 +77,16 @@ class Links:
         cal = self.calibration
         if cal is not None and cal.figures(op):
             total = cal.time_at(op, nbytes)
-            transfer = max(total - self.latency_s, 0.0)
+            floor = self.latency_s
+            smallest = cal.figures(op)[0]
+            if smallest.bytes <= LATENCY_PROBE_BYTES:
+                # This op's own small call is all latency: none of its time is transfer.
+                floor = max(floor, smallest.time_s)
+            transfer = max(total - floor, 0.0)
             if world_size != cal.world_size:
                 # Measured at another size of group: the same link carries a different share.
                 transfer *= bus_factor(op, world_size) / bus_factor(op, cal.world_size)
-            return transfer, max(min(self.latency_s, total), self.in_step_latency_s)
+            return transfer, max(min(floor, total), self.in_step_latency_s)
         latency = max(self.latency_s, self.in_step_latency_s)
         if self.busbw <= 0:
             return math.inf, latency

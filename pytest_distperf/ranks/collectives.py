@@ -37,7 +37,7 @@ def in_step_seconds(
         return None
     try:
         points = points_of(module)
-    except (TypeError, AttributeError):  # the same model on every rank: all skip it alike
+    except (TypeError, AttributeError, ValueError):  # the same model on every rank: all alike
         return None
     if not points:
         return None

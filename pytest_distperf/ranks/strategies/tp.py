@@ -114,6 +114,20 @@ def load_plan(plan: str) -> Any:
     return found
 
 
+def collective_points(model: nn.Module) -> list[nn.Module]:
+    """The linears after whose output the split sums over the ranks (on the whole model): the
+    row-wise ones of the model's own plan, else those of the by-hand split."""
+    if not callable(getattr(model, "tp_plan", None)):
+        return row_parallel_points(model)
+    rowwise = [re.compile(_pattern(key)) for key, style in model.tp_plan().items()
+               if style == "rowwise"]  # fmt: skip
+    return [
+        module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and any(p.fullmatch(name) for p in rowwise)
+    ]
+
+
 def _describe_sharding(fabric: Any, module: Any) -> str:
     return describe_tensor_parallel(getattr(module, "module", module))
 
@@ -123,6 +137,6 @@ HALVES = (
         "tp",
         build=_build,
         describe_sharding=_describe_sharding,
-        collective_points=row_parallel_points,
+        collective_points=collective_points,
     ),
 )
