@@ -148,6 +148,17 @@ def wait_until_gone(tag: str, seconds: float = 15.0) -> list[int]:
 # --------------------------------------------------------------------------- sessions
 
 
+def threshold_expected(row: dict[str, Any]) -> str:
+    """A healthy row's threshold status: judged (and met) where the ranks exchange collectives;
+    a note for replicated decode and where the model does not yet hold (UNMODELLED)."""
+    from pytest_distperf.judge.threshold import UNMODELLED
+
+    prediction = row["prediction"]
+    exchanged = prediction["expected_collectives"] or prediction["counted_collectives"]
+    unmodelled = (row["accelerator"], row["strategy"], row["mode"]) in UNMODELLED
+    return "ok" if exchanged and not unmodelled else "note"
+
+
 @dataclass(frozen=True)
 class Session:
     """A pytest session run once for many asserts (a module-scoped fixture's value): its

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import hf_models
 import pytest
-from helpers import Session, run_session, write_files
+from helpers import Session, run_session, threshold_expected, write_files
 from hf_models import FAMILIES, own_generate_tokens, write_config
 from shared_pool import SharedPools
 
@@ -210,7 +210,7 @@ def test_hf_models_pass_every_gate(gated: Session) -> None:
         source = "hf" if test_id.startswith(("test_config", "test_train")) else "builder"
         assert row["model_source"] == source, test_id
         if not test_id.startswith("test_own_generate"):
-            assert row["threshold_status"] == _threshold_expected(row), (test_id, row)
+            assert row["threshold_status"] == threshold_expected(row), (test_id, row)
     for test_id in ("test_config[fsdp-2cpu]", "test_builder[fsdp-2cpu]"):
         assert rows[test_id]["work"]["decode"]["collectives"]["all_gather"]["calls"] > 0
     for strategy in ("fsdp", "tp"):
@@ -312,10 +312,3 @@ def test_hf_model_on_one_gpu_generates_its_own_generate_tokens(
             assert result.ranks[0].tokens == expected, strategy
     finally:
         pools.close()
-
-
-def _threshold_expected(row: dict) -> str:
-    """Judged (and met) where the ranks exchange collectives; replicated decode gets a note."""
-    prediction = row["prediction"]
-    exchanged = prediction["expected_collectives"] or prediction["counted_collectives"]
-    return "ok" if exchanged else "note"

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 from distperf_model.generate import generate, make_prompt
-from helpers import Session, run_session, write_files
+from helpers import Session, run_session, threshold_expected, write_files
 
 from pytest_distperf.launch.pool import Pools
 from pytest_distperf.spec import RunSpec, Workload
@@ -193,7 +193,7 @@ def test_litgpt_models_pass_every_gate(gated: dict[str, Session]) -> None:
         # baseline
         assert row["prediction"] is not None, test_id
         if not test_id.startswith("test_own_loop"):
-            assert row["threshold_status"] == _threshold_expected(row), (test_id, row)
+            assert row["threshold_status"] == threshold_expected(row), (test_id, row)
         assert row["baseline_recorded"], test_id
     assert "own model builder" not in recorded.output() + gated["slowed"].output()
 
@@ -283,10 +283,3 @@ def test_litgpt_strategy_generates_the_single_process_tokens(
         assert [list(row) for row in rank.tokens] == single_process_tokens, rank.rank
     if strategy in MODEL_PARALLEL_SHARDING:
         assert result.implementation.sharding == MODEL_PARALLEL_SHARDING[strategy]
-
-
-def _threshold_expected(row: dict) -> str:
-    """Judged (and met) where the ranks exchange collectives; replicated decode gets a note."""
-    prediction = row["prediction"]
-    exchanged = prediction["expected_collectives"] or prediction["counted_collectives"]
-    return "ok" if exchanged else "note"

@@ -18,7 +18,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from helpers import Session, run_session, write_files
+from helpers import Session, run_session, threshold_expected, write_files
 
 from pytest_distperf.judge.checks import CheckStatus
 from pytest_distperf.judge.gate import test_identity as identity_of
@@ -315,7 +315,10 @@ def test_every_strategy_trains_at_the_default_threshold(trained: Session) -> Non
     rows = trained.rows()
     for strategy in TRAINING:
         row = rows[f"test_train[{strategy}-2cpu]"]
-        assert row["threshold_status"] == "ok", row["threshold_message"]
+        # on CPU ranks a note naming the measured ratios: the model does not yet hold there
+        assert row["threshold_status"] == threshold_expected(row), row["threshold_message"]
+        if row["threshold_status"] == "note":
+            assert "does not yet hold for" in row["threshold_message"], strategy
 
 
 @pytest.mark.slow
