@@ -294,7 +294,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_pool: str) -> Sessi
 
 @pytest.mark.slow
 def test_every_strategy_reports_its_steps(trained: Session) -> None:
-    from pytest_distperf.ranks.training import WHOLE_STEP
+    from pytest_distperf.ranks.training import BESIDE_STEP
 
     trained.result.stdout.fnmatch_lines(["*strategy 'pipeline' cannot train: *"])
     rows = trained.rows()
@@ -306,7 +306,7 @@ def test_every_strategy_reports_its_steps(trained: Session) -> None:
         assert 0 < row["mfu"] <= 1 and "matmul" in row["peak_flops_source"]
         # CPU ranks exchange gradients over loopback: the modelled prediction judges the step
         assert "of the modelled" in row["threshold_message"], row
-        assert row["reference_step_s"] > 0 and row["reference_source"] == WHOLE_STEP, row
+        assert row["reference_step_s"] > 0 and row["reference_source"] == BESIDE_STEP, row
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ backward, AdamW on the rank's own random batch); docs/training.md."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -19,6 +20,7 @@ from pytest_distperf.platform import Platform
 from pytest_distperf.ranks import allocator, counting, environment, memory, phases
 from pytest_distperf.ranks.context import RankContext, TrainState
 from pytest_distperf.ranks.hostspeed import host_times, interpreter_loop_times
+from pytest_distperf.ranks.models import build
 from pytest_distperf.ranks.probes import Timer, median_time
 from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, steady_median
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
@@ -28,6 +30,7 @@ from pytest_distperf.strategies import train_message_sizes_for
 # weights, so that every repeat does the same work.
 LEARNING_RATE = 1e-4
 WHOLE_STEP = "the whole model's step timed until steady before wrapping"
+BESIDE_STEP = "the whole model's step beside each timed step"
 # A CPU warm-up goes on until no rank's heap grew in SETTLED_STEPS steps in a row, for at most
 # MAX_SETTLING steps beyond the warm-up asked for. A step that faulted in fewer than GROWN_PAGES
 # pages (a few MB: the interpreter's own, not a tensor's) did not grow it.
@@ -138,9 +141,20 @@ def check(ctx: RankContext) -> None:
         raise ValueError(f"distperf(model={ctx.workload.model!r}): {unfit}")
 
 
+def steps_beside(ctx: RankContext) -> bool:
+    """Whether a whole copy steps beside each timed step (its median: the compute term): on CPU
+    ranks, whose host drifts between a step timed before wrapping and the timed ones; not
+    compiled (the copy is eager)."""
+    spec = ctx.spec
+    # After a warm-up: the copy is built once the steps' peak was read, so it is not in it.
+    cpu = not ctx.platform.allocator_memory
+    return cpu and not spec.compile and spec.devices > 1 and spec.warmup > 0
+
+
 def reference(ctx: RankContext) -> None:
-    """The whole model's step before wrapping, at learning rate 0: the compute term and the loss
-    the wrapped model must reproduce; none where it and its optimizer do not fit."""
+    """The whole model's step before wrapping, at learning rate 0: the loss the wrapped model
+    must reproduce and, unless a copy steps beside the timed ones, the compute term; none where
+    it and its optimizer do not fit."""
     module, train = ctx.model.module, ctx.train
     module.train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
@@ -160,6 +174,8 @@ def reference(ctx: RankContext) -> None:
 
     try:
         train.reference_loss = float(step())  # and the warm-up: AdamW's state, the allocator
+        if steps_beside(ctx):
+            return
         train.reference_step_s = steady_median(
             once,
             REFERENCE_PATIENCE,
@@ -196,14 +212,20 @@ def time_steps(ctx: RankContext) -> None:
     say = ctx.progress or (lambda text: None)
     began = time.time()
     resident = memory.resident()
+    whole, bare_s = None, 0.0
     if _warm_up(ctx, step, say) and not ctx.platform.allocator_memory:
-        # The steps' own peak, then a heap they will not fault in again (ranks/allocator.py).
+        # The steps' own peak; the whole copy after it (not in it); then a heap the steps will
+        # not fault in again (ranks/allocator.py).
         ctx.peak_memory = memory.peak(ctx.device)
+        built = time.time()
+        whole = _whole_step(ctx) if steps_beside(ctx) else None
+        bare_s = time.time() - built
         grown = ctx.peak_memory[0] - resident if resident is not None else 0
         allocator.fault_in_heap(max(MIN_HEAP_PAD, grown // 4))
+    alone = Fences(sync=device_sync(ctx.device), barrier=lambda: None)
     ctx.timed_from = time.time()
     host = HostTime(0.0, 0.0)
-    besides = []
+    besides, beside_steps = [], []
     for done in range(spec.repeats):
         before = host_times()
         sample, loss = _timed(step, fences, ctx.workload.slowdown)
@@ -212,8 +234,18 @@ def time_steps(ctx: RankContext) -> None:
             train.loss = float(loss)
         ctx.samples.append(sample)
         say(f"step {done + 1}/{spec.repeats}: {sample.total_s * 1e3:.1f} ms (rank 0)")
+        if whole is not None:
+            _, start, end, _ = fenced(whole, alone)
+            beside_steps.append(end - start)
         besides.append(interpreter_loop_times())
-    ctx.loop_s = {"warmup": ctx.timed_from - began, "timed": time.time() - ctx.timed_from}
+    if beside_steps:
+        train.reference_step_s = statistics.median(beside_steps)
+    bare_s += sum(beside_steps)
+    ctx.loop_s = {
+        "warmup": ctx.timed_from - began - bare_s,
+        "timed": time.time() - ctx.timed_from - sum(beside_steps),
+        "bare": bare_s,
+    }
     tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)
     ctx.note_host(besides, host, tokens)
 
@@ -264,11 +296,25 @@ def result(ctx: RankContext) -> None:
         loss=train.loss,
         reference_loss=train.reference_loss,
         reference_step_s=train.reference_step_s,
-        reference_source=WHOLE_STEP if train.reference_step_s is not None else "",
+        reference_source=_reference_source(ctx) if train.reference_step_s is not None else "",
         matmul_flops_per_s=train.matmul_flops_per_s,
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
     )
+
+
+def _whole_step(ctx: RankContext) -> Step:
+    """The step of a whole copy built again from the seed, at learning rate 0, warmed once (its
+    AdamW state and heap made before the timed steps)."""
+    module = build(ctx.workload, ctx.device, ctx.dtype).module
+    module.train()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
+    backward = lambda loss: loss.backward()  # noqa: E731 - no collectives: the copy is alone
+    step = make_step(
+        module, optimizer, ctx.train.inputs, ctx.train.targets, backward, ctx.fabric.autocast
+    )
+    step()
+    return step
 
 
 def _wrapped_step(ctx: RankContext) -> Step:
@@ -279,3 +325,7 @@ def _wrapped_step(ctx: RankContext) -> Step:
 def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
     loss, start, end, accounted = fenced(step, fences, slowdown)
     return Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted), loss
+
+
+def _reference_source(ctx: RankContext) -> str:
+    return BESIDE_STEP if steps_beside(ctx) else WHOLE_STEP
