@@ -77,11 +77,9 @@ class Links:
         cal = self.calibration
         if cal is not None and cal.figures(op):
             total = cal.time_at(op, nbytes)
-            floor = self.latency_s
-            smallest = cal.figures(op)[0]
-            if smallest.bytes <= LATENCY_PROBE_BYTES:
-                # This op's own small call is all latency: none of its time is transfer.
-                floor = max(floor, smallest.time_s)
+            smallest = cal.figures(op)[0]  # this op's own small call: all latency, no transfer
+            small = smallest.bytes <= LATENCY_PROBE_BYTES
+            floor = max(self.latency_s, smallest.time_s) if small else self.latency_s
             transfer = max(total - floor, 0.0)
             if world_size != cal.world_size:
                 # Measured at another size of group: the same link carries a different share.
@@ -136,13 +134,9 @@ PCIE_DEFAULT = (4, 16)
 HOST_STAGED_FACTOR = 0.5
 # Across sockets ("SYS") the relay also crosses the SMP interconnect, shared with everything
 # else: a nominal share below HOST_STAGED_FACTOR, not a measurement (docs/perfmodel.md, PCIe).
-PCIE_CLASS_FACTOR = {
-    "PIX": 1.0,
-    "PXB": 1.0,
-    "PHB": HOST_STAGED_FACTOR,
-    "NODE": HOST_STAGED_FACTOR,
-    "SYS": 0.4,
-}
+PCIE_CLASS_FACTOR = {"PIX": 1.0, "PXB": 1.0, "SYS": 0.4} | dict.fromkeys(
+    ("PHB", "NODE"), HOST_STAGED_FACTOR
+)
 # Host-timed small all-gather (launch + sync included), seconds, when nothing was measured:
 # nominal figures per link class (docs/perfmodel.md, "Nominal links"), replaced by calibrate().
 NOMINAL_LATENCY_S = {
