@@ -281,6 +281,14 @@ def test_placement_errors_say_why_and_what_to_pass() -> None:
         HFCausalLM(model, "hf_builders:no_plan").tp_plan()
     adapter = HFCausalLM(_tiny_llama(), "m")
     assert adapter.tp_plan()["model.model.layers.*.self_attn.o_proj"] == "rowwise"
+    # where tp sums over the ranks: each layer's row-wise o_proj and down_proj, timed in-step
+    from pytest_distperf.ranks.strategies.tp import collective_points
+
+    layers = adapter.model.model.layers
+    expected = [
+        linear for layer in layers for linear in (layer.self_attn.o_proj, layer.mlp.down_proj)
+    ]
+    assert collective_points(adapter) == expected
     parts = adapter.pipeline_parts()
     assert [attribute for _, attribute in parts] == ["embed_tokens", "layers", "norm", "lm_head"]
     adapter.model.get_input_embeddings = lambda: torch.nn.Embedding(2, 2)  # not a direct part
