@@ -155,17 +155,8 @@ def reference(ctx: RankContext) -> None:
     """The whole model's step before wrapping, at learning rate 0: the loss the wrapped model
     must reproduce and, unless a copy steps beside the timed ones, the compute term; none where
     it and its optimizer do not fit."""
-    module, train = ctx.model.module, ctx.train
-    module.train()
-    optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
-    step = make_step(
-        module,
-        optimizer,
-        train.inputs,
-        train.targets,
-        lambda loss: loss.backward(),
-        ctx.fabric.autocast,
-    )
+    train = ctx.train
+    step, optimizer = _step_alone(ctx, ctx.model.module)
     alone = Fences(sync=device_sync(ctx.device), barrier=lambda: None)
 
     def once() -> float:
@@ -303,16 +294,26 @@ def result(ctx: RankContext) -> None:
     )
 
 
-def _whole_step(ctx: RankContext) -> Step:
-    """The step of a whole copy built again from the seed, at learning rate 0, warmed once (its
-    AdamW state and heap made before the timed steps)."""
-    module = build(ctx.workload, ctx.device, ctx.dtype).module
+def _step_alone(ctx: RankContext, module: torch.nn.Module) -> tuple[Step, Any]:
+    """(step, its AdamW) of a whole, unwrapped `module` on this rank's batch at learning rate 0:
+    no collectives, the weights kept."""
     module.train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
-    backward = lambda loss: loss.backward()  # noqa: E731 - no collectives: the copy is alone
     step = make_step(
-        module, optimizer, ctx.train.inputs, ctx.train.targets, backward, ctx.fabric.autocast
+        module,
+        optimizer,
+        ctx.train.inputs,
+        ctx.train.targets,
+        lambda loss: loss.backward(),
+        ctx.fabric.autocast,
     )
+    return step, optimizer
+
+
+def _whole_step(ctx: RankContext) -> Step:
+    """The step of a whole copy built again from the seed, warmed once (its AdamW state and heap
+    made before the timed steps)."""
+    step, _ = _step_alone(ctx, build(ctx.workload, ctx.device, ctx.dtype).module)
     step()
     return step
 

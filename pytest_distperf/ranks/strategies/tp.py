@@ -74,7 +74,7 @@ def split_by_plan(
     for what, count in heads.items():
         if count % n:
             raise ValueError(f"tp: {what}={count} is not divisible by {n} ranks")
-    patterns = [(re.compile(_pattern(key)), style) for key, style in plan.items()]
+    patterns = _patterns(plan)
     split = 0
     for name, module in model.named_modules():
         style = next((style for pattern, style in patterns if pattern.fullmatch(name)), None)
@@ -99,9 +99,13 @@ def split_by_plan(
     return model
 
 
-def _pattern(key: str) -> str:
-    """A plan key as a regular expression: `*` stands for one module name (a layer's index)."""
-    return r"[^.]+".join(re.escape(part) for part in key.split("*"))
+def _patterns(plan: Mapping[str, str]) -> list[tuple[re.Pattern[str], str]]:
+    """Each plan key as a regular expression (`*` stands for one module name, a layer's
+    index), with its style."""
+    return [
+        (re.compile(r"[^.]+".join(re.escape(part) for part in key.split("*"))), style)
+        for key, style in plan.items()
+    ]
 
 
 def load_plan(plan: str) -> Any:
@@ -119,8 +123,7 @@ def collective_points(model: nn.Module) -> list[nn.Module]:
     row-wise ones of the model's own plan, else those of the by-hand split."""
     if not callable(getattr(model, "tp_plan", None)):
         return row_parallel_points(model)
-    rowwise = [re.compile(_pattern(key)) for key, style in model.tp_plan().items()
-               if style == "rowwise"]  # fmt: skip
+    rowwise = [pattern for pattern, style in _patterns(model.tp_plan()) if style == "rowwise"]
     return [
         module
         for name, module in model.named_modules()
