@@ -30,8 +30,8 @@ class Links:
     assumptions: tuple[str, ...] = field(default=())
     copy_bandwidth: float | None = None  # copies into new buffers; None: memory_bandwidth
     overlap: float = 0.0  # share of transfer and host work hidden behind each other (measured)
-    # A job over several nodes (ranks placed node by node): the figures above are the whole
-    # job's, hence the network's; `node` is one node's own links (None: one rank per node).
+    # Over several nodes the figures above are the whole job's (the network's); `node` is one
+    # node's own links (None: one rank per node).
     nodes: int = 1
     node: Links | None = None
     # The network's calls cost nothing: predict compares with it to name the network's share.
@@ -40,18 +40,13 @@ class Links:
     in_step_latency_s: float = 0.0
 
     def in_step(self, seconds: float) -> Links:
-        """These links with each collective costing at least `seconds`, as timed between the
-        layers of the run's own model, and a note saying so."""
+        """These links with each collective costing at least `seconds` (timed in the run)."""
         note = (
             f"collective latency at least {seconds * 1e6:.3g} us a call: an all-reduce where the "
             "strategy sums, timed in the ranks between the whole model's layers"
         )
         latency = max(self.in_step_latency_s, seconds)
         return replace(self, in_step_latency_s=latency, assumptions=(*self.assumptions, note))
-
-    @property
-    def fresh_copy_bandwidth(self) -> float | None:
-        return self.copy_bandwidth or self.memory_bandwidth
 
     @property
     def ranks_per_node(self) -> int:
@@ -94,9 +89,11 @@ class Links:
     def p2p_measured(self) -> bool:
         return self.calibration is not None and bool(self.calibration.p2p)
 
-    def p2p_time(self, nbytes: float) -> tuple[float, float]:
-        """(transfer, latency) seconds of one point-to-point hop: measured send/recv where
-        calibrated, else one hop of the all-gather's ring."""
+    def hop_time(self, nbytes: float, across_nodes: bool = True) -> tuple[float, float]:
+        """(transfer, latency) seconds of one point-to-point hop, within a node at its own links:
+        measured send/recv where calibrated, else one hop of the all-gather's ring."""
+        if not across_nodes and self.node is not None:
+            return self.node.hop_time(nbytes)
         if self.network_free and self.nodes > 1:
             return 0.0, 0.0
         cal = self.calibration
@@ -107,12 +104,6 @@ class Links:
         if self.busbw <= 0:
             return math.inf, self.latency_s
         return nbytes / self.busbw, self.latency_s
-
-    def hop_time(self, nbytes: float, across_nodes: bool) -> tuple[float, float]:
-        """`p2p_time` of one hop, within a node at that node's own links."""
-        if not across_nodes and self.node is not None:
-            return self.node.p2p_time(nbytes)
-        return self.p2p_time(nbytes)
 
     def busbw_at(self, op: str, nbytes: float) -> float:
         if self.calibration is not None and self.calibration.figures(op):
