@@ -293,16 +293,15 @@ def nominal_links(
             f"{topology.device_count}"
         )
     notes: list[str] = []
-    keep = set(topology.indices[:n])
-    links = [link for link in topology.links if link.a in keep and link.b in keep]
+    run = topology.first(n)
     if memory_bandwidth is None:
         memory_bandwidth = _nominal_memory_bandwidth(topology, notes)
     else:
         notes.append(f"memory bandwidth: given, {memory_bandwidth / GB:.4g} GB/s")
     copy_bandwidth = CPU_RANK_FRESH_COPY_GBPS * GB if topology.accelerator == "cpu" else None
-    if not links:
+    if not run.links:
         return Links("none", n, 0.0, 0.0, memory_bandwidth, False, None, tuple(notes))
-    slowest = min(links, key=lambda link: (link.rank, link.a, link.b))
+    slowest = run.slowest_link()
     cls = slowest.link_class
     busbw, latency = link_figures(topology, slowest, notes)
     if bus_bandwidth is not None:

@@ -32,17 +32,12 @@ def _fit(topology: Topology, expected_devices: int | None, path: Path) -> Topolo
         raise TopologyFileError(
             f"topology file {path} describes {n} devices but the run uses {expected_devices}"
         )
-    keep = topology.indices[:expected_devices]
-    return replace(
-        topology,
-        devices=tuple(d for d in topology.devices if d.index in keep),
-        links=tuple(link for link in topology.links if link.a in keep and link.b in keep),
-        notes=topology.notes
-        + (
-            f"topology file {path} describes {n} devices; the run uses {expected_devices}, "
-            f"so only the first {expected_devices} ({', '.join(map(str, keep))}) are kept",
-        ),
+    kept = topology.first(expected_devices)
+    note = (
+        f"topology file {path} describes {n} devices; the run uses {expected_devices}, "
+        f"so only the first {expected_devices} ({', '.join(map(str, kept.indices))}) are kept"
     )
+    return replace(kept, notes=(*kept.notes, note))
 
 
 def load_topology(path: str | os.PathLike[str], expected_devices: int | None = None) -> Topology:
