@@ -354,36 +354,15 @@ def run_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """The links a run is predicted on: measured where calibrated, else nominal; several nodes:
-    `job_links`. `transport_suffix` ("_nccl-p2p-disable-1") names the measured transport."""
-    nodes = topology.nodes if calibration is None else calibration.nodes
-    if nodes > 1:
-        overrides = {"memory_bandwidth": memory_bandwidth, "bus_bandwidth": bus_bandwidth}
-        return job_links(topology, devices, nodes, calibration, transport_suffix, **overrides)
-    if calibration is None:
+    """The links a run is predicted on: measured where calibrated, else nominal; over several
+    nodes (ranks placed node by node), the whole job's figures for every collective across nodes
+    and one node's own (`topology`'s) within a node. `transport_suffix` ("_nccl-p2p-disable-1")
+    names the measured transport."""
+    if calibration is None and topology.nodes == 1:
         return nominal_links(topology, devices, memory_bandwidth, bus_bandwidth)
-    return links_from_calibration(calibration, _node_class(topology, devices, transport_suffix))
-
-
-def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
-    if devices > 1 and topology.links:
-        return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
-    return "none"
-
-
-def job_links(
-    topology: Topology,
-    devices: int,
-    nodes: int,
-    calibration: Calibration | None = None,
-    transport_suffix: str = "",
-    *,
-    memory_bandwidth: float | None = None,
-    bus_bandwidth: float | None = None,
-) -> Links:
-    """The links of `devices` ranks placed node by node over `nodes` nodes: the whole job's
-    figures (measured, or a nominal network) for every collective across nodes, one node's own
-    links (`topology`: one node's devices) within a node. ValueError when they do not split."""
+    if calibration is not None and calibration.nodes == 1:
+        return links_from_calibration(calibration, _node_class(topology, devices, transport_suffix))
+    nodes = topology.nodes if calibration is None else calibration.nodes
     if devices % nodes:
         raise ValueError(f"{devices} ranks do not split evenly over {nodes} nodes")
     per_node = devices // nodes
@@ -420,6 +399,12 @@ def job_links(
         whole = links_from_calibration(calibration, network)
         whole = replace(whole, assumptions=(*whole.assumptions, note))
     return replace(whole, nodes=nodes, node=node if per_node > 1 else None)
+
+
+def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
+    if devices > 1 and topology.links:
+        return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
+    return "none"
 
 
 def measured_network(topology: Topology, calibration: Calibration) -> Topology:
