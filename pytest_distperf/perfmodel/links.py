@@ -240,22 +240,17 @@ def _nominal_memory_bandwidth(topology: Topology, notes: list[str]) -> float:
         notes.append(f"memory bandwidth: nominal {CPU_RANK_MEMORY_GBPS:g} GB/s per CPU rank")
         return CPU_RANK_MEMORY_GBPS * GB
     spec = gpu_memory_bandwidth(topology.device_model)
-    if spec is not None:
-        effective = spec * COPY_EFFICIENCY
-        notes.append(
-            f"memory bandwidth: {topology.device_model} spec {spec / GB:g} GB/s x "
-            f"{COPY_EFFICIENCY} = {effective / GB:.4g} GB/s"
-        )
-        return effective
-    nvlinked = any(link.is_nvlink for link in topology.links)
-    spec_gbps = UNKNOWN_NVLINK_GPU_GBPS if nvlinked else UNKNOWN_PCIE_GPU_GBPS
-    kind = "NVLink-connected (SXM) GPUs" if nvlinked else "PCIe cards"
-    effective = spec_gbps * COPY_EFFICIENCY
-    notes.append(
-        f"memory bandwidth: GPU model {topology.device_model!r} not known, assumed {kind} with "
-        f"{spec_gbps:g} GB/s spec x {COPY_EFFICIENCY} = {effective:.4g} GB/s"
-    )
-    return effective * GB
+    if spec is None:
+        nvlinked = any(link.is_nvlink for link in topology.links)
+        spec = (UNKNOWN_NVLINK_GPU_GBPS if nvlinked else UNKNOWN_PCIE_GPU_GBPS) * GB
+        kind = "NVLink-connected (SXM) GPUs" if nvlinked else "PCIe cards"
+        model = topology.device_model
+        source = f"GPU model {model!r} not known, assumed {kind} with {spec / GB:g} GB/s spec"
+    else:
+        source = f"{topology.device_model} spec {spec / GB:g} GB/s"
+    effective = spec * COPY_EFFICIENCY
+    notes.append(f"memory bandwidth: {source} x {COPY_EFFICIENCY} = {effective / GB:.4g} GB/s")
+    return effective
 
 
 def link_figures(
