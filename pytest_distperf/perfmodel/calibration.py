@@ -108,8 +108,8 @@ class Calibration:
 
     def time_at(self, op: str, nbytes: float) -> float:
         """One `op` of `nbytes`: linear between measured sizes, the smallest's time below them;
-        above, the largest's plus the extra bytes at the faster of its algbw and `best_algbw`
-        (a largest size that is all latency says nothing of the bandwidth)."""
+        above, the extra bytes at the faster of the largest's algbw and `best_algbw` (the
+        largest size may be all latency)."""
         figures = self.figures(op)
         if not figures:
             raise ValueError(f"calibration has no {op} figures")
@@ -206,8 +206,7 @@ class Calibration:
 
 @dataclass(frozen=True)
 class MessageSizes:
-    """Byte sizes to calibrate: all-gather OUTPUT sizes, all-reduce sizes and point-to-point
-    message sizes (measured only when a strategy asks for them)."""
+    """Byte sizes to calibrate (an all-gather's: its OUTPUT) of each collective."""
 
     all_gather: tuple[int, ...]
     all_reduce: tuple[int, ...]

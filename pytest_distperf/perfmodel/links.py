@@ -279,8 +279,8 @@ def nominal_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """Link figures of the first `devices` devices of a topology alone (nothing measured); the
-    byte/s overrides replace the nominal ones (command-line flags)."""
+    """Link figures of the first `devices` devices of a topology (nothing measured); the byte/s
+    overrides (command-line flags) replace the nominal ones."""
     n = topology.device_count if devices is None else devices
     if n < 1 or n > topology.device_count:
         raise ValueError(

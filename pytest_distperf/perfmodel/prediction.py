@@ -1,6 +1,5 @@
-"""A prediction (a rate and its named terms, decode or training, with the network's share of
-them in a job over several nodes) and the verdict text built from it: the threshold, the
-one-line description, the failure message."""
+"""A prediction (a rate and its named terms) and the verdict text built from it: the threshold,
+the one-line description, the failure message."""
 
 from __future__ import annotations
 

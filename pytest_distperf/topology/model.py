@@ -82,10 +82,9 @@ class Link:
             raise ValueError(f"a link joins two devices, got {self.a} twice")
         link_rank(self.link_class)  # validates the class
         # Undirected: storing a < b makes equal links compare equal whoever was asked first.
-        if self.a > self.b:
-            a, b = self.b, self.a
-            object.__setattr__(self, "a", a)
-            object.__setattr__(self, "b", b)
+        a, b = sorted((self.a, self.b))
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
         m = _NV_RE.fullmatch(self.link_class)
         if m:
             count = int(m.group(1))
@@ -107,8 +106,7 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """The network between a job's nodes as the calibration measured it (None: not yet);
-    never part of the key (measurements, not the kind of machine)."""
+    """The network between a job's nodes as the calibration measured it (None: not yet)."""
 
     busbw: float | None = None  # bytes/s: bus bandwidth of the largest calibrated all-gather
     latency_s: float | None = None  # a small all-gather across the nodes
@@ -207,9 +205,8 @@ class Topology:
         return min(self.links, key=lambda link: (link.rank, link.a, link.b))
 
     def key(self) -> str:
-        """A filesystem-safe fingerprint of what performance depends on (accelerator, device model
-        and count, link classes; the CPU count where ranks share cores, the node count over a
-        network); never host names, bus ids or the current PCIe generation (it drops at idle)."""
+        """A filesystem-safe fingerprint of what performance depends on; never host names, bus ids
+        or the current PCIe generation (it drops at idle)."""
         counts = Counter(link.link_class for link in self.links)
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
         parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]

@@ -26,8 +26,7 @@ def resolve_visible_devices(
     value: str | None, uuids: Sequence[str]
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """(NVML index of cuda:0, cuda:1, ...) and notes, as the CUDA runtime reads `value` (None:
-    unset) over `uuids` in NVML (PCI) order: an entry that names no device, or repeats one, ends
-    the list. Integers count in PCI order, CUDA's too but for a mixed box's FASTEST_FIRST."""
+    unset) over `uuids` in NVML (PCI) order: an entry that names no device ends the list."""
     if value is None:
         return tuple(range(len(uuids))), ()
     chosen: list[int] = []
