@@ -176,10 +176,8 @@ def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple
         overlap, notes = 0.0, (cpu,) if overlap > 0 else ()
     host = cost.hidden_behind * sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
     transfer = sum(v for k, v in terms.items() if k in TRANSFER_PATH_TERMS)
-    exposed = 0.0
-    for c in cost.collectives:
-        if not c.overlappable:
-            exposed += c.calls * sum(_priced(c, x.links, x.devices))
+    fixed = [c for c in cost.collectives if not c.overlappable]
+    exposed = sum(c.calls * sum(_priced(c, x.links, x.devices)) for c in fixed)
     hidden = overlap * min(host, max(0.0, transfer - exposed))
     if not hidden:
         return notes
