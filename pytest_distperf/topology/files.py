@@ -45,18 +45,13 @@ def load_topology(path: str | os.PathLike[str], expected_devices: int | None = N
     p = Path(path)
     text = _read_file(p)
     try:
-        data = json.loads(text)
+        topology = Topology.from_dict(json.loads(text))
     except json.JSONDecodeError as exc:
         raise TopologyFileError(f"topology file {p} is not JSON: {exc}") from None
-    try:
-        topology = Topology.from_dict(data)
     except ValueError as exc:
         raise TopologyFileError(f"topology file {p} has the wrong shape: {exc}") from None
-    topology = replace(
-        topology,
-        source=f"file:{p}",
-        notes=topology.notes + (f"loaded from {p}; first probed via {topology.source}",),
-    )
+    note = f"loaded from {p}; first probed via {topology.source}"
+    topology = replace(topology, source=f"file:{p}", notes=(*topology.notes, note))
     return _fit(topology, expected_devices, p)
 
 
