@@ -11,13 +11,6 @@ import pytest
 from pytest_distperf.topology import gpus
 
 UUIDS = [f"GPU-{i}aaaaaaa-0000-0000-0000-00000000000{i}" for i in range(4)]
-SMI_L = "".join(f"GPU {i}: NVIDIA H200 (UUID: {u})\n" for i, u in enumerate(UUIDS)) + (
-    "  MIG 1g.18gb     Device  0: (UUID: MIG-11111111-2222-3333-4444-555555555555)\n"
-)
-
-
-def test_nvidia_smi_l_lists_gpus_not_mig_slices() -> None:
-    assert gpus.parse_nvidia_smi_l(SMI_L) == UUIDS
 
 
 @pytest.fixture
@@ -27,11 +20,7 @@ def cuda_torch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _torch_must_not_be_asked() -> int:
-    raise AssertionError("torch was asked although NVML or nvidia-smi answered")
-
-
-def _no_driver() -> list[str]:
-    raise gpus.NoDriver
+    raise AssertionError("torch was asked although NVML answered")
 
 
 @pytest.mark.parametrize(
@@ -45,29 +34,19 @@ def test_nvml_count_follows_cuda_visible_devices(
     assert gpus.visible_gpus(environ) == count
 
 
-def test_nvidia_smi_answers_when_nvml_cannot(
-    monkeypatch: pytest.MonkeyPatch, cuda_torch: None
-) -> None:
-    monkeypatch.setattr(gpus, "_nvml_uuids", _no_driver)
-    monkeypatch.setattr(gpus, "_smi_uuids", lambda: UUIDS[:2])
-    assert gpus.visible_gpus({}) == 2
-
-
 def test_no_driver_at_all_is_zero_without_torch(
     monkeypatch: pytest.MonkeyPatch, cuda_torch: None
 ) -> None:
-    monkeypatch.setattr(gpus, "_nvml_uuids", _no_driver)
-    monkeypatch.setattr(gpus, "_smi_uuids", _no_driver)
+    monkeypatch.setattr(gpus, "_nvml_uuids", lambda: None)
     assert gpus.visible_gpus({}) == 0
 
 
-def test_torch_answers_when_both_fail_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_torch_answers_when_nvml_fails_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken() -> list[str]:
         raise RuntimeError("driver/library version mismatch")
 
     monkeypatch.setattr(gpus, "torch_has_cuda", lambda: True)
     monkeypatch.setattr(gpus, "_nvml_uuids", broken)
-    monkeypatch.setattr(gpus, "_smi_uuids", broken)
     monkeypatch.setattr(gpus, "_torch_count", lambda: 3)
     assert gpus.visible_gpus({}) == 3
     # A MIG slice has no UUID NVML lists here: torch counts it.
@@ -113,4 +92,4 @@ def test_this_torch_agrees_with_its_own_count() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     counted, loaded = out.stdout.split()
     assert int(counted) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
-    assert loaded == "False"  # NVML, nvidia-smi or the version file answered
+    assert loaded == "False"  # NVML or the version file answered

@@ -17,7 +17,7 @@ from pytest_distperf.perfmodel import (
     measured_network,
     run_links,
 )
-from pytest_distperf.perfmodel.links import NOMINAL_NETWORK_GBPS, job_links
+from pytest_distperf.perfmodel.links import NOMINAL_NETWORK_GBPS
 from pytest_distperf.perfmodel.prediction import describe_prediction
 from pytest_distperf.ranks.calibrate import job_nodes
 from pytest_distperf.strategies import predict_for, predict_train_for
@@ -154,12 +154,12 @@ def test_collectives_within_a_node_at_its_links_across_nodes_at_the_network() ->
 
 
 def test_without_a_calibration_the_network_is_a_slow_guess() -> None:
-    links = job_links(_node(), 4, 2)
+    links = run_links(_node(), 4)
     assert not links.measured and links.busbw == NOMINAL_NETWORK_GBPS * GB
     assert links.node is not None and links.node.link_class == "NV18"
     assert any("not measured; assumed" in a for a in links.assumptions)
     with pytest.raises(ValueError, match="do not split evenly"):
-        job_links(_node(), 3, 2)
+        run_links(_node(), 3)
 
 
 # --------------------------------------------------------------------------- prediction

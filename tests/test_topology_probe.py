@@ -1,4 +1,4 @@
-"""Probing a machine's topology: NVML (faked), nvidia-smi fallbacks, CPU hosts."""
+"""Probing a machine's topology: NVML (faked), its failures, CPU hosts."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from topology_cases import classes, h200_pair, read
+from topology_cases import classes, h200_pair
 
 from pytest_distperf import topology as topo
-from pytest_distperf.topology import Topology, host, probe, probe_cpu, probe_nvml, smi
-from pytest_distperf.topology.cuda import resolve_visible_devices
+from pytest_distperf.topology import Topology, host, probe, probe_cpu, probe_nvml
+from pytest_distperf.topology.nvml import resolve_visible_devices
 
 
 class FakeNVMLError(Exception):
@@ -256,82 +256,26 @@ def test_resolve_visible_devices() -> None:
         resolve_visible_devices("MIG-GPU-aaaa-1/1/0", uuids)
 
 
-# --------------------------------------------------------------------------- probe fallbacks
+# --------------------------------------------------------------------------- probe failures
 
 
-def no_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(smi.shutil, "which", lambda name: None)
-
-    def forbidden(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("nvidia-smi must not be run when it is not on PATH")
-
-    monkeypatch.setattr(smi.subprocess, "run", forbidden)
-
-
-def test_probe_degrades_without_nvml_and_nvidia_smi(
-    fake_nvml: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_probe_degrades_without_nvml(fake_nvml: Any) -> None:
     fake_nvml(FakeNVML(h200_box(), init_error=12))
-    no_nvidia_smi(monkeypatch)
     t = probe("cuda", 2)
     assert t.device_count == 2 and t.source == "none"
     assert t.link(0, 1).link_class == "unknown"
     assert t.slowest_link().link_class == "unknown"
     assert t.notes == (
-        "NVML unavailable: FakeNVMLError: NVML Shared Library Not Found; nvidia-smi not found; "
-        "link classes unknown",
+        "NVML unavailable: FakeNVMLError: NVML Shared Library Not Found; link classes unknown",
     )
 
 
 def test_probe_degrades_without_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` raise ImportError
-    no_nvidia_smi(monkeypatch)
     t = probe("cuda", 3)
     assert classes(t) == Counter({"unknown": 3})
     assert t.notes[0].startswith("NVML unavailable: ModuleNotFoundError")
     assert "pynvml" in t.notes[0]
-
-
-def test_probe_falls_back_to_nvidia_smi(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_nvml(FakeNVML(h200_box(), init_error=12))
-    monkeypatch.setattr(smi.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    calls: list[list[str]] = []
-    query = (
-        "0, GPU-037a76d1-e9ad-3414-16e6-c9727c5e2025, NVIDIA H200, 143771, 00000000:00:06.0, "
-        "5, 5, 16, 16\n"
-        "1, GPU-5acf2a49-e13b-393b-e264-fcbce5baefab, NVIDIA H200, 143771, 00000000:00:07.0, "
-        "5, 1, 16, 16\n"
-    )
-
-    def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        calls.append(args)
-        assert kwargs["timeout"] == 10
-        out = read("topo_2x_h200_nv18_ansi.txt") if args[1] == "topo" else query
-        return subprocess.CompletedProcess(args, 0, out, "")
-
-    monkeypatch.setattr(smi.subprocess, "run", run)
-    t = probe("cuda", 2)
-    assert calls[0] == ["/usr/bin/nvidia-smi", "topo", "-m"]
-    assert t.source == "nvidia-smi"
-    assert t.link(0, 1).link_class == "NV18"
-    assert t.device_model == "NVIDIA H200"
-    assert t.devices[0].memory_bytes == 143771 * 1024 * 1024
-    assert t.devices[1].pcie_gen_current == 1
-    assert t.key() == h200_pair().key()
-    assert t.notes[0].startswith("NVML unavailable")
-
-
-def test_probe_nvidia_smi_failing(fake_nvml: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_nvml(FakeNVML(h200_box(), init_error=12))
-    monkeypatch.setattr(smi.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-
-    def run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        raise subprocess.TimeoutExpired(args, kwargs["timeout"])
-
-    monkeypatch.setattr(smi.subprocess, "run", run)
-    t = probe("cuda", 2)
-    expected = "nvidia-smi failed: RuntimeError: `nvidia-smi topo -m` did not answer in 10 s"
-    assert expected in t.notes[0]
 
 
 def test_probe_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:

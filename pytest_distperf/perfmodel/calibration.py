@@ -108,8 +108,8 @@ class Calibration:
 
     def time_at(self, op: str, nbytes: float) -> float:
         """One `op` of `nbytes`: linear between measured sizes, the smallest's time below them;
-        above, the largest's plus the extra bytes at the faster of its algbw and `best_algbw`
-        (a largest size that is all latency says nothing of the bandwidth)."""
+        above, the extra bytes at the faster of the largest's algbw and `best_algbw` (the
+        largest size may be all latency)."""
         figures = self.figures(op)
         if not figures:
             raise ValueError(f"calibration has no {op} figures")
@@ -154,24 +154,14 @@ class Calibration:
         return dataclasses.replace(self, **figures, within_node=inner, in_step_latency_s=in_step)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {
-            "world_size": self.world_size,
-            "backend": self.backend,
-            "device_type": self.device_type,
-            "all_gather": [f.to_dict() for f in self.all_gather],
-            "all_reduce": [f.to_dict() for f in self.all_reduce],
-            "memory_bandwidth": self.memory_bandwidth,
-            "latency_s": self.latency_s,
-            "fresh_copy_bandwidth": self.fresh_copy_bandwidth,
-            "overlap": self.overlap,
-            "p2p": [f.to_dict() for f in self.p2p],
-            "in_step_latency_s": self.in_step_latency_s,
-        }
-        if self.nodes > 1:  # a single node's calibration is written as it always was
-            inner = self.within_node
-            data |= {"nodes": self.nodes, "scope": self.scope, "within_node": None}
-            if inner is not None:
-                data["within_node"] = {**inner.to_dict(), "scope": NODE_SCOPE}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data |= {op: [f.to_dict() for f in self.figures(op)] for op in OPS}
+        inner = data.pop("within_node")
+        if self.nodes == 1:  # a single node's calibration is written as it always was
+            del data["nodes"]
+        else:
+            within = None if inner is None else {**inner.to_dict(), "scope": NODE_SCOPE}
+            data |= {"scope": self.scope, "within_node": within}
         return data
 
     @classmethod
@@ -216,8 +206,7 @@ class Calibration:
 
 @dataclass(frozen=True)
 class MessageSizes:
-    """Byte sizes to calibrate: all-gather OUTPUT sizes, all-reduce sizes and point-to-point
-    message sizes (measured only when a strategy asks for them)."""
+    """Byte sizes to calibrate (an all-gather's: its OUTPUT) of each collective."""
 
     all_gather: tuple[int, ...]
     all_reduce: tuple[int, ...]

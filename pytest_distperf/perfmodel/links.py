@@ -30,8 +30,8 @@ class Links:
     assumptions: tuple[str, ...] = field(default=())
     copy_bandwidth: float | None = None  # copies into new buffers; None: memory_bandwidth
     overlap: float = 0.0  # share of transfer and host work hidden behind each other (measured)
-    # A job over several nodes (ranks placed node by node): the figures above are the whole
-    # job's, hence the network's; `node` is one node's own links (None: one rank per node).
+    # Over several nodes the figures above are the whole job's (the network's); `node` is one
+    # node's own links (None: one rank per node).
     nodes: int = 1
     node: Links | None = None
     # The network's calls cost nothing: predict compares with it to name the network's share.
@@ -40,18 +40,13 @@ class Links:
     in_step_latency_s: float = 0.0
 
     def in_step(self, seconds: float) -> Links:
-        """These links with each collective costing at least `seconds`, as timed between the
-        layers of the run's own model, and a note saying so."""
+        """These links with each collective costing at least `seconds` (timed in the run)."""
         note = (
             f"collective latency at least {seconds * 1e6:.3g} us a call: an all-reduce where the "
             "strategy sums, timed in the ranks between the whole model's layers"
         )
         latency = max(self.in_step_latency_s, seconds)
         return replace(self, in_step_latency_s=latency, assumptions=(*self.assumptions, note))
-
-    @property
-    def fresh_copy_bandwidth(self) -> float | None:
-        return self.copy_bandwidth or self.memory_bandwidth
 
     @property
     def ranks_per_node(self) -> int:
@@ -94,9 +89,11 @@ class Links:
     def p2p_measured(self) -> bool:
         return self.calibration is not None and bool(self.calibration.p2p)
 
-    def p2p_time(self, nbytes: float) -> tuple[float, float]:
-        """(transfer, latency) seconds of one point-to-point hop: measured send/recv where
-        calibrated, else one hop of the all-gather's ring."""
+    def hop_time(self, nbytes: float, across_nodes: bool = True) -> tuple[float, float]:
+        """(transfer, latency) seconds of one point-to-point hop, within a node at its own links:
+        measured send/recv where calibrated, else one hop of the all-gather's ring."""
+        if not across_nodes and self.node is not None:
+            return self.node.hop_time(nbytes)
         if self.network_free and self.nodes > 1:
             return 0.0, 0.0
         cal = self.calibration
@@ -107,12 +104,6 @@ class Links:
         if self.busbw <= 0:
             return math.inf, self.latency_s
         return nbytes / self.busbw, self.latency_s
-
-    def hop_time(self, nbytes: float, across_nodes: bool) -> tuple[float, float]:
-        """`p2p_time` of one hop, within a node at that node's own links."""
-        if not across_nodes and self.node is not None:
-            return self.node.p2p_time(nbytes)
-        return self.p2p_time(nbytes)
 
     def busbw_at(self, op: str, nbytes: float) -> float:
         if self.calibration is not None and self.calibration.figures(op):
@@ -249,22 +240,17 @@ def _nominal_memory_bandwidth(topology: Topology, notes: list[str]) -> float:
         notes.append(f"memory bandwidth: nominal {CPU_RANK_MEMORY_GBPS:g} GB/s per CPU rank")
         return CPU_RANK_MEMORY_GBPS * GB
     spec = gpu_memory_bandwidth(topology.device_model)
-    if spec is not None:
-        effective = spec * COPY_EFFICIENCY
-        notes.append(
-            f"memory bandwidth: {topology.device_model} spec {spec / GB:g} GB/s x "
-            f"{COPY_EFFICIENCY} = {effective / GB:.4g} GB/s"
-        )
-        return effective
-    nvlinked = any(link.is_nvlink for link in topology.links)
-    spec_gbps = UNKNOWN_NVLINK_GPU_GBPS if nvlinked else UNKNOWN_PCIE_GPU_GBPS
-    kind = "NVLink-connected (SXM) GPUs" if nvlinked else "PCIe cards"
-    effective = spec_gbps * COPY_EFFICIENCY
-    notes.append(
-        f"memory bandwidth: GPU model {topology.device_model!r} not known, assumed {kind} with "
-        f"{spec_gbps:g} GB/s spec x {COPY_EFFICIENCY} = {effective:.4g} GB/s"
-    )
-    return effective * GB
+    if spec is None:
+        nvlinked = any(link.is_nvlink for link in topology.links)
+        spec = (UNKNOWN_NVLINK_GPU_GBPS if nvlinked else UNKNOWN_PCIE_GPU_GBPS) * GB
+        kind = "NVLink-connected (SXM) GPUs" if nvlinked else "PCIe cards"
+        model = topology.device_model
+        source = f"GPU model {model!r} not known, assumed {kind} with {spec / GB:g} GB/s spec"
+    else:
+        source = f"{topology.device_model} spec {spec / GB:g} GB/s"
+    effective = spec * COPY_EFFICIENCY
+    notes.append(f"memory bandwidth: {source} x {COPY_EFFICIENCY} = {effective / GB:.4g} GB/s")
+    return effective
 
 
 def link_figures(
@@ -293,8 +279,8 @@ def nominal_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """Link figures of the first `devices` devices of a topology alone (nothing measured); the
-    byte/s overrides replace the nominal ones (command-line flags)."""
+    """Link figures of the first `devices` devices of a topology (nothing measured); the byte/s
+    overrides (command-line flags) replace the nominal ones."""
     n = topology.device_count if devices is None else devices
     if n < 1 or n > topology.device_count:
         raise ValueError(
@@ -302,16 +288,15 @@ def nominal_links(
             f"{topology.device_count}"
         )
     notes: list[str] = []
-    keep = set(topology.indices[:n])
-    links = [link for link in topology.links if link.a in keep and link.b in keep]
+    run = topology.first(n)
     if memory_bandwidth is None:
         memory_bandwidth = _nominal_memory_bandwidth(topology, notes)
     else:
         notes.append(f"memory bandwidth: given, {memory_bandwidth / GB:.4g} GB/s")
     copy_bandwidth = CPU_RANK_FRESH_COPY_GBPS * GB if topology.accelerator == "cpu" else None
-    if not links:
+    if not run.links:
         return Links("none", n, 0.0, 0.0, memory_bandwidth, False, None, tuple(notes))
-    slowest = min(links, key=lambda link: (link.rank, link.a, link.b))
+    slowest = run.slowest_link()
     cls = slowest.link_class
     busbw, latency = link_figures(topology, slowest, notes)
     if bus_bandwidth is not None:
@@ -364,36 +349,15 @@ def run_links(
     memory_bandwidth: float | None = None,
     bus_bandwidth: float | None = None,
 ) -> Links:
-    """The links a run is predicted on: measured where calibrated, else nominal; several nodes:
-    `job_links`. `transport_suffix` ("_nccl-p2p-disable-1") names the measured transport."""
-    nodes = topology.nodes if calibration is None else calibration.nodes
-    if nodes > 1:
-        overrides = {"memory_bandwidth": memory_bandwidth, "bus_bandwidth": bus_bandwidth}
-        return job_links(topology, devices, nodes, calibration, transport_suffix, **overrides)
-    if calibration is None:
+    """The links a run is predicted on: measured where calibrated, else nominal; over several
+    nodes (ranks placed node by node), the whole job's figures for every collective across nodes
+    and one node's own (`topology`'s) within a node. `transport_suffix` ("_nccl-p2p-disable-1")
+    names the measured transport."""
+    if calibration is None and topology.nodes == 1:
         return nominal_links(topology, devices, memory_bandwidth, bus_bandwidth)
-    return links_from_calibration(calibration, _node_class(topology, devices, transport_suffix))
-
-
-def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
-    if devices > 1 and topology.links:
-        return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
-    return "none"
-
-
-def job_links(
-    topology: Topology,
-    devices: int,
-    nodes: int,
-    calibration: Calibration | None = None,
-    transport_suffix: str = "",
-    *,
-    memory_bandwidth: float | None = None,
-    bus_bandwidth: float | None = None,
-) -> Links:
-    """The links of `devices` ranks placed node by node over `nodes` nodes: the whole job's
-    figures (measured, or a nominal network) for every collective across nodes, one node's own
-    links (`topology`: one node's devices) within a node. ValueError when they do not split."""
+    if calibration is not None and calibration.nodes == 1:
+        return links_from_calibration(calibration, _node_class(topology, devices, transport_suffix))
+    nodes = topology.nodes if calibration is None else calibration.nodes
     if devices % nodes:
         raise ValueError(f"{devices} ranks do not split evenly over {nodes} nodes")
     per_node = devices // nodes
@@ -430,6 +394,12 @@ def job_links(
         whole = links_from_calibration(calibration, network)
         whole = replace(whole, assumptions=(*whole.assumptions, note))
     return replace(whole, nodes=nodes, node=node if per_node > 1 else None)
+
+
+def _node_class(topology: Topology, devices: int, transport_suffix: str) -> str:
+    if devices > 1 and topology.links:
+        return topology.slowest_link().link_class + transport_suffix.replace("_", " ")
+    return "none"
 
 
 def measured_network(topology: Topology, calibration: Calibration) -> Topology:

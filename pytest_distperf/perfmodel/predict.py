@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from pytest_distperf.perfmodel.calibration import LATENCY_PROBE_BYTES, MessageSizes, bus_factor
-from pytest_distperf.perfmodel.prediction import Prediction, network_charge
+from pytest_distperf.perfmodel.prediction import NetworkCharge, Prediction
 from pytest_distperf.perfmodel.shape import kv_cache_bytes
 from pytest_distperf.perfmodel.step import (
     CHARGED_AS,
@@ -40,8 +40,7 @@ def predict_step(
     record: StrategyModel, x: StepInput, work: StepWork, counted: Collectives | None
 ) -> Prediction:
     """The single-rank `work` scaled by the rank's shares, plus the record's collectives (the
-    `counted` ones where they differ) and overheads, less what overlaps. Decode terms are per
-    token, training terms per step."""
+    `counted` ones where they differ) and overheads, less what overlaps."""
     cost = record.cost(x)
     per = "step" if x.training else "token"
     charged, counted_note = (
@@ -75,9 +74,6 @@ def predict_step(
         terms = {k: v for k, v in terms.items() if k not in LINK_TERMS or v}
     if cost.hidden_behind > 0:
         notes += _add_overlap(terms, cost, x)
-    network = network_charge(
-        x.links, terms, lambda links: collective_terms(charged, links, x.devices)
-    )
     seconds = sum(terms.values())
     tokens = record.replicas(x.devices) * x.batch_size * x.seq_length if x.training else 0
     rows = tokens or x.batch_size  # a decode step yields a token for every batch row
@@ -101,7 +97,21 @@ def predict_step(
         mode="train" if x.training else "generate",
         step_time_s=seconds if x.training else None,
         tokens_per_step=tokens,
-        network=network,
+        network=_network_charge(x, terms, charged),
+    )
+
+
+def _network_charge(
+    x: StepInput, terms: dict[str, float], charged: tuple[Collective, ...]
+) -> NetworkCharge | None:
+    """Each link term less the same collectives' with the network's calls free; None on one node."""
+    if x.links.nodes <= 1:
+        return None
+    free = collective_terms(charged, replace(x.links, network_free=True), x.devices)
+    shares = {k: v - free.get(k, 0.0) for k, v in terms.items() if k in LINK_TERMS}
+    positive = {k: v for k, v in shares.items() if v > 0}
+    return NetworkCharge(
+        x.links.nodes, positive, x.links.busbw, x.links.latency_s, x.links.measured
     )
 
 
@@ -126,8 +136,8 @@ def collective_terms(
 
 
 def _host_work(cost: StepCost, x: StepInput, moved: dict[str, float]) -> dict[str, float]:
-    """The wrapper's per-unit host work, and its copies in and out of the buffers of every
-    gather and reduction: a copy of S bytes moves 2S, S and S/n around each (FSDP2)."""
+    """The wrapper's per-unit host work, and its copies around every gather and reduction: of S
+    bytes, 2S, S and S/n (FSDP2)."""
     terms = {}
     reshaped = [c for c in cost.collectives if c.kind in ("all_gather", "reduce_scatter")]
     if cost.units:
@@ -135,7 +145,7 @@ def _host_work(cost: StepCost, x: StepInput, moved: dict[str, float]) -> dict[st
         terms["fsdp_overhead"] = x.passes * cost.units * cost.unit_s + calls * cost.collective_s
     copied = 2 * sum(c.bytes for c in reshaped) * (1 + 1 / x.devices)
     if cost.copies and copied:
-        bandwidth = x.links.fresh_copy_bandwidth
+        bandwidth = x.links.copy_bandwidth or x.links.memory_bandwidth
         terms["gather_copies"] = copied / bandwidth if bandwidth else 0.0
         moved["gather_copies"] = copied
     return terms
@@ -158,19 +168,16 @@ def _moved_bytes(collectives: Iterable[Collective], devices: int) -> dict[str, f
 
 def _add_overlap(terms: dict[str, float], cost: StepCost, x: StepInput) -> tuple[str, ...]:
     """The transfers hidden behind the host's work, as the negative term `overlap`: collectives
-    run on their own stream, so where nothing makes the host wait a step costs about the longer
-    path (the measured share of the shorter is hidden); the transfers nothing runs beside stay
-    whole. CPU ranks hide none: gloo's threads share the compute's cores."""
+    run on their own stream, so the measured share of the shorter path is hidden; the transfers
+    nothing runs beside stay whole."""
     overlap, notes = x.links.overlap, ()
     if x.device_type == "cpu":
         cpu = "CPU ranks: no overlap assumed (gloo's threads share the compute's cores)"
         overlap, notes = 0.0, (cpu,) if overlap > 0 else ()
     host = cost.hidden_behind * sum(v for k, v in terms.items() if k in HOST_PATH_TERMS)
     transfer = sum(v for k, v in terms.items() if k in TRANSFER_PATH_TERMS)
-    exposed = 0.0
-    for c in cost.collectives:
-        if not c.overlappable:
-            exposed += c.calls * sum(_priced(c, x.links, x.devices))
+    fixed = [c for c in cost.collectives if not c.overlappable]
+    exposed = sum(c.calls * sum(_priced(c, x.links, x.devices)) for c in fixed)
     hidden = overlap * min(host, max(0.0, transfer - exposed))
     if not hidden:
         return notes
@@ -244,14 +251,12 @@ def predict(
     counted_collectives: Collectives | None = None,
     collective_in_step_s: float | None = None,
 ) -> Prediction:
-    """Predicted tokens/sec of one rank's decode stream under `strategy` (its record); on one
-    device a strategy still pays its wrapper's own costs (FSDP's per-unit hooks).
+    """Predicted tokens/sec of one rank's decode stream under `strategy` (its record).
 
     `compute_time_s`: the measured single-rank time per token, else a roofline from `links`'
-    memory bandwidth; `prefill_time_s`: the measured single-rank prefill, whose excess over one
-    step is spread over the tokens; `counted_collectives`: kind -> (calls, bytes) per token
-    counted in the ranks, charged where they differ from the model's; `collective_in_step_s`:
-    one collective timed between the whole model's layers, the least each call costs.
+    memory bandwidth; `prefill_time_s`: the measured single-rank prefill; `counted_collectives`:
+    kind -> (calls, bytes) per token counted in the ranks; `collective_in_step_s`: one collective
+    timed between the whole model's layers, the least each call costs.
     """
     counts = {"batch_size": batch_size, "max_new_tokens": max_new_tokens}
     check_step(devices, counts | {"dtype_bytes": dtype_bytes}, {"compute_time_s": compute_time_s})
@@ -274,8 +279,8 @@ def message_sizes(
     dtype_bytes: int,
     batch: int = 1,
 ) -> MessageSizes:
-    """The message sizes the model really uses under `strategies`: a latency probe and the
-    per-token activation (a tensor-parallel all-reduce), then what each record asks for."""
+    """The message sizes the model really uses under `strategies`: a latency probe, the per-token
+    activation (a tensor-parallel all-reduce), and what each record asks for."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     activation = batch * config.n_embd * dtype_bytes

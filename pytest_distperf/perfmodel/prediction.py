@@ -1,12 +1,10 @@
-"""A prediction (a rate and its named terms, decode or training, with the network's share of
-them in a job over several nodes) and the verdict text built from it: the threshold, the
-one-line description, the failure message."""
+"""A prediction (a rate and its named terms) and the verdict text built from it: the threshold,
+the one-line description, the failure message."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from pytest_distperf.perfmodel.step import Collectives, describe
 from pytest_distperf.perfmodel.terms import (
@@ -17,9 +15,6 @@ from pytest_distperf.perfmodel.terms import (
     TRAIN_TERM_DESCRIPTIONS,
     ms,
 )
-
-if TYPE_CHECKING:
-    from pytest_distperf.perfmodel.links import Links
 
 # Headroom under the worst healthy measured/predicted ratio, yet a run slowed by half still
 # fails; small drops are the baselines' job. Why this figure: docs/perfmodel.md ("Threshold").
@@ -56,32 +51,7 @@ class NetworkCharge:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "nodes": self.nodes,
-            "seconds": self.seconds,
-            "terms": dict(self.terms),
-            "busbw": self.busbw,
-            "latency_s": self.latency_s,
-            "measured": self.measured,
-        }
-
-
-def network_charge(
-    links: Links, terms: Mapping[str, float], terms_on: Callable[[Links], Mapping[str, float]]
-) -> NetworkCharge | None:
-    """Each link term less the same collectives' (`terms_on`) with the network's calls free;
-    None on one node."""
-    if links.nodes <= 1:
-        return None
-    free = terms_on(replace(links, network_free=True))
-    shares = {k: v - free.get(k, 0.0) for k, v in terms.items() if k in LINK_TERMS}
-    return NetworkCharge(
-        links.nodes,
-        {k: v for k, v in shares.items() if v > 0},
-        links.busbw,
-        links.latency_s,
-        links.measured,
-    )
+        return {**asdict(self), "seconds": self.seconds}
 
 
 @dataclass(frozen=True)

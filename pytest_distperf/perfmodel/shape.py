@@ -1,6 +1,5 @@
-"""A model's shape as the performance model sees it: sizes and parameter counts, no weights.
-Every cost takes one (or anything with its attributes, as `distperf_model.config.Config`), from a
-config in the pytest process or measured on the built model in a rank (`ranks/models.py`)."""
+"""A model's shape as the performance model sees it: sizes and parameter counts, no weights
+(from a config in the pytest process, or measured on the built model in a rank)."""
 
 from __future__ import annotations
 
@@ -95,7 +94,6 @@ class ModelShape:
 
 
 def kv_cache_bytes(shape: ModelShape, batch: int, seq_length: int, dtype_bytes: int) -> float:
-    """The static KV cache, read whole every decode step: keys and values of every query group,
-    layer and position."""
+    """The static KV cache, read whole every decode step."""
     per_layer = 2 * batch * shape.n_query_groups * shape.head_size * seq_length * dtype_bytes
     return float(shape.n_layer * per_layer)

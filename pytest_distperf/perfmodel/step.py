@@ -1,6 +1,6 @@
 """One step of one rank, decode and training alike: what a strategy's cost receives (`StepInput`)
 and returns (`StepCost`), the interface its record implements (`StrategyModel`), and the counted
-collectives charged in place of the expected ones (the sum: `predict.predict_step`)."""
+collectives charged in place of the expected ones."""
 
 from __future__ import annotations
 
@@ -33,16 +33,15 @@ SAME_BYTES = 0.01  # counts are exact; bytes may differ by rounding to whole ele
 class StepInput:
     """One step of one data-parallel rank: a decode step is one forward of `batch_size` rows of
     one token over a KV cache of `seq_length`; a training step a forward and a backward of
-    `batch_size` sequences of `seq_length` tokens. `comm_bytes` per element the collectives
-    move (training under bf16-mixed: 2, the caller's choice), `param_bytes` per parameter."""
+    `batch_size` sequences of `seq_length` tokens."""
 
     shape: ModelShape
     devices: int
     device_type: str  # "cuda" or "cpu": a strategy may be built differently on each
     batch_size: int
     seq_length: int
-    param_bytes: int
-    comm_bytes: int
+    param_bytes: int  # per parameter
+    comm_bytes: int  # per element the collectives move (training under bf16-mixed: 2)
     links: Links
     overheads: Overheads
     training: bool = False
@@ -52,8 +51,7 @@ class StepInput:
         return 2 if self.training else 1
 
     @property
-    def tokens_per_row(self) -> int:
-        """Tokens of each row one pass computes: one per decode step, the sequence in training."""
+    def tokens_per_row(self) -> int:  # one per decode step, the whole sequence in training
         return self.seq_length if self.training else 1
 
 
@@ -76,9 +74,8 @@ class Collective:
 
 @dataclass(frozen=True)
 class StepCost:
-    """A strategy's own share of one step beyond the compute: its collectives in issue order,
-    and its wrapper's host work (`units` x `unit_s` every pass, plus `collective_s` per gather
-    or reduction, and copies in and out of their buffers when `copies`)."""
+    """A strategy's own share of one step beyond the compute: its collectives in issue order, and
+    its wrapper's host work (`units` x `unit_s` a pass, `collective_s` a gather or reduction)."""
 
     implementation: str
     collectives: tuple[Collective, ...]
@@ -87,7 +84,7 @@ class StepCost:
     units: int = 0
     unit_s: float = 0.0
     collective_s: float = 0.0
-    copies: bool = False
+    copies: bool = False  # copies in and out of the gathers' and reductions' buffers
     moved: dict[str, float] = field(default_factory=dict)  # bytes beyond the collectives'
     # Share of the single-rank compute (tensor parallel: its shard of the weights) and of the
     # optimizer's update (sharded: its shard) this rank does; of the compute the transfers may
@@ -99,19 +96,18 @@ class StepCost:
 
 @dataclass(frozen=True)
 class StepWork:
-    """A step's single-rank work before any strategy (terms, bytes, notes), and a decode's
-    measured prefill: (its seconds, one step's, the tokens its excess is spread over)."""
+    """A step's single-rank work before any strategy."""
 
     terms: dict[str, float]
     moved: dict[str, float]
     notes: tuple[str, ...]
+    # A decode's measured prefill: (its seconds, one step's, the tokens its excess is spread over).
     prefill: tuple[float, float, int] | None = None
 
 
 @runtime_checkable
 class StrategyModel(Protocol):
-    """A strategy as the predictions and message sizes see it; the pure records
-    (`pytest_distperf.strategies.StrategyRecord`) implement it."""
+    """A strategy as the predictions see it; `strategies.StrategyRecord` implements it."""
 
     @property
     def name(self) -> str: ...
@@ -130,9 +126,6 @@ class StrategyModel(Protocol):
     def message_sizes(self, config: ModelShape, dtype_bytes: int, batch: int) -> MessageSizes: ...
 
 
-# --------------------------------------------------------------------------- counted collectives
-
-
 def expected_collectives(cost: StepCost) -> dict[str, tuple[float, float]]:
     """What `cost` charges per token (training: per step) by kind, a pipeline's as "send/recv"."""
     kinds: dict[str, tuple[float, float]] = {}
@@ -146,9 +139,8 @@ def expected_collectives(cost: StepCost) -> dict[str, tuple[float, float]]:
 def charged_collectives(
     cost: StepCost, counted: Collectives, per: str
 ) -> tuple[tuple[Collective, ...], tuple[str, ...]]:
-    """The collectives to charge, and a note when they are not the expected ones: the counted
-    all-gathers, all-reduces and reduce-scatters where they differ from what `cost` charges,
-    under the terms it names them by; a pipeline's hops stay its own (docs/perfmodel.md)."""
+    """The collectives to charge: the counted ones (not a pipeline's hops) where they differ from
+    what `cost` charges, under its terms' names, with a note saying so (docs/perfmodel.md)."""
     charged = {k: v for k, v in counted.items() if k in CHARGED_AS and v[0] > 0}
     expected = {k: v for k, v in expected_collectives(cost).items() if k in CHARGED_AS}
     if _same_collectives(expected, charged):
@@ -176,13 +168,10 @@ def describe(collectives: Collectives) -> str:
 
 def _same_collectives(expected: Collectives, counted: Collectives) -> bool:
     """The same kinds, calls and (within `SAME_BYTES`) bytes."""
-    if expected.keys() != counted.keys():
-        return False
-    for kind, (calls, nbytes) in expected.items():
-        counted_calls, counted_bytes = counted[kind]
-        if calls != counted_calls or abs(counted_bytes - nbytes) > SAME_BYTES * max(nbytes, 1.0):
-            return False
-    return True
+    return expected.keys() == counted.keys() and all(
+        calls == counted[kind][0] and abs(counted[kind][1] - nbytes) <= SAME_BYTES * max(nbytes, 1)
+        for kind, (calls, nbytes) in expected.items()
+    )
 
 
 def _size(nbytes: float) -> str:

@@ -1,6 +1,5 @@
-"""A training step (forward, backward, AdamW), terms in SECONDS PER STEP (`predict_train`): the
-compute every strategy pays (measured, or model FLOPs at the matmul rate plus AdamW's traffic)
-and the sizes worth calibrating; docs/perfmodel.md ("Training step")."""
+"""A training step (forward, backward, AdamW), terms in SECONDS PER STEP (`predict_train`), and
+the sizes worth calibrating; docs/perfmodel.md ("Training step")."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ ADAMW_ACCESSES = 7
 
 
 def flops_split(shape: ModelShape, batch_size: int, seq_length: int) -> tuple[float, float]:
-    """(blocks, head) model FLOPs of one training step: what tensor parallelism splits and what
-    every rank computes whole."""
+    """(blocks, head) model FLOPs of one training step: what tensor parallelism splits, and not."""
     tokens = batch_size * seq_length
     blocks = shape.n_layer * shape.block_param_count()
     attention = 12 * shape.n_layer * shape.n_head * shape.head_size * seq_length * tokens
@@ -37,16 +35,15 @@ def flops_split(shape: ModelShape, batch_size: int, seq_length: int) -> tuple[fl
 
 
 def model_flops_per_step(shape: ModelShape, batch_size: int, seq_length: int) -> float:
-    """PaLM/Megatron "model FLOPs" of one training step of one data-parallel rank's batch, what
-    MFU divides by: 6 x parameters (blocks and head; the embedding lookup is no matmul) x
-    tokens, plus the attention matmuls 12 x n_layer x n_head x head_size x seq_length x tokens,
-    not halved for the causal mask (as PaLM counts them); no recomputation, no optimizer."""
+    """PaLM/Megatron "model FLOPs" of one data-parallel rank's training step, what MFU divides by:
+    6 x parameters (not the embedding lookup) x tokens, plus the attention matmuls not halved for
+    the causal mask (as PaLM counts them); no recomputation, no optimizer."""
     blocks, head = flops_split(shape, batch_size, seq_length)
     return blocks + head
 
 
 def adamw_bytes(shape: ModelShape, param_bytes: int) -> float:
-    """Bytes AdamW moves to update every parameter once (`ADAMW_ACCESSES` x param_bytes each)."""
+    """Bytes AdamW moves to update every parameter once."""
     params = shape.n_layer * shape.block_param_count() + shape.non_block_param_count()
     return float(ADAMW_ACCESSES * params * param_bytes)
 
@@ -98,19 +95,17 @@ def predict_train(
     counted_collectives: Collectives | None = None,
 ) -> Prediction:
     """Predicted training tokens/sec of `record`'s strategy on `devices` ranks; terms in
-    seconds per step. `counted_collectives`: kind -> (calls, bytes) per step counted in the
-    ranks, charged where they differ from the model's."""
+    seconds per step, `counted_collectives` per step."""
     if record.train_refusal:
         raise ValueError(f"strategy {record.name!r} cannot train: {record.train_refusal}")
-    counts = {"batch_size": batch_size, "seq_length": seq_length}
-    check_step(devices, counts | {"param_bytes": param_bytes, "comm_bytes": comm_bytes}, {})
     if step_compute_s is None and matmul_flops_per_s is None:
         raise ValueError(
             f"strategy {record.name!r}: a training prediction needs step_compute_s (a measured "
             "single-process step) or matmul_flops_per_s (a measured matmul rate); got neither"
         )
+    counts = {"batch_size": batch_size, "seq_length": seq_length, "param_bytes": param_bytes}
     figures = {"step_compute_s": step_compute_s, "matmul_flops_per_s": matmul_flops_per_s}
-    check_step(devices, {}, figures)
+    check_step(devices, counts | {"comm_bytes": comm_bytes}, figures)
     x = StepInput(shape, devices, device_type, batch_size, seq_length, param_bytes, comm_bytes,
                   links, overheads, training=True)  # fmt: skip
     work = _train_work(x, step_compute_s, matmul_flops_per_s)
@@ -127,8 +122,7 @@ def train_message_sizes(
     seq_length: int,
 ) -> MessageSizes:
     """The collective sizes a training step really uses under `records` (those that can train):
-    a latency probe, then one call of each collective of each record's step, under the figures
-    that time it (a reduce-scatter: an all-gather's)."""
+    a latency probe and one call of each collective, under the figures that time it."""
     if devices < 1:
         raise ValueError(f"devices must be >= 1, got {devices}")
     sizes = {"all_gather": {LATENCY_PROBE_BYTES}, "all_reduce": {LATENCY_PROBE_BYTES}, "p2p": set()}

@@ -1,17 +1,15 @@
 """What links join a run's devices: probed or loaded, as a frozen `Topology` whose `key()` names
-the kind of machine for baselines. No torch, no pytest; `pynvml` only inside `probe_nvml`."""
+the kind of machine for baselines. No torch, no pytest; `pynvml` only inside the NVML probes."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import replace
 
 from pytest_distperf.topology.files import load_nvidia_smi_topo, load_topology
 from pytest_distperf.topology.host import host_facts, probe_cpu
 from pytest_distperf.topology.model import UNKNOWN, Device, Link, Network, Topology, TopologyError
 from pytest_distperf.topology.nvml import probe_nvml
-from pytest_distperf.topology.smi import parse_nvidia_smi_topo, probe_nvidia_smi
+from pytest_distperf.topology.smi import parse_nvidia_smi_topo
 
 __all__ = [
     "Device",
@@ -29,8 +27,8 @@ __all__ = [
 
 
 def probe(accelerator: str, device_count: int) -> Topology:
-    """The topology of `device_count` devices; never raises. CUDA: NVML, else `nvidia-smi`,
-    else "unknown" links whose notes say what failed (a verdict then declines to judge)."""
+    """The topology of `device_count` devices; never raises. CUDA: NVML, else "unknown" links
+    whose notes say what failed (a verdict then declines to judge)."""
     accel = accelerator.strip().lower() if isinstance(accelerator, str) else ""
     if not re.fullmatch(r"[a-z][a-z0-9]*", accel):
         accel = UNKNOWN
@@ -38,33 +36,21 @@ def probe(accelerator: str, device_count: int) -> Topology:
         if accel == "cpu":
             return probe_cpu(device_count)
         if accel != "cuda":
-            return _degraded(
-                accel, device_count, [f"no link probe for accelerator {accelerator!r}"]
-            )
-        indices = list(range(device_count))
-        failures = []
-        try:
-            return probe_nvml(indices)
-        except Exception as exc:  # noqa: BLE001 - any NVML failure means: try the next probe
-            failures.append(f"NVML unavailable: {_describe(exc)}")
-        try:
-            found = probe_nvidia_smi(indices)
-            return replace(found, notes=tuple(failures) + found.notes)
-        except FileNotFoundError:
-            failures.append("nvidia-smi not found")
-        except Exception as exc:  # noqa: BLE001
-            failures.append(f"nvidia-smi failed: {_describe(exc)}")
-        return _degraded(accel, device_count, ["; ".join(failures) + "; link classes unknown"])
-    except Exception as exc:  # noqa: BLE001 - the last resort behind "never raises"
-        return _degraded(accel, device_count, [f"topology probe failed: {_describe(exc)}"])
+            return _degraded(accel, device_count, f"no link probe for accelerator {accelerator!r}")
+        return probe_nvml(list(range(device_count)))
+    except Exception as exc:  # noqa: BLE001 - "never raises": the note says what failed
+        if accel == "cuda":
+            note = f"NVML unavailable: {_describe(exc)}; link classes unknown"
+            return _degraded(accel, device_count, note)
+        return _degraded(accel, device_count, f"topology probe failed: {_describe(exc)}")
 
 
-def _degraded(accelerator: str, device_count: int, notes: Iterable[str]) -> Topology:
+def _degraded(accelerator: str, device_count: int, note: str) -> Topology:
     n = max(device_count, 0)
     _, cpus, sockets = host_facts()
     devices = tuple(Device(index=i, name=UNKNOWN, memory_bytes=0) for i in range(n))
     links = tuple(Link(a, b, UNKNOWN) for a in range(n) for b in range(a + 1, n))
-    return Topology(accelerator, devices, links, "none", cpus, sockets, tuple(notes))
+    return Topology(accelerator, devices, links, "none", cpus, sockets, (note,))
 
 
 def _describe(exc: BaseException) -> str:

@@ -32,17 +32,12 @@ def _fit(topology: Topology, expected_devices: int | None, path: Path) -> Topolo
         raise TopologyFileError(
             f"topology file {path} describes {n} devices but the run uses {expected_devices}"
         )
-    keep = topology.indices[:expected_devices]
-    return replace(
-        topology,
-        devices=tuple(d for d in topology.devices if d.index in keep),
-        links=tuple(link for link in topology.links if link.a in keep and link.b in keep),
-        notes=topology.notes
-        + (
-            f"topology file {path} describes {n} devices; the run uses {expected_devices}, "
-            f"so only the first {expected_devices} ({', '.join(map(str, keep))}) are kept",
-        ),
+    kept = topology.first(expected_devices)
+    note = (
+        f"topology file {path} describes {n} devices; the run uses {expected_devices}, "
+        f"so only the first {expected_devices} ({', '.join(map(str, kept.indices))}) are kept"
     )
+    return replace(kept, notes=(*kept.notes, note))
 
 
 def load_topology(path: str | os.PathLike[str], expected_devices: int | None = None) -> Topology:
@@ -50,18 +45,13 @@ def load_topology(path: str | os.PathLike[str], expected_devices: int | None = N
     p = Path(path)
     text = _read_file(p)
     try:
-        data = json.loads(text)
+        topology = Topology.from_dict(json.loads(text))
     except json.JSONDecodeError as exc:
         raise TopologyFileError(f"topology file {p} is not JSON: {exc}") from None
-    try:
-        topology = Topology.from_dict(data)
     except ValueError as exc:
         raise TopologyFileError(f"topology file {p} has the wrong shape: {exc}") from None
-    topology = replace(
-        topology,
-        source=f"file:{p}",
-        notes=topology.notes + (f"loaded from {p}; first probed via {topology.source}",),
-    )
+    note = f"loaded from {p}; first probed via {topology.source}"
+    topology = replace(topology, source=f"file:{p}", notes=(*topology.notes, note))
     return _fit(topology, expected_devices, p)
 
 

@@ -1,64 +1,43 @@
 """How many CUDA devices torch would see, counted without importing torch (seconds at collection):
-NVML, then `nvidia-smi -L`, then torch only where both fail with a driver (a MIG slice)."""
+NVML, then torch only where NVML fails with a driver there (a MIG slice)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import re
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from pytest_distperf.topology.cuda import as_text, resolve_visible_devices
-from pytest_distperf.topology.smi import run_nvidia_smi
-
-_SMI_GPU_LINE = re.compile(r"^GPU \d+: .*\(UUID: (GPU-[0-9a-fA-F-]+)\)", re.MULTILINE)
-
-
-class NoDriver(Exception):
-    """Neither NVML's library nor `nvidia-smi` exists here: no NVIDIA GPU can be in use."""
+from pytest_distperf.topology.nvml import as_text, resolve_visible_devices
 
 
 def visible_gpus(environ: Mapping[str, str] = os.environ) -> int:
     """CUDA devices torch would count here (0 with a CPU-only torch build)."""
     if not torch_has_cuda():
         return 0
-    failures = 0
-    for uuids in (_nvml_uuids, _smi_uuids):
-        try:  # ValueError for a MIG slice
-            return len(resolve_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), uuids())[0])
-        except NoDriver:
-            continue
-        except Exception:  # noqa: BLE001 - any other trouble: let torch answer
-            failures += 1
-    return _torch_count() if failures else 0
+    try:  # ValueError for a MIG slice
+        uuids = _nvml_uuids()
+        if uuids is None:  # no driver: no NVIDIA GPU can be in use
+            return 0
+        return len(resolve_visible_devices(environ.get("CUDA_VISIBLE_DEVICES"), uuids)[0])
+    except Exception:  # noqa: BLE001 - any other trouble: let torch answer
+        return _torch_count()
 
 
-def _nvml_uuids() -> list[str]:
+def _nvml_uuids() -> list[str] | None:
+    """The GPUs' UUIDs in NVML's (PCI) order; None where NVML's library is not installed."""
     import pynvml
 
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError_LibraryNotFound:
-        raise NoDriver from None
+        return None
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         return [as_text(pynvml.nvmlDeviceGetUUID(handle)) for handle in handles]
     finally:
         pynvml.nvmlShutdown()
-
-
-def _smi_uuids() -> list[str]:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise NoDriver
-    return parse_nvidia_smi_l(run_nvidia_smi(exe, "-L"))
-
-
-def parse_nvidia_smi_l(text: str) -> list[str]:
-    """The GPUs' UUIDs from `nvidia-smi -L`, in its (PCI) order; MIG lines are left out."""
-    return _SMI_GPU_LINE.findall(text)
 
 
 def _torch_count() -> int:

@@ -1,5 +1,4 @@
-"""Facts about the CPU host (model, usable CPUs, sockets, memory; the GPU probes record them
-too) and the CPU-rank topology."""
+"""Facts about the CPU host (model, usable CPUs, sockets, memory) and the CPU-rank topology."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from pytest_distperf.jsonfields import NUMBER, get_field, json_object
@@ -21,12 +21,13 @@ UNKNOWN = "unknown"
 _RANK = {"PIX": 6, "PXB": 5, "PHB": 4, "NODE": 3, "SYS": 2, LOOPBACK: 1, UNKNOWN: 0}
 _NV_BASE_RANK = 100  # every NVLink bundle beats every PCIe path; more links beat fewer
 _NV_RE = re.compile(r"NV(\d+)")
-# JSON kinds of the Device and Link fields that are not counts.
+# JSON kinds of the Device, Link and Network fields that are not counts.
 _KINDS = {"name": str, "bus_id": str, "link_class": str, "p2p_supported": bool}
+_KINDS |= {"busbw": NUMBER, "latency_s": NUMBER, "measured_by": str}
 
 
 class TopologyError(ValueError):
-    """Base of the topology errors, so callers can catch both parse and file problems at once."""
+    """Base of the topology errors: parse and file problems."""
 
 
 class TopologyParseError(TopologyError):
@@ -53,7 +54,7 @@ def link_rank(link_class: str) -> int:
 @dataclass(frozen=True)
 class Device:
     """One device of the run under the CUDA index it uses (a parsed file's: nvidia-smi's GPU
-    number). Unknown: None, `memory_bytes` 0 (CPU ranks: the host's, shared), `name` "unknown"."""
+    number). Unknown: None, `memory_bytes` 0, `name` "unknown"."""
 
     index: int
     name: str
@@ -81,10 +82,9 @@ class Link:
             raise ValueError(f"a link joins two devices, got {self.a} twice")
         link_rank(self.link_class)  # validates the class
         # Undirected: storing a < b makes equal links compare equal whoever was asked first.
-        if self.a > self.b:
-            a, b = self.b, self.a
-            object.__setattr__(self, "a", a)
-            object.__setattr__(self, "b", b)
+        a, b = sorted((self.a, self.b))
+        object.__setattr__(self, "a", a)
+        object.__setattr__(self, "b", b)
         m = _NV_RE.fullmatch(self.link_class)
         if m:
             count = int(m.group(1))
@@ -106,8 +106,7 @@ class Link:
 
 @dataclass(frozen=True)
 class Network:
-    """The network between a job's nodes as the calibration measured it (None: not yet);
-    never part of the key (measurements, not the kind of machine)."""
+    """The network between a job's nodes as the calibration measured it (None: not yet)."""
 
     busbw: float | None = None  # bytes/s: bus bandwidth of the largest calibrated all-gather
     latency_s: float | None = None  # a small all-gather across the nodes
@@ -130,9 +129,8 @@ class Network:
 
 @dataclass(frozen=True)
 class Topology:
-    """Devices of one run and the link between every pair. `source`: "nvml", "nvidia-smi",
-    "cpu", "none", "file:<path>" or "nvidia-smi-topo:<path>"; `host_cpus`, `sockets` 0 when
-    unknown. Over several `nodes`, devices and links are one node's; `network` joins them."""
+    """Devices of one run and the link between every pair (`source`: where from); `host_cpus`,
+    `sockets` 0 when unknown. Over several `nodes`, devices and links are one node's."""
 
     accelerator: str
     devices: tuple[Device, ...]
@@ -185,11 +183,16 @@ class Topology:
     def link(self, a: int, b: int) -> Link:
         if a == b:
             raise ValueError(f"device {a} has no link to itself")
-        lo, hi = min(a, b), max(a, b)
         for link in self.links:
-            if link.a == lo and link.b == hi:
+            if (link.a, link.b) == (min(a, b), max(a, b)):
                 return link
         raise KeyError(f"no link between devices {a} and {b} (devices: {self.indices})")
+
+    def first(self, n: int) -> Topology:
+        """The topology of the first `n` devices alone, as a run of `n` ranks uses them."""
+        keep = set(self.indices[:n])
+        links = tuple(link for link in self.links if link.a in keep and link.b in keep)
+        return replace(self, devices=tuple(d for d in self.devices if d.index in keep), links=links)
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -202,9 +205,8 @@ class Topology:
         return min(self.links, key=lambda link: (link.rank, link.a, link.b))
 
     def key(self) -> str:
-        """A filesystem-safe fingerprint of what performance depends on (accelerator, device model
-        and count, link classes; the CPU count where ranks share cores, the node count over a
-        network); never host names, bus ids or the current PCIe generation (it drops at idle)."""
+        """A filesystem-safe fingerprint of what performance depends on; never host names, bus ids
+        or the current PCIe generation (it drops at idle)."""
         counts = Counter(link.link_class for link in self.links)
         classes = sorted(counts, key=lambda c: (-link_rank(c), c))
         parts = [self.accelerator, _slug(self.device_model), f"x{self.device_count}"]
@@ -234,42 +236,27 @@ class Topology:
     @classmethod
     def from_dict(cls, data: Any) -> Topology:
         """Inverse of `to_dict`; raises ValueError saying which field is wrong."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        data = json_object(data, "topology")
         if "schema" not in data:
             raise ValueError("no 'schema' field (not a topology written by pytest-distperf?)")
         if data["schema"] != SCHEMA:
             raise ValueError(
                 f"schema {data['schema']!r} is not supported (this version reads {SCHEMA})"
             )
-        devices_raw = get_field(data, "devices", list, "topology")
-        links_raw = get_field(data, "links", list, "topology")
         notes = get_field(data, "notes", list, "topology", default=[])
         if not all(isinstance(n, str) for n in notes):
             raise ValueError("'notes' must be a list of strings")
-        links = []
-        for i, raw in enumerate(links_raw):
-            values = _fields(Link, raw, f"links[{i}]")
-            try:
-                links.append(Link(**values))
-            except ValueError as exc:
-                raise ValueError(f"links[{i}]: {exc}") from None
         network = get_field(data, "network", Mapping, "topology", default={})
         return cls(
             accelerator=get_field(data, "accelerator", str, "topology"),
-            devices=tuple(
-                Device(**_fields(Device, d, f"devices[{i}]")) for i, d in enumerate(devices_raw)
-            ),
-            links=tuple(links),
+            devices=_records(Device, data, "devices"),
+            links=_records(Link, data, "links"),
             source=get_field(data, "source", str, "topology"),
             host_cpus=get_field(data, "host_cpus", int, "topology", default=0),
             sockets=get_field(data, "sockets", int, "topology", default=0),
             notes=tuple(notes),
             nodes=get_field(data, "nodes", int, "topology", default=1),
-            network=Network(
-                *(_optional_number(network, name) for name in ("busbw", "latency_s")),
-                get_field(network, "measured_by", str, "network", default=""),
-            ),
+            network=_record(Network, network, "network"),
         )
 
     def matrix(self, cell: Callable[[int, int], str] | None = None, diagonal: str = " X") -> str:
@@ -287,8 +274,13 @@ class Topology:
         return "\n".join(lines) + "\n"
 
 
-def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
-    """A Device's or Link's fields from JSON: required without a default, optional if None."""
+def _records(cls: type[Any], data: Mapping[str, Any], name: str) -> tuple[Any, ...]:
+    items = get_field(data, name, list, "topology")
+    return tuple(_record(cls, raw, f"{name}[{i}]") for i, raw in enumerate(items))
+
+
+def _record(cls: type[Any], raw: Any, where: str) -> Any:
+    """A Device, Link or Network from JSON: required without a default, optional if None."""
     data = json_object(raw, where)
     values = {}
     for f in fields(cls):
@@ -297,12 +289,10 @@ def _fields(cls: type, raw: Any, where: str) -> dict[str, Any]:
             values[f.name] = get_field(data, f.name, kind, where, optional=f.default is None)
         else:
             values[f.name] = get_field(data, f.name, kind, where, default=f.default)
-    return values
-
-
-def _optional_number(data: Mapping[str, Any], name: str) -> float | None:
-    value = get_field(data, name, NUMBER, "network", optional=True)
-    return None if value is None else float(value)
+    try:
+        return cls(**values)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _slug(text: str) -> str:

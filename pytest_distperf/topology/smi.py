@@ -1,18 +1,11 @@
-"""The `nvidia-smi` side: the (pure) parser of `topo -m` text, and the probe that runs it where
-NVML's Python binding fails."""
+"""The (pure) parser of `nvidia-smi topo -m` text, as saved from a machine."""
 
 from __future__ import annotations
 
 import contextlib
 import re
-import shutil
-import subprocess
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
 
-from pytest_distperf.topology.cuda import normal_bus_id, run_devices
-from pytest_distperf.topology.host import host_facts
 from pytest_distperf.topology.model import (
     LOOPBACK,
     UNKNOWN,
@@ -22,8 +15,6 @@ from pytest_distperf.topology.model import (
     TopologyParseError,
     link_rank,
 )
-
-NVIDIA_SMI_TIMEOUT_S = 10.0
 
 # Piped or saved copies can carry terminal colour codes; the parser strips them.
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -138,103 +129,3 @@ def _find_header(lines: Sequence[str]) -> int | None:
         if tokens and _GPU_LABEL_RE.fullmatch(tokens[0]) and (len(tokens) < 2 or tokens[1] != "X"):
             return n
     return None
-
-
-def _int_or_none(value: Any) -> int | None:
-    try:
-        return int(str(value).strip().strip("[]"))
-    except ValueError:
-        return None
-
-
-# --------------------------------------------------------------------------- running nvidia-smi
-
-_QUERY_FIELDS = (
-    "index",
-    "uuid",
-    "name",
-    "memory.total",
-    "pci.bus_id",
-    "pcie.link.gen.max",
-    "pcie.link.gen.current",
-    "pcie.link.width.max",
-    "pcie.link.width.current",
-)
-
-
-def run_nvidia_smi(exe: str, *args: str) -> str:
-    try:
-        done = subprocess.run(
-            [exe, *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(
-            f"`nvidia-smi {' '.join(args)}` did not answer in {NVIDIA_SMI_TIMEOUT_S:g} s"
-        ) from None
-    if done.returncode != 0:
-        detail = (done.stderr or done.stdout or "").strip().splitlines()
-        raise RuntimeError(
-            f"`nvidia-smi {' '.join(args)}` exited with {done.returncode}"
-            + (f": {detail[0]}" if detail else "")
-        )
-    return done.stdout
-
-
-def _parse_query(text: str) -> dict[int, dict[str, str]]:
-    rows: dict[int, dict[str, str]] = {}
-    for line in text.splitlines():
-        values = [v.strip() for v in line.split(",")]
-        if len(values) != len(_QUERY_FIELDS) or not values[0].isdigit():
-            continue
-        rows[int(values[0])] = dict(zip(_QUERY_FIELDS, values, strict=True))
-    return rows
-
-
-def probe_nvidia_smi(indices: Sequence[int] | None = None) -> Topology:
-    """Links from `nvidia-smi topo -m`, names, memory and PCIe from `--query-gpu` where it
-    works. Raises FileNotFoundError, RuntimeError (it failed) or TopologyParseError."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        raise FileNotFoundError("nvidia-smi not found on PATH")
-    parsed = parse_nvidia_smi_topo(run_nvidia_smi(exe, "topo", "-m"))
-    notes = list(parsed.notes)
-    try:
-        query = _parse_query(
-            run_nvidia_smi(
-                exe, f"--query-gpu={','.join(_QUERY_FIELDS)}", "--format=csv,noheader,nounits"
-            )
-        )
-    except RuntimeError as exc:
-        query = {}
-        notes.append(f"GPU names unknown: {exc}")
-    count = max(parsed.indices) + 1
-    # Without the query no UUIDs are known, so UUID entries in CUDA_VISIBLE_DEVICES match nothing.
-    uuids = [query.get(i, {}).get("uuid", "") for i in range(count)]
-    visible, wanted, run_notes = run_devices(uuids, indices, parsed.indices)
-    devices = []
-    for cuda_index in wanted:
-        row = query.get(visible[cuda_index])
-        if row is None:
-            devices.append(Device(index=cuda_index, name=UNKNOWN, memory_bytes=0))
-            continue
-        mib = _int_or_none(row["memory.total"])
-        devices.append(
-            Device(
-                index=cuda_index,
-                name=row["name"],
-                memory_bytes=mib * 1024 * 1024 if mib is not None else 0,
-                pcie_gen_max=_int_or_none(row["pcie.link.gen.max"]),
-                pcie_gen_current=_int_or_none(row["pcie.link.gen.current"]),
-                pcie_width_max=_int_or_none(row["pcie.link.width.max"]),
-                pcie_width_current=_int_or_none(row["pcie.link.width.current"]),
-                bus_id=normal_bus_id(row["pci.bus_id"]),
-            )
-        )
-    links = [
-        replace(parsed.link(visible[a], visible[b]), a=a, b=b)
-        for n, a in enumerate(wanted)
-        for b in wanted[n + 1 :]
-    ]
-    notes = run_notes + notes
-    _, cpus, sockets = host_facts()
-    return Topology("cuda", tuple(devices), tuple(links), "nvidia-smi", cpus, sockets, tuple(notes))
