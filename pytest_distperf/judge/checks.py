@@ -4,10 +4,11 @@ carries its figures too), each check's typed figures, the settings and the `Deci
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pytest_distperf.judge.stats import Verdict, compare_memory
+from pytest_distperf.judge.stats import Verdict
 from pytest_distperf.store.entry import BaselineEntry
 
 
@@ -154,16 +155,32 @@ class GateSettings:
 
 
 def memory_check(
-    entry: BaselineEntry | None, peak_bytes: int, settings: GateSettings, exact: bool = True
+    entry: BaselineEntry | None, peak_bytes: int | None, settings: GateSettings, exact: bool = True
 ) -> Check:
-    """`exact`: an allocator peak (CUDA). A process RSS peak (CPU ranks) moves between identical
-    runs far more, so it only warns."""
-    if entry is None or entry.peak_memory_bytes is None:
+    """Peak memory against the baseline's. `exact`: an allocator peak (CUDA); a process RSS peak
+    (CPU ranks) moves between identical runs far more, so it only warns."""
+    stored = None if entry is None else entry.peak_memory_bytes
+    if stored is None:
         return Check("memory", CheckStatus.NOTE, "no baseline peak memory")
-    problem = compare_memory(entry.peak_memory_bytes, peak_bytes, settings.memory_tolerance)
-    if problem:
-        return Check("memory", CheckStatus.FAIL if exact else CheckStatus.WARN, problem)
-    return Check("memory", CheckStatus.OK, "peak memory within tolerance")
+    tolerance, now = settings.memory_tolerance, peak_bytes or 0
+    growth = now / stored - 1.0 if stored else math.inf if now else 0.0
+    if growth <= tolerance:
+        return Check("memory", CheckStatus.OK, "peak memory within tolerance")
+    growth_text = "from nothing" if math.isinf(growth) else f"by {growth:.1%}"
+    problem = (
+        f"peak memory grew {growth_text} (tolerance {tolerance:.1%}): measured "
+        f"{format_bytes(now)} vs baseline {format_bytes(stored)}"
+    )
+    return Check("memory", CheckStatus.FAIL if exact else CheckStatus.WARN, problem)
+
+
+def format_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.3g} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{value:.3g} TiB"
 
 
 def skipped_check(name: CheckName, why: str) -> Check:

@@ -159,16 +159,11 @@ def _quantiles(sorted_values: list[float], n: int) -> list[float]:
     return [float(q) for q in np.quantile(sorted_values, positions, method="hazen")]
 
 
-def mann_whitney_floor(n_baseline: int, n_current: int) -> float:
-    """Smallest one-sided p-value the exact Mann-Whitney U test can produce (no ties)."""
-    return 1.0 / math.comb(n_baseline + n_current, n_current)
-
-
 def choose_method(n_baseline: int, n_current: int, alpha: float) -> Method:
     # Mann-Whitney U needs no distributional assumption (stalls skew throughput), but its exact
     # p cannot fall below 1 / C(n1 + n2, n1); where that is above alpha, a t-test on log rates
     # (a slowdown is multiplicative), pooled when one side has a single sample.
-    if mann_whitney_floor(n_baseline, n_current) <= alpha:
+    if 1.0 / math.comb(n_baseline + n_current, n_current) <= alpha:
         return "mann-whitney"
     if n_baseline >= 2 and n_current >= 2:
         return "welch-log"
@@ -247,31 +242,3 @@ def _t_test_log(base: list[float], cur: list[float], *, pooled: bool, slower: bo
             alternative="less" if slower else "greater",
         )
     return float(result.pvalue)
-
-
-def compare_memory(
-    baseline_bytes: int | None, current_bytes: int | None, tolerance: float = 0.10
-) -> str | None:
-    """Why peak memory grew beyond ``tolerance``, else None (also where either is unknown)."""
-    if baseline_bytes is None or current_bytes is None:
-        return None
-    if baseline_bytes == 0:
-        growth = math.inf if current_bytes > 0 else 0.0
-    else:
-        growth = current_bytes / baseline_bytes - 1.0
-    if growth <= tolerance:
-        return None
-    growth_text = "from nothing" if math.isinf(growth) else f"by {growth:.1%}"
-    return (
-        f"peak memory grew {growth_text} (tolerance {tolerance:.1%}): measured "
-        f"{format_bytes(current_bytes)} vs baseline {format_bytes(baseline_bytes)}"
-    )
-
-
-def format_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.3g} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{value:.3g} TiB"
