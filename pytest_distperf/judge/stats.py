@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_distperf.judge.tolerance import checked_rates, recorded_level
+from pytest_distperf.judge.tolerance import recorded_level
+from pytest_distperf.store.entry import checked_numbers
 
 Verdict = Literal["ok", "regression", "improvement", "noisy"]
 Method = Literal["mann-whitney", "welch-log", "student-log", "none"]
@@ -86,8 +87,8 @@ def compare(
 ) -> Comparison:
     """ "regression" or "improvement" beyond ``tolerance`` and significant, "noisy" beyond it
     only, else "ok"; ``baseline`` already at the recorded level."""
-    base = checked_rates(baseline, "baseline")
-    cur = checked_rates(current, "current")
+    base = _rates(baseline, "baseline")
+    cur = _rates(current, "current")
     base_median = statistics.median(base)
     cur_median = statistics.median(cur)
     change = cur_median / base_median - 1.0
@@ -115,9 +116,16 @@ def compare(
     )
 
 
+def _rates(samples: Sequence[float], name: str) -> list[float]:
+    rates = checked_numbers(samples, "compare", name)
+    if not rates:
+        raise ValueError(f"compare: no {name} samples")
+    return list(rates)
+
+
 def at_level(samples: Sequence[float], run_medians: Sequence[float]) -> list[float]:
     """The latest recorded repeats rescaled to the recorded runs' level (recorded_level)."""
-    base = checked_rates(samples, "baseline")
+    base = _rates(samples, "baseline")
     scale = recorded_level(run_medians) / statistics.median(base) if run_medians else 1.0
     return [v * scale for v in base]
 
@@ -128,7 +136,7 @@ def detectable_drop(
     """Smallest relative drop `compare` would flag in a run with the baseline's noise slowed
     uniformly (its quantiles times 1 - d); inf when none below 100% is. The p-value falls
     monotonically with d, so bisection finds it."""
-    base = checked_rates(baseline, "baseline")
+    base = _rates(baseline, "baseline")
     method = choose_method(len(base), n_current, alpha)
     if tolerance >= 1.0 or method == "none":
         return math.inf

@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _rate(value: float) -> str:
+def rate_text(value: float) -> str:
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
@@ -167,7 +167,7 @@ _STYLES: dict[str, Callable[[Any], str]] = {
     "code": "`{}`".format,
     "text": str,
     "count": str,
-    "rate": _rate,
+    "rate": rate_text,
     "change": "{:+.1%}".format,
     "ratio": "{:.3f}".format,
     "verdict": _verdict,

@@ -90,7 +90,7 @@ class BaselineEntry:
         if not self.samples:
             raise ValueError(f"{test_id}: no samples")
         for name in ("samples", *_LIST_FIELDS):  # a wait may be zero: no wait at all
-            values = _numbers(getattr(self, name), test_id, name, zero=name in _WAIT_FIELDS)
+            values = checked_numbers(getattr(self, name), test_id, name, zero=name in _WAIT_FIELDS)
             object.__setattr__(self, name, values)
         if not is_count(self.n) or self.n != len(self.samples):
             raise ValueError(f"{test_id}: n={self.n!r} but there are {len(self.samples)} samples")
@@ -248,8 +248,8 @@ def relative_spread(samples: Iterable[float]) -> float:
     return MAD_TO_SIGMA * float(median_abs_deviation(values)) / statistics.median(values)
 
 
-def _numbers(
-    values: Iterable[object], test_id: str, name: str, zero: bool = False
+def checked_numbers(
+    values: Iterable[object], where: str, name: str, zero: bool = False
 ) -> tuple[float, ...]:
     """The values as floats; ValueError naming the first that is no finite positive number
     (`zero`: non-negative)."""
@@ -259,7 +259,7 @@ def _numbers(
         real = isinstance(value, numbers.Real) and not isinstance(value, bool)
         if not (real and math.isfinite(value) and value >= 0 and (zero or value)):
             kind = "non-negative" if zero else "positive"
-            raise ValueError(f"{test_id}: {name} must be {kind} numbers, got {value!r}")
+            raise ValueError(f"{where}: {name} must be {kind} numbers, got {value!r}")
         result.append(float(value))  # type: ignore[arg-type]
     return tuple(result)
 
@@ -267,7 +267,7 @@ def _numbers(
 def _rounded(
     values: Iterable[float], test_id: str, name: str, zero: bool = False
 ) -> tuple[float, ...]:
-    return tuple(_round(v) for v in _numbers(values, test_id, name, zero))
+    return tuple(_round(v) for v in checked_numbers(values, test_id, name, zero))
 
 
 def _round(value: float) -> float:
