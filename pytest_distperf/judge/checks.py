@@ -188,8 +188,7 @@ def skipped_check(name: CheckName, why: str) -> Check:
 
 
 def comparison_status(verdict: str, settings: GateSettings) -> CheckStatus:
-    """A stale (much faster) baseline warns unless --distperf-fail-on-improvement; a change
-    beyond the tolerance without statistical support only warns."""
+    """A verdict's status: a stale baseline warns unless --distperf-fail-on-improvement."""
     return {
         "ok": CheckStatus.OK,
         "regression": CheckStatus.FAIL,

@@ -93,7 +93,7 @@ class Gate:
                 param_bytes=PRECISION_BYTES[workload.precision],
                 comm_bytes=COMM_BYTES[workload.precision],
                 step_compute_s=result.reference_step_s,
-                matmul_flops_per_s=min(rates) if rates else None,  # the slowest rank's
+                matmul_flops_per_s=min(rates, default=None),  # the slowest rank's
                 **common,
             )
             return step, ""

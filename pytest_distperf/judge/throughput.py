@@ -67,8 +67,7 @@ def _against_runs(
     settings: GateSettings,
     **words: str,
 ) -> tuple[Tolerance, Comparison]:
-    """The tolerance the recorded runs allow, and the samples against the latest recorded
-    repeats at the runs' level."""
+    """The runs' tolerance, and the samples against the latest repeats at the runs' level."""
     accelerator = result.spec.accelerator
     tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
     comparison = compare(

@@ -141,13 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows = parse_report(json.loads(args.report.read_text(encoding="utf-8")), str(args.report))
-    except (OSError, ValueError) as error:  # ReportError included
-        reason = (
-            error
-            if isinstance(error, ReportError)
-            else f"cannot read report {args.report}: {error}"
-        )
-        parser.exit(2, f"{parser.prog}: error: {reason}\n")
+    except ReportError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"{parser.prog}: error: cannot read report {args.report}: {error}\n")
     # UTF-8 regardless of the runner's locale: the table uses a few non-ASCII characters.
     sys.stdout.buffer.write(render_markdown(rows, title=args.title).encode("utf-8"))
     sys.stdout.flush()

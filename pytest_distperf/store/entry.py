@@ -251,8 +251,7 @@ def relative_spread(samples: Iterable[float]) -> float:
 def checked_numbers(
     values: Iterable[object], where: str, name: str, zero: bool = False
 ) -> tuple[float, ...]:
-    """The values as floats; ValueError naming the first that is no finite positive number
-    (`zero`: non-negative)."""
+    """As floats; ValueError naming the first that is no finite positive (or `zero`) number."""
     result = []
     for value in values:
         # numbers.Real admits numpy scalars but not strings, which float() would accept.
