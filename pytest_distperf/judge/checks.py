@@ -141,17 +141,14 @@ class GateSettings:
     efficiency: float
     tolerance: float | None  # None: the rule on the recorded runs (judge/tolerance.py)
     alpha: float = 0.01
-    # Least settled tolerances (docs/gates.md); the throughput's None: its machine class's.
-    tolerance_floor: float | None = None
-    relative_tolerance_floor: float = 0.05
-    device_time_tolerance_floor: float = 0.05
-    # The least rise of the ranks' own off-CPU share that fails a slower run.
-    wait_share_floor: float = 0.05
-    memory_tolerance: float = 0.10
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
     gates: bool = True  # False: every check is reported, none fails the test (--distperf-gates)
     work_tolerance: float = 0.01  # bytes, ops, FLOPs and kernels; kinds and calls are exact
+
+
+# Peak memory's allowed growth (docs/gates.md).
+MEMORY_TOLERANCE = 0.10
 
 
 def memory_check(
@@ -162,7 +159,7 @@ def memory_check(
     stored = None if entry is None else entry.peak_memory_bytes
     if stored is None:
         return Check("memory", CheckStatus.NOTE, "no baseline peak memory")
-    tolerance, now = settings.memory_tolerance, peak_bytes or 0
+    tolerance, now = MEMORY_TOLERANCE, peak_bytes or 0
     growth = now / stored - 1.0 if stored else math.inf if now else 0.0
     if growth <= tolerance:
         return Check("memory", CheckStatus.OK, "peak memory within tolerance")

@@ -23,8 +23,10 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.stats import Comparison, at_level, compare, detectable_drop
 from pytest_distperf.judge.tolerance import (
     GROSS_DROP,
+    RELATIVE_FLOOR,
     RUNS_TO_SETTLE,
     THROUGHPUT_FLOOR,
+    WAIT_SHARE_FLOOR,
     Tolerance,
     run_tolerance,
 )
@@ -100,16 +102,14 @@ def baseline_check(
         hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
         return Check("baseline", status, f"{where}{hint}; {check.message}", check.figures)
     history = entry.run_medians or (entry.median,)
-    floor = settings.tolerance_floor
-    if floor is None:
-        floor = THROUGHPUT_FLOOR.get(result.spec.accelerator, THROUGHPUT_FLOOR["cpu"])
+    floor = THROUGHPUT_FLOOR.get(result.spec.accelerator, THROUGHPUT_FLOOR["cpu"])
     tolerance, comparison = _against_runs(samples, entry.samples, history, floor, result, settings)
     evidence = busy.busy_evidence(entry, result)
     level, rate = comparison.baseline_median, comparison.current_median
     cpu = busy.cpu_change(entry, result, evidence.core_slowdown)
     explained, excuse = busy.weigh(level, rate, tolerance.fails, evidence, cpu)
     shares = off_cpu_shares([r.samples for r in result.ranks])
-    waits = busy.wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
+    waits = busy.wait_figures(entry, shares, evidence, rate, WAIT_SHARE_FLOOR)
     status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
     lines = [line for line in (headline, comparison.message()) if line]
     rose = waits is not None and waits.rise - waits.outside_share > waits.tolerance
@@ -145,7 +145,7 @@ def relative_speed_check(
     if entry is None or not entry.relative_samples:
         message = "no baseline of the speed relative to the bare model"
         return Check("relative_speed", CheckStatus.NOTE, message)
-    recorded, floor = entry.relative_samples, settings.relative_tolerance_floor
+    recorded, floor = entry.relative_samples, RELATIVE_FLOOR
     history = entry.relative_run_medians or (statistics.median(recorded),)
     words = {"unit": "x bare", "subject": "relative speed"}
     tolerance, comparison = _against_runs(

@@ -18,8 +18,10 @@ SAFETY = 3.0
 GROSS_DROP = 0.5
 # A provisional baseline's change within this host drift of its machine class is a note.
 HOST_DRIFT = {"cpu": 0.40, "cuda": 0.20}
-# The least settled throughput tolerance of a machine class.
+# The least settled tolerance of the throughput (by machine class), the relative speed and the
+# device time per token; the least rise of the ranks' own off-CPU share that fails a slower run.
 THROUGHPUT_FLOOR = {"cpu": 0.20, "cuda": 0.10}
+RELATIVE_FLOOR = DEVICE_TIME_FLOOR = WAIT_SHARE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
