@@ -16,7 +16,7 @@ from typing import Any
 from pytest_distperf.jsonfields import NUMBER, get_field, json_object
 from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
 
-REPORT_SCHEMAS = (1,)
+REPORT_SCHEMA = 1  # what write_json_report (output/report.py) writes
 _PASSING = frozenset({"ok", "pass", "passed"})
 _TELLING = frozenset({CheckStatus.FAIL, CheckStatus.WARN})
 _MISSING = "–"
@@ -82,8 +82,8 @@ def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
             rows = document
         else:
             data = json_object(document, source)
-            schema = get_field(data, "schema", int, source, default=REPORT_SCHEMAS[-1])
-            if schema not in REPORT_SCHEMAS:
+            schema = get_field(data, "schema", int, source, default=REPORT_SCHEMA)
+            if schema != REPORT_SCHEMA:
                 raise ValueError(f"{source}: unknown report schema {schema!r}")
             rows = get_field(data, "results", list, source)
         return [SummaryRow.from_json(row, f"{source}: results[{i}]") for i, row in enumerate(rows)]
