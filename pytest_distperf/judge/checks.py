@@ -151,9 +151,7 @@ class GateSettings:
 MEMORY_TOLERANCE = 0.10
 
 
-def memory_check(
-    entry: BaselineEntry | None, peak_bytes: int | None, settings: GateSettings, exact: bool = True
-) -> Check:
+def memory_check(entry: BaselineEntry | None, peak_bytes: int | None, exact: bool) -> Check:
     """Peak memory against the baseline's. `exact`: an allocator peak (CUDA); a process RSS peak
     (CPU ranks) moves between identical runs far more, so it only warns."""
     stored = None if entry is None else entry.peak_memory_bytes

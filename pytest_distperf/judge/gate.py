@@ -176,7 +176,7 @@ class Gate:
             gates=settings.gates,
             baseline=baseline_check(entry, result, settings, self.topology_key, self.store.keys()),
             relative_speed=relative_speed_check(entry, result, settings),
-            memory=memory_check(entry, result.peak_memory_bytes, settings, exact_memory),
+            memory=memory_check(entry, result.peak_memory_bytes, exact_memory),
             work=work_check(entry, result.work, settings, counted=spec.count_work),
             device_time=device_time_check(entry, result.device_time_per_token_s, settings),
             **loss,
