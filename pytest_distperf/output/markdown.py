@@ -100,16 +100,14 @@ def render_markdown(summary: Sequence[SummaryRow], title: str = "") -> str:
 
     verdicts = Counter(row.verdict for row in summary if row.verdict is not None)
     facts = [f"{len(summary)} result{'s' if len(summary) != 1 else ''}"]
-    for label, values in (
-        ("accelerator", {row.accelerator for row in summary}),
-        ("device", {row.device_name for row in summary}),
+    for label, name, form in (
+        ("accelerator", "accelerator", "{}"),
+        ("device", "device_name", "{}"),
+        ("topology", "topology_key", "`{}`"),
     ):
-        named = sorted(value for value in values if value)
-        if named:
-            facts.append(f"{label} {', '.join(named)}")
-    keys = sorted({row.topology_key for row in summary if row.topology_key})
-    if keys:
-        facts.append("topology " + ", ".join(f"`{key}`" for key in keys))
+        values = sorted({getattr(row, name) for row in summary} - {None, ""})
+        if values:
+            facts.append(f"{label} " + ", ".join(form.format(value) for value in values))
     if verdicts:
         facts.append(", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())))
     lines += [" · ".join(facts), ""]
