@@ -134,11 +134,11 @@ class BaselineStore:
             # Parsing inside the lock makes this a merge rather than last-writer-wins.
             stored, entries = ({}, {}) if raw is None else read_document(path, raw, topology_key)
             changed = change(dict(entries))
-            text = _render(topology_key, stored if topology is None else dict(topology), changed)
+            described = stored if topology is None else dict(topology)
             if not changed:
                 path.unlink(missing_ok=True)
-            elif raw != text.encode("utf-8"):
-                atomic_write_text(path, text)
+            elif changed != entries or described != stored:
+                atomic_write_text(path, _render(topology_key, described, changed))
         return changed
 
     @contextmanager
