@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
-from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object
+from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object, json_value
 from pytest_distperf.work import Work
 
 # One schema: a file of any other is refused, naming it (record the baselines again).
@@ -208,9 +208,7 @@ class BaselineEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain JSON; the work left out when it was not counted."""
-        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "work"}
-        row = {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
-        row |= {"versions": dict(self.versions), "extra": json.loads(json.dumps(dict(self.extra)))}
+        row = {f.name: json_value(getattr(self, f.name)) for f in fields(self) if f.name != "work"}
         return row | ({} if self.work is None else {"work": self.work.to_json()})
 
     @classmethod
