@@ -105,25 +105,19 @@ class BaselineStore:
                 merged[test_id] = entry.following(merged[test_id]) if test_id in merged else entry
             return merged
 
-        self._change(topology_key, merge, topology, create=True)
+        self.rewrite(topology_key, merge, topology, create=True)
         return self.path(topology_key)
 
     def rewrite(
         self,
         topology_key: str,
         change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
-    ) -> dict[str, BaselineEntry]:
-        """Replace ``topology_key``'s entries by ``change(entries)`` under the lock, removing a
-        file left empty; what it holds now. FileNotFoundError when there is none."""
-        return self._change(topology_key, change)
-
-    def _change(
-        self,
-        topology_key: str,
-        change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
         topology: Mapping[str, Any] | None = None,
         create: bool = False,
     ) -> dict[str, BaselineEntry]:
+        """Replace ``topology_key``'s entries by ``change(entries)`` under the lock, removing a
+        file left empty, and its topology by ``topology`` if given; what it holds now.
+        FileNotFoundError when there is none, unless ``create``."""
         path = self.path(topology_key)
         if create:
             self.directory.mkdir(parents=True, exist_ok=True)
