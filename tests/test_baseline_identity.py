@@ -212,7 +212,7 @@ def test_orphans_name_their_likely_cause() -> None:
         directory="dir",
     )  # fmt: skip
     assert found is not None
-    assert found.orphaned == ("a.py::t[1] [m=x]", "perf/b.py::t[1] [m=y]",
+    assert found.orphaned_entries == ("a.py::t[1] [m=x]", "perf/b.py::t[1] [m=y]",
                               "perf/d.py::gone [m=x]")  # fmt: skip
     causes = {s.orphan: (s.cause, s.command) for s in found.suggestions}
     assert causes["perf/b.py::t[1] [m=y]"] == (WORKLOAD_CHANGED, None)

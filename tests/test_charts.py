@@ -12,6 +12,7 @@ from helpers import shared_cache, use_shared_pool
 
 from pytest_distperf.cli import main
 from pytest_distperf.judge.tolerance import SAFETY
+from pytest_distperf.output import charts
 from pytest_distperf.output.charts import (
     ChartError,
     plot_history,
@@ -76,20 +77,18 @@ def _png(path: Path) -> bytes:
 
 def test_report_bars() -> None:
     bars = report_bars(REPORT)
-    assert [(b.test, b.strategy, b.devices) for b in bars] == [
-        ("t.py::test_gen", "auto", 2),
-        ("t.py::test_gen", "fsdp", 2),
-        ("t.py::test_gen", "auto", 1),
-        ("t.py::test_other", "auto", 2),
+    assert [(b.test_id, b.strategy, b.devices) for b in bars] == [
+        ("t.py::test_gen[auto-2cpu]", "auto", 2),
+        ("t.py::test_gen[fsdp-2cpu]", "fsdp", 2),
+        ("t.py::test_gen[auto-1cpu]", "auto", 1),
+        ("t.py::test_other[auto-2cpu]", "auto", 2),
     ]
     fsdp = bars[1]
-    assert (fsdp.predicted, fsdp.threshold, fsdp.bound, fsdp.failed) == (
-        0.95,
-        0.67,
-        "all_gather",
-        True,
-    )
-    assert bars[2].predicted is None and not bars[2].failed
+    figures = (fsdp.predicted_tokens_per_sec, fsdp.threshold_tokens_per_sec, fsdp.bound)
+    assert figures == (0.95, 0.67, "all_gather")
+    assert [charts._failed(b) for b in bars] == [False, True, False, False]
+    assert {charts._test(b) for b in bars} == {"t.py::test_gen", "t.py::test_other"}
+    assert bars[2].predicted_tokens_per_sec is None
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from pytest_distperf.judge.tolerance import (
     HOST_DRIFT,
     SAFETY,
     THROUGHPUT_FLOOR,
+    WAIT_SHARE_FLOOR,
     run_tolerance,
 )
 from pytest_distperf.measured import Implementation, RankResult, RunResult, Sample
@@ -278,7 +279,7 @@ def test_a_rise_of_the_ranks_own_waits_fails_a_slower_run_against_their_recorded
     assert waited.status == FAIL, waited.message
     assert waited.message.startswith("the ranks waited 30.0% of each repeat's wall time")
     waits = _figures(waited).waits
-    assert waits is not None and waits.tolerance == SETTINGS.wait_share_floor
+    assert waits is not None and waits.tolerance == WAIT_SHARE_FLOOR
     assert _throughput(entry, _run(105.0, off_cpu=0.3)).status == OK  # not slower: no regression
     assert _throughput(entry, _run(95.0, off_cpu=0.12)).status == OK  # within the spread
     # one recorded run shows no spread of the share: not judged until three
@@ -348,10 +349,20 @@ def test_the_device_time_gates_from_the_first_recorded_run() -> None:
 
 def test_memory_growth_fails_on_an_allocator_and_warns_on_a_process_rss() -> None:
     entry = _entry(100.0)
-    assert memory_check(entry, 1200, SETTINGS).status == FAIL
-    assert memory_check(entry, 1050, SETTINGS).status == OK
-    assert memory_check(entry, 1200, SETTINGS, exact=False).status == WARN
-    assert memory_check(None, 1050, SETTINGS).status == NOTE
+    assert memory_check(entry, 1200, exact=True).status == FAIL
+    assert memory_check(entry, 1050, exact=True).status == OK
+    assert memory_check(entry, 1200, exact=False).status == WARN
+    assert memory_check(None, 1050, exact=True).status == NOTE
+    gib = 1024**3
+    stored = replace(entry, peak_memory_bytes=gib)
+    assert memory_check(stored, None, exact=True).status == OK
+    assert memory_check(stored, gib // 2, exact=True).status == OK
+    message = memory_check(stored, int(gib * 1.2), exact=True).message
+    assert "20.0%" in message and "tolerance 10.0%" in message
+    assert "1.2 GiB" in message and "baseline 1 GiB" in message
+    nothing = replace(entry, peak_memory_bytes=0)
+    assert memory_check(nothing, 0, exact=True).status == OK
+    assert "from nothing" in memory_check(nothing, 10, exact=True).message
 
 
 # --- the decision -----------------------------------------------------------------------------

@@ -10,10 +10,9 @@ from scipy.stats import mannwhitneyu
 from pytest_distperf.judge.stats import (
     Comparison,
     at_level,
+    choose_method,
     compare,
-    compare_memory,
     detectable_drop,
-    mann_whitney_floor,
 )
 from pytest_distperf.store.entry import relative_spread
 
@@ -132,9 +131,10 @@ def test_the_latest_repeats_are_rescaled_to_the_recorded_level() -> None:
     assert at_level([9.0, 10.0], []) == [9.0, 10.0]
 
 
-def test_mann_whitney_floor() -> None:
-    assert mann_whitney_floor(5, 5) == pytest.approx(1 / 252)
-    assert mann_whitney_floor(3, 3) == pytest.approx(1 / 20)
+def test_mann_whitney_only_where_its_smallest_p_reaches_alpha() -> None:
+    assert choose_method(5, 5, 0.01) == "mann-whitney"  # 1 / C(10, 5) = 1 / 252
+    assert choose_method(3, 3, 0.01) == "welch-log"  # 1 / C(6, 3) = 1 / 20
+    assert choose_method(3, 3, 0.05) == "mann-whitney"
 
 
 def test_three_repeats_fall_back_to_log_t_test_and_say_so() -> None:
@@ -229,18 +229,3 @@ def test_comparison_is_frozen() -> None:
     assert isinstance(result, Comparison)
     with pytest.raises(AttributeError):
         result.verdict = "regression"  # type: ignore[misc]
-
-
-def test_compare_memory() -> None:
-    gib = 1024**3
-    assert compare_memory(None, gib) is None
-    assert compare_memory(gib, None) is None
-    assert compare_memory(gib, int(gib * 1.05)) is None
-    assert compare_memory(gib, gib // 2) is None
-    message = compare_memory(gib, int(gib * 1.2))
-    assert message is not None
-    assert "20.0%" in message and "tolerance 10.0%" in message
-    assert "1.2 GiB" in message and "baseline 1 GiB" in message
-    assert compare_memory(gib, int(gib * 1.2), tolerance=0.25) is None
-    assert compare_memory(0, 0) is None
-    assert compare_memory(0, 10) is not None

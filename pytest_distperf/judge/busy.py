@@ -13,15 +13,13 @@ from pytest_distperf.measured import RunResult
 from pytest_distperf.store.entry import BaselineEntry
 
 
-def busy_evidence(entry: BaselineEntry | None, result: RunResult) -> BusyEvidence:
+def busy_evidence(entry: BaselineEntry, result: RunResult) -> BusyEvidence:
     """Each measure's excess over the baseline's level; None where either side lacks it. A
     training step's collectives wait for cores on their own threads: never evidence."""
 
     def beyond(now: float | None, history: Sequence[float]) -> float | None:
         return None if now is None or not history else max(now - recorded_level(history), 0.0)
 
-    if entry is None:
-        return BusyEvidence(None, None, None)
     loop_cpu = result.host_loop_cpu_samples
     core = None
     if entry.host_loop_run_medians and loop_cpu:

@@ -4,10 +4,11 @@ carries its figures too), each check's typed figures, the settings and the `Deci
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pytest_distperf.judge.stats import Verdict, compare_memory
+from pytest_distperf.judge.stats import Verdict
 from pytest_distperf.store.entry import BaselineEntry
 
 
@@ -140,30 +141,41 @@ class GateSettings:
     efficiency: float
     tolerance: float | None  # None: the rule on the recorded runs (judge/tolerance.py)
     alpha: float = 0.01
-    # Least settled tolerances (docs/gates.md); the throughput's None: its machine class's.
-    tolerance_floor: float | None = None
-    relative_tolerance_floor: float = 0.05
-    device_time_tolerance_floor: float = 0.05
-    # The least rise of the ranks' own off-CPU share that fails a slower run.
-    wait_share_floor: float = 0.05
-    memory_tolerance: float = 0.10
     strict: bool = False  # a missing baseline fails
     fail_on_improvement: bool = False  # a stale (much faster) baseline fails
     gates: bool = True  # False: every check is reported, none fails the test (--distperf-gates)
     work_tolerance: float = 0.01  # bytes, ops, FLOPs and kernels; kinds and calls are exact
 
 
-def memory_check(
-    entry: BaselineEntry | None, peak_bytes: int, settings: GateSettings, exact: bool = True
-) -> Check:
-    """`exact`: an allocator peak (CUDA). A process RSS peak (CPU ranks) moves between identical
-    runs far more, so it only warns."""
-    if entry is None or entry.peak_memory_bytes is None:
+# Peak memory's allowed growth (docs/gates.md).
+MEMORY_TOLERANCE = 0.10
+
+
+def memory_check(entry: BaselineEntry | None, peak_bytes: int | None, exact: bool) -> Check:
+    """Peak memory against the baseline's. `exact`: an allocator peak (CUDA); a process RSS peak
+    (CPU ranks) moves between identical runs far more, so it only warns."""
+    stored = None if entry is None else entry.peak_memory_bytes
+    if stored is None:
         return Check("memory", CheckStatus.NOTE, "no baseline peak memory")
-    problem = compare_memory(entry.peak_memory_bytes, peak_bytes, settings.memory_tolerance)
-    if problem:
-        return Check("memory", CheckStatus.FAIL if exact else CheckStatus.WARN, problem)
-    return Check("memory", CheckStatus.OK, "peak memory within tolerance")
+    tolerance, now = MEMORY_TOLERANCE, peak_bytes or 0
+    growth = now / stored - 1.0 if stored else math.inf if now else 0.0
+    if growth <= tolerance:
+        return Check("memory", CheckStatus.OK, "peak memory within tolerance")
+    growth_text = "from nothing" if math.isinf(growth) else f"by {growth:.1%}"
+    problem = (
+        f"peak memory grew {growth_text} (tolerance {tolerance:.1%}): measured "
+        f"{format_bytes(now)} vs baseline {format_bytes(stored)}"
+    )
+    return Check("memory", CheckStatus.FAIL if exact else CheckStatus.WARN, problem)
+
+
+def format_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.3g} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    return f"{value:.3g} TiB"
 
 
 def skipped_check(name: CheckName, why: str) -> Check:
@@ -171,8 +183,7 @@ def skipped_check(name: CheckName, why: str) -> Check:
 
 
 def comparison_status(verdict: str, settings: GateSettings) -> CheckStatus:
-    """A stale (much faster) baseline warns unless --distperf-fail-on-improvement; a change
-    beyond the tolerance without statistical support only warns."""
+    """A verdict's status: a stale baseline warns unless --distperf-fail-on-improvement."""
     return {
         "ok": CheckStatus.OK,
         "regression": CheckStatus.FAIL,

@@ -14,7 +14,7 @@ from pytest_distperf.judge.checks import (
     skipped_check,
 )
 from pytest_distperf.judge.stats import Verdict
-from pytest_distperf.judge.tolerance import RUNS_TO_SETTLE, SAFETY, largest_drop
+from pytest_distperf.judge.tolerance import DEVICE_TIME_FLOOR, RUNS_TO_SETTLE, SAFETY, largest_drop
 from pytest_distperf.store.entry import BaselineEntry
 from pytest_distperf.work import Work, compare_work, work_cell
 
@@ -67,12 +67,11 @@ def device_time_check(
     history = () if entry is None else entry.device_time_run_medians
     if not history:
         return Check("device_time", CheckStatus.NOTE, "no baseline of the device time per token")
-    floor = settings.device_time_tolerance_floor
     rates = [1.0 / t for t in history]  # a drop of rate is a rise of time
     tolerance = settings.tolerance
     if tolerance is None:
         spread = SAFETY * largest_drop(rates) if len(rates) >= RUNS_TO_SETTLE else 0.0
-        tolerance = max(floor, spread)
+        tolerance = max(DEVICE_TIME_FLOOR, spread)
     baseline_s = statistics.median(history)
     change = device_time_s / baseline_s - 1.0  # of time: positive when slower
     verdict: Verdict = "ok"

@@ -3,10 +3,8 @@ decision, the new baseline entry (--distperf-update-baselines) and the JudgedRun
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -95,7 +93,7 @@ class Gate:
                 param_bytes=PRECISION_BYTES[workload.precision],
                 comm_bytes=COMM_BYTES[workload.precision],
                 step_compute_s=result.reference_step_s,
-                matmul_flops_per_s=min(rates) if rates else None,  # the slowest rank's
+                matmul_flops_per_s=min(rates, default=None),  # the slowest rank's
                 **common,
             )
             return step, ""
@@ -176,9 +174,9 @@ class Gate:
         return Decision(
             threshold=threshold,
             gates=settings.gates,
-            baseline=baseline_check(entry, result, settings, self.topology_key, self.known_keys),
+            baseline=baseline_check(entry, result, settings, self.topology_key, self.store.keys()),
             relative_speed=relative_speed_check(entry, result, settings),
-            memory=memory_check(entry, result.peak_memory_bytes, settings, exact_memory),
+            memory=memory_check(entry, result.peak_memory_bytes, exact_memory),
             work=work_check(entry, result.work, settings, counted=spec.count_work),
             device_time=device_time_check(entry, result.device_time_per_token_s, settings),
             **loss,
@@ -198,10 +196,6 @@ class Gate:
         entry = self.store.find(self.topology_key, identity, legacy)
         self.looked_up[identity] = (legacy, entry is not None)
         return entry
-
-    @functools.cached_property
-    def known_keys(self) -> list[str]:
-        return self.store.keys()
 
     def record(self, result: RunResult, decision: Decision) -> bool:
         """Store this run as the baseline unless a check failed: it must not be the yardstick."""
@@ -251,15 +245,12 @@ def run_overheads(result: RunResult) -> Overheads:
     return DEFAULT_OVERHEADS.around_graph_breaks() if result.graph_breaks else DEFAULT_OVERHEADS
 
 
-def transport_suffix(accelerator: str, environ: Mapping[str, str] = os.environ) -> str:
+def transport_suffix(accelerator: str) -> str:
     """E.g. "_nccl-p2p-disable-1" when NCCL_P2P_DISABLE=1 is set for a CUDA run."""
     if accelerator != "cuda":
         return ""
-    parts = [
-        f"{name.lower().replace('_', '-')}-{environ[name].strip().lower()}"
-        for name in TRANSPORT_VARIABLES
-        if environ.get(name, "").strip()
-    ]
+    values = {name: os.environ.get(name, "").strip().lower() for name in TRANSPORT_VARIABLES}
+    parts = [f"{name.lower().replace('_', '-')}-{value}" for name, value in values.items() if value]
     return "".join(f"_{re.sub(r'[^a-z0-9.-]', '-', part)}" for part in parts)
 
 

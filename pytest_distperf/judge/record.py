@@ -37,8 +37,7 @@ class JudgedRun:
     def of(
         cls, result: RunResult, decision: Decision, *, session_started_at: float, **fields: Any
     ) -> JudgedRun:
-        """The record, given the other fields by name; the first timed token from the session's
-        start is the slowest rank's."""
+        """The record; the first timed token from the session's start is the slowest rank's."""
         first_timed = max(r.timed_from for r in result.ranks)
         return cls(
             result, decision, session_to_first_timed_s=first_timed - session_started_at, **fields

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pytest_distperf.judge.tolerance import checked_rates, recorded_level
+from pytest_distperf.judge.tolerance import recorded_level
+from pytest_distperf.store.entry import checked_numbers
 
 Verdict = Literal["ok", "regression", "improvement", "noisy"]
 Method = Literal["mann-whitney", "welch-log", "student-log", "none"]
@@ -86,8 +87,8 @@ def compare(
 ) -> Comparison:
     """ "regression" or "improvement" beyond ``tolerance`` and significant, "noisy" beyond it
     only, else "ok"; ``baseline`` already at the recorded level."""
-    base = checked_rates(baseline, "baseline")
-    cur = checked_rates(current, "current")
+    base = _rates(baseline, "baseline")
+    cur = _rates(current, "current")
     base_median = statistics.median(base)
     cur_median = statistics.median(cur)
     change = cur_median / base_median - 1.0
@@ -115,9 +116,16 @@ def compare(
     )
 
 
+def _rates(samples: Sequence[float], name: str) -> list[float]:
+    rates = checked_numbers(samples, "compare", name)
+    if not rates:
+        raise ValueError(f"compare: no {name} samples")
+    return list(rates)
+
+
 def at_level(samples: Sequence[float], run_medians: Sequence[float]) -> list[float]:
     """The latest recorded repeats rescaled to the recorded runs' level (recorded_level)."""
-    base = checked_rates(samples, "baseline")
+    base = _rates(samples, "baseline")
     scale = recorded_level(run_medians) / statistics.median(base) if run_medians else 1.0
     return [v * scale for v in base]
 
@@ -128,7 +136,7 @@ def detectable_drop(
     """Smallest relative drop `compare` would flag in a run with the baseline's noise slowed
     uniformly (its quantiles times 1 - d); inf when none below 100% is. The p-value falls
     monotonically with d, so bisection finds it."""
-    base = checked_rates(baseline, "baseline")
+    base = _rates(baseline, "baseline")
     method = choose_method(len(base), n_current, alpha)
     if tolerance >= 1.0 or method == "none":
         return math.inf
@@ -159,16 +167,11 @@ def _quantiles(sorted_values: list[float], n: int) -> list[float]:
     return [float(q) for q in np.quantile(sorted_values, positions, method="hazen")]
 
 
-def mann_whitney_floor(n_baseline: int, n_current: int) -> float:
-    """Smallest one-sided p-value the exact Mann-Whitney U test can produce (no ties)."""
-    return 1.0 / math.comb(n_baseline + n_current, n_current)
-
-
 def choose_method(n_baseline: int, n_current: int, alpha: float) -> Method:
     # Mann-Whitney U needs no distributional assumption (stalls skew throughput), but its exact
     # p cannot fall below 1 / C(n1 + n2, n1); where that is above alpha, a t-test on log rates
     # (a slowdown is multiplicative), pooled when one side has a single sample.
-    if mann_whitney_floor(n_baseline, n_current) <= alpha:
+    if 1.0 / math.comb(n_baseline + n_current, n_current) <= alpha:
         return "mann-whitney"
     if n_baseline >= 2 and n_current >= 2:
         return "welch-log"
@@ -247,31 +250,3 @@ def _t_test_log(base: list[float], cur: list[float], *, pooled: bool, slower: bo
             alternative="less" if slower else "greater",
         )
     return float(result.pvalue)
-
-
-def compare_memory(
-    baseline_bytes: int | None, current_bytes: int | None, tolerance: float = 0.10
-) -> str | None:
-    """Why peak memory grew beyond ``tolerance``, else None (also where either is unknown)."""
-    if baseline_bytes is None or current_bytes is None:
-        return None
-    if baseline_bytes == 0:
-        growth = math.inf if current_bytes > 0 else 0.0
-    else:
-        growth = current_bytes / baseline_bytes - 1.0
-    if growth <= tolerance:
-        return None
-    growth_text = "from nothing" if math.isinf(growth) else f"by {growth:.1%}"
-    return (
-        f"peak memory grew {growth_text} (tolerance {tolerance:.1%}): measured "
-        f"{format_bytes(current_bytes)} vs baseline {format_bytes(baseline_bytes)}"
-    )
-
-
-def format_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.3g} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    return f"{value:.3g} TiB"

@@ -9,14 +9,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from pytest_distperf.judge.busy import (
-    busy_evidence,
-    cpu_change,
-    unexplained,
-    wait_figures,
-    waits_words,
-    weigh,
-)
+from pytest_distperf.judge import busy
 from pytest_distperf.judge.checks import (
     BaselineFigures,
     BaselineVerdict,
@@ -30,8 +23,10 @@ from pytest_distperf.judge.checks import (
 from pytest_distperf.judge.stats import Comparison, at_level, compare, detectable_drop
 from pytest_distperf.judge.tolerance import (
     GROSS_DROP,
+    RELATIVE_FLOOR,
     RUNS_TO_SETTLE,
     THROUGHPUT_FLOOR,
+    WAIT_SHARE_FLOOR,
     Tolerance,
     run_tolerance,
 )
@@ -65,15 +60,19 @@ def outcome(
     return CheckStatus.WARN, "provisional", words
 
 
-def _compared(
+def _against_runs(
     samples: Sequence[float],
     recorded: Sequence[float],
     history: Sequence[float],
-    tolerance: Tolerance,
+    floor: float,
+    result: RunResult,
     settings: GateSettings,
     **words: str,
-) -> Comparison:
-    return compare(
+) -> tuple[Tolerance, Comparison]:
+    """The runs' tolerance, and the samples against the latest repeats at the runs' level."""
+    accelerator = result.spec.accelerator
+    tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
+    comparison = compare(
         at_level(recorded, history),
         samples,
         tolerance=tolerance.fails,
@@ -81,6 +80,7 @@ def _compared(
         level_runs=len(history) if len(history) >= RUNS_TO_SETTLE else 0,
         **words,
     )
+    return tolerance, comparison
 
 
 def baseline_check(
@@ -102,25 +102,22 @@ def baseline_check(
         hint = " (--distperf-strict makes this a failure)" if not settings.strict else ""
         return Check("baseline", status, f"{where}{hint}; {check.message}", check.figures)
     history = entry.run_medians or (entry.median,)
-    accelerator = result.spec.accelerator
-    floor = settings.tolerance_floor
-    floor = THROUGHPUT_FLOOR.get(accelerator, THROUGHPUT_FLOOR["cpu"]) if floor is None else floor
-    tolerance = run_tolerance(history, floor, accelerator, settings.tolerance)
-    comparison = _compared(samples, entry.samples, history, tolerance, settings)
-    evidence = busy_evidence(entry, result)
+    floor = THROUGHPUT_FLOOR.get(result.spec.accelerator, THROUGHPUT_FLOOR["cpu"])
+    tolerance, comparison = _against_runs(samples, entry.samples, history, floor, result, settings)
+    evidence = busy.busy_evidence(entry, result)
     level, rate = comparison.baseline_median, comparison.current_median
-    cpu = cpu_change(entry, result, evidence.core_slowdown)
-    explained, excuse = weigh(level, rate, tolerance.fails, evidence, cpu)
+    cpu = busy.cpu_change(entry, result, evidence.core_slowdown)
+    explained, excuse = busy.weigh(level, rate, tolerance.fails, evidence, cpu)
     shares = off_cpu_shares([r.samples for r in result.ranks])
-    waits = wait_figures(entry, shares, evidence, rate, settings.wait_share_floor)
+    waits = busy.wait_figures(entry, shares, evidence, rate, WAIT_SHARE_FLOOR)
     status, verdict, headline = outcome(comparison, tolerance, settings, excuse)
     lines = [line for line in (headline, comparison.message()) if line]
     rose = waits is not None and waits.rise - waits.outside_share > waits.tolerance
     if waits is not None and rose and comparison.change < 0:
         status, verdict = CheckStatus.FAIL, "regression"
-        lines.insert(0, waits_words(waits))
+        lines.insert(0, busy.waits_words(waits))
     elif status is CheckStatus.FAIL:
-        lines.append(unexplained(evidence, explained, cpu))
+        lines.append(busy.unexplained(evidence, explained, cpu))
     figures = BaselineFigures(
         baseline_tokens_per_sec=level,
         change=comparison.change,
@@ -148,24 +145,17 @@ def relative_speed_check(
     if entry is None or not entry.relative_samples:
         message = "no baseline of the speed relative to the bare model"
         return Check("relative_speed", CheckStatus.NOTE, message)
-    history = entry.relative_run_medians or (statistics.median(entry.relative_samples),)
-    tolerance = run_tolerance(
-        history, settings.relative_tolerance_floor, result.spec.accelerator, settings.tolerance
-    )
-    comparison = _compared(
-        samples,
-        entry.relative_samples,
-        history,
-        tolerance,
-        settings,
-        unit="x bare",
-        subject="relative speed",
+    recorded, floor = entry.relative_samples, RELATIVE_FLOOR
+    history = entry.relative_run_medians or (statistics.median(recorded),)
+    words = {"unit": "x bare", "subject": "relative speed"}
+    tolerance, comparison = _against_runs(
+        samples, recorded, history, floor, result, settings, **words
     )
     excuse = ""
     unqueued = result.relative_speed_unqueued_samples
-    evidence = busy_evidence(entry, result)
+    evidence = busy.busy_evidence(entry, result)
     waited = evidence.run_queue_wait_per_token_s
-    cpu = cpu_change(entry, result, evidence.core_slowdown)
+    cpu = busy.cpu_change(entry, result, evidence.core_slowdown)
     if waited and unqueued and (cpu is None or cpu <= tolerance.fails):
         change = statistics.median(unqueued) / comparison.baseline_median - 1.0
         if change >= -tolerance.fails:

@@ -4,12 +4,9 @@ each number is what it is: docs/gates.md ("The tolerance rule")."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from pytest_distperf.jsonfields import is_number
 
 # Recorded runs a baseline needs before its medians measure the host's drift: fewer than
 # three have no middle run to measure a drop from.
@@ -21,8 +18,10 @@ SAFETY = 3.0
 GROSS_DROP = 0.5
 # A provisional baseline's change within this host drift of its machine class is a note.
 HOST_DRIFT = {"cpu": 0.40, "cuda": 0.20}
-# The least settled throughput tolerance of a machine class.
+# The least settled tolerance of the throughput (by machine class), the relative speed and the
+# device time per token; the least rise of the ranks' own off-CPU share that fails a slower run.
 THROUGHPUT_FLOOR = {"cpu": 0.20, "cuda": 0.10}
+RELATIVE_FLOOR = DEVICE_TIME_FLOOR = WAIT_SHARE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def run_tolerance(
     """With RUNS_TO_SETTLE or more recorded runs, max(floor, SAFETY x the largest drop of any
     run below their median), never beyond GROSS_DROP; with fewer, GROSS_DROP. An explicit
     tolerance replaces it from the first run."""
-    runs = len(checked_rates(run_medians, "run_medians"))
+    runs = len(run_medians)
     drift = HOST_DRIFT.get(accelerator, HOST_DRIFT["cpu"])
     if explicit is not None:  # options.py checked it
         return Tolerance(explicit, drift, runs, explicit=True)
@@ -72,16 +71,3 @@ def run_tolerance(
 def recorded_level(history: Sequence[float]) -> float:
     """The recorded runs' level: their median once settled, the latest run before that."""
     return statistics.median(history) if len(history) >= RUNS_TO_SETTLE else history[-1]
-
-
-def checked_rates(samples: Sequence[float], name: str) -> list[float]:
-    """The samples as floats; a ValueError naming `name` when one is no finite positive rate."""
-    values = list(samples)
-    if not values:
-        raise ValueError(f"{name}: no samples")
-    for v in values:
-        if not is_number(v):
-            raise ValueError(f"{name}: samples must be numbers, got {v!r}")
-        if not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{name}: rates must be finite and positive, got {v!r}")
-    return [float(v) for v in values]

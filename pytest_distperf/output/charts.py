@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pytest_distperf.output.markdown import ReportError, SummaryRow, parse_report, rate_text
+
 INSTALL_HINT = "pip install 'pytest-distperf[plot]'"
 # One colour per rank count (matplotlib's default cycle), the marks in fixed contrasting colours.
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")
@@ -23,44 +25,21 @@ class ChartError(Exception):
     """A chart that cannot be drawn; the message says why (bad input, no matplotlib)."""
 
 
-@dataclass(frozen=True)
-class ResultBar:
-    """One run of a report, as the results chart shows it."""
-
-    test: str  # the test function: node id without its parameters
-    strategy: str
-    devices: int | None
-    tokens_per_sec: float
-    predicted: float | None
-    threshold: float | None
-    bound: str | None
-    failed: bool
-    topology_key: str | None = None
-
-
-def report_bars(document: object, source: str = "report") -> list[ResultBar]:
-    """The runs of a JSON report; ChartError naming the field when it is not one."""
-    from pytest_distperf.output.markdown import ReportError, parse_report
-
+def report_bars(document: object, source: str = "report") -> list[SummaryRow]:
+    """The measured runs of a JSON report; ChartError naming the field when it is not one."""
     try:
         rows = parse_report(document, source)
     except ReportError as error:
         raise ChartError(str(error)) from None
-    return [
-        ResultBar(
-            test=row.test_id.split("[", 1)[0],
-            strategy=row.strategy or "?",
-            devices=row.devices,
-            tokens_per_sec=row.tokens_per_sec,
-            predicted=row.predicted_tokens_per_sec,
-            threshold=row.threshold_tokens_per_sec,
-            bound=row.bound,
-            failed=(row.verdict or "").upper().startswith("FAIL"),
-            topology_key=row.topology_key,
-        )
-        for row in rows
-        if row.tokens_per_sec is not None and math.isfinite(row.tokens_per_sec)
-    ]
+    return [r for r in rows if r.tokens_per_sec is not None and math.isfinite(r.tokens_per_sec)]
+
+
+def _test(bar: SummaryRow) -> str:
+    return bar.test_id.split("[", 1)[0]  # the test function: node id without its parameters
+
+
+def _failed(bar: SummaryRow) -> bool:
+    return (bar.verdict or "").upper().startswith("FAIL")
 
 
 @dataclass(frozen=True)
@@ -122,18 +101,18 @@ def _save(figure: Any, out: str | Path, title: str) -> Path:
     return path
 
 
-def plot_report(bars: Sequence[ResultBar], out: str | Path, title: str = "") -> Path:
+def plot_report(bars: Sequence[SummaryRow], out: str | Path, title: str = "") -> Path:
     """tok/s per strategy, one panel per test function, one bar per rank count."""
     if not bars:
         raise ChartError("the report has no measured runs to draw")
-    tests = list(dict.fromkeys(bar.test for bar in bars))
+    tests = list(dict.fromkeys(_test(bar) for bar in bars))
     counts = sorted({bar.devices for bar in bars}, key=lambda d: (d is None, d or 0))
-    widest = max(len({b.strategy for b in bars if b.test == t}) for t in tests)
+    widest = max(len({b.strategy for b in bars if _test(b) == t}) for t in tests)
     figure = _figure(max(6.5, 1.5 + widest * (1.0 + 0.5 * len(counts))), 0.6 + 3.4 * len(tests))
     axes = figure.subplots(len(tests), 1, squeeze=False)[:, 0]
     width = 0.8 / len(counts)
     for ax, test in zip(axes, tests, strict=True):
-        mine = [bar for bar in bars if bar.test == test]
+        mine = [bar for bar in bars if _test(bar) == test]
         strategies = list(dict.fromkeys(bar.strategy for bar in mine))
         for slot, count in enumerate(counts):
             for bar in (b for b in mine if b.devices == count):
@@ -141,7 +120,9 @@ def plot_report(bars: Sequence[ResultBar], out: str | Path, title: str = "") -> 
                 _draw_bar(ax, x, width, bar, _COLOURS[slot % len(_COLOURS)])
         ax.set_xticks(range(len(strategies)), [_tick(s, mine) for s in strategies])
         ax.set_xlim(-0.6, len(strategies) - 0.4)
-        figures = [b.tokens_per_sec for b in mine] + [b.predicted or 0 for b in mine]
+        figures = [b.tokens_per_sec or 0 for b in mine] + [
+            b.predicted_tokens_per_sec or 0 for b in mine
+        ]
         positive = [f for f in figures if f > 0]
         if max(positive) / min(positive) > 20:  # far-apart rates: each readable on a log axis
             from matplotlib.ticker import FuncFormatter
@@ -161,29 +142,30 @@ def plot_report(bars: Sequence[ResultBar], out: str | Path, title: str = "") -> 
     return _save(figure, out, title or f"distperf: tokens/sec per strategy{where}")
 
 
-def _draw_bar(ax: Any, x: float, width: float, bar: ResultBar, colour: str) -> None:
-    edge = _FAILED if bar.failed else "none"
-    ax.bar(x, bar.tokens_per_sec, width * 0.92, color=colour, edgecolor=edge, linewidth=2)
-    top = max(bar.tokens_per_sec, bar.predicted or 0, bar.threshold or 0)
-    label = _rate(bar.tokens_per_sec) + (" FAIL" if bar.failed else "")
-    colour = _FAILED if bar.failed else "black"  # above the bar and its marks
+def _draw_bar(ax: Any, x: float, width: float, bar: SummaryRow, colour: str) -> None:
+    rate, failed = bar.tokens_per_sec or 0.0, _failed(bar)
+    predicted, threshold = bar.predicted_tokens_per_sec, bar.threshold_tokens_per_sec
+    ax.bar(
+        x, rate, width * 0.92, color=colour, edgecolor=_FAILED if failed else "none", linewidth=2
+    )
+    label = rate_text(rate) + (" FAIL" if failed else "")
+    colour = _FAILED if failed else "black"  # above the bar and its marks
+    top = max(rate, predicted or 0, threshold or 0)
     ax.annotate(label, (x, top), color=colour, fontsize=9, weight="bold", **_LABEL)
     half = width * 0.46
-    if bar.predicted:
-        ax.hlines(bar.predicted, x - half, x + half, colors=_PREDICTED, linewidth=2.5)
-        ax.plot([x], [bar.predicted], marker="D", color=_PREDICTED, markersize=5)
-    if bar.threshold:
-        ax.hlines(
-            bar.threshold, x - half, x + half, colors=_THRESHOLD, linestyles="--", linewidth=1.8
-        )
+    if predicted:
+        ax.hlines(predicted, x - half, x + half, colors=_PREDICTED, linewidth=2.5)
+        ax.plot([x], [predicted], marker="D", color=_PREDICTED, markersize=5)
+    if threshold:
+        ax.hlines(threshold, x - half, x + half, colors=_THRESHOLD, linestyles="--", linewidth=1.8)
 
 
-def _tick(strategy: str, bars: Sequence[ResultBar]) -> str:
+def _tick(strategy: str | None, bars: Sequence[SummaryRow]) -> str:
     bounds = sorted({b.bound for b in bars if b.strategy == strategy and b.bound})
-    return strategy + (f"\nbound: {', '.join(bounds)}" if bounds else "")
+    return (strategy or "?") + (f"\nbound: {', '.join(bounds)}" if bounds else "")
 
 
-def _report_legend(figure: Any, counts: Sequence[int | None], bars: Sequence[ResultBar]) -> None:
+def _report_legend(figure: Any, counts: Sequence[int | None], bars: Sequence[SummaryRow]) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -191,13 +173,13 @@ def _report_legend(figure: Any, counts: Sequence[int | None], bars: Sequence[Res
         Patch(color=_COLOURS[i % len(_COLOURS)], label=_ranks(count))
         for i, count in enumerate(counts)
     ]
-    if any(b.predicted for b in bars):
+    if any(b.predicted_tokens_per_sec for b in bars):
         handles.append(
             Line2D([], [], color=_PREDICTED, marker="D", linewidth=2.5, label="predicted")
         )
-    if any(b.threshold for b in bars):
+    if any(b.threshold_tokens_per_sec for b in bars):
         handles.append(Line2D([], [], color=_THRESHOLD, linestyle="--", label="threshold"))
-    if any(b.failed for b in bars):
+    if any(_failed(b) for b in bars):
         handles.append(Patch(facecolor="white", edgecolor=_FAILED, linewidth=2, label="failed"))
     figure.legend(handles=handles, fontsize=9, loc="outside lower center", ncols=len(handles))
 
@@ -229,7 +211,7 @@ def plot_history(histories: Sequence[History], out: str | Path, title: str = "")
         ax.set_ylabel("tokens/sec")
         name = history.test_id if len(keys) == 1 else f"{history.test_id} ({history.topology_key})"
         ax.set_title(
-            f"{_short(name)}\nlevel {_rate(history.level)} tok/s ({level}), "
+            f"{_short(name)}\nlevel {rate_text(history.level)} tok/s ({level}), "
             f"tolerance ±{history.tolerance:.0%} from {source}",
             fontsize=9,
             loc="left",
@@ -250,10 +232,6 @@ def _short(test_id: str, limit: int = 70) -> str:
     name = test_id.rsplit(" [", 1)[0] if test_id.endswith("]") and " [" in test_id else test_id
     name = name.rsplit("::", 1)[-1]
     return name if len(name) <= limit else name[: limit - 1] + "…"
-
-
-def _rate(value: float) -> str:
-    return f"{value:,.1f}" if value >= 10 else f"{value:.3g}"
 
 
 def _ranks(count: int | None) -> str:

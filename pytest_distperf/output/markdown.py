@@ -16,7 +16,7 @@ from typing import Any
 from pytest_distperf.jsonfields import NUMBER, get_field, json_object
 from pytest_distperf.judge.checks import CHECK_NAMES, CheckStatus
 
-REPORT_SCHEMAS = (1,)
+REPORT_SCHEMA = 1  # what write_json_report (output/report.py) writes
 _PASSING = frozenset({"ok", "pass", "passed"})
 _TELLING = frozenset({CheckStatus.FAIL, CheckStatus.WARN})
 _MISSING = "–"
@@ -82,8 +82,8 @@ def parse_report(document: object, source: str = "report") -> list[SummaryRow]:
             rows = document
         else:
             data = json_object(document, source)
-            schema = get_field(data, "schema", int, source, default=REPORT_SCHEMAS[-1])
-            if schema not in REPORT_SCHEMAS:
+            schema = get_field(data, "schema", int, source, default=REPORT_SCHEMA)
+            if schema != REPORT_SCHEMA:
                 raise ValueError(f"{source}: unknown report schema {schema!r}")
             rows = get_field(data, "results", list, source)
         return [SummaryRow.from_json(row, f"{source}: results[{i}]") for i, row in enumerate(rows)]
@@ -100,16 +100,14 @@ def render_markdown(summary: Sequence[SummaryRow], title: str = "") -> str:
 
     verdicts = Counter(row.verdict for row in summary if row.verdict is not None)
     facts = [f"{len(summary)} result{'s' if len(summary) != 1 else ''}"]
-    for label, values in (
-        ("accelerator", {row.accelerator for row in summary}),
-        ("device", {row.device_name for row in summary}),
+    for label, name, form in (
+        ("accelerator", "accelerator", "{}"),
+        ("device", "device_name", "{}"),
+        ("topology", "topology_key", "`{}`"),
     ):
-        named = sorted(value for value in values if value)
-        if named:
-            facts.append(f"{label} {', '.join(named)}")
-    keys = sorted({row.topology_key for row in summary if row.topology_key})
-    if keys:
-        facts.append("topology " + ", ".join(f"`{key}`" for key in keys))
+        values = sorted({getattr(row, name) for row in summary} - {None, ""})
+        if values:
+            facts.append(f"{label} " + ", ".join(form.format(value) for value in values))
     if verdicts:
         facts.append(", ".join(f"{count} {verdict}" for verdict, count in sorted(verdicts.items())))
     lines += [" · ".join(facts), ""]
@@ -141,20 +139,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows = parse_report(json.loads(args.report.read_text(encoding="utf-8")), str(args.report))
-    except (OSError, ValueError) as error:  # ReportError included
-        reason = (
-            error
-            if isinstance(error, ReportError)
-            else f"cannot read report {args.report}: {error}"
-        )
-        parser.exit(2, f"{parser.prog}: error: {reason}\n")
+    except ReportError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"{parser.prog}: error: cannot read report {args.report}: {error}\n")
     # UTF-8 regardless of the runner's locale: the table uses a few non-ASCII characters.
     sys.stdout.buffer.write(render_markdown(rows, title=args.title).encode("utf-8"))
     sys.stdout.flush()
     return 0
 
 
-def _rate(value: float) -> str:
+def rate_text(value: float) -> str:
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3g}"
 
 
@@ -167,7 +162,7 @@ _STYLES: dict[str, Callable[[Any], str]] = {
     "code": "`{}`".format,
     "text": str,
     "count": str,
-    "rate": _rate,
+    "rate": rate_text,
     "change": "{:+.1%}".format,
     "ratio": "{:.3f}".format,
     "verdict": _verdict,

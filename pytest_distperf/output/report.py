@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_distperf.judge.record import JudgedRun
+from pytest_distperf.output.markdown import REPORT_SCHEMA
 from pytest_distperf.store.store import atomic_write_text
 from pytest_distperf.work import Work, work_cell
-
-REPORT_SCHEMA = 1
 
 # The figures CI scripts and saved benchmarks read (JUnit and pytest-benchmark's extra_info), in
 # the order they keep; a JUnit property is `distperf_<name>`.

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any
 
-from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object
+from pytest_distperf.jsonfields import get_field, is_count, is_number, json_object, json_value
 from pytest_distperf.work import Work
 
 # One schema: a file of any other is refused, naming it (record the baselines again).
@@ -89,14 +89,9 @@ class BaselineEntry:
             raise ValueError(f"test id {test_id!r} contains control characters")
         if not self.samples:
             raise ValueError(f"{test_id}: no samples")
-        for name in ("samples", *_LIST_FIELDS):
-            low = 0.0 if name in _WAIT_FIELDS else math.ulp(0.0)  # zero: no wait at all
-            values = tuple(getattr(self, name))
-            for value in values:
-                if not is_number(value) or not math.isfinite(value) or value < low:
-                    kind = "non-negative" if low == 0 else "positive"
-                    raise ValueError(f"{test_id}: {name} must be {kind} numbers, got {value!r}")
-            object.__setattr__(self, name, tuple(float(v) for v in values))
+        for name in ("samples", *_LIST_FIELDS):  # a wait may be zero: no wait at all
+            values = checked_numbers(getattr(self, name), test_id, name, zero=name in _WAIT_FIELDS)
+            object.__setattr__(self, name, values)
         if not is_count(self.n) or self.n != len(self.samples):
             raise ValueError(f"{test_id}: n={self.n!r} but there are {len(self.samples)} samples")
         median = statistics.median(self.samples)
@@ -123,12 +118,12 @@ class BaselineEntry:
             raise ValueError(f"{test_id}: extra must be JSON-serializable ({exc})") from exc
         runs = max(len(self.run_medians), 1)
         for name in _RUN_RECORDS:
-            if len(getattr(self, name)) > runs:
+            values = tuple(getattr(self, name))
+            if len(values) > runs:
                 raise ValueError(
-                    f"{test_id}: {name} has {len(getattr(self, name))} values for {runs} "
-                    "recorded runs"
+                    f"{test_id}: {name} has {len(values)} values for {runs} recorded runs"
                 )
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            object.__setattr__(self, name, values)
         for value in (self.recorded_at, *self.run_recorded_at):
             _parse_timestamp(value, test_id)
         if not all(c is None or isinstance(c, str) for c in self.run_commits):
@@ -213,9 +208,7 @@ class BaselineEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as plain JSON; the work left out when it was not counted."""
-        row = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "work"}
-        row = {k: list(v) if isinstance(v, tuple) else v for k, v in row.items()}
-        row |= {"versions": dict(self.versions), "extra": json.loads(json.dumps(dict(self.extra)))}
+        row = {f.name: json_value(getattr(self, f.name)) for f in fields(self) if f.name != "work"}
         return row | ({} if self.work is None else {"work": self.work.to_json()})
 
     @classmethod
@@ -253,20 +246,25 @@ def relative_spread(samples: Iterable[float]) -> float:
     return MAD_TO_SIGMA * float(median_abs_deviation(values)) / statistics.median(values)
 
 
-def _rounded(
-    values: Iterable[float], test_id: str, name: str, zero: bool = False
+def checked_numbers(
+    values: Iterable[object], where: str, name: str, zero: bool = False
 ) -> tuple[float, ...]:
-    """The values rounded; ValueError naming the first that is no real number of that kind."""
-    kind = "non-negative numbers" if zero else "positive numbers"
+    """As floats; ValueError naming the first that is no finite positive (or `zero`) number."""
     result = []
     for value in values:
         # numbers.Real admits numpy scalars but not strings, which float() would accept.
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise ValueError(f"{test_id}: {name} must be numbers, got {value!r}")
-        if not (value >= 0 and math.isfinite(value)) or (not zero and not value):
-            raise ValueError(f"{test_id}: {name} must be {kind}, got {value!r}")
-        result.append(_round(float(value)))
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if not (real and math.isfinite(value) and value >= 0 and (zero or value)):
+            kind = "non-negative" if zero else "positive"
+            raise ValueError(f"{where}: {name} must be {kind} numbers, got {value!r}")
+        result.append(float(value))  # type: ignore[arg-type]
     return tuple(result)
+
+
+def _rounded(
+    values: Iterable[float], test_id: str, name: str, zero: bool = False
+) -> tuple[float, ...]:
+    return tuple(_round(v) for v in checked_numbers(values, test_id, name, zero))
 
 
 def _round(value: float) -> float:

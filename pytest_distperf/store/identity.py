@@ -30,13 +30,3 @@ def split_identity(test_id: str) -> tuple[str, str]:
     if not sep or not tail.endswith("]"):
         return test_id, ""
     return head, tail[:-1]
-
-
-def file_of(nodeid: str) -> str:
-    """The file part of a node id (or of an identity)."""
-    return nodeid.partition(SEPARATOR)[0]
-
-
-def name_in_file(nodeid: str) -> str:
-    """What follows the file in a node id: ``test_decode[auto-1cuda]``, ``Class::test``."""
-    return nodeid.partition(SEPARATOR)[2]

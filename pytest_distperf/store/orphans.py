@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_distperf.store.identity import file_of, name_in_file, split_identity
+from pytest_distperf.jsonfields import json_value
+from pytest_distperf.store.identity import SEPARATOR, split_identity
 
 WORKLOAD_CHANGED = "the same test with another parametrization or workload"
 PATH_MOVED = (
@@ -35,10 +36,12 @@ class Suggestion:
 
 @dataclass(frozen=True)
 class Orphans:
+    """Named as the JSON report's `baseline_orphans` names them."""
+
     topology_key: str
     baseline_file: str
-    without_baseline: tuple[str, ...]  # identities of the tests that found no entry
-    orphaned: tuple[str, ...]  # entries that no collected test matched
+    tests_without_baseline: tuple[str, ...]  # identities of the tests that found no entry
+    orphaned_entries: tuple[str, ...]  # entries that no collected test matched
     suggestions: tuple[Suggestion, ...]
 
     @property
@@ -50,25 +53,19 @@ class Orphans:
         return tuple(dict.fromkeys(s.command for s in self.suggestions if s.command))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "topology_key": self.topology_key,
-            "baseline_file": self.baseline_file,
-            "tests_without_baseline": list(self.without_baseline),
-            "orphaned_entries": list(self.orphaned),
-            "likely_cause": self.likely_cause,
-            "suggestions": [asdict(s) for s in self.suggestions],
-            "commands": list(self.commands),
-        }
+        both = {"likely_cause": self.likely_cause, "commands": self.commands}
+        return json_value(asdict(self) | both)
 
     def lines(self) -> list[str]:
         """The terminal summary's warning."""
-        one = len(self.orphaned) == 1
+        missing, orphaned = self.tests_without_baseline, self.orphaned_entries
+        one = len(orphaned) == 1
         lines = [
-            f"{len(self.without_baseline)} test(s) found no baseline, while "
-            f"{len(self.orphaned)} entr{'y' if one else 'ies'} of this machine's baseline file "
+            f"{len(missing)} test(s) found no baseline, while "
+            f"{len(orphaned)} entr{'y' if one else 'ies'} of this machine's baseline file "
             f"{self.baseline_file} match{'es' if one else ''} no collected test:",
-            *(f"  no baseline:  {test_id}" for test_id in self.without_baseline),
-            *(f"  orphaned:     {test_id}" for test_id in self.orphaned),
+            *(f"  no baseline:  {test_id}" for test_id in missing),
+            *(f"  orphaned:     {test_id}" for test_id in orphaned),
         ]
         for s in self.suggestions:  # the node ids alone: the workloads are listed above
             test = f" ({split_identity(s.test)[0]})" if s.test else ""
@@ -105,11 +102,12 @@ def _suggestion(orphan: str, missing: Mapping[str, str], directory: str) -> Sugg
     for test_id, legacy in missing.items():  # the same node id first: the clearest cause
         if node in (split_identity(test_id)[0], split_identity(legacy)[0]):
             return Suggestion(orphan, WORKLOAD_CHANGED, test_id)
+    old, _, name = node.partition(SEPARATOR)
     for test_id in missing:
         test_node, test_workload = split_identity(test_id)
-        if test_workload != workload or name_in_file(test_node) != name_in_file(node):
+        new, _, test_name = test_node.partition(SEPARATOR)
+        if test_workload != workload or test_name != name:
             continue
-        old, new = file_of(node), file_of(test_node)
         moved = new.endswith(f"/{old}") or old.endswith(f"/{new}")
         command = _command("rename", old, new, directory)
         return Suggestion(orphan, PATH_MOVED if moved else FILE_RENAMED, test_id, command)

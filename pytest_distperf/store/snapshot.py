@@ -51,16 +51,16 @@ def read_source(source: str) -> Snapshot:
     return read_commit(ref, directory.rstrip("/"))
 
 
-def read_commit(ref: str, directory: str, cwd: str | Path = ".") -> Snapshot:
-    """The baseline files of `directory` (from the repository's root, or ``./DIR`` from `cwd`)
-    at commit `ref`; none there yet: no entries, and a note saying so."""
+def read_commit(ref: str, directory: str) -> Snapshot:
+    """The baseline files of `directory` (from the repository's root, or ``./DIR`` from the
+    working directory) at commit `ref`; none there yet: no entries, and a note saying so."""
     source = f"{ref}:{directory}"
     try:
-        _git(cwd, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+        _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
     except SnapshotError:
         raise SnapshotError(f"{source}: {ref!r} is not a commit of the repository here") from None
     try:
-        listing = _git(cwd, "ls-tree", "-z", source).decode("utf-8", "replace")
+        listing = _git("ls-tree", "-z", source).decode("utf-8", "replace")
     except SnapshotError:  # the commit has no such directory: every entry is new
         return Snapshot(source, {}, (), (f"{source}: no such directory at {ref}",))
     entries, unreadable = {}, []
@@ -74,17 +74,17 @@ def read_commit(ref: str, directory: str, cwd: str | Path = ".") -> Snapshot:
         except ValueError:
             continue  # what BaselineStore.keys() skips on a disk too
         try:
-            raw = _git(cwd, "show", f"{source}/{name}")
+            raw = _git("show", f"{source}/{name}")
             entries[key] = read_document(Path(f"{source}/{name}"), raw, key)[1]
         except BaselineFileError as error:
             unreadable.append(error)
     return Snapshot(source, entries, tuple(unreadable))
 
 
-def _git(cwd: str | Path, *args: str) -> bytes:
+def _git(*args: str) -> bytes:
     try:
         done = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, timeout=GIT_TIMEOUT_S, check=False
+            ["git", *args], capture_output=True, timeout=GIT_TIMEOUT_S, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as error:
         raise SnapshotError(f"git {' '.join(args)}: {error}") from None

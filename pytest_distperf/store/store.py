@@ -96,47 +96,43 @@ class BaselineStore:
         """Merge ``entries`` into ``topology_key``'s file after the stored runs (`following`);
         ``moved_from``: test id -> an older id whose entry it takes over where only that is
         stored. BaselineFileError when the file is unreadable, TimeoutError without the lock."""
-        path = self.path(topology_key)
-        updates = dict(entries)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with self._locked(path):
-            raw = _bytes(path)
-            # Parsing inside the lock makes this a merge rather than last-writer-wins.
-            old_topology, merged = (
-                ({}, {}) if raw is None else read_document(path, raw, topology_key)
-            )
+
+        def merge(merged: dict[str, BaselineEntry]) -> dict[str, BaselineEntry]:
             for test_id, older in (moved_from or {}).items():
-                if test_id in updates and test_id not in merged and older in merged:
+                if test_id in entries and test_id not in merged and older in merged:
                     merged[test_id] = replace(merged.pop(older), test_id=test_id)
-            for test_id, entry in updates.items():
-                if test_id in merged:
-                    updates[test_id] = entry.following(merged[test_id])
-            merged.update(updates)
-            text = _render(
-                topology_key, old_topology if topology is None else dict(topology), merged
-            )
-            if raw != text.encode("utf-8"):
-                atomic_write_text(path, text)
-        return path
+            for test_id, entry in entries.items():
+                merged[test_id] = entry.following(merged[test_id]) if test_id in merged else entry
+            return merged
+
+        self.rewrite(topology_key, merge, topology, create=True)
+        return self.path(topology_key)
 
     def rewrite(
         self,
         topology_key: str,
         change: Callable[[dict[str, BaselineEntry]], dict[str, BaselineEntry]],
+        topology: Mapping[str, Any] | None = None,
+        create: bool = False,
     ) -> dict[str, BaselineEntry]:
         """Replace ``topology_key``'s entries by ``change(entries)`` under the lock, removing a
-        file left empty; what it holds now. FileNotFoundError when there is none."""
+        file left empty, and its topology by ``topology`` if given; what it holds now.
+        FileNotFoundError when there is none, unless ``create``."""
         path = self.path(topology_key)
+        if create:
+            self.directory.mkdir(parents=True, exist_ok=True)
         with self._locked(path):
             raw = _bytes(path)
-            if raw is None:
+            if raw is None and not create:
                 raise FileNotFoundError(f"no baseline file {path}")
-            topology, entries = read_document(path, raw, topology_key)
+            # Parsing inside the lock makes this a merge rather than last-writer-wins.
+            stored, entries = ({}, {}) if raw is None else read_document(path, raw, topology_key)
             changed = change(dict(entries))
+            described = stored if topology is None else dict(topology)
             if not changed:
-                path.unlink()
-            elif changed != entries:
-                atomic_write_text(path, _render(topology_key, topology, changed))
+                path.unlink(missing_ok=True)
+            elif changed != entries or described != stored:
+                atomic_write_text(path, _render(topology_key, described, changed))
         return changed
 
     @contextmanager
