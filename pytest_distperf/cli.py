@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
+    """The topology the files name, else probed (auto: cuda where NVIDIA GPUs answer)."""
     try:
         if args.nvidia_smi_topo:
             return topology.load_nvidia_smi_topo(args.nvidia_smi_topo, devices)
@@ -139,7 +140,23 @@ def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
     except TopologyError as exc:
         option = "--nvidia-smi-topo" if args.nvidia_smi_topo else "--topology"
         raise UsageError(f"{option}: {exc}") from None
-    return _probe(args.accelerator, devices)
+    accelerator = args.accelerator
+    if accelerator == "auto":
+        accelerator = "cuda" if _gpus_answer() else "cpu"
+    if accelerator == "cpu":
+        return topology.probe_cpu(devices or 2)
+    if devices is None:
+        try:
+            return topology.probe_nvml(None)
+        except Exception:  # noqa: BLE001 - fall back to probe(), which says what failed
+            devices = 1
+    found = topology.probe(accelerator, devices)
+    if found.device_count < devices:
+        raise UsageError(
+            f"--devices {devices}: only {found.device_count} CUDA device(s) are visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+        )
+    return found
 
 
 def _gpus_answer() -> bool:  # without torch: NVML first, then the nvidia-smi binary
@@ -153,26 +170,6 @@ def _gpus_answer() -> bool:  # without torch: NVML first, then the nvidia-smi bi
             pynvml.nvmlShutdown()
     except Exception:  # noqa: BLE001 - no library, no driver, no device: all mean "no GPU"
         return shutil.which("nvidia-smi") is not None
-
-
-def _probe(accelerator: str, devices: int | None) -> Topology:
-    accel = accelerator
-    if accel == "auto":
-        accel = "cuda" if _gpus_answer() else "cpu"
-    if accel == "cpu":
-        return topology.probe_cpu(devices or 2)
-    if devices is None:
-        try:
-            return topology.probe_nvml(None)
-        except Exception:  # noqa: BLE001 - fall back to probe(), which says what failed
-            devices = 1
-    found = topology.probe(accel, devices)
-    if found.device_count < devices:
-        raise UsageError(
-            f"--devices {devices}: only {found.device_count} CUDA device(s) are visible "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
-        )
-    return found
 
 
 def _load_calibration(path: str | None, devices: int | None) -> Calibration | None:
