@@ -231,16 +231,8 @@ def reduce_ranks(
     work_s = slowest(r.work_s for r in ranks)
     return dict(
         samples=samples,
-        test_id=spec.test_id,
-        strategy=spec.strategy,
-        devices=spec.devices,
-        accelerator=spec.accelerator,
-        model_source=spec.model_source,
-        nodes=spec.nodes,
+        **{name: getattr(spec, name) for name in _ASKED},
         mode=workload.mode,
-        workload=workload,
-        repeats=spec.repeats,
-        warmup=spec.warmup,
         tokens_per_sec=tokens_per_sec,
         tokens_per_sec_samples=rates,
         decode_tokens_per_sec=_median(decode_rates),  # type: ignore[arg-type]
@@ -279,6 +271,13 @@ def reduce_ranks(
         count_s=slowest(r.count_s for r in ranks),
         phase_s=_slowest_phases([r.phase_s for r in ranks]),
     )
+
+
+# RunResult's figures that are the spec's own.
+_ASKED = (
+    "test_id", "strategy", "devices", "accelerator", "model_source", "nodes", "workload",
+    "repeats", "warmup",
+)  # fmt: skip
 
 
 def _training_figures(
