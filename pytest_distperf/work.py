@@ -65,10 +65,6 @@ class PhaseWork:
         syncs = None if self.syncs is None else dict(self.syncs)
         return (type(self), (dict(self.collectives), self.ops, self.flops, self.kernels, syncs))
 
-    @property
-    def total_syncs(self) -> float | None:
-        return None if self.syncs is None else sum(self.syncs.values())
-
     def to_json(self) -> dict[str, Any]:
         data = {
             "collectives": {kind: c.to_json() for kind, c in self.collectives.items()},
@@ -83,23 +79,22 @@ class PhaseWork:
     @classmethod
     def from_json(cls, data: object, where: str) -> PhaseWork:
         obj = _object(data, where, {"collectives", "ops", "flops", "kernels", "syncs"})
-        raw = json_object(get_field(obj, "collectives", Mapping, where), f"{where}.collectives")
-        collectives = {}
-        for kind, count in raw.items():
-            if not isinstance(kind, str) or not kind:
-                raise ValueError(f"{where}.collectives: kind must be a non-empty string")
-            collectives[kind] = CollectiveCount.from_json(count, f"{where}.collectives.{kind}")
+        collectives = {
+            kind: CollectiveCount.from_json(count, f"{where}.collectives.{kind}")
+            for kind, count in get_field(obj, "collectives", Mapping, where).items()
+        }
+        if "" in collectives:
+            raise ValueError(f"{where}.collectives: kind must be a non-empty string")
         kernels = get_field(obj, "kernels", (*NUMBER, NULL), where, optional=True)
-        syncs = None
-        if "syncs" in obj:
-            raw_syncs = json_object(get_field(obj, "syncs", Mapping, where), f"{where}.syncs")
-            syncs = {str(k): _non_negative(raw_syncs, k, f"{where}.syncs") for k in raw_syncs}
+        syncs = get_field(obj, "syncs", Mapping, where) if "syncs" in obj else None
         return cls(
             collectives=collectives,
             ops=_non_negative(obj, "ops", where),
             flops=_non_negative(obj, "flops", where),
             kernels=None if kernels is None else _non_negative(obj, "kernels", where),
-            syncs=syncs,
+            syncs=None
+            if syncs is None
+            else {k: _non_negative(syncs, k, f"{where}.syncs") for k in syncs},
         )
 
 
@@ -319,8 +314,8 @@ def work_cell(work: Work | None) -> str:
         if count.bytes:
             part += " " + format_bytes(count.bytes).replace(" ", "")
         parts.append(part)
-    if main.total_syncs:
-        parts.append(f"sync {_number(main.total_syncs)}x")
+    if main.syncs and sum(main.syncs.values()):
+        parts.append(f"sync {_number(sum(main.syncs.values()))}x")
     return ", ".join(parts) or "-"
 
 
