@@ -1,6 +1,5 @@
-"""What a distperf test asks for, read from its markers at collection (no torch), and the items
-made from it: parametrisation, order, xdist refusal. A bad marker fails only its own test, at
-setup (an `Invalid` parameter carries the message naming the test, the value and the choices)."""
+"""What a distperf test asks for, read from its markers at collection (no torch): its items, their
+order, xdist refusal. A bad marker fails only its own test, at setup (an `Invalid` parameter)."""
 
 from __future__ import annotations
 
@@ -185,9 +184,8 @@ def test_dir(item: pytest.Item) -> str:
 
 
 def check_fits(workload: Workload, where: str, test_dir: str = "") -> None:
-    """The KV cache must hold the prompt and every new token (and the reference's steps), within
-    the model's own context (models.context_limit; an `hf:` config found from `test_dir`). A
-    builder's model is checked by its ranks, once built."""
+    """The KV cache must hold the prompt and every new token (and the reference's steps) within
+    the named model's context (an `hf:` config found from `test_dir`); a builder's: by its ranks."""
     from pytest_distperf.models import ModelError, context_limit
     from pytest_distperf.spec import RunSpec
 
@@ -215,9 +213,8 @@ def check_fits(workload: Workload, where: str, test_dir: str = "") -> None:
 
 
 def strategy_unfit(strategy: str, workload: Workload, devices: int) -> str | None:
-    """Why `strategy` cannot split the workload's model over `devices` ranks (its record's
-    `check`: tp's heads, pipeline's blocks), or None; a builder's model is checked by its ranks
-    once built, and a bad model name is `check_fits`'s to report."""
+    """Why `strategy` cannot split the workload's model over `devices` ranks (tp's heads,
+    pipeline's blocks), or None; a builder's model is its ranks' to check, a bad name check_fits."""
     from pytest_distperf.models import ModelError, shape_of
 
     record = get_strategy(strategy)
