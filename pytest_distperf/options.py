@@ -7,7 +7,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
@@ -127,146 +127,117 @@ class OptionSpec:
         return "distperf_" + self.name
 
 
-OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec(
-        "devices",
-        "2",
-        "ranks per test: a positive integer, or 'auto' for all visible GPUs",
-        _devices,
-    ),
-    OptionSpec(
-        "accelerator",
+def _option(default: str, help: str, parse: Callable[[Any, str], Any] = _path) -> Any:
+    """A Settings field declared as its option: the unparsed default, one help string, a parser."""
+    return field(metadata={"default": default, "help": help, "parse": parse})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the whole session runs with, each field an option (--distperf-<name>, ini
+    distperf_<name>) declared once; `devices` is None for 'auto' until resolved."""
+
+    devices: int | None = _option(
+        "2", "ranks per test: a positive integer, or 'auto' for all visible GPUs", _devices
+    )
+    accelerator: str = _option(
         "auto",
         "where ranks run: auto (cuda when visible), cpu or cuda",
         partial(_one_of, ACCELERATORS),
-    ),
-    OptionSpec("repeats", "5", "timed generations per test (the median is reported)", _integer),
-    OptionSpec(
-        "warmup", "1", "untimed generations before the timed ones", partial(_integer, minimum=0)
-    ),
-    OptionSpec(
-        "timeout", "600", "seconds a test's ranks may run before they are stopped", _timeout
-    ),
-    OptionSpec("json", "", "write every distperf result of the session to this JSON file"),
-    OptionSpec(
-        "efficiency",
+    )
+    repeats: int = _option("5", "timed generations per test (the median is reported)", _integer)
+    warmup: int = _option(
+        "1", "untimed generations before the timed ones", partial(_integer, minimum=0)
+    )
+    timeout: float = _option(
+        "600", "seconds a test's ranks may run before they are stopped", _timeout
+    )
+    json: str | None = _option("", "write every distperf result of the session to this JSON file")
+    efficiency: float = _option(
         str(DEFAULT_EFFICIENCY),
         "fail a run below this fraction of the predicted tokens/sec, in (0, 1]",
         partial(_fraction, name="efficiency", bounds="(0, 1]"),
-    ),
-    OptionSpec(
-        "tolerance",
+    )
+    tolerance: float | None = _option(
         "",
         "relative drop from the baseline tolerated; default: from the drift of the recorded runs",
         _optional(partial(_fraction, name="tolerance")),
-    ),
-    OptionSpec(
-        "gates",
+    )
+    gates: bool = _option(
         "on",
         "on or off; off: every run is measured and reported but no check (threshold, baseline, "
         "relative speed, memory, work, device time) fails it (a test's distperf(gates=...) wins)",
         _on_off,
-    ),
-    OptionSpec(
-        "alpha",
+    )
+    alpha: float = _option(
         "0.01",
         "false-alarm rate of the baseline test: a regression needs p <= alpha",
         partial(_fraction, name="alpha"),
-    ),
-    OptionSpec(
-        "count",
+    )
+    count: bool = _option(
         "on",
         "on or off; off: no counted generation after the timed repeats (collectives, ops, "
         "FLOPs, kernels per token), so no work gate",
         _on_off,
-    ),
-    OptionSpec(
-        "work_tolerance",
+    )
+    work_tolerance: float = _option(
         "0.01",
         "relative growth of the counted bytes, ops, FLOPs and kernels per token the work gate "
         "tolerates, in [0, 1); collective kinds and calls are exact (a test's "
         "distperf(work_tolerance=...) wins)",
         partial(_fraction, name="work_tolerance", bounds="[0, 1)"),
-    ),
-    OptionSpec(
-        "baseline_dir", "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
-    ),
-    OptionSpec("update_baselines", "", "record or refresh the baselines of the tests run", _switch),
-    OptionSpec("strict", "", "a test without a baseline for this machine fails", _switch),
-    OptionSpec(
-        "fail_on_improvement", "", "a run far faster than its baseline (stale) fails", _switch
-    ),
-    OptionSpec(
-        "compile",
+    )
+    baseline_dir: str | None = _option(
+        "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
+    )
+    update_baselines: bool = _option(
+        "", "record or refresh the baselines of the tests run", _switch
+    )
+    strict: bool = _option("", "a test without a baseline for this machine fails", _switch)
+    fail_on_improvement: bool = _option(
+        "", "a run far faster than its baseline (stale) fails", _switch
+    )
+    compile: bool = _option(
         "",
         "compile the decode step with torch.compile (CUDA graphs where the strategy allows); "
         "a test's distperf(compile=...) wins",
         _switch,
-    ),
-    OptionSpec(
-        "fresh_ranks",
+    )
+    fresh_ranks: bool = _option(
         "",
         "start new ranks for every test instead of keeping a pool for the session (debugging)",
         _switch,
-    ),
-    OptionSpec(
-        "recalibrate",
+    )
+    recalibrate: bool = _option(
         "",
         "measure the collectives again instead of reusing this machine's calibration kept in "
         "pytest's cache (same topology, rank count and versions)",
         _switch,
-    ),
-    OptionSpec(
-        "relative_speed",
+    )
+    relative_speed: bool = _option(
         "",
         "time the bare model beside every repeat (relative speed) for replicated strategies "
         "too (auto, ddp); sharded and model-parallel strategies always measure it (a test's "
         "distperf(relative_speed=...) wins)",
         _switch,
-    ),
-    OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
-    OptionSpec(
-        "numa_binding",
+    )
+    topology: str | None = _option(
+        "", "load this saved topology (JSON) instead of probing the machine"
+    )
+    numa_binding: str | None = _option(
         "",
         "bind each CUDA rank to CPUs near its GPU with torch's NUMA binding: "
         f"{', '.join(NUMA_BINDINGS)} (default: no binding; inside torchrun use its --numa-binding)",
         _optional(partial(_one_of, NUMA_BINDINGS)),
-    ),
-)
-_BY_NAME = {spec.name: spec for spec in OPTIONS}
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the whole session runs with (OPTIONS parsed); `devices` is None for 'auto' until
-    resolved."""
-
-    devices: int | None
-    accelerator: str
-    repeats: int
-    warmup: int
-    timeout: float
-    json: str | None
-    efficiency: float
-    tolerance: float | None
-    gates: bool  # False: runs are measured and reported, no check fails them
-    alpha: float
-    count: bool  # the counted generation (RunSpec.count_work)
-    work_tolerance: float
-    baseline_dir: str | None
-    update_baselines: bool
-    strict: bool
-    fail_on_improvement: bool
-    compile: bool
-    fresh_ranks: bool
-    recalibrate: bool
-    relative_speed: bool  # the bare model beside replicated runs too (RunSpec)
-    topology: str | None
-    numa_binding: str | None
+    )
 
     def gate_value(self, name: str, marker: Mapping[str, Any]) -> Any:
         """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
         return marker.get(name, getattr(self, name))
+
+
+OPTIONS = tuple(OptionSpec(f.name, **f.metadata) for f in fields(Settings))
+_BY_NAME = {spec.name: spec for spec in OPTIONS}
 
 
 def resolve_settings(
