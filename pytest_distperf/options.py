@@ -314,16 +314,16 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "must be seconds in [0, 1] per message",
     ),
     ("compile", lambda v: v in (None, True, False), "must be True or False"),
+    ("mode", lambda v: v in MODES, f"is not one of {', '.join(MODES)}"),
+    ("seq_length", lambda v: v is None or _positive_count(v), "must be a positive integer"),
 )
 # Marker arguments that only a generation uses: refused in train mode rather than ignored.
 _GENERATE_ONLY = ("max_new_tokens", "prompt_length", "generate")
 
 
 def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> int | None:
-    """Check `mode` and what goes with it; the train mode's sequence length (None otherwise)."""
+    """Check what goes with `mode`; the train mode's sequence length (None otherwise)."""
     mode, seq_length = values["mode"], values["seq_length"]
-    if mode not in MODES:
-        raise SettingError(f"{where}: distperf(mode={mode!r}) is not one of {', '.join(MODES)}")
     if mode != "train":
         if seq_length is not None:
             raise SettingError(
@@ -342,13 +342,7 @@ def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> i
             f"{where}: distperf({', '.join(misplaced)}) does not apply to mode='train' (a step "
             "trains on batch_size sequences of seq_length tokens)"
         )
-    if seq_length is None:
-        return DEFAULT_SEQ_LENGTH
-    if not is_count(seq_length) or seq_length < 1:
-        raise SettingError(
-            f"{where}: distperf(seq_length={seq_length!r}) must be a positive integer"
-        )
-    return seq_length
+    return DEFAULT_SEQ_LENGTH if seq_length is None else seq_length
 
 
 GATE_ARGUMENTS = ("efficiency", "tolerance", "gates", "work_tolerance", "relative_speed")
