@@ -1,6 +1,5 @@
 """Which collectives a run calibrates (a builder's model and a training step at their own sizes),
-and the calibration kept in pytest's cache between sessions (keyed by topology, rank count and
-versions; a multi-node job always measures)."""
+and the calibration kept in pytest's cache by topology, rank count and versions (not in a job)."""
 
 from __future__ import annotations
 

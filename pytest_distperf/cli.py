@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -75,7 +74,7 @@ def _add_source_options(parser: argparse.ArgumentParser) -> None:
         "--accelerator",
         choices=("auto", "cpu", "cuda"),
         default="auto",
-        help="what to probe when no file is given (auto: cuda when NVIDIA GPUs answer)",
+        help="what to probe when no file is given (auto: cuda when GPUs are visible)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -131,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
+    """The topology the files name, else probed (auto: cuda where GPUs are visible)."""
     try:
         if args.nvidia_smi_topo:
             return topology.load_nvidia_smi_topo(args.nvidia_smi_topo, devices)
@@ -139,34 +139,16 @@ def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
     except TopologyError as exc:
         option = "--nvidia-smi-topo" if args.nvidia_smi_topo else "--topology"
         raise UsageError(f"{option}: {exc}") from None
-    return _probe(args.accelerator, devices)
+    from pytest_distperf.topology.gpus import visible_gpus
 
-
-def _gpus_answer() -> bool:  # without torch: NVML first, then the nvidia-smi binary
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount()) > 0
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no library, no driver, no device: all mean "no GPU"
-        return shutil.which("nvidia-smi") is not None
-
-
-def _probe(accelerator: str, devices: int | None) -> Topology:
-    accel = accelerator
-    if accel == "auto":
-        accel = "cuda" if _gpus_answer() else "cpu"
-    if accel == "cpu":
+    accelerator = args.accelerator
+    visible = visible_gpus() if accelerator != "cpu" else 0  # as pytest's `auto` counts them
+    if accelerator == "auto":
+        accelerator = "cuda" if visible else "cpu"
+    if accelerator == "cpu":
         return topology.probe_cpu(devices or 2)
-    if devices is None:
-        try:
-            return topology.probe_nvml(None)
-        except Exception:  # noqa: BLE001 - fall back to probe(), which says what failed
-            devices = 1
-    found = topology.probe(accel, devices)
+    devices = devices or max(visible, 1)
+    found = topology.probe(accelerator, devices)
     if found.device_count < devices:
         raise UsageError(
             f"--devices {devices}: only {found.device_count} CUDA device(s) are visible "

@@ -213,13 +213,17 @@ def _rewrite_all(
     directory: str,
     select: Callable[[BaselineEntry], bool],
     change: Callable[[dict[str, BaselineEntry], list[str]], dict[str, BaselineEntry]],
+    dry_run: bool = False,
 ) -> tuple[dict[str, list[str]], Snapshot]:
     """Apply `change(entries, selected ids)` to every readable file with a selected entry,
-    under its lock; the ids selected per topology key."""
+    under its lock (`dry_run`: to none); the ids selected per topology key."""
     snapshot = read_directory(directory)
     store = BaselineStore(directory)
     done: dict[str, list[str]] = {}
-    for key in snapshot.entries:
+    for key, read in snapshot.entries.items():
+        if dry_run:
+            done[key] = sorted(t for t, e in read.items() if select(e))
+            continue
 
         def locked(entries: dict[str, BaselineEntry], key: str = key) -> dict[str, BaselineEntry]:
             chosen = sorted(t for t, e in entries.items() if select(e))
@@ -281,19 +285,12 @@ def _prune(args: argparse.Namespace) -> int:
         pattern = args.match
         select = lambda e: pattern in e.test_id or fnmatch.fnmatchcase(e.test_id, f"*{pattern}*")  # noqa: E731
         reason = f"matching {pattern!r}"
-    if args.apply:
-        removed, snapshot = _rewrite_all(
-            args.directory,
-            select,
-            lambda entries, ids: {t: e for t, e in entries.items() if t not in ids},
-        )
-    else:
-        snapshot = read_directory(args.directory)
-        removed = {
-            key: sorted(t for t, e in entries.items() if select(e))
-            for key, entries in snapshot.entries.items()
-        }
-        removed = {key: ids for key, ids in removed.items() if ids}
+    removed, snapshot = _rewrite_all(
+        args.directory,
+        select,
+        lambda entries, ids: {t: e for t, e in entries.items() if t not in ids},
+        dry_run=not args.apply,
+    )
     if args.json:
         _print_json(args, snapshot, applied=args.apply, entries=removed)
     else:

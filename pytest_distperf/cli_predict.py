@@ -112,6 +112,11 @@ def mfu(p: Prediction, config: Any, seq_length: int, flops_per_s: float) -> floa
     return flops / (p.step_time_s or float("inf")) / (p.devices * flops_per_s)
 
 
+def _asked(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The command's arguments by name: its JSON's workload."""
+    return {name: getattr(args, name) for name in names}
+
+
 def _print_json(
     workload: dict[str, Any], topology: dict[str, Any], links: Links, **more: Any
 ) -> int:
@@ -138,16 +143,8 @@ def cmd_predict_train(args: argparse.Namespace, config: Any, topo: Topology, lin
         rows = [
             p.to_dict() | ({"mfu": mfu(p, config, seq, rate)} if rate else {}) for p in predictions
         ]
-        workload = {
-            "model": args.model,
-            "devices": args.devices,
-            "mode": "train",
-            "precision": args.precision,
-            "batch_size": args.batch_size,
-            "seq_length": seq,
-            "matmul_tflops": args.matmul_tflops,
-            "step_compute_ms": args.step_compute_ms,
-        }
+        workload = _asked(args, "model", "devices", "mode", "precision", "batch_size")
+        workload |= {"seq_length": seq, **_asked(args, "matmul_tflops", "step_compute_ms")}
         topology = {"key": topo.key(), "source": topo.source}
         return _print_json(workload, topology, links, predictions=rows, cannot_train=dict(refused))
     if rate:
@@ -181,14 +178,8 @@ def print_decode(
     args: argparse.Namespace, topo: Topology, links: Links, predictions: Sequence[Prediction]
 ) -> int:
     """The decode predictions of every strategy asked, as a table or JSON."""
-    workload = {
-        "model": args.model,
-        "devices": args.devices,
-        "precision": args.precision,
-        "batch_size": args.batch_size,
-        "prompt_length": args.prompt_length,
-        "max_new_tokens": args.max_new_tokens,
-    }
+    names = ("model", "devices", "precision", "batch_size", "prompt_length", "max_new_tokens")
+    workload = _asked(args, *names)
     if args.json:
         pairs = [{"a": link.a, "b": link.b, "link_class": link.link_class} for link in topo.links]
         topology = {"key": topo.key(), "source": topo.source, "pairs": pairs}

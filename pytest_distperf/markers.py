@@ -1,16 +1,15 @@
-"""What a distperf test asks for, read from its markers at collection (no torch), and the items
-made from it: parametrisation, order, xdist refusal. A bad marker fails only its own test, at
-setup (an `Invalid` parameter carries the message naming the test, the value and the choices)."""
+"""What a distperf test asks for, read from its markers at collection (no torch): its items, their
+order, xdist refusal. A bad marker fails only its own test, at setup (an `Invalid` parameter)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pytest
 
 from pytest_distperf import xdist
-from pytest_distperf.options import SettingError, workload_from_marker
+from pytest_distperf.options import GATE_ARGUMENTS, SettingError, workload_from_marker
 from pytest_distperf.spec import Workload
 from pytest_distperf.strategies import get_strategy, strategy_names
 
@@ -28,6 +27,12 @@ class Invalid:
     message: str
 
 
+# The distperf marker's arguments with their defaults: the workload's, then the gates' twins.
+_ARGUMENTS = ", ".join(
+    [*(f"{f.name}={f.default!r}" for f in fields(Workload)), *(f"{n}=None" for n in GATE_ARGUMENTS)]
+)
+
+
 def register(config: pytest.Config) -> None:
     """Marker help for `pytest --markers`, and for --strict-markers."""
     for text in (
@@ -35,14 +40,10 @@ def register(config: pytest.Config) -> None:
         f"names: {', '.join(strategy_names())}",
         f"{DEVICES_MARKER}(*counts): run this distperf test once per rank count, e.g. "
         "devices(1, 2, 4); without it, --distperf-devices",
-        f"{WORKLOAD_MARKER}(model='tiny', max_new_tokens=32, prompt_length=8, batch_size=1, "
-        "precision='fp32', seed=1234, slowdown=0.0, generate=None, shard_unit=None, "
-        "tp_plan=None, comm_delay=0.0, compile=None, efficiency=None, tolerance=None, "
-        "gates=None, work_tolerance=None, relative_speed=None, mode='generate', "
-        "seq_length=None): the workload a distperf test generates (mode='train': optimizer "
-        "steps on batch_size sequences of seq_length tokens), and its per-test gate settings "
-        "(gates=False: measured and reported, never failed by a check; relative_speed=True: "
-        "the bare model timed beside a replicated strategy's repeats too)",
+        f"{WORKLOAD_MARKER}({_ARGUMENTS}): the workload a distperf test generates "
+        "(mode='train': optimizer steps on batch_size sequences of seq_length tokens), and its "
+        "per-test gate settings (gates=False: measured and reported, never failed by a check; "
+        "relative_speed=True: the bare model timed beside a replicated strategy's repeats too)",
     ):
         config.addinivalue_line("markers", text)
 
@@ -52,11 +53,11 @@ def parametrize(metafunc: pytest.Metafunc, accelerator: str, default_devices: in
     markers are bad."""
     where = metafunc.definition.nodeid
     try:
-        names = _strategy_names(metafunc, where)
-        counts = _device_counts(metafunc, where)
+        names = _strategy_names(metafunc.definition, where)
+        counts = _device_counts(metafunc.definition, where)
         workload = workload_of(metafunc.definition)
-    except pytest.fail.Exception as error:
-        invalid = [(Invalid(error.msg), None)]
+    except SettingError as error:
+        invalid = [(Invalid(str(error)), None)]
         metafunc.parametrize(xdist.ARGNAMES, invalid, ids=[INVALID_ID], scope="function")
         return
     params, ids = [], []
@@ -68,45 +69,41 @@ def parametrize(metafunc: pytest.Metafunc, accelerator: str, default_devices: in
     metafunc.parametrize(xdist.ARGNAMES, params, ids=ids, scope="function")
 
 
-def _strategy_names(metafunc: pytest.Metafunc, where: str) -> list[str]:
+def _strategy_names(item: pytest.Item, where: str) -> list[str]:
     names: list[str] = []
-    for marker in metafunc.definition.iter_markers(STRATEGY_MARKER):
+    for marker in item.iter_markers(STRATEGY_MARKER):
         if marker.kwargs:
-            pytest.fail(
-                f"{where}: strategy marker takes names only, got keyword(s) "
-                f"{', '.join(marker.kwargs)}",
-                pytrace=False,
+            keywords = ", ".join(marker.kwargs)
+            raise SettingError(
+                f"{where}: strategy marker takes names only, got keyword(s) {keywords}"
             )
         names.extend(marker.args)
-    names = names or ["auto"]
-    valid = strategy_names()
+    names, valid = names or ["auto"], strategy_names()
     for name in names:
         if name not in valid:
-            pytest.fail(
+            raise SettingError(
                 f"{where}: unknown strategy {name!r} in @pytest.mark.strategy; "
-                f"valid: {', '.join(valid)}",
-                pytrace=False,
+                f"valid: {', '.join(valid)}"
             )
     if len(set(names)) != len(names):
-        pytest.fail(f"{where}: strategy marker repeats a name: {names}", pytrace=False)
+        raise SettingError(f"{where}: strategy marker repeats a name: {names}")
     return names
 
 
-def _device_counts(metafunc: pytest.Metafunc, where: str) -> list[int | None]:
+def _device_counts(item: pytest.Item, where: str) -> list[int | None]:
     """Rank counts from @pytest.mark.devices(1, 2, 4); [None] (the session's) without it."""
-    marker = metafunc.definition.get_closest_marker(DEVICES_MARKER)
+    marker = item.get_closest_marker(DEVICES_MARKER)
     if marker is None:
         return [None]
     counts = list(marker.args)
     bad = [c for c in counts if isinstance(c, bool) or not isinstance(c, int) or c < 1]
     if marker.kwargs or not counts or bad:
-        pytest.fail(
+        raise SettingError(
             f"{where}: @pytest.mark.devices takes positive integers (rank counts), got "
-            f"{', '.join(map(repr, [*counts, *marker.kwargs.items()])) or 'nothing'}",
-            pytrace=False,
+            f"{', '.join(map(repr, [*counts, *marker.kwargs.items()])) or 'nothing'}"
         )
     if len(set(counts)) != len(counts):
-        pytest.fail(f"{where}: devices marker repeats a count: {counts}", pytrace=False)
+        raise SettingError(f"{where}: devices marker repeats a count: {counts}")
     return counts
 
 
@@ -167,20 +164,17 @@ def check_supported(
 def marker_kwargs(item: pytest.Item) -> dict[str, Any]:
     marker = item.get_closest_marker(WORKLOAD_MARKER)
     if marker and marker.args:
-        pytest.fail(f"{item.nodeid}: distperf marker takes keyword arguments only", pytrace=False)
+        raise SettingError(f"{item.nodeid}: distperf marker takes keyword arguments only")
     return dict(marker.kwargs) if marker else {}
 
 
 def workload_of(item: pytest.Item) -> Workload:
+    """The item's workload from its distperf marker; SettingError naming the test and value."""
     from distperf_model.config import PRESETS
 
-    try:
-        workload = workload_from_marker(marker_kwargs(item), item.nodeid, tuple(PRESETS))
-        check_fits(workload, item.nodeid, test_dir(item))
-        return workload
-    except SettingError as error:
-        message = str(error)
-    pytest.fail(message, pytrace=False)  # outside `except`: no chained duplicate in the report
+    workload = workload_from_marker(marker_kwargs(item), item.nodeid, tuple(PRESETS))
+    check_fits(workload, item.nodeid, test_dir(item))
+    return workload
 
 
 def test_dir(item: pytest.Item) -> str:
@@ -190,9 +184,8 @@ def test_dir(item: pytest.Item) -> str:
 
 
 def check_fits(workload: Workload, where: str, test_dir: str = "") -> None:
-    """The KV cache must hold the prompt and every new token (and the reference's steps), within
-    the model's own context (models.context_limit; an `hf:` config found from `test_dir`). A
-    builder's model is checked by its ranks, once built."""
+    """The KV cache must hold the prompt and every new token (and the reference's steps) within
+    the named model's context (an `hf:` config found from `test_dir`); a builder's: by its ranks."""
     from pytest_distperf.models import ModelError, context_limit
     from pytest_distperf.spec import RunSpec
 
@@ -220,9 +213,8 @@ def check_fits(workload: Workload, where: str, test_dir: str = "") -> None:
 
 
 def strategy_unfit(strategy: str, workload: Workload, devices: int) -> str | None:
-    """Why `strategy` cannot split the workload's model over `devices` ranks (its record's
-    `check`: tp's heads, pipeline's blocks), or None; a builder's model is checked by its ranks
-    once built, and a bad model name is `check_fits`'s to report."""
+    """Why `strategy` cannot split the workload's model over `devices` ranks (tp's heads,
+    pipeline's blocks), or None; a builder's model is its ranks' to check, a bad name check_fits."""
     from pytest_distperf.models import ModelError, shape_of
 
     record = get_strategy(strategy)

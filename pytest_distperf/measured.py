@@ -1,7 +1,5 @@
 """What the ranks measured (`Sample`, `RankResult`) and the run's figures reduced from every
-rank's (`RunResult`, by `reduce_ranks`): picklable frozen dataclasses, no torch. A repeat's time
-is the slowest rank's (the ranks advance in lock-step); a rate is the median over repeats.
-What each figure counts: docs/running.md ("What is measured")."""
+rank's (`RunResult`, by `reduce_ranks`; docs/running.md says what each counts). No torch."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from typing import Any
 
 from pytest_distperf.jsonfields import json_value
 from pytest_distperf.spec import RunSpec, Workload
-from pytest_distperf.work import Work, busiest
+from pytest_distperf.work import Work, busiest, max_known
 
 
 @dataclass(frozen=True)
@@ -187,12 +185,12 @@ class RunResult:
     @property
     def in_step_collective_s(self) -> float | None:
         """The largest cost of one collective between host-run layers the ranks timed."""
-        return slowest_known(r.in_step_collective_s for r in self.ranks)
+        return max_known(r.in_step_collective_s for r in self.ranks)
 
     @property
     def reference_prefill_s(self) -> float | None:
         """The slowest prefill of the whole model alone of the ranks that timed one."""
-        return slowest_known(r.reference_prefill_s for r in self.ranks)
+        return max_known(r.reference_prefill_s for r in self.ranks)
 
     @property
     def eager_reference(self) -> bool:
@@ -233,16 +231,8 @@ def reduce_ranks(
     work_s = slowest(r.work_s for r in ranks)
     return dict(
         samples=samples,
-        test_id=spec.test_id,
-        strategy=spec.strategy,
-        devices=spec.devices,
-        accelerator=spec.accelerator,
-        model_source=spec.model_source,
-        nodes=spec.nodes,
+        **{name: getattr(spec, name) for name in _ASKED},
         mode=workload.mode,
-        workload=workload,
-        repeats=spec.repeats,
-        warmup=spec.warmup,
         tokens_per_sec=tokens_per_sec,
         tokens_per_sec_samples=rates,
         decode_tokens_per_sec=_median(decode_rates),  # type: ignore[arg-type]
@@ -272,15 +262,22 @@ def reduce_ranks(
             [r.host_loop_cpu_s for r in ranks], spec.repeats
         ),
         # the whole model timed alone (or compiled): any rank's stands for the run's
-        reference_token_s=slowest_known(r.reference_token_s for r in ranks),
+        reference_token_s=max_known(r.reference_token_s for r in ranks),
         reference_source=first.reference_source,
         startup_s=max(r.timed_from for r in ranks) - launched_at,
         work_s=work_s,
         harness_s=None if work_s is None else max(launch_s - work_s, 0.0),
-        compile_s=slowest_known(r.compile_s for r in ranks),
+        compile_s=max_known(r.compile_s for r in ranks),
         count_s=slowest(r.count_s for r in ranks),
         phase_s=_slowest_phases([r.phase_s for r in ranks]),
     )
+
+
+# RunResult's figures that are the spec's own.
+_ASKED = (
+    "test_id", "strategy", "devices", "accelerator", "model_source", "nodes", "workload",
+    "repeats", "warmup",
+)  # fmt: skip
 
 
 def _training_figures(
@@ -324,12 +321,6 @@ def slowest(values: Iterable[Any], largest: Callable[[list[Any]], Any] = max) ->
     return None if not known or None in known else largest(known)
 
 
-def slowest_known(values: Iterable[Any]) -> Any:
-    """The largest of the ranks that have one; None where none has."""
-    known = [value for value in values if value is not None]
-    return max(known) if known else None
-
-
 def _slowest_phases(per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
     """Seconds of each phase, the slowest rank's; {} where some rank reported none."""
     if not per_rank or not all(per_rank):
@@ -364,12 +355,10 @@ def bare_over_wrapped(
 def off_cpu_shares(per_rank: Sequence[Sequence[Sample]]) -> tuple[float, ...]:
     """Per repeat, the largest share of a rank's timed generation spent off the CPU by its own
     doing (Sample.off_cpu_s); empty where some rank has no such figure."""
-    if not per_rank or any(s.off_cpu_s is None for rank in per_rank for s in rank):
-        return ()
-    return tuple(
-        max((s.off_cpu_s or 0.0) / s.total_s for s in repeat)
-        for repeat in zip(*per_rank, strict=True)
-    )
+    shares = [
+        [s.off_cpu_s / s.total_s for s in rank if s.off_cpu_s is not None] for rank in per_rank
+    ]
+    return slowest_per_repeat_of(shares, len(per_rank[0]) if per_rank else 0)
 
 
 def slowest_per_repeat_of(per_rank: Sequence[Sequence[float]], repeats: int) -> tuple[float, ...]:

@@ -1,6 +1,5 @@
-"""What `distperf(model=...)` names, known before any rank runs: a preset's or LitGPT name's
-shape and context (LitGPT's config module loaded alone), an `hf:<config>`'s file and context; a
-builder's shape only once a rank built it (`RankResult.model_shape`). No torch."""
+"""What `distperf(model=...)` names, known before any rank runs (no torch): a preset's or LitGPT
+name's shape and context, an `hf:<config>`'s file and context; a builder's once a rank built it."""
 
 from __future__ import annotations
 

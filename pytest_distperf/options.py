@@ -7,7 +7,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from functools import partial
 from typing import Any
 
@@ -30,141 +30,6 @@ NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 
 class SettingError(ValueError):
     """A setting with a bad value; the message names the value and where it came from."""
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """One setting with its CLI and ini forms sharing one help string (as pytest-timeout does)."""
-
-    name: str  # e.g. "devices" -> --distperf-devices / distperf_devices
-    default: str
-    help: str
-    is_flag: bool = False  # a switch: store_true on the command line, a bool in the ini file
-
-    @property
-    def flag(self) -> str:
-        return "--distperf-" + self.name.replace("_", "-")
-
-    @property
-    def ini(self) -> str:
-        return "distperf_" + self.name
-
-
-OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec(
-        "devices", "2", "ranks per test: a positive integer, or 'auto' for all visible GPUs"
-    ),
-    OptionSpec("accelerator", "auto", "where ranks run: auto (cuda when visible), cpu or cuda"),
-    OptionSpec("repeats", "5", "timed generations per test (the median is reported)"),
-    OptionSpec("warmup", "1", "untimed generations before the timed ones"),
-    OptionSpec("timeout", "600", "seconds a test's ranks may run before they are stopped"),
-    OptionSpec("json", "", "write every distperf result of the session to this JSON file"),
-    OptionSpec(
-        "efficiency",
-        str(DEFAULT_EFFICIENCY),
-        "fail a run below this fraction of the predicted tokens/sec, in (0, 1]",
-    ),
-    OptionSpec(
-        "tolerance",
-        "",
-        "relative drop from the baseline tolerated; default: from the drift of the recorded runs",
-    ),
-    OptionSpec(
-        "gates",
-        "on",
-        "on or off; off: every run is measured and reported but no check (threshold, baseline, "
-        "relative speed, memory, work, device time) fails it (a test's distperf(gates=...) wins)",
-    ),
-    OptionSpec(
-        "alpha", "0.01", "false-alarm rate of the baseline test: a regression needs p <= alpha"
-    ),
-    OptionSpec(
-        "count",
-        "on",
-        "on or off; off: no counted generation after the timed repeats (collectives, ops, "
-        "FLOPs, kernels per token), so no work gate",
-    ),
-    OptionSpec(
-        "work_tolerance",
-        "0.01",
-        "relative growth of the counted bytes, ops, FLOPs and kernels per token the work gate "
-        "tolerates, in [0, 1); collective kinds and calls are exact (a test's "
-        "distperf(work_tolerance=...) wins)",
-    ),
-    OptionSpec(
-        "baseline_dir", "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
-    ),
-    OptionSpec("update_baselines", "", "record or refresh the baselines of the tests run", True),
-    OptionSpec("strict", "", "a test without a baseline for this machine fails", True),
-    OptionSpec("fail_on_improvement", "", "a run far faster than its baseline (stale) fails", True),
-    OptionSpec(
-        "compile",
-        "",
-        "compile the decode step with torch.compile (CUDA graphs where the strategy allows); "
-        "a test's distperf(compile=...) wins",
-        True,
-    ),
-    OptionSpec(
-        "fresh_ranks",
-        "",
-        "start new ranks for every test instead of keeping a pool for the session (debugging)",
-        True,
-    ),
-    OptionSpec(
-        "recalibrate",
-        "",
-        "measure the collectives again instead of reusing this machine's calibration kept in "
-        "pytest's cache (same topology, rank count and versions)",
-        True,
-    ),
-    OptionSpec(
-        "relative_speed",
-        "",
-        "time the bare model beside every repeat (relative speed) for replicated strategies "
-        "too (auto, ddp); sharded and model-parallel strategies always measure it (a test's "
-        "distperf(relative_speed=...) wins)",
-        True,
-    ),
-    OptionSpec("topology", "", "load this saved topology (JSON) instead of probing the machine"),
-    OptionSpec(
-        "numa_binding",
-        "",
-        "bind each CUDA rank to CPUs near its GPU with torch's NUMA binding: "
-        f"{', '.join(NUMA_BINDINGS)} (default: no binding; inside torchrun use its --numa-binding)",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the whole session runs with; `devices` is None for 'auto' until resolved."""
-
-    devices: int | None
-    accelerator: str
-    repeats: int
-    warmup: int
-    timeout: float
-    json: str | None = None
-    efficiency: float = DEFAULT_EFFICIENCY
-    tolerance: float | None = None
-    alpha: float = 0.01
-    baseline_dir: str | None = None
-    update_baselines: bool = False
-    strict: bool = False
-    fail_on_improvement: bool = False
-    topology: str | None = None
-    numa_binding: str | None = None
-    fresh_ranks: bool = False
-    recalibrate: bool = False
-    compile: bool = False
-    gates: bool = True  # False: runs are measured and reported, no check fails them
-    count: bool = True  # the counted generation (RunSpec.count_work)
-    work_tolerance: float = 0.01
-    relative_speed: bool = False  # the bare model beside replicated runs too (RunSpec)
-
-    def gate_value(self, name: str, marker: Mapping[str, Any]) -> Any:
-        """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
-        return marker.get(name, getattr(self, name))
 
 
 def _integer(raw: str, source: str, minimum: int = 1) -> int:
@@ -191,38 +56,31 @@ def _float(raw: Any, source: str, expected: str) -> float:
         raise SettingError(f"{source}: {expected}, got {raw!r}") from None
 
 
-def _parse_timeout(raw: str, source: str) -> float:
+def _timeout(raw: str, source: str) -> float:
     value = _float(raw, source, "expected a number of seconds")
     if not (value > 0 and math.isfinite(value)):
         raise SettingError(f"{source}: must be a finite number of seconds > 0, got {raw!r}")
     return value
 
 
-def parse_fraction(raw: Any, source: str, name: str, allow_one: bool) -> float:
-    """A number in (0, 1] (efficiency) or (0, 1) (tolerance, alpha)."""
+def _fraction(raw: Any, source: str, name: str, bounds: str = "(0, 1)") -> float:
+    """A number within `bounds` of 0 and 1, each end open "(" or closed "]" as written."""
     value = _float(raw, source, f"{name} must be a number")
-    if isinstance(raw, bool) or not (0 < value < 1 or (allow_one and value == 1)):
-        bounds = "(0, 1]" if allow_one else "(0, 1)"
+    above = value >= 0 if bounds.startswith("[") else value > 0
+    below = value <= 1 if bounds.endswith("]") else value < 1
+    if isinstance(raw, bool) or not (above and below):
         raise SettingError(f"{source}: {name} must be in {bounds}, got {raw!r}")
     return value
 
 
-def parse_work_tolerance(raw: Any, source: str) -> float:
-    """A number in [0, 1): 0 asks for the very same counts."""
-    value = _float(raw, source, "work_tolerance must be a number")
-    if isinstance(raw, bool) or not 0 <= value < 1:
-        raise SettingError(f"{source}: work_tolerance must be in [0, 1), got {raw!r}")
-    return value
-
-
-def _parse_on_off(raw: Any, source: str) -> bool:
+def _on_off(raw: Any, source: str) -> bool:
     value = str(raw).strip().lower()
     if value not in ("on", "off"):
         raise SettingError(f"{source}: expected on or off, got {raw!r}")
     return value == "on"
 
 
-def _parse_flag(raw: Any, source: str) -> bool:
+def _switch(raw: Any, source: str) -> bool:
     if isinstance(raw, bool):
         return raw
     value = str(raw).strip().lower()
@@ -238,26 +96,148 @@ def _optional(parse: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
     return lambda raw, source: parse(raw, source) if str(raw).strip() else None
 
 
+def _devices(raw: str, source: str) -> int | None:
+    return None if str(raw).strip().lower() == "auto" else _integer(raw, source)
+
+
 def _path(raw: str, source: str) -> str | None:
     return raw or None
 
 
-_PARSERS: dict[str, Callable[[str, str], Any]] = {
-    "devices": lambda raw, source: (
-        None if str(raw).strip().lower() == "auto" else _integer(raw, source)
-    ),
-    "accelerator": partial(_one_of, ACCELERATORS),
-    "repeats": _integer,
-    "warmup": partial(_integer, minimum=0),
-    "timeout": _parse_timeout,
-    "efficiency": partial(parse_fraction, name="efficiency", allow_one=True),
-    "tolerance": _optional(partial(parse_fraction, name="tolerance", allow_one=False)),
-    "alpha": partial(parse_fraction, name="alpha", allow_one=False),
-    "gates": _parse_on_off,
-    "count": _parse_on_off,
-    "work_tolerance": parse_work_tolerance,
-    "numa_binding": _optional(partial(_one_of, NUMA_BINDINGS)),
-}  # a switch (OptionSpec.is_flag) reads as true or false; json, baseline_dir, topology: _path
+@dataclass(frozen=True)
+class OptionSpec:
+    """One setting with its CLI and ini forms sharing one help string (as pytest-timeout does)."""
+
+    name: str  # e.g. "devices" -> --distperf-devices / distperf_devices
+    default: str
+    help: str
+    parse: Callable[[Any, str], Any] = _path  # (raw value, where it came from) -> the setting
+
+    @property
+    def is_flag(self) -> bool:
+        """A switch: store_true on the command line, a bool in the ini file."""
+        return self.parse is _switch
+
+    @property
+    def flag(self) -> str:
+        return "--distperf-" + self.name.replace("_", "-")
+
+    @property
+    def ini(self) -> str:
+        return "distperf_" + self.name
+
+
+def _option(default: str, help: str, parse: Callable[[Any, str], Any] = _path) -> Any:
+    """A Settings field declared as its option: the unparsed default, one help string, a parser."""
+    return field(metadata={"default": default, "help": help, "parse": parse})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the whole session runs with, each field an option (--distperf-<name>, ini
+    distperf_<name>) declared once; `devices` is None for 'auto' until resolved."""
+
+    devices: int | None = _option(
+        "2", "ranks per test: a positive integer, or 'auto' for all visible GPUs", _devices
+    )
+    accelerator: str = _option(
+        "auto",
+        "where ranks run: auto (cuda when visible), cpu or cuda",
+        partial(_one_of, ACCELERATORS),
+    )
+    repeats: int = _option("5", "timed generations per test (the median is reported)", _integer)
+    warmup: int = _option(
+        "1", "untimed generations before the timed ones", partial(_integer, minimum=0)
+    )
+    timeout: float = _option(
+        "600", "seconds a test's ranks may run before they are stopped", _timeout
+    )
+    json: str | None = _option("", "write every distperf result of the session to this JSON file")
+    efficiency: float = _option(
+        str(DEFAULT_EFFICIENCY),
+        "fail a run below this fraction of the predicted tokens/sec, in (0, 1]",
+        partial(_fraction, name="efficiency", bounds="(0, 1]"),
+    )
+    tolerance: float | None = _option(
+        "",
+        "relative drop from the baseline tolerated; default: from the drift of the recorded runs",
+        _optional(partial(_fraction, name="tolerance")),
+    )
+    gates: bool = _option(
+        "on",
+        "on or off; off: every run is measured and reported but no check (threshold, baseline, "
+        "relative speed, memory, work, device time) fails it (a test's distperf(gates=...) wins)",
+        _on_off,
+    )
+    alpha: float = _option(
+        "0.01",
+        "false-alarm rate of the baseline test: a regression needs p <= alpha",
+        partial(_fraction, name="alpha"),
+    )
+    count: bool = _option(
+        "on",
+        "on or off; off: no counted generation after the timed repeats (collectives, ops, "
+        "FLOPs, kernels per token), so no work gate",
+        _on_off,
+    )
+    work_tolerance: float = _option(
+        "0.01",
+        "relative growth of the counted bytes, ops, FLOPs and kernels per token the work gate "
+        "tolerates, in [0, 1); collective kinds and calls are exact (a test's "
+        "distperf(work_tolerance=...) wins)",
+        partial(_fraction, name="work_tolerance", bounds="[0, 1)"),
+    )
+    baseline_dir: str | None = _option(
+        "", "directory of baseline files (default: <rootdir>/distperf-baselines)"
+    )
+    update_baselines: bool = _option(
+        "", "record or refresh the baselines of the tests run", _switch
+    )
+    strict: bool = _option("", "a test without a baseline for this machine fails", _switch)
+    fail_on_improvement: bool = _option(
+        "", "a run far faster than its baseline (stale) fails", _switch
+    )
+    compile: bool = _option(
+        "",
+        "compile the decode step with torch.compile (CUDA graphs where the strategy allows); "
+        "a test's distperf(compile=...) wins",
+        _switch,
+    )
+    fresh_ranks: bool = _option(
+        "",
+        "start new ranks for every test instead of keeping a pool for the session (debugging)",
+        _switch,
+    )
+    recalibrate: bool = _option(
+        "",
+        "measure the collectives again instead of reusing this machine's calibration kept in "
+        "pytest's cache (same topology, rank count and versions)",
+        _switch,
+    )
+    relative_speed: bool = _option(
+        "",
+        "time the bare model beside every repeat (relative speed) for replicated strategies "
+        "too (auto, ddp); sharded and model-parallel strategies always measure it (a test's "
+        "distperf(relative_speed=...) wins)",
+        _switch,
+    )
+    topology: str | None = _option(
+        "", "load this saved topology (JSON) instead of probing the machine"
+    )
+    numa_binding: str | None = _option(
+        "",
+        "bind each CUDA rank to CPUs near its GPU with torch's NUMA binding: "
+        f"{', '.join(NUMA_BINDINGS)} (default: no binding; inside torchrun use its --numa-binding)",
+        _optional(partial(_one_of, NUMA_BINDINGS)),
+    )
+
+    def gate_value(self, name: str, marker: Mapping[str, Any]) -> Any:
+        """The most specific setting wins, as in pytest-timeout: marker > command line > ini."""
+        return marker.get(name, getattr(self, name))
+
+
+OPTIONS = tuple(OptionSpec(f.name, **f.metadata) for f in fields(Settings))
+_BY_NAME = {spec.name: spec for spec in OPTIONS}
 
 
 def resolve_settings(
@@ -273,8 +253,7 @@ def resolve_settings(
         cli_value = cli.get(spec.name)
         if cli_value is not None and cli_value is not False:  # an unset switch is False
             raw, source = str(cli_value), f"command-line option {spec.flag}"
-        parse = _parse_flag if spec.is_flag else _PARSERS.get(spec.name, _path)
-        values[spec.name] = parse(raw, f"{source} = {raw!r}")
+        values[spec.name] = spec.parse(raw, f"{source} = {raw!r}")
     return Settings(**values)
 
 
@@ -335,16 +314,16 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
         "must be seconds in [0, 1] per message",
     ),
     ("compile", lambda v: v in (None, True, False), "must be True or False"),
+    ("mode", lambda v: v in MODES, f"is not one of {', '.join(MODES)}"),
+    ("seq_length", lambda v: v is None or _positive_count(v), "must be a positive integer"),
 )
 # Marker arguments that only a generation uses: refused in train mode rather than ignored.
 _GENERATE_ONLY = ("max_new_tokens", "prompt_length", "generate")
 
 
 def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> int | None:
-    """Check `mode` and what goes with it; the train mode's sequence length (None otherwise)."""
+    """Check what goes with `mode`; the train mode's sequence length (None otherwise)."""
     mode, seq_length = values["mode"], values["seq_length"]
-    if mode not in MODES:
-        raise SettingError(f"{where}: distperf(mode={mode!r}) is not one of {', '.join(MODES)}")
     if mode != "train":
         if seq_length is not None:
             raise SettingError(
@@ -363,37 +342,24 @@ def _mode_arguments(values: Mapping[str, Any], given: set[str], where: str) -> i
             f"{where}: distperf({', '.join(misplaced)}) does not apply to mode='train' (a step "
             "trains on batch_size sequences of seq_length tokens)"
         )
-    if seq_length is None:
-        return DEFAULT_SEQ_LENGTH
-    if not is_count(seq_length) or seq_length < 1:
-        raise SettingError(
-            f"{where}: distperf(seq_length={seq_length!r}) must be a positive integer"
-        )
-    return seq_length
+    return DEFAULT_SEQ_LENGTH if seq_length is None else seq_length
 
 
 GATE_ARGUMENTS = ("efficiency", "tolerance", "gates", "work_tolerance", "relative_speed")
-# Marker twins of the switches: True or False, nothing else.
-_BOOLEAN_ARGUMENTS = ("gates", "relative_speed")
 
 
 def gate_from_marker(kwargs: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """The marker's per-test overrides of --distperf-efficiency, --distperf-tolerance,
-    --distperf-gates and --distperf-relative-speed (True or False) and
-    --distperf-work-tolerance."""
+    """The marker's per-test twins of their options (GATE_ARGUMENTS), parsed as the options are;
+    the switches' twins take True or False."""
     gate: dict[str, Any] = {}
-    for name in GATE_ARGUMENTS:
-        if name not in kwargs:
-            continue
-        source = f"{where}: distperf({name}={kwargs[name]!r})"
-        if name in _BOOLEAN_ARGUMENTS:
-            if not isinstance(kwargs[name], bool):
-                raise SettingError(f"{source}: {name} must be True or False")
-            gate[name] = kwargs[name]
-        elif name == "work_tolerance":
-            gate[name] = parse_work_tolerance(kwargs[name], source)
+    for name in (name for name in GATE_ARGUMENTS if name in kwargs):
+        value, source = kwargs[name], f"{where}: distperf({name}={kwargs[name]!r})"
+        if name not in ("gates", "relative_speed"):
+            gate[name] = _BY_NAME[name].parse(value, source)
+        elif isinstance(value, bool):
+            gate[name] = value
         else:
-            gate[name] = parse_fraction(kwargs[name], source, name, allow_one=name == "efficiency")
+            raise SettingError(f"{source}: {name} must be True or False")
     return gate
 
 
@@ -411,12 +377,4 @@ def env_slowdown(environ: Mapping[str, str] = os.environ) -> float | None:
     raw = environ.get("DISTPERF_SLOWDOWN")
     if raw in (None, ""):
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingError(
-            f"environment variable DISTPERF_SLOWDOWN={raw!r} is not a number"
-        ) from None
-    if not 0 <= value < 1:
-        raise SettingError(f"environment variable DISTPERF_SLOWDOWN={raw!r} must be in [0, 1)")
-    return value
+    return _fraction(raw, f"environment variable DISTPERF_SLOWDOWN={raw!r}", "it", "[0, 1)")

@@ -30,19 +30,18 @@ from pytest_distperf.spec import RunSpec
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("distperf", "distributed performance regression tests")
     for spec in OPTIONS:
-        dest = f"distperf_{spec.name}"
         if spec.is_flag:
-            group.addoption(spec.flag, dest=dest, action="store_true", help=spec.help)
-            # a string, not type="bool": pytest's own bool parsing fails without naming the option
-            parser.addini(spec.ini, f"{spec.help} (true/false)", default="")
+            group.addoption(spec.flag, dest=spec.ini, action="store_true", help=spec.help)
         else:
-            group.addoption(spec.flag, dest=dest, default=None, help=spec.help)
-            parser.addini(spec.ini, f"{spec.help} (default {spec.default or 'unset'})", default="")
+            group.addoption(spec.flag, dest=spec.ini, default=None, help=spec.help)
+        shown = "true/false" if spec.is_flag else f"default {spec.default or 'unset'}"
+        # a string, not type="bool": pytest's own bool parsing fails without naming the option
+        parser.addini(spec.ini, f"{spec.help} ({shown})", default="")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     markers.register(config)
-    cli = {spec.name: config.getoption(f"distperf_{spec.name}") for spec in OPTIONS}
+    cli = {spec.name: config.getoption(spec.ini) for spec in OPTIONS}
     ini = {spec.name: config.getini(spec.ini) or None for spec in OPTIONS}
     try:
         settings = resolve_settings(cli, ini, str(config.inipath) if config.inipath else None)

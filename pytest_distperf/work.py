@@ -18,6 +18,7 @@ PHASES = ("decode", "prefill", "step")
 # How each phase's figures read in a message: decode is per token, prefill per generation.
 _PER = {"decode": "per token", "prefill": "per prefill", "step": "per step"}
 _PHASE_SCALARS = ("ops", "flops", "kernels")
+_RUN_COUNTS = ("graph_breaks", "recompiles")  # compiled runs' counts, exact
 _SCALAR_WORDS = {"flops": "FLOPs", "graph_breaks": "graph breaks"}  # the others: their name
 
 
@@ -64,10 +65,6 @@ class PhaseWork:
         syncs = None if self.syncs is None else dict(self.syncs)
         return (type(self), (dict(self.collectives), self.ops, self.flops, self.kernels, syncs))
 
-    @property
-    def total_syncs(self) -> float | None:
-        return None if self.syncs is None else sum(self.syncs.values())
-
     def to_json(self) -> dict[str, Any]:
         data = {
             "collectives": {kind: c.to_json() for kind, c in self.collectives.items()},
@@ -82,23 +79,22 @@ class PhaseWork:
     @classmethod
     def from_json(cls, data: object, where: str) -> PhaseWork:
         obj = _object(data, where, {"collectives", "ops", "flops", "kernels", "syncs"})
-        raw = json_object(get_field(obj, "collectives", Mapping, where), f"{where}.collectives")
-        collectives = {}
-        for kind, count in raw.items():
-            if not isinstance(kind, str) or not kind:
-                raise ValueError(f"{where}.collectives: kind must be a non-empty string")
-            collectives[kind] = CollectiveCount.from_json(count, f"{where}.collectives.{kind}")
+        collectives = {
+            kind: CollectiveCount.from_json(count, f"{where}.collectives.{kind}")
+            for kind, count in get_field(obj, "collectives", Mapping, where).items()
+        }
+        if "" in collectives:
+            raise ValueError(f"{where}.collectives: kind must be a non-empty string")
         kernels = get_field(obj, "kernels", (*NUMBER, NULL), where, optional=True)
-        syncs = None
-        if "syncs" in obj:
-            raw_syncs = json_object(get_field(obj, "syncs", Mapping, where), f"{where}.syncs")
-            syncs = {str(k): _non_negative(raw_syncs, k, f"{where}.syncs") for k in raw_syncs}
+        syncs = get_field(obj, "syncs", Mapping, where) if "syncs" in obj else None
         return cls(
             collectives=collectives,
             ops=_non_negative(obj, "ops", where),
             flops=_non_negative(obj, "flops", where),
             kernels=None if kernels is None else _non_negative(obj, "kernels", where),
-            syncs=syncs,
+            syncs=None
+            if syncs is None
+            else {k: _non_negative(syncs, k, f"{where}.syncs") for k in syncs},
         )
 
 
@@ -136,19 +132,16 @@ class Work:
     @classmethod
     def from_json(cls, data: object, where: str) -> Work:
         """Read `to_json`'s form back; a ValueError names `where` and the bad field."""
-        obj = _object(data, where, {*PHASES, "graph_breaks", "recompiles"})
+        obj = _object(data, where, {*PHASES, *_RUN_COUNTS})
         names = ("step",) if "step" in obj else ("decode", "prefill")  # training's, or not
         phases = {
             name: PhaseWork.from_json(get_field(obj, name, Mapping, where), f"{where}.{name}")
             for name in names
         }
-        counts = {}
-        for name in ("graph_breaks", "recompiles"):
-            counts[name] = get_field(obj, name, int, where, optional=True)
-            if counts[name] is not None and counts[name] < 0:
-                raise ValueError(
-                    f"{where}: field {name!r} must be an integer >= 0, got {counts[name]!r}"
-                )
+        counts = {name: get_field(obj, name, int, where, optional=True) for name in _RUN_COUNTS}
+        for name, count in counts.items():
+            if count is not None and count < 0:
+                raise ValueError(f"{where}: field {name!r} must be an integer >= 0, got {count!r}")
         try:
             return cls(**phases, **counts)
         except ValueError as error:
@@ -164,8 +157,8 @@ def busiest(works: Sequence[Work]) -> Work:
         raise ValueError("busiest(): the ranks counted different phases")
     return Work(
         **{name: _busiest_phase([getattr(w, name) for w in works]) for name in names},
-        graph_breaks=_max_known([w.graph_breaks for w in works]),
-        recompiles=_max_known([w.recompiles for w in works]),
+        graph_breaks=max_known([w.graph_breaks for w in works]),
+        recompiles=max_known([w.recompiles for w in works]),
     )
 
 
@@ -184,40 +177,32 @@ def _busiest_phase(phases: Sequence[PhaseWork]) -> PhaseWork:
         collectives=collectives,
         ops=max(p.ops for p in phases),
         flops=max(p.flops for p in phases),
-        kernels=_max_known([p.kernels for p in phases]),
+        kernels=max_known([p.kernels for p in phases]),
         syncs={kind: max(s.get(kind, 0) for s in counted) for kind in kinds} if counted else None,
     )
 
 
 @dataclass(frozen=True)
-class WorkChange:
-    """One counter that differs from the baseline beyond its tolerance."""
-
-    phase: str  # "decode", "prefill", "step", or "" for graph breaks and recompiles
-    figure: str  # "<kind> calls", "<kind> bytes", "ops", "flops", "kernels", ...
-    more: bool  # more work, a new kind or more calls: fails; less: a stale baseline
-    message: str
-
-
-@dataclass(frozen=True)
 class WorkComparison:
-    """What differs between a baseline's work and a run's, in the order a reader checks it;
-    `notes`: counters the run has and the baseline was recorded without (not compared)."""
+    """What differs between a baseline's work and a run's, each as a message in the order a
+    reader checks it: `more` work (or a new kind, more calls) fails, `less` says the baseline is
+    stale; `notes`: counters the run has and the baseline was recorded without (not compared)."""
 
-    changes: tuple[WorkChange, ...]
+    more: tuple[str, ...]
+    less: tuple[str, ...]
     notes: tuple[str, ...] = ()
 
     @property
-    def more(self) -> tuple[WorkChange, ...]:  # more work (or new structure): the gate fails
-        return tuple(c for c in self.changes if c.more)
-
-    @property
-    def less(self) -> tuple[WorkChange, ...]:  # less work: the baseline is stale
-        return tuple(c for c in self.changes if not c.more)
+    def changes(self) -> tuple[str, ...]:
+        return (*self.more, *self.less)
 
     def message(self) -> str:
         """The changes, more work first, joined with "; "; "" when equal."""
-        return "; ".join(c.message for c in (*self.more, *self.less))
+        return "; ".join(self.changes)
+
+
+# A change: (whether it is more work, its message).
+_Change = tuple[bool, str]
 
 
 def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkComparison:
@@ -225,7 +210,7 @@ def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkCompari
     `tolerance` of the baseline; a counter one side could not count is skipped."""
     if not 0 <= tolerance < 1:
         raise ValueError(f"work tolerance must be in [0, 1), got {tolerance!r}")
-    changes: list[WorkChange] = []
+    changes: list[_Change] = []
     notes: list[str] = []
     for phase in PHASES:
         before: PhaseWork | None = getattr(baseline, phase)
@@ -241,11 +226,13 @@ def compare_work(baseline: Work, current: Work, tolerance: float) -> WorkCompari
                 f"host syncs {_PER[phase]} ({counted or 'none'}) not compared: the baseline "
                 "was recorded before they were counted; update it to gate them"
             )
-    changes.extend(_scalar_changes("", ("graph_breaks", "recompiles"), baseline, current, 0.0))
-    return WorkComparison(tuple(changes), tuple(notes))
+    changes.extend(_scalar_changes("", _RUN_COUNTS, baseline, current, 0.0))
+    more = tuple(message for is_more, message in changes if is_more)
+    less = tuple(message for is_more, message in changes if not is_more)
+    return WorkComparison(more, less, tuple(notes))
 
 
-def _sync_changes(phase: str, before: PhaseWork, after: PhaseWork) -> list[WorkChange]:
+def _sync_changes(phase: str, before: PhaseWork, after: PhaseWork) -> list[_Change]:
     """Host-device syncs by kind, exact as collective calls: each one stalls the host's queue."""
     if before.syncs is None or after.syncs is None:
         return []
@@ -254,13 +241,13 @@ def _sync_changes(phase: str, before: PhaseWork, after: PhaseWork) -> list[WorkC
         old, new = before.syncs.get(kind, 0), after.syncs.get(kind, 0)
         if old != new:
             message = f"host syncs {_PER[phase]}: {_number(old)} -> {_number(new)} ({kind})"
-            changes.append(WorkChange(phase, f"{kind} syncs", new > old, message))
+            changes.append((new > old, message))
     return changes
 
 
 def _collective_changes(
     phase: str, before: PhaseWork, after: PhaseWork, tolerance: float
-) -> list[WorkChange]:
+) -> list[_Change]:
     changes = []
     zero = CollectiveCount(0, 0)
     for kind in _ordered(set(before.collectives) | set(after.collectives)):
@@ -273,22 +260,21 @@ def _collective_changes(
             message = f"{kind} {per}: {_number(old.calls)} -> {_number(new.calls)} calls ({signed})"
             # More calls, or a kind the baseline never issued, fails whatever the bytes.
             more = new.calls > old.calls or _beyond(old.bytes, new.bytes, tolerance) > 0
-            figure = f"{kind} calls"
         elif _beyond(old.bytes, new.bytes, tolerance):
             message = (
                 f"{kind} bytes {per}: {format_bytes(old.bytes)} -> {format_bytes(new.bytes)}"
                 f" ({_signed_percent(old.bytes, new.bytes)})"
             )
-            more, figure = new.bytes > old.bytes, f"{kind} bytes"
+            more = new.bytes > old.bytes
         else:
             continue
-        changes.append(WorkChange(phase, figure, more, message))
+        changes.append((more, message))
     return changes
 
 
 def _scalar_changes(
     phase: str, figures: Sequence[str], before: Any, after: Any, tolerance: float
-) -> list[WorkChange]:
+) -> list[_Change]:
     """A change for each of `figures` (attributes of both) beyond `tolerance`; "" phase: a
     run-wide count, told without its percentage."""
     changes = []
@@ -300,10 +286,9 @@ def _scalar_changes(
         if phase:
             text = _flops if figure == "flops" else _number
             change = f"{text(old)} -> {text(new)} ({_signed_percent(old, new)})"
-            message = f"{words} {_PER[phase]}: {change}"
+            changes.append((new > old, f"{words} {_PER[phase]}: {change}"))
         else:
-            message = f"{words}: {_number(old)} -> {_number(new)}"
-        changes.append(WorkChange(phase, figure, new > old, message))
+            changes.append((new > old, f"{words}: {_number(old)} -> {_number(new)}"))
     return changes
 
 
@@ -329,8 +314,8 @@ def work_cell(work: Work | None) -> str:
         if count.bytes:
             part += " " + format_bytes(count.bytes).replace(" ", "")
         parts.append(part)
-    if main.total_syncs:
-        parts.append(f"sync {_number(main.total_syncs)}x")
+    if main.syncs and sum(main.syncs.values()):
+        parts.append(f"sync {_number(sum(main.syncs.values()))}x")
     return ", ".join(parts) or "-"
 
 
@@ -379,7 +364,8 @@ def _whole(value: float) -> float:
     return int(value) if math.isfinite(value) and float(value).is_integer() else value
 
 
-def _max_known(values: Sequence[Any]) -> Any:
+def max_known(values: Iterable[Any]) -> Any:
+    """The largest of the values known; None where none is."""
     known = [v for v in values if v is not None]
     return max(known) if known else None
 

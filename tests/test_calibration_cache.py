@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_distperf import calibrations
-from pytest_distperf.options import Settings
+from pytest_distperf.options import Settings, resolve_settings
 from pytest_distperf.perfmodel.calibration import Calibration, CollectiveFigure, MessageSizes
 from pytest_distperf.spec import RunSpec, Workload
 
@@ -27,7 +27,7 @@ class Gate:
 
 @dataclass
 class Plugin:
-    settings: Settings = field(default_factory=lambda: Settings(2, "cpu", 5, 1, 600.0))
+    settings: Settings = field(default_factory=lambda: resolve_settings({"accelerator": "cpu"}, {}))
     calibration_sizes: dict[int, Any] = field(default_factory=lambda: {2: SIZES})
     calibrations: dict[int, Any] = field(default_factory=dict)
     builders_calibrated: set = field(default_factory=set)
@@ -76,7 +76,7 @@ def test_a_size_not_kept_other_versions_or_recalibrate_measure_again() -> None:
     cache[key] = {**cache[key], "versions": {"torch": "0.0"}}
     assert calibrations.prepare(Plugin(), _spec(), cache).calibration_sizes == SIZES
     calibrations.record(Plugin(), Result(_spec(), _calibration()), cache)
-    again = Plugin(settings=Settings(2, "cpu", 5, 1, 600.0, recalibrate=True))
+    again = Plugin(settings=resolve_settings({"accelerator": "cpu", "recalibrate": True}, {}))
     assert calibrations.prepare(again, _spec(), cache).calibration_sizes == SIZES
     cache[key] = {"versions": calibrations.versions(), "calibration": {"world_size": "x"}}
     assert calibrations.prepare(Plugin(), _spec(), cache).calibration_sizes == SIZES

@@ -147,8 +147,7 @@ def test_identical_work_is_equal() -> None:
 def test_new_collective_kind_fails_with_the_issue_words() -> None:
     current = work(phase({"all_gather": C(16, 5.3e9), "all_reduce": C(12, 768)}))
     comparison = compare_work(work(), current, 0.5)
-    assert [c.message for c in comparison.more] == ["all_reduce per token: 0 -> 12 calls (+768 B)"]
-    assert comparison.more[0].figure == "all_reduce calls"
+    assert comparison.more == ("all_reduce per token: 0 -> 12 calls (+768 B)",)
 
 
 def test_a_changed_call_count_fails_even_with_the_same_bytes() -> None:
@@ -162,7 +161,7 @@ def test_fewer_calls_are_less_work() -> None:
     current = work(phase({"all_gather": C(8, 5.3e9)}))
     comparison = compare_work(work(), current, 0.01)
     assert comparison.more == ()
-    assert [c.message for c in comparison.less] == ["all_gather per token: 16 -> 8 calls (+0 B)"]
+    assert comparison.less == ("all_gather per token: 16 -> 8 calls (+0 B)",)
 
 
 def test_a_vanished_kind_is_less_work() -> None:
@@ -181,7 +180,7 @@ def test_bytes_beyond_tolerance_fail_with_the_issue_words() -> None:
     current = work(phase({"all_gather": C(16, 5.9e9)}))
     comparison = compare_work(work(), current, 0.01)
     assert comparison.message() == "all_gather bytes per token: 5.3 GB -> 5.9 GB (+11%)"
-    assert comparison.more[0].figure == "all_gather bytes"
+    assert comparison.more
     assert not compare_work(work(), current, 0.2).changes
 
 
@@ -205,7 +204,7 @@ def test_ops_flops_and_kernels_beyond_tolerance_fail(
     current = work(phase(**{field: value}))
     comparison = compare_work(work(), current, 0.01)
     assert comparison.message() == message
-    assert comparison.more and comparison.more[0].figure == field
+    assert comparison.more == (message,)
     assert not compare_work(work(), work(phase(**{field: value})), 0.99).changes
 
 
@@ -218,8 +217,8 @@ def test_less_ops_is_an_improvement() -> None:
 def test_prefill_changes_read_per_prefill() -> None:
     current = work(prefill=phase({"all_gather": C(16, 5.3e9), "broadcast": C(1, 8)}))
     comparison = compare_work(work(), current, 0.01)
-    assert any(c.message == "broadcast per prefill: 0 -> 1 calls (+8 B)" for c in comparison.more)
-    assert {c.phase for c in comparison.changes} == {"prefill"}
+    assert "broadcast per prefill: 0 -> 1 calls (+8 B)" in comparison.more
+    assert all("per prefill" in change for change in comparison.changes)
 
 
 def test_kernels_unknown_on_either_side_are_not_compared() -> None:
