@@ -4,6 +4,7 @@ sets its own fields (worker.PHASES lists them in order)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import astuple
@@ -340,15 +341,17 @@ def count_work(ctx: RankContext) -> None:
 
 
 def counted_by(ctx: RankContext, count: Callable[[], counting.Counted]) -> None:
-    """`count()`'s work, unless counting is off (ranks/counting.py). A count that fails leaves
-    the work unknown and says so on stderr: it never fails a healthy run."""
+    """`count()`'s work unless counting is off; a failed count leaves the work unknown, and says
+    so on stderr: it never fails a healthy run."""
     if not ctx.spec.count_work:
         return
     started = time.perf_counter()
     try:
         ctx.counted = count()
     except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
-        counting.warn(ctx.fabric.global_rank, error)
+        rank = ctx.fabric.global_rank
+        reason = f"counting the work failed, the run is reported without it: {error!r}"
+        print(f"distperf: rank {rank}: {reason}", file=sys.stderr, flush=True)
     ctx.count_s = time.perf_counter() - started
 
 
