@@ -1,14 +1,12 @@
-"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each between fences
-(a device sync and a barrier: no clock starts before the others are ready, none stops while
-kernels are queued). A test's own loop (`distperf(generate=...)`) is timed in the same fences;
-its samples have no ttft or decode time (its split is unknown)."""
+"""What is timed inside a rank: warm-up, then repeats of prefill + decode (or a test's own loop,
+whose split is unknown), each between fences: a device sync and a barrier."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -92,17 +90,12 @@ def fenced(
     if slowdown:
         spin((end - start) * slowdown / (1.0 - slowdown))
         end = time.perf_counter()
-    return out, start, end, thread_accounting(started, end - start)
-
-
-def thread_accounting(started: tuple[float, float] | None, wall_s: float) -> dict[str, float]:
-    """Sample fields splitting `wall_s` of this thread since `started` (thread_times) into its
-    wait for a core and its time off the CPU by its own doing; {} where unknown."""
-    ended = thread_times()
-    if started is None or ended is None:
-        return {}
-    ran_s, queued_s = ended[0] - started[0], ended[1] - started[1]
-    return {"queued_s": queued_s, "off_cpu_s": max(wall_s - ran_s - queued_s, 0.0)}
+    # The thread's wait for a core, and its time off the CPU by its own doing; {} where unknown.
+    accounting, ended = {}, thread_times()
+    if started is not None and ended is not None:
+        ran_s, queued_s = ended[0] - started[0], ended[1] - started[1]
+        accounting = {"queued_s": queued_s, "off_cpu_s": max(end - start - ran_s - queued_s, 0.0)}
+    return out, start, end, accounting
 
 
 @torch.no_grad()
@@ -191,11 +184,10 @@ def run_workload(
     steps: StepOverride | None = None,
     warmed: Callable[[], object] | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T], HostTime]:
-    """Warm-up generations (untimed, `warmed` called after each), then `repeats` timed ones: the
-    samples, the last tokens, the epoch seconds the timed ones began, what `paired` returned
-    after each (run outside the timing, right beside each sample, so that a drifting host moves
-    both alike) and this process's CPU, wait and steal in the timed generations alone.
-    `progress` gets the live line's text, outside the timing."""
+    """Warm-up generations (`warmed` called after each), then `repeats` timed ones: the samples,
+    the last tokens, the epoch seconds the timed ones began, what `paired` returned right after
+    each (outside the timing: a drifting host moves both alike) and this process's CPU, wait and
+    steal in the timed generations alone."""
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
     for done in range(warmup):
@@ -232,24 +224,13 @@ class HostTime:
     waited_s: float | None
     stolen_s: float | None = 0.0
 
-    def plus(
-        self,
-        before: tuple[float, float | None, float | None],
-        after: tuple[float, float | None, float | None],
-    ) -> HostTime:
-        return HostTime(
-            self.cpu_s + after[0] - before[0],
-            _added(self.waited_s, before[1], after[1]),
-            _added(self.stolen_s, before[2], after[2]),
-        )
+    def plus(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> HostTime:
+        """This and the stretch between two `host_times()`."""
+        return HostTime(*map(_added, astuple(self), before, after))
 
-    def per(self, tokens: int) -> tuple[float, float | None, float | None]:
+    def per(self, tokens: int) -> tuple[float | None, ...]:
         """(CPU, wait, steal) seconds per one of `tokens`."""
-        return (
-            self.cpu_s / tokens,
-            None if self.waited_s is None else self.waited_s / tokens,
-            None if self.stolen_s is None else self.stolen_s / tokens,
-        )
+        return tuple(None if total is None else total / tokens for total in astuple(self))
 
 
 def _added(total: float | None, before: float | None, after: float | None) -> float | None:
