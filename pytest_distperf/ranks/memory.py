@@ -17,8 +17,8 @@ _RESET_HIGH_WATER_MARK = "5"  # proc(5): "reset the peak resident set size"
 
 
 def reset_peak(device: torch.device) -> bool:
-    """Start a new peak (an RSS one after the kept heap goes back to the kernel); False when only
-    the lifetime peak can be read on this host."""
+    """Start a new peak (after giving the kept heap back); False where only the lifetime one
+    can be read."""
     if platform_of(device.type).allocator_memory:
         torch.cuda.reset_peak_memory_stats(device)
         return True
