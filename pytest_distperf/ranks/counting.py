@@ -283,10 +283,6 @@ class Profiled:
     seconds: float
     syncs: Mapping[str, int]
 
-    def __add__(self, other: Profiled) -> Profiled:
-        syncs = dict(Counter(self.syncs) + Counter(other.syncs))
-        return Profiled(self.kernels + other.kernels, self.seconds + other.seconds, syncs)
-
 
 # The CUDA runtime's host-blocking syncs as the profiler's sync events name them. "Stream Wait
 # Event" is left out: the device waits there, not the host.
@@ -307,7 +303,7 @@ def profile_kernels(generation: Generation) -> dict[str, Profiled]:
 
     def close() -> None:
         phase, session = open_session.pop()
-        found[phase] = found[phase] + _without(_stopped(session), own)
+        found[phase] = _without(_stopped(session), own)  # one session a phase
 
     def mark(phase: str | None) -> None:
         if open_session and open_session[-1][0] == phase:

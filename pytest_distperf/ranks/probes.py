@@ -45,6 +45,11 @@ def barrier_after_sync(device: torch.device, sync: Callable[[], None]) -> None:
     sync()
 
 
+SMALL_MESSAGE_BYTES = 1 << 20
+SMALL_MESSAGE_WARMUP = 5
+SMALL_MESSAGE_ITERS = 20
+
+
 def time_collective(
     kind: str,
     sizes: Sequence[int],
@@ -65,7 +70,11 @@ def time_collective(
         elements = max(1, -(-size // (element * share)))  # ceil: at least the asked-for bytes
         tensor = torch.ones(elements, dtype=dtype, device=device)
         moved.append(elements * share * element)
-        warm, timed = _repeats(moved[-1], warmup, iters)
+        # Small messages cost microseconds to a millisecond, and their first calls pay for
+        # connection set-up (gloo: several ms): more repeats cost nothing and steady the median.
+        small = moved[-1] <= SMALL_MESSAGE_BYTES
+        warm = max(warmup, SMALL_MESSAGE_WARMUP) if small else warmup
+        timed = max(iters, SMALL_MESSAGE_ITERS) if small else iters
         times.append(median_time(partial(call, tensor, group), timer, warm, timed))
         del tensor
     return moved, times
@@ -88,18 +97,6 @@ def slowest_rank_seconds(device: torch.device, seconds: float) -> float:
 # torch 2.13 deprecates all_gather_into_tensor for all_gather_single (same arguments); older
 # releases only have the former.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-SMALL_MESSAGE_BYTES = 1 << 20
-SMALL_MESSAGE_WARMUP = 5
-SMALL_MESSAGE_ITERS = 20
-
-
-def _repeats(nbytes: int, warmup: int, iters: int) -> tuple[int, int]:
-    # Small messages cost microseconds to a millisecond, and their first calls pay for
-    # connection set-up (gloo: several ms): more repeats cost nothing and steady the median.
-    if nbytes <= SMALL_MESSAGE_BYTES:
-        return max(warmup, SMALL_MESSAGE_WARMUP), max(iters, SMALL_MESSAGE_ITERS)
-    return warmup, iters
 
 
 # A call this long is a steady measurement by itself (the host's jitter is a small share of it);

@@ -61,13 +61,8 @@ def timed_generation(
 ) -> tuple[Sample, torch.Tensor]:
     """One generation, timed: the sample and the new tokens [B, max_new_tokens]. `next_token`
     replaces the built-in loop's sampling of the model's logits in every step."""
-
-    def run() -> tuple[Any, float | None]:
-        if generate is None:
-            return _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
-        return generate(model, prompt, max_new_tokens), None
-
-    (out, first), start, end, accounted = fenced(run, fences, slowdown)
+    args = (model, prompt, max_new_tokens, fences, generate, next_token, steps)
+    (out, first), start, end, accounted = fenced(lambda: _generation(*args), fences, slowdown)
     if first is None:
         sample = Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted)
         return sample, _new_tokens(out, prompt, max_new_tokens)
@@ -110,32 +105,31 @@ def marked_generation(
 ) -> None:
     """One generation as the timed ones run it, untimed and unfenced, `mark` told where each
     phase begins (a user's loop: all "prefill")."""
-    if generate is not None:
-        mark("prefill")
-        generate(model, prompt, max_new_tokens)
-        return
     unfenced = Fences(sync=lambda: None, barrier=lambda: None)
-    _prefill_and_decode(model, prompt, max_new_tokens, unfenced, next_token, steps, mark)
+    _generation(model, prompt, max_new_tokens, unfenced, generate, next_token, steps, mark)
 
 
-def _prefill_and_decode(
+def _generation(
     model: Callable[..., torch.Tensor],
     prompt: torch.Tensor,
     max_new_tokens: int,
     fences: Fences,
+    generate: GenerateFn | None = None,
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
     mark: MarkFn | None = None,
-) -> tuple[list[torch.Tensor], float]:
-    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready;
-    `steps` may replace its steps (compiled), `mark` is told where each phase begins."""
+) -> tuple[Any, float | None]:
+    """A user loop's output and None, or the built-in loop's new tokens ([B, 1] each) and the
+    time the first one was ready; `steps` may replace its steps (compiled)."""
+    if mark is not None:
+        mark("prefill")
+    if generate is not None:
+        return generate(model, prompt, max_new_tokens), None
     batch, prompt_length = prompt.shape
     device = prompt.device
     first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
     if steps is not None:
         first_step, step = steps.prefill or first_step, steps.decode or step
-    if mark is not None:
-        mark("prefill")
     input_pos = torch.arange(prompt_length, device=device)
     token = first_step(model, prompt, input_pos)  # [B, 1]
     fences.sync()
@@ -252,22 +246,17 @@ def steady_median(
     measure: Callable[[], float],
     patience: int = REFERENCE_PATIENCE,
     max_repeats: int = REFERENCE_MAX_REPEATS,
-    improvement: float = REFERENCE_IMPROVEMENT,
     all_done: Callable[[bool], bool] = bool,
 ) -> tuple[float, int]:
-    """Repeat `measure()` until `patience` calls in a row have not bettered the best by more
-    than `improvement` (or `max_repeats` calls); return the median of the last `patience` + 1
-    calls (the best one and those after it, once steady) and the number of calls made.
-    `all_done(done)`: whether every rank is done, so that all make the same number of calls (a
-    model whose own forward issues collectives would otherwise leave a peer waiting)."""
-    if patience < 1 or max_repeats < patience:
-        raise ValueError(f"need 1 <= patience <= max_repeats, got {patience}, {max_repeats}")
+    """Repeat `measure()` until `patience` calls in a row bettered no best (or `max_repeats`
+    calls): the median of the last `patience` + 1 and the calls made. `all_done(done)`: whether
+    every rank is done, so that all make as many calls (collectives in a forward pair up)."""
     values = [measure()]
     best, stale = values[0], 0
     while not all_done(stale >= patience or len(values) >= max_repeats):
         value = measure()
         values.append(value)
-        stale = 0 if value < best * (1 - improvement) else stale + 1
+        stale = 0 if value < best * (1 - REFERENCE_IMPROVEMENT) else stale + 1
         best = min(best, value)
     return statistics.median(values[-(patience + 1) :]), len(values)
 
