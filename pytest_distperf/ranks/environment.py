@@ -64,12 +64,6 @@ def global_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def backend() -> str:
-    """The process group's backend, "" for one process without a group."""
-    dist = torch.distributed
-    return str(dist.get_backend()) if dist.is_initialized() else ""
-
-
 def forget_compiled_code() -> None:
     """Drop earlier tests' compiled code and CUDA graphs: their guards would pile up to dynamo's
     recompile limit, their pools hold memory."""

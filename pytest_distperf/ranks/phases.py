@@ -348,12 +348,14 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
     fabric, counted = ctx.fabric, ctx.counted
     fabric_strategy, sharding, wrapper = ctx.half.describe_implementation(fabric, ctx.wrapped)
     peak, memory_kind = ctx.peak_memory
+    dist = torch.distributed
+    backend = str(dist.get_backend()) if dist.is_initialized() else ""  # "": one process alone
     return {
         "rank": fabric.global_rank,
         "samples": tuple(ctx.samples),
         "peak_memory_bytes": peak,
         "memory_kind": memory_kind,
-        "implementation": Implementation(fabric_strategy, sharding, environment.backend(), wrapper),
+        "implementation": Implementation(fabric_strategy, sharding, backend, wrapper),
         "versions": environment.software_versions(),
         "device_name": environment.device_name(ctx.device),
         "replicas": ctx.record.replicas(fabric.world_size),
