@@ -298,26 +298,22 @@ def profile_kernels(generation: Generation) -> dict[str, Profiled]:
     """phase -> what one generation ran on the device, less the session's own syncs: a CUDA-only
     profiler session per phase, far cheaper than tracing host ops."""
     found = {phase: _NOTHING for phase in ("prefill", "decode", "step")}
-    open_session: list[tuple[str, Any]] = []
+    open_session: list[tuple[str, Any]] = []  # (phase, its session) while one is open
     own = _session_syncs()
-
-    def close() -> None:
-        phase, session = open_session.pop()
-        found[phase] = _without(_stopped(session), own)  # one session a phase
 
     def mark(phase: str | None) -> None:
         if open_session and open_session[-1][0] == phase:
             return  # the decode steps share one session
         if open_session:
-            close()
+            ended, session = open_session.pop()
+            found[ended] = _without(_stopped(session), own)  # one session a phase
         if phase is not None:
             open_session.append((phase, _started()))
 
     try:
         generation(mark)
     finally:
-        if open_session:
-            close()
+        mark(None)
     return found
 
 
