@@ -180,7 +180,7 @@ def test_a_failed_count_raises_after_the_generation_ran(monkeypatch: pytest.Monk
     def broken(*args: Any, **kwargs: Any) -> int:
         raise ValueError("no formula")
 
-    info = counting._Op(None, True, broken)
+    info = counting._Op(None, broken)
     monkeypatch.setattr(counting, "_op", lambda func: info)
     steps: list[torch.Tensor] = []
 
@@ -191,6 +191,39 @@ def test_a_failed_count_raises_after_the_generation_ran(monkeypatch: pytest.Monk
     with pytest.raises(RuntimeError, match="counting the work failed at .*no formula"):
         count_work(model, prompt, 4, steps=StepOverride(decode=decode))
     assert len(steps) == 3  # every step ran: no other rank is left waiting in a collective
+
+
+# Every collective op torch has, by the kind the work gate names it.
+KINDS = {
+    "all_gather": "c10d::_allgather_base_ c10d::allgather_ c10d::allgather_coalesced_ "
+    "c10d::allgather_into_tensor_coalesced_ _c10d_functional::all_gather_into_tensor "
+    "_c10d_functional::all_gather_into_tensor_out c10d_functional::all_gather_into_tensor "
+    "_c10d_functional::all_gather_into_tensor_coalesced",
+    "reduce_scatter": "c10d::_reduce_scatter_base_ c10d::reduce_scatter_ "
+    "c10d::reduce_scatter_tensor_coalesced_ _c10d_functional::reduce_scatter_tensor "
+    "_c10d_functional::reduce_scatter_tensor_out _c10d_functional::reduce_scatter_tensor_coalesced",
+    "all_reduce": "c10d::allreduce_ c10d::allreduce_coalesced_ _c10d_functional::all_reduce "
+    "_c10d_functional::all_reduce_ _c10d_functional::all_reduce_coalesced "
+    "_c10d_functional::all_reduce_coalesced_",
+    "broadcast": "c10d::broadcast_ _c10d_functional::broadcast _c10d_functional::broadcast_",
+    "all_to_all": "c10d::alltoall_ c10d::alltoall_base_ _c10d_functional::all_to_all_single "
+    "_dtensor::shard_dim_alltoall",
+    "send": "c10d::send _c10d_functional::isend",
+    "recv": "c10d::recv_ c10d::recv_any_source_ _c10d_functional::irecv",
+    "reduce": "c10d::reduce_",
+    "gather": "c10d::gather_",
+    "scatter": "c10d::scatter_",
+    "barrier": "c10d::barrier c10d::monitored_barrier_",
+}
+
+
+def test_every_collective_op_is_counted_under_its_kind() -> None:
+    for kind, names in KINDS.items():
+        for name in names.split():
+            assert counting.collective_kind(name) == kind, name
+    assert counting.collective_kind("c10d::batch_p2p_ops") == "batch_p2p_ops"  # its own name
+    assert counting.collective_kind("aten::mm") is None
+    assert counting.collective_kind("_dtensor::mesh_get_process_group") is None
 
 
 def test_kernels_are_the_traces_kernel_events_and_their_time() -> None:
@@ -237,20 +270,25 @@ def test_the_phase_skips_when_off_and_goes_on_without_a_count(
     assert "distperf: rank 1: counting the work failed" in capsys.readouterr().err
 
 
-def test_cpu_time_is_the_timed_repeats_own() -> None:
+def test_cpu_time_is_the_timed_repeats_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock of the process's CPU, wait and steal that only the generations and what runs
+    beside them advance: the figure holds the timed generations' share alone."""
+    from pytest_distperf.ranks import timing
+
     model, prompt = tiny()
     fences = Fences(sync=lambda: None, barrier=lambda: None)
+    clock = [0.0]
+    monkeypatch.setattr(timing, "host_times", lambda: (clock[0], 2 * clock[0], 3 * clock[0]))
 
-    beside_s = 0.3  # more than the repeats' own CPU time even on a loaded host
+    def generate(model: Any, prompt: torch.Tensor, new: int) -> torch.Tensor:
+        clock[0] += 1.0
+        return torch.zeros(prompt.shape[0], new, dtype=torch.long)
 
     def busy_beside() -> None:  # the bare model and host loop run beside, outside the figure
-        end = time.process_time() + beside_s
-        while time.process_time() < end:
-            pass
+        clock[0] += 100.0
 
-    *_, host = run_workload(model, prompt, 4, 1, 2, fences, paired=busy_beside)
-    assert 0 < host.cpu_s < beside_s  # not even one of the two busy stretches counted
-    assert host.waited_s is None or 0 <= host.waited_s < beside_s
+    runs = run_workload(model, prompt, 4, 1, 2, fences, paired=busy_beside, generate=generate)
+    assert runs[-1] == timing.HostTime(2.0, 4.0, 6.0)  # the two timed generations, not warm-up
 
 
 def test_warm_up_warms_and_only_timed_repeats_are_paired() -> None:

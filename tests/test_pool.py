@@ -441,8 +441,9 @@ def test_a_calibration_in_the_test_is_not_its_peak(
     monkeypatch.setattr(phases.memory, "peak", lambda device: (next(readings), "RSS"))
     monkeypatch.setattr(phases.memory, "reset_peak", lambda device: resets.append("reset"))
     monkeypatch.setattr(phases, "calibrated", lambda ctx, own, dtype: resets.append("calibrated"))
-    monkeypatch.setattr(phases, "_own_sizes", lambda ctx, model: None)
+    monkeypatch.setattr(phases, "message_sizes_for", lambda *args: None)
     ctx = SimpleNamespace(
+        workload=SimpleNamespace(precision="fp32", batch_size=1),
         spec=SimpleNamespace(
             calibrate_model=phase == "calibrate_model", calibration_sizes=(), devices=2
         ),

@@ -39,11 +39,6 @@ def test_never_more_than_max_repeats() -> None:
     assert steady_median(measure, patience=2, max_repeats=4) == (8.0, 4)
 
 
-def test_bad_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match="patience <= max_repeats, got 0, 5"):
-        steady_median(lambda: 1.0, patience=0, max_repeats=5)
-
-
 def test_every_rank_makes_as_many_calls_as_the_last_one_done() -> None:
     # steady after 6 calls here, but a peer is done only after 8: a model whose forward issues
     # its own collectives would leave that peer waiting if this rank stopped first

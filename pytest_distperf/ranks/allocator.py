@@ -34,8 +34,8 @@ _kept = ""  # the settings keep_heap applied, as the result's versions report th
 
 
 def keep_heap() -> str:
-    """Set the ranks' allocator settings where the environment does not, before any thread
-    starts (a thread keeps its arena); what it runs with ("" where not glibc's)."""
+    """Set the allocator settings the environment does not, before any thread starts (a thread
+    keeps its arena); what it runs with ("" where not glibc's)."""
     global _kept
     libc = _glibc()
     if libc is None:
@@ -72,8 +72,8 @@ CALIBRATION_PAD = 512 << 20
 
 
 def fault_in_heap(pad_bytes: int) -> int:
-    """Grow the heap by `pad_bytes` of free space, then fault in all of it, free chunks included,
-    for later steps to reuse without page faults: the bytes made resident (0: cannot)."""
+    """Grow the heap by `pad_bytes`, then fault all of it in for later steps to reuse without
+    page faults: the bytes made resident (0: cannot)."""
     libc = _glibc()
     if libc is None:
         return 0

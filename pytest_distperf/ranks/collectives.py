@@ -31,8 +31,7 @@ def in_step_seconds(
     generate: GenerateFn | None = None,
 ) -> float | None:
     """Seconds one all-reduce after a point (`points_of(module)`) adds to a decode step: the
-    median over pairs of steps with and without, per point; None without a peer or points.
-    Every rank must call it (the all-reduces pair up)."""
+    median over pairs of steps with and without, per point; None without a peer or points."""
     if not dist.is_initialized() or dist.get_world_size() < 2:
         return None
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import sys
 import tempfile
 import warnings
 from collections import Counter
@@ -43,53 +42,16 @@ COUNTED_DECODE_STEPS = 3
 Mark = Callable[[str | None], None]
 Generation = Callable[[Mark], None]
 
-# Collective ops (namespace::name) by kind: c10d's in-place ops come from torch.distributed,
-# FSDP1/2 and DDP; _c10d_functional's from DTensor, functional collectives and compiled graphs.
-_KINDS: Mapping[str, tuple[str, ...]] = {
-    "all_gather": (
-        "c10d::_allgather_base_",
-        "c10d::allgather_",
-        "c10d::allgather_coalesced_",
-        "c10d::allgather_into_tensor_coalesced_",
-        "_c10d_functional::all_gather_into_tensor",
-        "_c10d_functional::all_gather_into_tensor_out",
-        "_c10d_functional::all_gather_into_tensor_coalesced",
-    ),
-    "reduce_scatter": (
-        "c10d::_reduce_scatter_base_",
-        "c10d::reduce_scatter_",
-        "c10d::reduce_scatter_tensor_coalesced_",
-        "_c10d_functional::reduce_scatter_tensor",
-        "_c10d_functional::reduce_scatter_tensor_out",
-        "_c10d_functional::reduce_scatter_tensor_coalesced",
-    ),
-    "all_reduce": (
-        "c10d::allreduce_",
-        "c10d::allreduce_coalesced_",
-        "_c10d_functional::all_reduce",
-        "_c10d_functional::all_reduce_",
-        "_c10d_functional::all_reduce_coalesced",
-        "_c10d_functional::all_reduce_coalesced_",
-    ),
-    "broadcast": (
-        "c10d::broadcast_",
-        "_c10d_functional::broadcast",
-        "_c10d_functional::broadcast_",
-    ),
-    "all_to_all": (
-        "c10d::alltoall_",
-        "c10d::alltoall_base_",
-        "_c10d_functional::all_to_all_single",
-        "_dtensor::shard_dim_alltoall",
-    ),
-    "send": ("c10d::send", "_c10d_functional::isend"),
-    "recv": ("c10d::recv_", "c10d::recv_any_source_", "_c10d_functional::irecv"),
-    "reduce": ("c10d::reduce_",),
-    "gather": ("c10d::gather_",),
-    "scatter": ("c10d::scatter_",),
-    "barrier": ("c10d::barrier", "c10d::monitored_barrier_"),
-}
-KIND_OF_OP: Mapping[str, str] = {op: kind for kind, ops in _KINDS.items() for op in ops}
+# Collective kinds by a word in their op's name, underscores left out: c10d's in-place ops come
+# from torch.distributed, FSDP and DDP; the functional ones from DTensor and compiled graphs.
+_KIND_WORDS = (
+    ("reducescatter", "reduce_scatter"),
+    ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("alltoall", "all_to_all"),
+    *((word, word) for word in ("broadcast", "send", "recv", "barrier", "reduce", "gather")),
+    ("scatter", "scatter"),
+)
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 # Waiting is no work of its own: the collective it waits for is counted.
 _WAITS = frozenset({"_c10d_functional::wait_tensor", "c10d_functional::wait_tensor"})
@@ -103,32 +65,33 @@ if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def collective_kind(name: str) -> str | None:
+    """The kind of the collective op `name` ("c10d::allreduce_"), None for any other op."""
+    namespace, short = name.split("::", 1)
+    if namespace not in COLLECTIVE_NAMESPACES and name != "_dtensor::shard_dim_alltoall":
+        return None
+    word = short.replace("_", "")
+    return next((kind for part, kind in _KIND_WORDS if part in word), short.rstrip("_"))
+
+
 @dataclass(frozen=True)
 class _Op:
-    """What the counter does with one op overload (looked up once, the hot path is per op)."""
+    """What the counter does with one op overload: count a collective, or an op and its FLOPs."""
 
-    kind: str | None  # a collective's kind
-    aten: bool  # counted among the ops
-    flops: Callable[..., int] | None
-
-
-_OPS: dict[Any, _Op | None] = {}  # None: neither op nor collective (waits, other namespaces)
+    kind: str | None  # a collective's kind; None: an aten op
+    flops: Callable[..., int] | None = None
 
 
+@functools.cache  # per op overload: the counter's hot path is per op
 def _op(func: Any) -> _Op | None:
-    if func in _OPS:
-        return _OPS[func]
+    """None: neither an aten op nor a collective (waits, other namespaces)."""
     name = func._schema.name  # "aten::mm": namespace::name, no overload
-    namespace, short = name.split("::", 1)
-    info: _Op | None = None
     if name in _WAITS:
-        pass
-    elif name in KIND_OF_OP or namespace in COLLECTIVE_NAMESPACES:
-        info = _Op(KIND_OF_OP.get(name, short.rstrip("_")), False, None)
-    elif namespace == "aten":
-        info = _Op(None, True, _FLOPS.get(func._overloadpacket))
-    _OPS[func] = info
-    return info
+        return None
+    kind = collective_kind(name)
+    if kind is not None:
+        return _Op(kind)
+    return _Op(None, _FLOPS.get(func._overloadpacket)) if name.startswith("aten::") else None
 
 
 def message_bytes(args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) -> int:
@@ -146,25 +109,24 @@ def message_bytes(args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any) ->
 class _Tally:
     """One phase's totals over the steps counted in it."""
 
-    __slots__ = ("collectives", "flops", "ops", "steps")
+    __slots__ = ("collectives", "flops", "ops", "profiled", "steps")
 
     def __init__(self) -> None:
         self.ops = 0
         self.flops = 0
         self.collectives: dict[str, list[int]] = {}  # kind -> [calls, bytes]
         self.steps = 0
+        self.profiled: Profiled | None = None  # its kernels and syncs, where kernels queue
 
-    def work(self, steps: int, profiled: Profiled | None) -> PhaseWork:
-        """Per step (decode token, or the one prefill); `profiled`: its kernels and syncs."""
+    def work(self, steps: int) -> PhaseWork:
+        """Per step: a decode token, or the one prefill."""
         per = 1 / steps if steps else 0.0
-        collectives = {
-            kind: CollectiveCount(calls * per, size * per)
-            for kind, (calls, size) in self.collectives.items()
-        }
-        if profiled is None:
+        counts = self.collectives.items()
+        collectives = {kind: CollectiveCount(n * per, size * per) for kind, (n, size) in counts}
+        if self.profiled is None:
             return PhaseWork(collectives, self.ops * per, self.flops * per)
-        syncs = {kind: count * per for kind, count in profiled.syncs.items()}
-        kernels = profiled.kernels * per
+        syncs = {kind: count * per for kind, count in self.profiled.syncs.items()}
+        kernels = self.profiled.kernels * per
         return PhaseWork(collectives, self.ops * per, self.flops * per, kernels, syncs)
 
 
@@ -180,9 +142,7 @@ class WorkCounter(TorchDispatchMode):
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
-        # Otherwise torch.compile runs a compiled step eagerly under the mode, and never again
-        # compiled after it.
-        return True
+        return True  # else torch.compile runs a compiled step eagerly under the mode, ever after
 
     def mark(self, phase: str | None) -> None:
         self._tally = None if phase is None else self.phases[phase]
@@ -203,29 +163,20 @@ class WorkCounter(TorchDispatchMode):
             return out
         if not plain and any(issubclass(t, FakeTensor) for t in types):
             return out  # DTensor's sharding propagation on fake tensors: no work
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return out
         try:
-            self._count(tally, func, args, kwargs, out)
+            info = _op(func)
+            if info is not None and info.kind is not None:
+                count = tally.collectives.setdefault(info.kind, [0, 0])
+                count[0] += 1
+                count[1] += 0 if info.kind == "barrier" else message_bytes(args, kwargs, out)
+            elif info is not None:
+                tally.ops += 1
+                tally.flops += info.flops(*args, **kwargs, out_val=out) if info.flops else 0
         except Exception as error:  # noqa: BLE001 - the op ran; only its count is lost
             self.failure = f"{func}: {error!r}"
         return out
-
-    @staticmethod
-    def _count(
-        tally: _Tally, func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], out: Any
-    ) -> None:
-        if isinstance(func, torch._ops.HigherOrderOperator):
-            return
-        info = _op(func)
-        if info is None:
-            return
-        if info.kind is not None:
-            count = tally.collectives.setdefault(info.kind, [0, 0])
-            count[0] += 1
-            count[1] += 0 if info.kind == "barrier" else message_bytes(args, kwargs, out)
-            return
-        tally.ops += 1
-        if info.flops is not None:
-            tally.flops += info.flops(*args, **kwargs, out_val=out)
 
 
 @dataclass(frozen=True)
@@ -237,8 +188,7 @@ class DynamoMark:
 
 
 def dynamo_mark() -> DynamoMark:
-    """Dynamo's totals now (they run over the process's life: a pooled rank's earlier tests
-    are in them, so a test reads differences)."""
+    """Dynamo's totals now, over the process's life (a test reads differences)."""
     from torch._dynamo.utils import counters
 
     return DynamoMark(sum(counters["graph_break"].values()), counters["frames"]["total"])
@@ -262,9 +212,8 @@ def count_work(
     steps: StepOverride | None = None,
     compiled_since: DynamoMark | None = None,
 ) -> Counted:
-    """Count one generation of `model` as the timed loop runs it (`generate`, `next_token`,
-    `steps`), profiled too where kernels queue. `compiled_since`: dynamo's totals before
-    compiling (None: eager). RuntimeError where the count failed."""
+    """Count one generation as the timed loop runs it, profiled too where kernels queue.
+    `compiled_since`: dynamo's totals before compiling (None: eager). RuntimeError on failure."""
     # A user's loop has no known prefill/decode split: its whole generation counts as the
     # prefill and, divided by its new tokens, as each decode token.
     split = generate is None
@@ -275,28 +224,18 @@ def count_work(
         mark(None)
 
     frames = dynamo_mark().frames if compiled_since is not None else 0
-    queued = platform_of(prompt.device.type).queues_kernels
-    counter, profiled = _counted(generation, queued)
-    prefill = counter.phases["prefill"]
-    prefill_profiled = profiled["prefill"] if profiled else None
-    if split:
-        decode, decode_steps = counter.phases["decode"], counter.phases["decode"].steps
-        decode_profiled = profiled["decode"] if profiled else None
-    else:
-        decode, decode_steps, decode_profiled = prefill, tokens, prefill_profiled
+    counted = _counted(generation, platform_of(prompt.device.type).queues_kernels)
+    prefill = counted["prefill"]
+    decode = counted["decode"] if split else prefill
+    decode_steps = decode.steps if split else tokens
     breaks = recompiles = None
     if compiled_since is not None:
         now = dynamo_mark()
         breaks, recompiles = now.graph_breaks - compiled_since.graph_breaks, now.frames - frames
-    work = Work(
-        decode=decode.work(decode_steps, decode_profiled),
-        prefill=prefill.work(prefill.steps, prefill_profiled),
-        graph_breaks=breaks,
-        recompiles=recompiles,
-    )
+    work = Work(decode.work(decode_steps), prefill.work(prefill.steps), breaks, recompiles)
     device_time = None
-    if decode_profiled is not None and decode_steps:
-        device_time = decode_profiled.seconds / decode_steps
+    if decode.profiled is not None and decode_steps:
+        device_time = decode.profiled.seconds / decode_steps
     return Counted(work, device_time)
 
 
@@ -308,15 +247,11 @@ def count_step(step: Callable[[], Any], queues_kernels: bool) -> Counted:
         step()
         mark(None)
 
-    counter, profiled = _counted(once, queues_kernels)
-    step_profiled = profiled["step"] if profiled else None
-    return Counted(Work(step=counter.phases["step"].work(1, step_profiled)), None)
+    return Counted(Work(step=_counted(once, queues_kernels)["step"].work(1)), None)
 
 
-def _counted(
-    generation: Generation, profiled: bool
-) -> tuple[WorkCounter, dict[str, Profiled] | None]:
-    """`generation` run once, its ops counted and, where `profiled`, its kernels and syncs
+def _counted(generation: Generation, profiled: bool) -> dict[str, _Tally]:
+    """phase -> its tally of `generation` run once and, where `profiled`, its kernels and syncs
     profiled in the same pass (the counter launches no kernel and makes no sync)."""
     counter = WorkCounter()
 
@@ -330,26 +265,23 @@ def _counted(
         with counter:
             generation(mark)
 
-    found = profile_kernels(counted) if profiled else None
-    if not profiled:
+    if profiled:
+        for phase, found in profile_kernels(counted).items():
+            counter.phases[phase].profiled = found
+    else:
         counted(lambda phase: None)
     if counter.failure is not None:
         raise RuntimeError(f"counting the work failed at {counter.failure}")
-    return counter, found
+    return counter.phases
 
 
 @dataclass(frozen=True)
 class Profiled:
-    """What one phase's profiled run saw on the device: kernels launched, their summed device
-    seconds, and the host's syncs with the device by kind (`SYNC_KINDS`)."""
+    """One phase's kernels, their summed device seconds, and host syncs by kind (`SYNC_KINDS`)."""
 
     kernels: int
     seconds: float
     syncs: Mapping[str, int]
-
-    def __add__(self, other: Profiled) -> Profiled:
-        syncs = dict(Counter(self.syncs) + Counter(other.syncs))
-        return Profiled(self.kernels + other.kernels, self.seconds + other.seconds, syncs)
 
 
 # The CUDA runtime's host-blocking syncs as the profiler's sync events name them. "Stream Wait
@@ -363,29 +295,25 @@ _NOTHING = Profiled(0, 0.0, {})
 
 
 def profile_kernels(generation: Generation) -> dict[str, Profiled]:
-    """phase -> what one generation ran on the device (CUDA-graph replays too), less the session's
-    own syncs: a CUDA-only profiler session per phase, far cheaper than tracing host ops."""
+    """phase -> what one generation ran on the device, less the session's own syncs: a CUDA-only
+    profiler session per phase, far cheaper than tracing host ops."""
     found = {phase: _NOTHING for phase in ("prefill", "decode", "step")}
-    open_session: list[tuple[str, Any]] = []
+    open_session: list[tuple[str, Any]] = []  # (phase, its session) while one is open
     own = _session_syncs()
-
-    def close() -> None:
-        phase, session = open_session.pop()
-        found[phase] = found[phase] + _without(_stopped(session), own)
 
     def mark(phase: str | None) -> None:
         if open_session and open_session[-1][0] == phase:
             return  # the decode steps share one session
         if open_session:
-            close()
+            ended, session = open_session.pop()
+            found[ended] = _without(_stopped(session), own)  # one session a phase
         if phase is not None:
             open_session.append((phase, _started()))
 
     try:
         generation(mark)
     finally:
-        if open_session:
-            close()
+        mark(None)
     return found
 
 
@@ -438,13 +366,3 @@ def device_totals(events: list[dict[str, Any]]) -> Profiled:
         if e.get("cat") == "cuda_sync" and e.get("name") in SYNC_KINDS
     )
     return Profiled(len(durations), sum(durations) * 1e-6, dict(syncs))  # the trace's times: us
-
-
-def warn(rank: int, error: BaseException) -> None:
-    """The run goes on without its count: say so where the rank's output goes."""
-    print(
-        f"distperf: rank {rank}: counting the work failed, the run is reported without it: "
-        f"{error!r}",
-        file=sys.stderr,
-        flush=True,
-    )

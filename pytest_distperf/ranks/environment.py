@@ -28,8 +28,8 @@ def rank_device(platform: Platform) -> torch.device:
 def join_group(
     device: torch.device, store: Store | None = None, rank: int = 0, world: int = 1
 ) -> None:
-    """Join the run's process group as Fabric would (calibration comes before the model), unless
-    the pool did; through env://, or `store` as `rank` of `world` (a launched job's group)."""
+    """Join the run's process group as Fabric would, unless joined; through env://, or `store`
+    as `rank` of `world` (a launched job's group)."""
     from torch.distributed.constants import default_pg_timeout
 
     dist = torch.distributed
@@ -45,8 +45,7 @@ def join_group(
 
 
 def all_ranks_done(device: torch.device) -> Callable[[bool], bool]:
-    """`done -> whether every rank of the run's group is done`, for loops whose length each
-    rank decides by itself; a rank alone (no group, or a group of one) answers for itself."""
+    """`done -> whether every rank is done`, for loops whose length each rank decides."""
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
@@ -65,15 +64,9 @@ def global_rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def backend() -> str:
-    """The process group's backend, "" for one process without a group."""
-    dist = torch.distributed
-    return str(dist.get_backend()) if dist.is_initialized() else ""
-
-
 def forget_compiled_code() -> None:
-    """Drop the earlier tests' compiled code and CUDA graphs: their guards would pile up to
-    dynamo's recompile limit, their pools hold memory (inductor's disk cache stays)."""
+    """Drop earlier tests' compiled code and CUDA graphs: their guards would pile up to dynamo's
+    recompile limit, their pools hold memory."""
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()

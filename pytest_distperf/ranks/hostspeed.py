@@ -7,8 +7,7 @@ import os
 import re
 import time
 
-# Short, yet far above timer noise on the hosts measured (docs/benchmarks/h200-2026-11-30.md).
-LOOP_ITERATIONS = 200_000
+LOOP_ITERATIONS = 200_000  # short, yet far above timer noise on the hosts measured
 
 
 def interpreter_loop_seconds(iterations: int = LOOP_ITERATIONS) -> float:
@@ -17,8 +16,7 @@ def interpreter_loop_seconds(iterations: int = LOOP_ITERATIONS) -> float:
 
 
 def interpreter_loop_times(iterations: int = LOOP_ITERATIONS) -> tuple[float, float]:
-    """(wall, this thread's CPU) seconds of the fixed loop: the CPU time leaves out the waits
-    for a core, so it is the core's own speed, which a neighbour on a shared core lowers too."""
+    """(wall, this thread's CPU) seconds of the fixed loop: the CPU time is the core's own speed."""
     start, cpu_start = time.perf_counter(), time.thread_time()
     total = 0
     for i in range(iterations):
@@ -27,9 +25,8 @@ def interpreter_loop_times(iterations: int = LOOP_ITERATIONS) -> tuple[float, fl
 
 
 def host_times() -> tuple[float, float | None, float | None]:
-    """(this process's CPU seconds, its live threads' wait runnable for a core (schedstat: a
-    busy neighbour shows, a sleep on a peer or the device does not), the hypervisor's steal
-    from an average CPU (`/proc/stat`)); None where the kernel keeps no such figure."""
+    """(this process's CPU seconds, its threads' wait runnable for a core, the hypervisor's steal
+    from an average CPU); None where the kernel keeps no such figure."""
     cpu = time.process_time()
     try:
         threads = os.listdir("/proc/self/task")
@@ -46,9 +43,8 @@ def host_times() -> tuple[float, float | None, float | None]:
 
 
 def thread_times() -> tuple[float, float] | None:
-    """(seconds on a core, seconds runnable in the run queue) of the calling thread so far
-    (`/proc/thread-self/schedstat`); None where the kernel keeps none. The rest of a stretch of
-    wall time the thread chose to wait (a sleep, a blocking sync, I/O, a peer)."""
+    """(seconds on a core, seconds runnable in the run queue) of the calling thread so far; None
+    where the kernel keeps none."""
     try:
         with open("/proc/thread-self/schedstat") as stat:
             ran_ns, queued_ns = stat.read().split()[:2]
@@ -58,8 +54,7 @@ def thread_times() -> tuple[float, float] | None:
 
 
 def host_steal_seconds(stat_path: str = "/proc/stat") -> float | None:
-    """Steal time of this host's CPUs over their number (what a thread that ran all along lost
-    to the hypervisor); None where the file or field is missing."""
+    """Steal time of this host's CPUs over their number; None where the file or field is missing."""
     try:
         with open(stat_path) as stat:
             lines = stat.read().splitlines()

@@ -49,8 +49,7 @@ class JobGroup:
 
     def leave_group(self, error: BaseException | None) -> None:
         """Leave the default group after a failed run, so a peer blocked in a collective gets an
-        error; gloo closes its connections only once nothing holds the group (`error`'s frames
-        hold the model, whose wrapper holds it), so those let go first."""
+        error; `error`'s frames (the model, its wrapper, the group) let go first, or gloo waits."""
         for _ in range(16):  # the chain of exceptions it came with, which Python keeps acyclic
             if error is None:
                 break

@@ -3,6 +3,7 @@ RSS high-water mark (reset through /proc/self/clear_refs), else the process-life
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from pathlib import Path
 
@@ -16,18 +17,14 @@ _STATUS = Path("/proc/self/status")
 _RESET_HIGH_WATER_MARK = "5"  # proc(5): "reset the peak resident set size"
 
 
-def reset_peak(device: torch.device) -> bool:
-    """Start a new peak (an RSS one after the kept heap goes back to the kernel); False when only
-    the lifetime peak can be read on this host."""
+def reset_peak(device: torch.device) -> None:
+    """Start a new peak (an RSS one after the kept heap goes back to the kernel)."""
     if platform_of(device.type).allocator_memory:
         torch.cuda.reset_peak_memory_stats(device)
-        return True
+        return
     allocator.release_heap()
-    try:
+    with contextlib.suppress(OSError):  # the high-water mark then keeps earlier tests' peak
         _CLEAR_REFS.write_text(_RESET_HIGH_WATER_MARK)
-    except OSError:
-        return False
-    return _status_bytes("VmHWM:") is not None
 
 
 def peak(device: torch.device) -> tuple[int, str]:

@@ -4,36 +4,28 @@ sets its own fields (worker.PHASES lists them in order)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import astuple
+from functools import partial
 from typing import Any
 
 import torch
 from distperf_model.generate import make_prompt
 
 from pytest_distperf.measured import Implementation, RankResult, Sample
-from pytest_distperf.perfmodel.calibration import (
-    NO_MESSAGES,
-    Calibration,
-    MessageSizes,
-)
+from pytest_distperf.perfmodel.calibration import NO_MESSAGES, Calibration, MessageSizes
 from pytest_distperf.ranks import allocator, counting, environment, memory
 from pytest_distperf.ranks.collectives import in_step_seconds
 from pytest_distperf.ranks.context import DTYPES, RankContext
-from pytest_distperf.ranks.counting import dynamo_mark
 from pytest_distperf.ranks.fabric import fabric_module
 from pytest_distperf.ranks.hostspeed import interpreter_loop_times
 from pytest_distperf.ranks.models import build as build_model
 from pytest_distperf.ranks.models import load_object, use_import_paths
 from pytest_distperf.ranks.reference import choose_reference, times_before_wrapping
 from pytest_distperf.ranks.strategies import BuildContext, rank_strategy
-from pytest_distperf.ranks.timing import (
-    Fences,
-    device_sync,
-    reference_token_time,
-    run_workload,
-)
+from pytest_distperf.ranks.timing import Fences, device_sync, reference_token_time, run_workload
 from pytest_distperf.spec import PRECISION_BYTES, RunSpec
 from pytest_distperf.strategies import get_strategy, message_sizes_for, strategy_names
 
@@ -78,14 +70,12 @@ def calibrate(ctx: RankContext) -> None:
 
 
 def build(ctx: RankContext) -> None:
-    """The model: every rank builds the same weights from the seed (sharded strategies then
-    keep their shard)."""
+    """The model, the same weights on every rank from the seed."""
     workload = ctx.workload
     ctx.model = build_model(workload, ctx.device, ctx.dtype, ctx.spec.test_dir)
     if workload.training:
-        ctx.model.check_fits(
-            workload.seq_length or 0, f"distperf(seq_length={workload.seq_length})"
-        )
+        where = f"distperf(seq_length={workload.seq_length})"
+        ctx.model.check_fits(workload.seq_length or 0, where)
         return
     ctx.model.check_fits(
         workload.prompt_length + max(workload.max_new_tokens, ctx.spec.reference_steps),
@@ -95,8 +85,7 @@ def build(ctx: RankContext) -> None:
 
 
 def calibrate_model(ctx: RankContext) -> None:
-    """Collectives at every size any strategy would use for this model: a builder's message
-    sizes are known only once it is built."""
+    """Collectives at every size any strategy would use for a builder's model, once built."""
     if ctx.spec.calibrate_model:
         _calibrate_outside_the_peak(ctx, model=True)
 
@@ -114,8 +103,7 @@ def check(ctx: RankContext) -> None:
 
 
 def launch(ctx: RankContext) -> None:
-    """Fabric with the strategy built for this model (FSDP wraps or shards each of its shard
-    units); it finds the process group already joined."""
+    """Fabric with the strategy built for this model; it finds the process group joined."""
     spec, workload, model = ctx.spec, ctx.workload, ctx.model
     ctx.build_context = BuildContext(
         ctx.platform,
@@ -147,9 +135,8 @@ def prompt(ctx: RankContext) -> None:
 
 
 def reference(ctx: RankContext) -> None:
-    """The unwrapped model timed until steady, where the reference is timed before wrapping
-    (ranks/reference.py), and the cost of a collective between its layers where the host runs
-    them (ranks/collectives.py); then its caches go."""
+    """The unwrapped model timed until steady where the reference is timed before wrapping
+    (ranks/reference.py), and a collective between host-run layers (ranks/collectives.py)."""
     spec, workload, model, platform = ctx.spec, ctx.workload, ctx.model, ctx.platform
     steps, sharded = spec.reference_steps, ctx.record.sharded
     beside = ctx.record.measures_relative_speed(spec.relative_speed, spec.devices)
@@ -159,21 +146,19 @@ def reference(ctx: RankContext) -> None:
     copyable = not platform.allocator_memory and not workload.is_custom_builder
     ctx.copies_whole = ctx.bare_beside and sharded and copyable
     whole_beside = ctx.bare_beside and sharded and (copyable or _copy_fits(ctx))
-    before = times_before_wrapping(
-        sharded, ctx.bare_beside, workload.max_new_tokens, steps, whole_beside
-    )
+    max_new = workload.max_new_tokens
+    before = times_before_wrapping(sharded, ctx.bare_beside, max_new, steps, whole_beside)
     points = ctx.half.collective_points if not platform.queues_kernels and steps else None
     model.clear_caches()  # a builder's model may come with caches or rope buffers made
     if not before and points is None:
         return
     # The run's cache length at least: attention reads the whole static cache every step.
-    length = workload.prompt_length + max(workload.max_new_tokens, steps)
+    length = workload.prompt_length + max(max_new, steps)
     model.setup_caches(workload.batch_size, length, device=ctx.device, dtype=ctx.dtype)
     sync, all_done = device_sync(ctx.device), environment.all_ranks_done(ctx.device)
     if before:
-        ctx.before_wrap = reference_token_time(
-            model.module, ctx.prompt, steps, sync, ctx.generate, all_done
-        )
+        args = (model.module, ctx.prompt, steps, sync, ctx.generate, all_done)
+        ctx.before_wrap = reference_token_time(*args)
     if points is not None:
         args = (model.module, points, ctx.prompt, steps, sync, ctx.generate)
         ctx.in_step_s = in_step_seconds(*args)
@@ -186,8 +171,8 @@ _COPY_NEEDS_MODELS = 2.5
 
 
 def _copy_fits(ctx: RankContext) -> bool:
-    """Whether a sharded model's whole copy, built again once wrapping has freed all but this
-    rank's shard, is expected to fit beside it (always, where memory is an RSS heap)."""
+    """Whether a sharded model's whole copy, built once wrapping has freed all but this rank's
+    shard, is expected to fit beside it (always, where memory is an RSS heap)."""
     if not ctx.platform.allocator_memory:
         return True
     module = ctx.model.module
@@ -203,13 +188,8 @@ def wrap(ctx: RankContext) -> None:
     buffers it finds when it wraps)."""
     workload, model = ctx.workload, ctx.model
     ctx.wrapped = wrapped_in_strategy(ctx, model.module)
-    model.setup_caches(
-        max_batch_size=workload.batch_size,
-        max_seq_length=workload.prompt_length + workload.max_new_tokens,
-        device=ctx.device,
-        dtype=ctx.dtype,
-        module=ctx.wrapped.module,
-    )
+    length = workload.prompt_length + workload.max_new_tokens
+    model.setup_caches(workload.batch_size, length, ctx.device, ctx.dtype, ctx.wrapped.module)
 
 
 def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
@@ -225,19 +205,17 @@ def wrapped_in_strategy(ctx: RankContext, module: Any) -> Any:
 
 
 def compile_steps(ctx: RankContext) -> None:
-    """The compiled steps of `distperf(compile=True)`, compiled and settled before the warm-up
-    (ranks/compiled.py)."""
+    """`distperf(compile=True)`'s steps, compiled and settled before the warm-up."""
     if not ctx.spec.compile:
         return
     from pytest_distperf.ranks.compiled import CompiledStep, compile_run
 
     if ctx.generate is not None:
-        ctx.wrapped_steps = CompiledStep(
-            None, "eager: the test's own generate= loop is timed as it is"
-        )
+        eager = "eager: the test's own generate= loop is timed as it is"
+        ctx.wrapped_steps = CompiledStep(None, eager)
         return
     own_step = ctx.record.decodes_across_ranks
-    ctx.dynamo_before = dynamo_mark()  # the graph breaks of this test's compiling come after
+    ctx.dynamo_before = counting.dynamo_mark()  # this test's graph breaks come after
     ctx.wrapped_steps, ctx.bare.steps, ctx.compile_s = compile_run(
         ctx.wrapped,
         ctx.model.module,
@@ -255,23 +233,16 @@ def time_generations(ctx: RankContext) -> None:
     spec, workload, bare = ctx.spec, ctx.workload, ctx.bare
     if ctx.platform.allocator_memory:
         memory.reset_peak(ctx.device)
-
     bare_s: list[float] = []
 
-    def beside() -> tuple[Sample | None, tuple[float, float]]:
+    def beside(loop: bool = True) -> tuple[Sample | None, tuple[float, float] | None]:
         began = time.perf_counter()
         sample = bare.generation() if ctx.bare_beside else None
-        loop = interpreter_loop_times()
+        host_loop = interpreter_loop_times() if loop else None
         bare_s.append(time.perf_counter() - began)
-        return sample, loop
-
-    def warm_bare() -> None:  # the bare model warms up beside the wrapped one
-        began = time.perf_counter()
-        bare.generation()
-        bare_s.append(time.perf_counter() - began)
+        return sample, host_loop
 
     began = time.time()
-
     samples, tokens, timed_from, besides, host = run_workload(
         ctx.wrapped,
         ctx.prompt,
@@ -285,22 +256,20 @@ def time_generations(ctx: RankContext) -> None:
         progress=ctx.progress,
         next_token=ctx.half.next_token,
         steps=ctx.wrapped_steps.override() if ctx.wrapped_steps else None,
-        warmed=warm_bare if ctx.bare_beside else None,
+        warmed=partial(beside, loop=False) if ctx.bare_beside else None,  # the bare one warms
     )
-    bare_samples = [s for s, _ in besides if s is not None]
-    if len(bare_samples) < len(samples):
-        bare_samples = []  # the copy was dropped during the run: no pairs to speak of
     ctx.samples, ctx.tokens, ctx.timed_from = samples, tokens, timed_from
-    warmups = spec.warmup if ctx.bare_beside else 0
-    in_warmup = sum(bare_s[:warmups])
+    ctx.bare_samples = [s for s, _ in besides if s is not None]
+    if len(ctx.bare_samples) < len(samples):
+        ctx.bare_samples = []  # the copy was dropped during the run: no pairs to speak of
+    in_warmup = sum(bare_s[: spec.warmup if ctx.bare_beside else 0])
     ctx.loop_s = {
         "warmup": timed_from - began - in_warmup,
-        "timed": time.time() - timed_from - sum(bare_s[warmups:]),
+        "timed": time.time() - timed_from - (sum(bare_s) - in_warmup),
         "bare": sum(bare_s),
     }
-    ctx.bare_samples = bare_samples
     new_tokens = spec.repeats * workload.batch_size * workload.max_new_tokens
-    ctx.note_host([loop for _, loop in besides], host, new_tokens)
+    ctx.note_host([loop for _, loop in besides if loop is not None], host, new_tokens)
 
 
 def pick_reference(ctx: RankContext) -> None:
@@ -340,15 +309,17 @@ def count_work(ctx: RankContext) -> None:
 
 
 def counted_by(ctx: RankContext, count: Callable[[], counting.Counted]) -> None:
-    """`count()`'s work, unless counting is off (ranks/counting.py). A count that fails leaves
-    the work unknown and says so on stderr: it never fails a healthy run."""
+    """`count()`'s work unless counting is off; a failed count leaves the work unknown, and says
+    so on stderr: it never fails a healthy run."""
     if not ctx.spec.count_work:
         return
     started = time.perf_counter()
     try:
         ctx.counted = count()
     except Exception as error:  # noqa: BLE001 - the run's timed figures stand without it
-        counting.warn(ctx.fabric.global_rank, error)
+        rank = ctx.fabric.global_rank
+        reason = f"counting the work failed, the run is reported without it: {error!r}"
+        print(f"distperf: rank {rank}: {reason}", file=sys.stderr, flush=True)
     ctx.count_s = time.perf_counter() - started
 
 
@@ -377,12 +348,14 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
     fabric, counted = ctx.fabric, ctx.counted
     fabric_strategy, sharding, wrapper = ctx.half.describe_implementation(fabric, ctx.wrapped)
     peak, memory_kind = ctx.peak_memory
+    dist = torch.distributed
+    backend = str(dist.get_backend()) if dist.is_initialized() else ""  # "": one process alone
     return {
         "rank": fabric.global_rank,
         "samples": tuple(ctx.samples),
         "peak_memory_bytes": peak,
         "memory_kind": memory_kind,
-        "implementation": Implementation(fabric_strategy, sharding, environment.backend(), wrapper),
+        "implementation": Implementation(fabric_strategy, sharding, backend, wrapper),
         "versions": environment.software_versions(),
         "device_name": environment.device_name(ctx.device),
         "replicas": ctx.record.replicas(fabric.world_size),
@@ -400,21 +373,16 @@ def common_result_fields(ctx: RankContext) -> dict[str, Any]:
 
 
 def _calibrate_outside_the_peak(ctx: RankContext, model: bool) -> None:
-    """Calibrate inside the test (a fresh or job rank's, a builder's first): its buffers are not
-    the test's memory, so the peak so far stays as a floor and a new one starts after it."""
+    """Calibrate inside the test (`model`: at every size any strategy would use for it): its
+    buffers are not the test's memory, so the peak so far stays as a floor and a new one starts."""
     ctx.peak_floor = max(ctx.peak_floor, memory.peak(ctx.device)[0])
-    ctx.calibration = calibrated(ctx, _own_sizes(ctx, model), ctx.dtype)
+    own = NO_MESSAGES
+    if model:
+        dtype_bytes, batch = PRECISION_BYTES[ctx.workload.precision], ctx.workload.batch_size
+        names, devices = strategy_names(), ctx.spec.devices
+        own = message_sizes_for(ctx.model.shape, names, devices, dtype_bytes, batch)
+    ctx.calibration = calibrated(ctx, own, ctx.dtype)
     memory.reset_peak(ctx.device)
-
-
-def _own_sizes(ctx: RankContext, model: bool) -> MessageSizes:
-    """`model`: every size any strategy would use for the built model; else none."""
-    if not model:
-        return NO_MESSAGES
-    dtype_bytes, batch = PRECISION_BYTES[ctx.workload.precision], ctx.workload.batch_size
-    return message_sizes_for(
-        ctx.model.shape, strategy_names(), ctx.spec.devices, dtype_bytes, batch
-    )
 
 
 def calibrated(ctx: RankContext, own: MessageSizes, dtype: torch.dtype) -> Calibration:
@@ -423,6 +391,5 @@ def calibrated(ctx: RankContext, own: MessageSizes, dtype: torch.dtype) -> Calib
 
     session = ctx.spec.calibration_sizes or NO_MESSAGES
     union = (tuple(sorted({*a, *b})) for a, b in zip(astuple(session), astuple(own), strict=True))
-    sizes = MessageSizes(*union)
-    sizes = sizes.up_to(ctx.platform.calibration_max_bytes)
+    sizes = MessageSizes(*union).up_to(ctx.platform.calibration_max_bytes)
     return calibrate(sizes.all_gather, sizes.all_reduce, ctx.device, dtype, sizes_p2p=sizes.p2p)

@@ -8,37 +8,24 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-
-class Group(NamedTuple):
-    """The ranks one collective runs over: a process group and this rank's place in it."""
-
-    handle: Any  # a ProcessGroup; None: the default group
-    rank: int  # this rank's index in the group
-    peers: tuple[int, ...]  # the group's global ranks, in group order
-
-    @property
-    def size(self) -> int:
-        return len(self.peers)
+Group = dist.ProcessGroup  # the ranks one collective runs over
 
 
 def world_group() -> Group:
-    return Group(None, dist.get_rank(), tuple(range(dist.get_world_size())))
+    return dist.group.WORLD
 
 
 @contextmanager
 def node_group(per_node: int) -> Iterator[Group]:
-    """This rank's node: its `per_node` consecutive ranks, as torchrun and srun place them.
-    Every rank makes every node's group (torch's rule for new_group), then destroys them."""
+    """This rank's node: its `per_node` consecutive ranks, as torchrun and srun place them."""
     mine, groups = dist.new_subgroups(group_size=per_node)
-    rank = dist.get_rank()
-    first = rank - rank % per_node
     try:
-        yield Group(mine, rank % per_node, tuple(range(first, first + per_node)))
+        yield mine
     finally:
         for group in groups:
             dist.destroy_process_group(group)
@@ -53,10 +40,14 @@ class Timer(NamedTuple):
 
 
 def barrier_after_sync(device: torch.device, sync: Callable[[], None]) -> None:
-    # A tiny all-reduce rather than dist.barrier(): it works the same on gloo and NCCL and needs
-    # no device_ids for NCCL.
+    # Not dist.barrier(): a tiny all-reduce works alike on gloo and NCCL, with no device_ids.
     dist.all_reduce(torch.zeros(1, device=device))
     sync()
+
+
+SMALL_MESSAGE_BYTES = 1 << 20
+SMALL_MESSAGE_WARMUP = 5
+SMALL_MESSAGE_ITERS = 20
 
 
 def time_collective(
@@ -73,13 +64,17 @@ def time_collective(
     all-gather's bytes are its gathered output's."""
     call = {"all_gather": _fresh_all_gather, "all_reduce": _all_reduce, "p2p": _ring_hop}[kind]
     element = torch.tensor([], dtype=dtype).element_size()
-    share = group.size if kind == "all_gather" else 1
+    share = dist.get_world_size(group) if kind == "all_gather" else 1
     moved, times = [], []
     for size in sorted(set(sizes)):
         elements = max(1, -(-size // (element * share)))  # ceil: at least the asked-for bytes
         tensor = torch.ones(elements, dtype=dtype, device=device)
         moved.append(elements * share * element)
-        warm, timed = _repeats(moved[-1], warmup, iters)
+        # Small messages cost microseconds to a millisecond, and their first calls pay for
+        # connection set-up (gloo: several ms): more repeats cost nothing and steady the median.
+        small = moved[-1] <= SMALL_MESSAGE_BYTES
+        warm = max(warmup, SMALL_MESSAGE_WARMUP) if small else warmup
+        timed = max(iters, SMALL_MESSAGE_ITERS) if small else iters
         times.append(median_time(partial(call, tensor, group), timer, warm, timed))
         del tensor
     return moved, times
@@ -103,18 +98,6 @@ def slowest_rank_seconds(device: torch.device, seconds: float) -> float:
 # releases only have the former.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
-SMALL_MESSAGE_BYTES = 1 << 20
-SMALL_MESSAGE_WARMUP = 5
-SMALL_MESSAGE_ITERS = 20
-
-
-def _repeats(nbytes: int, warmup: int, iters: int) -> tuple[int, int]:
-    # Small messages cost microseconds to a millisecond, and their first calls pay for
-    # connection set-up (gloo: several ms): more repeats cost nothing and steady the median.
-    if nbytes <= SMALL_MESSAGE_BYTES:
-        return max(warmup, SMALL_MESSAGE_WARMUP), max(iters, SMALL_MESSAGE_ITERS)
-    return warmup, iters
-
 
 # A call this long is a steady measurement by itself (the host's jitter is a small share of it);
 # more repeats would only add seconds each, as huge all-gathers do over loopback on CPU ranks.
@@ -124,8 +107,8 @@ SLOW_S = 0.5
 def median_time(
     op: Callable[[], object], timer: Timer, warmup: int, iters: int, slow_call_s: float = SLOW_S
 ) -> float:
-    """Median seconds of `iters` fenced calls of `op` after `warmup` untimed ones; a single
-    timed call when the last warm-up call took `slow_call_s` or more on any rank."""
+    """Median seconds of `iters` fenced calls of `op` after `warmup` untimed ones (one, where the
+    last warm-up call took `slow_call_s` or more on any rank)."""
     warm_s = 0.0
     for _ in range(warmup):
         start = time.perf_counter()
@@ -148,23 +131,24 @@ def median_time(
 def _fresh_all_gather(shard: torch.Tensor, group: Group) -> torch.Tensor:
     # A new output every call, as FSDP allocates one: free through CUDA's caching allocator, on
     # CPU fresh pages faulted in, as costly as the transfer itself over loopback.
-    out = torch.empty(shard.numel() * group.size, dtype=shard.dtype, device=shard.device)
-    _all_gather(out, shard, group=group.handle)
+    size = dist.get_world_size(group)
+    out = torch.empty(shard.numel() * size, dtype=shard.dtype, device=shard.device)
+    _all_gather(out, shard, group=group)
     return out
 
 
 def _all_reduce(tensor: torch.Tensor, group: Group) -> None:
-    dist.all_reduce(tensor, group=group.handle)
+    dist.all_reduce(tensor, group=group)
 
 
 def _ring_hop(message: torch.Tensor, group: Group) -> None:
     # Send to the next rank while receiving from the one before, as one batch: every link
     # carries one hop, and no rank's send waits for a receive queued behind it (NCCL).
-    rank, n, peers = group.rank, group.size, group.peers
+    rank, n = dist.get_rank(group), dist.get_world_size(group)
     arrived = torch.empty_like(message)
     ops = [
-        dist.P2POp(dist.isend, message, peers[(rank + 1) % n], group.handle),
-        dist.P2POp(dist.irecv, arrived, peers[(rank - 1) % n], group.handle),
+        dist.P2POp(dist.isend, message, dist.get_global_rank(group, (rank + 1) % n), group),
+        dist.P2POp(dist.irecv, arrived, dist.get_global_rank(group, (rank - 1) % n), group),
     ]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
@@ -181,8 +165,8 @@ def copy_bandwidth(nbytes: int, seconds: float) -> float:
 def copy_times(
     copy_bytes: int, device: torch.device, timer: Timer, warmup: int, iters: int
 ) -> tuple[float, float]:
-    """Median seconds of `copy_bytes` (uint8: any size) copied into an existing tensor (weights'
-    streaming) and into a new one (FSDP2's copy-out; CPU: several times slower, page faults)."""
+    """Median seconds of `copy_bytes` copied into an existing tensor (weights' streaming) and
+    into a new one (FSDP2's copy-out; CPU: slower, page faults)."""
     src = torch.ones(copy_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     warmup = max(warmup, 1)
@@ -225,8 +209,8 @@ def _host_work(scratch: torch.Tensor, ops: int) -> None:
 def _host_ops(
     scratch: torch.Tensor, seconds: float, timer: Timer, warmup: int, iters: int, least: int
 ) -> int:
-    """Host work ops that take about `seconds`, the same on every rank (the fewest any rank
-    asks for): otherwise the faster host would wait for the slower."""
+    """Host work ops that take about `seconds`, the fewest any rank asks for (the same on every
+    rank: otherwise the faster host would wait for the slower)."""
     work = partial(_host_work, scratch, HOST_WORK_PROBE_OPS)
     per_op = median_time(work, timer, warmup, iters) / HOST_WORK_PROBE_OPS
     ops = torch.tensor([seconds / per_op if per_op > 0 else 0.0], device=scratch.device)
@@ -242,23 +226,22 @@ def overlap_probe(
     warmup: int,
     iters: int,
 ) -> tuple[float, float, float]:
-    """(all-gather alone, host work alone, both at once), median seconds this rank, at the
-    all-gather size `probe_index` picks of the (bytes, seconds) measured: the gather started
-    asynchronously, as FSDP's next unit's, while the host issues about as much small-kernel
-    work (equal lengths show the hidden share best). Zeros without a gather or a peer."""
+    """(all-gather alone, host work alone, both at once), median seconds this rank, at the size
+    `probe_index` picks: the gather started asynchronously, as FSDP's next unit's, while the host
+    issues as long a stretch of small kernels. Zeros without a gather or a peer."""
     gathered_bytes, gather_times = gathers
     if not gathered_bytes or dist.get_world_size() < 2:
         return 0.0, 0.0, 0.0
     probe = probe_index([timer.agree(t) for t in gather_times])  # the same size everywhere
     world = world_group()
     element = torch.tensor([], dtype=dtype).element_size()
-    elements = max(1, gathered_bytes[probe] // (element * world.size))
+    elements = max(1, gathered_bytes[probe] // (element * dist.get_world_size()))
     shard = torch.ones(elements, dtype=dtype, device=device)
     scratch = torch.zeros(HOST_WORK_ELEMENTS, dtype=dtype, device=device)
     ops = _host_ops(scratch, gather_times[probe], timer, max(warmup, 1), iters, HOST_WORK_PROBE_OPS)
 
     def together() -> None:
-        out = torch.empty(shard.numel() * world.size, dtype=dtype, device=device)
+        out = torch.empty(shard.numel() * dist.get_world_size(), dtype=dtype, device=device)
         handle = _all_gather(out, shard, async_op=True)
         _host_work(scratch, ops)
         handle.wait()
@@ -279,12 +262,11 @@ IN_STEP_ROUNDS = 3
 def all_reduce_between_bursts(
     nbytes: int, device: torch.device, dtype: torch.dtype, timer: Timer
 ) -> float:
-    """Mean seconds one small all-reduce adds to a stretch of host compute when issued between
-    bursts of it, as a decode whose layers wait on the ranks' collectives issues it (tp's
-    all-reduces): the ranks drift apart between calls, the first to arrive waits and is woken,
-    which a call fenced by a barrier does not pay. This rank's; 0 without a peer."""
+    """Mean seconds one small all-reduce adds to host compute when issued between bursts of it,
+    as tp's decode does: the ranks drift apart, the first to arrive waits and is woken, which a
+    call fenced by a barrier does not pay. This rank's; 0 without a peer."""
     world = world_group()
-    if world.size < 2:
+    if dist.get_world_size() < 2:
         return 0.0
     element = torch.tensor([], dtype=dtype).element_size()
     message = torch.ones(max(1, nbytes // element), dtype=dtype, device=device)

@@ -1,14 +1,12 @@
-"""What is timed inside a rank: warm-up, then repeats of prefill + decode, each between fences
-(a device sync and a barrier: no clock starts before the others are ready, none stops while
-kernels are queued). A test's own loop (`distperf(generate=...)`) is timed in the same fences;
-its samples have no ttft or decode time (its split is unknown)."""
+"""What is timed inside a rank: warm-up, then repeats of prefill + decode (or a test's own loop,
+whose split is unknown), each between fences: a device sync and a barrier."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any, TypeVar
 
 import torch
@@ -63,13 +61,8 @@ def timed_generation(
 ) -> tuple[Sample, torch.Tensor]:
     """One generation, timed: the sample and the new tokens [B, max_new_tokens]. `next_token`
     replaces the built-in loop's sampling of the model's logits in every step."""
-
-    def run() -> tuple[Any, float | None]:
-        if generate is None:
-            return _prefill_and_decode(model, prompt, max_new_tokens, fences, next_token, steps)
-        return generate(model, prompt, max_new_tokens), None
-
-    (out, first), start, end, accounted = fenced(run, fences, slowdown)
+    args = (model, prompt, max_new_tokens, fences, generate, next_token, steps)
+    (out, first), start, end, accounted = fenced(lambda: _generation(*args), fences, slowdown)
     if first is None:
         sample = Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted)
         return sample, _new_tokens(out, prompt, max_new_tokens)
@@ -92,17 +85,12 @@ def fenced(
     if slowdown:
         spin((end - start) * slowdown / (1.0 - slowdown))
         end = time.perf_counter()
-    return out, start, end, thread_accounting(started, end - start)
-
-
-def thread_accounting(started: tuple[float, float] | None, wall_s: float) -> dict[str, float]:
-    """Sample fields splitting `wall_s` of this thread since `started` (thread_times) into its
-    wait for a core and its time off the CPU by its own doing; {} where unknown."""
-    ended = thread_times()
-    if started is None or ended is None:
-        return {}
-    ran_s, queued_s = ended[0] - started[0], ended[1] - started[1]
-    return {"queued_s": queued_s, "off_cpu_s": max(wall_s - ran_s - queued_s, 0.0)}
+    # The thread's wait for a core, and its time off the CPU by its own doing; {} where unknown.
+    accounting, ended = {}, thread_times()
+    if started is not None and ended is not None:
+        ran_s, queued_s = ended[0] - started[0], ended[1] - started[1]
+        accounting = {"queued_s": queued_s, "off_cpu_s": max(end - start - ran_s - queued_s, 0.0)}
+    return out, start, end, accounting
 
 
 @torch.no_grad()
@@ -117,32 +105,31 @@ def marked_generation(
 ) -> None:
     """One generation as the timed ones run it, untimed and unfenced, `mark` told where each
     phase begins (a user's loop: all "prefill")."""
-    if generate is not None:
-        mark("prefill")
-        generate(model, prompt, max_new_tokens)
-        return
     unfenced = Fences(sync=lambda: None, barrier=lambda: None)
-    _prefill_and_decode(model, prompt, max_new_tokens, unfenced, next_token, steps, mark)
+    _generation(model, prompt, max_new_tokens, unfenced, generate, next_token, steps, mark)
 
 
-def _prefill_and_decode(
+def _generation(
     model: Callable[..., torch.Tensor],
     prompt: torch.Tensor,
     max_new_tokens: int,
     fences: Fences,
+    generate: GenerateFn | None = None,
     next_token: NextTokenFn | None = None,
     steps: StepOverride | None = None,
     mark: MarkFn | None = None,
-) -> tuple[list[torch.Tensor], float]:
-    """The built-in loop: the new tokens ([B, 1] each) and the time the first one was ready;
-    `steps` may replace its steps (compiled), `mark` is told where each phase begins."""
+) -> tuple[Any, float | None]:
+    """A user loop's output and None, or the built-in loop's new tokens ([B, 1] each) and the
+    time the first one was ready; `steps` may replace its steps (compiled)."""
+    if mark is not None:
+        mark("prefill")
+    if generate is not None:
+        return generate(model, prompt, max_new_tokens), None
     batch, prompt_length = prompt.shape
     device = prompt.device
     first_step, step = (prefill, decode_one_token) if next_token is None else (next_token,) * 2
     if steps is not None:
         first_step, step = steps.prefill or first_step, steps.decode or step
-    if mark is not None:
-        mark("prefill")
     input_pos = torch.arange(prompt_length, device=device)
     token = first_step(model, prompt, input_pos)  # [B, 1]
     fences.sync()
@@ -191,11 +178,10 @@ def run_workload(
     steps: StepOverride | None = None,
     warmed: Callable[[], object] | None = None,
 ) -> tuple[list[Sample], torch.Tensor, float, list[T], HostTime]:
-    """Warm-up generations (untimed, `warmed` called after each), then `repeats` timed ones: the
-    samples, the last tokens, the epoch seconds the timed ones began, what `paired` returned
-    after each (run outside the timing, right beside each sample, so that a drifting host moves
-    both alike) and this process's CPU, wait and steal in the timed generations alone.
-    `progress` gets the live line's text, outside the timing."""
+    """Warm-up generations (`warmed` called after each), then `repeats` timed ones: the samples,
+    the last tokens, the epoch seconds the timed ones began, what `paired` returned right after
+    each (outside the timing: a drifting host moves both alike) and this process's CPU, wait and
+    steal in the timed generations alone."""
     tokens = torch.empty(0)
     say = progress or (lambda text: None)
     for done in range(warmup):
@@ -232,24 +218,13 @@ class HostTime:
     waited_s: float | None
     stolen_s: float | None = 0.0
 
-    def plus(
-        self,
-        before: tuple[float, float | None, float | None],
-        after: tuple[float, float | None, float | None],
-    ) -> HostTime:
-        return HostTime(
-            self.cpu_s + after[0] - before[0],
-            _added(self.waited_s, before[1], after[1]),
-            _added(self.stolen_s, before[2], after[2]),
-        )
+    def plus(self, before: tuple[float | None, ...], after: tuple[float | None, ...]) -> HostTime:
+        """This and the stretch between two `host_times()`."""
+        return HostTime(*map(_added, astuple(self), before, after))
 
-    def per(self, tokens: int) -> tuple[float, float | None, float | None]:
+    def per(self, tokens: int) -> tuple[float | None, ...]:
         """(CPU, wait, steal) seconds per one of `tokens`."""
-        return (
-            self.cpu_s / tokens,
-            None if self.waited_s is None else self.waited_s / tokens,
-            None if self.stolen_s is None else self.stolen_s / tokens,
-        )
+        return tuple(None if total is None else total / tokens for total in astuple(self))
 
 
 def _added(total: float | None, before: float | None, after: float | None) -> float | None:
@@ -271,22 +246,17 @@ def steady_median(
     measure: Callable[[], float],
     patience: int = REFERENCE_PATIENCE,
     max_repeats: int = REFERENCE_MAX_REPEATS,
-    improvement: float = REFERENCE_IMPROVEMENT,
     all_done: Callable[[bool], bool] = bool,
 ) -> tuple[float, int]:
-    """Repeat `measure()` until `patience` calls in a row have not bettered the best by more
-    than `improvement` (or `max_repeats` calls); return the median of the last `patience` + 1
-    calls (the best one and those after it, once steady) and the number of calls made.
-    `all_done(done)`: whether every rank is done, so that all make the same number of calls (a
-    model whose own forward issues collectives would otherwise leave a peer waiting)."""
-    if patience < 1 or max_repeats < patience:
-        raise ValueError(f"need 1 <= patience <= max_repeats, got {patience}, {max_repeats}")
+    """Repeat `measure()` until `patience` calls in a row bettered no best (or `max_repeats`
+    calls): the median of the last `patience` + 1 and the calls made. `all_done(done)`: whether
+    every rank is done, so that all make as many calls (collectives in a forward pair up)."""
     values = [measure()]
     best, stale = values[0], 0
     while not all_done(stale >= patience or len(values) >= max_repeats):
         value = measure()
         values.append(value)
-        stale = 0 if value < best * (1 - improvement) else stale + 1
+        stale = 0 if value < best * (1 - REFERENCE_IMPROVEMENT) else stale + 1
         best = min(best, value)
     return statistics.median(values[-(patience + 1) :]), len(values)
 

@@ -16,66 +16,48 @@ from pytest_distperf.ranks import bare_phases, phases, training
 from pytest_distperf.ranks.context import Phase, RankContext
 from pytest_distperf.spec import RunSpec
 
-# One test, in order; each phase sets its part of the test's RankContext (ranks/context.py).
-PHASES: tuple[Phase, ...] = (
-    phases.join,  # the process group
-    phases.calibrate,  # collectives at the session's sizes, before any model memory
-    phases.build,  # the model, from the seed
-    phases.calibrate_model,  # collectives at a builder's own sizes
-    phases.check,  # the test's own loop; what only a built model can refuse
-    phases.launch,  # Fabric with the strategy built for this model
-    phases.prompt,  # the prompt, the same on every rank
-    phases.reference,  # the unwrapped model timed before wrapping, where that is the reference
-    bare_phases.copy_whole,  # a sharded model's bare copy, copied before wrapping (CPU ranks)
-    phases.wrap,  # the strategy's wrapper; KV caches
-    bare_phases.bare_copy,  # the bare model, beside every generation where it measures speed
-    phases.compile_steps,  # distperf(compile=True): compiled before the warm-up
-    phases.time_generations,  # warm-up and timed repeats, the bare model beside each
-    bare_phases.reference_after,  # a replicated model's own module timed after them, where alone
-    phases.pick_reference,  # the reference the run reports
-    phases.memory_peak,  # the test's peak memory
-    phases.count_work,  # one more generation, untimed, its work counted per token
-    phases.result,  # the RankResult
+# One test, in order: each phase sets its part of the test's RankContext (ranks/context.py),
+# its seconds reported under its key (RankResult.phase_s; "": the timing phase, which splits its
+# own into warmup, timed and bare: RankContext.loop_s).
+PHASES: tuple[tuple[Phase, str], ...] = (
+    (phases.join, "join"),  # the process group
+    (phases.calibrate, "calibrate"),  # collectives at the session's sizes, before the model
+    (phases.build, "build"),  # the model, from the seed
+    (phases.calibrate_model, "calibrate"),  # collectives at a builder's own sizes
+    (phases.check, "build"),  # the test's own loop; what only a built model can refuse
+    (phases.launch, "build"),  # Fabric with the strategy built for this model
+    (phases.prompt, "build"),  # the prompt, the same on every rank
+    (phases.reference, "reference"),  # the unwrapped model timed, where that is the reference
+    (bare_phases.copy_whole, "bare"),  # a sharded model's bare copy, before wrapping (CPU)
+    (phases.wrap, "wrap"),  # the strategy's wrapper; KV caches
+    (bare_phases.bare_copy, "bare"),  # the bare model, where it runs beside every generation
+    (phases.compile_steps, "compile"),  # distperf(compile=True): compiled before the warm-up
+    (phases.time_generations, ""),  # warm-up and timed repeats, the bare model beside each
+    (bare_phases.reference_after, "reference"),  # a replicated model's own module, after them
+    (phases.pick_reference, "result"),  # the reference the run reports
+    (phases.memory_peak, "result"),  # the test's peak memory
+    (phases.count_work, "count"),  # one more generation, untimed, its work counted per token
+    (phases.result, "result"),  # the RankResult
 )
 
 # distperf(mode="train"): optimizer steps in place of generations (ranks/training.py).
-TRAIN_PHASES: tuple[Phase, ...] = (
-    phases.join,  # the process group
-    phases.build,  # the model, from the seed
-    training.calibrate,  # collectives at a step's sizes; the matmul rate; this rank's batch
-    training.check,  # what only a built model can refuse
-    phases.launch,  # Fabric with the strategy built for this model
-    training.reference,  # the whole model's step and loss, before wrapping
-    training.wrap,  # the strategy's wrapper; AdamW
-    training.time_steps,  # warm-up and timed steps; the first step's loss
-    training.memory_peak,  # the steps' peak memory
-    training.count_step,  # one more step, untimed, its work counted
-    training.result,  # the RankResult
+TRAIN_PHASES: tuple[tuple[Phase, str], ...] = (
+    (phases.join, "join"),  # the process group
+    (phases.build, "build"),  # the model, from the seed
+    (training.calibrate, "calibrate"),  # collectives at a step's sizes; matmul rate; the batch
+    (training.check, "build"),  # what only a built model can refuse
+    (phases.launch, "build"),  # Fabric with the strategy built for this model
+    (training.reference, "reference"),  # the whole model's step and loss, before wrapping
+    (training.wrap, "wrap"),  # the strategy's wrapper; AdamW
+    (training.time_steps, ""),  # warm-up and timed steps; the first step's loss
+    (training.memory_peak, "result"),  # the steps' peak memory
+    (training.count_step, "count"),  # one more step, untimed, its work counted
+    (training.result, "result"),  # the RankResult
 )
-
-
-# Where each phase's seconds are reported (RankResult.phase_s; a phase not named here: under its
-# own name); the timing phase splits its own into warmup, timed and bare (RankContext.loop_s).
 PHASE_ORDER = (
     *("join", "calibrate", "build", "reference", "wrap", "compile"),
     *("warmup", "timed", "bare", "count", "result"),
 )
-PHASE_KEYS = {
-    "calibrate_model": "calibrate",
-    "check": "build",
-    "launch": "build",
-    "prompt": "build",
-    "bare_copy": "bare",
-    "copy_whole": "bare",
-    "reference_after": "reference",
-    "compile_steps": "compile",
-    "time_generations": "",
-    "time_steps": "",
-    "pick_reference": "result",
-    "memory_peak": "result",
-    "count_work": "count",
-    "count_step": "count",
-}
 
 
 def run_rank(
@@ -86,10 +68,9 @@ def run_rank(
     with _watchdog(spec.timeout if deadline else None):
         context = phases.start(spec, progress)
         spent = dict.fromkeys(PHASE_ORDER, 0.0)
-        for phase in TRAIN_PHASES if spec.workload.training else PHASES:
+        for phase, key in TRAIN_PHASES if spec.workload.training else PHASES:
             began = time.perf_counter()
             phase(context)
-            key = PHASE_KEYS.get(phase.__name__, phase.__name__)
             spent[key] = spent.get(key, 0.0) + time.perf_counter() - began
     if context.result is None:
         raise RuntimeError("the rank's phases ended without a result")
