@@ -168,15 +168,11 @@ def adapt(
             "take the token ids and their positions"
         )
     units = _units_of(module, shard_unit)
-    if not units and hf_version:
+    if not units:
         problems.append(
-            "a shard unit for FSDP: no class of its _no_split_modules found as a decoder layer; "
-            "name it in the marker: distperf(shard_unit='package.module:DecoderLayer')"
-        )
-    elif not units:
-        problems.append(
-            "a shard unit for FSDP: no nn.ModuleList of blocks found; set `block_class` on the "
-            "model or name it in the marker: distperf(shard_unit='package.module:Block')"
+            "a shard unit for FSDP: no nn.ModuleList of blocks (nor a class of its "
+            "_no_split_modules) found; set `block_class` on the model or name it in the marker: "
+            "distperf(shard_unit='package.module:Block')"
         )
     if _vocab_size(module) is None:
         problems.append(
@@ -218,9 +214,8 @@ def _units_of(module: nn.Module, shard_unit: str | None) -> tuple[type[nn.Module
         if not (isinstance(unit, type) and issubclass(unit, nn.Module)):
             raise TypeError(f"distperf(shard_unit={shard_unit!r}) is not an nn.Module class")
         return (unit,)
-    declared = getattr(module, "block_class", None)
-    if is_hf_causal_lm(module):  # a bare one, for the test's own loop
-        declared = decoder_layers(module) or None
+    # A bare transformers model (the test's own loop) names its decoder layers.
+    declared = getattr(module, "block_class", None) or decoder_layers(module)
     if declared:
         return tuple(declared) if isinstance(declared, tuple) else (declared,)
     lists = [m for m in module.modules() if isinstance(m, nn.ModuleList) and len(m)]
