@@ -1,24 +1,15 @@
-"""The bare model a rank runs beside every wrapped generation: no wrapper, no collectives.
-
-A replicated model is the same object after wrapping; a sharded one is copied whole before
-wrapping where memory is an RSS heap, else rebuilt from the seed after it where it fits, dropped
-when it runs out of memory. Its memory stays out of the reported peak.
-"""
+"""The bare model a rank runs beside the wrapped generations: no wrapper, no collectives (made
+in ranks/bare_phases.py). Its memory stays out of the reported peak."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from pytest_distperf.measured import Sample
-from pytest_distperf.platform import platform_of
-from pytest_distperf.ranks import memory
-from pytest_distperf.ranks.models import RankModel, build
 from pytest_distperf.ranks.timing import Fences, GenerateFn, device_sync, timed_generation
-from pytest_distperf.spec import Workload
 
 if TYPE_CHECKING:
     from pytest_distperf.ranks.compiled import CompiledStep
@@ -37,57 +28,6 @@ class BareCopy:
     rss_before_copy: int | None = None  # a CPU rank's RSS peak before the copy existed
     steps: CompiledStep | None = None  # its compiled steps (compile phase), if any
     wrapped_peaks: list[int] = field(default_factory=list)  # each wrapped run's, copy excluded
-
-    @classmethod
-    def whole(
-        cls,
-        workload: Workload,
-        prompt: torch.Tensor,
-        dtype: torch.dtype,
-        generate: GenerateFn | None = None,
-        test_dir: str = "",
-    ) -> BareCopy:
-        """A sharded rank's whole copy with its own KV cache, built from the seed once wrapping
-        has freed the unsharded weights; none where it does not fit (on a GPU as much memory
-        again must stay free: what the wrapped run gathers, fsdp-noreshard's all)."""
-        device = prompt.device
-        exact = platform_of(device.type).allocator_memory
-        rss = None if exact else memory.peak(device)[0]
-        allocated = torch.cuda.memory_allocated(device) if exact else 0
-        try:
-            built = build(workload, device, dtype, test_dir)
-            length = workload.prompt_length + workload.max_new_tokens
-            built.setup_caches(workload.batch_size, length, device, dtype)
-            module: torch.nn.Module | None = built.module
-            del built  # the module alone holds the copy: dropping it below frees it
-        except torch.cuda.OutOfMemoryError:
-            module = None
-        copy_bytes = torch.cuda.memory_allocated(device) - allocated if exact else 0
-        if exact and (module is None or torch.cuda.mem_get_info(device)[0] < copy_bytes):
-            module, copy_bytes = None, 0
-            torch.cuda.empty_cache()
-        return cls(module, prompt, workload.max_new_tokens, generate, copy_bytes, rss)
-
-    @classmethod
-    def copied(
-        cls,
-        model: RankModel,
-        workload: Workload,
-        prompt: torch.Tensor,
-        dtype: torch.dtype,
-        generate: GenerateFn | None = None,
-        test_dir: str = "",
-    ) -> BareCopy:
-        """The built model copied before wrapping shards it, where memory is an RSS heap (no
-        device to run out of), its own KV cache made; built again if it cannot be copied."""
-        rss = memory.peak(prompt.device)[0]
-        try:
-            module = copy.deepcopy(model.module)
-        except Exception:  # noqa: BLE001 - a module that cannot be copied is built again
-            return cls.whole(workload, prompt, dtype, generate, test_dir)
-        length = workload.prompt_length + workload.max_new_tokens
-        model.setup_caches(workload.batch_size, length, prompt.device, dtype, module=module)
-        return cls(module, prompt, workload.max_new_tokens, generate, rss_before_copy=rss)
 
     def generation(self, tokens: int | None = None) -> Sample | None:
         """One bare generation of `tokens` new tokens (default: the run's), timed; None without a

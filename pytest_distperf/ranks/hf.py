@@ -131,10 +131,10 @@ class HFCausalLM(nn.Module):
         """Keys and values made now (a compiled prefill cannot make them) with this rank's heads;
         a pipeline stage's dropped layers get a position counter only (the model reads the
         query's offset from the cache's first layer)."""
-        config = self.model.config
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads) // self.tp_ways
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        config, heads = self.model.config, self.tp_heads()
+        kv_heads = heads["num_key_value_heads"] // self.tp_ways
+        width = config.hidden_size // heads["num_attention_heads"]
+        head_dim = int(getattr(config, "head_dim", None) or width)
         empty = torch.zeros((batch, kv_heads, 0, head_dim), dtype=dtype, device=device)
         kept = {
             m.layer_idx
@@ -167,10 +167,8 @@ class HFCausalLM(nn.Module):
         """The head counts a tensor-parallel split must divide."""
         config = self.model.config
         heads = int(config.num_attention_heads)
-        return {
-            "num_attention_heads": heads,
-            "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or heads),
-        }
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        return {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
 
     def pipeline_parts(self) -> tuple[tuple[nn.Module, str], ...]:
         """(owner, attribute) of the embedding, layers, final norm and head: a stage's parts."""

@@ -290,7 +290,7 @@ def build_litgpt(
     config_name: str, seed: int, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
     """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
-    materialised in `dtype` (eagerly where its modules keep buffers beside the rope tables)."""
+    materialised in `dtype`: its only buffers, the rope tables, are made again."""
     try:
         from litgpt.config import Config
         from litgpt.model import GPT
@@ -305,16 +305,10 @@ def build_litgpt(
             f"model {LITGPT_PREFIX}{config_name}: {error} (litgpt.config.name_to_config)"
         ) from None
     with torch.device("meta"):
-        module = GPT(config)
-    if any(n not in ("cos", "sin") for n, _ in module.named_buffers()):
-        torch.manual_seed(seed)
-        with torch.device(device):
-            module = GPT(config)
-        module = module.to(dtype=dtype)
-    else:
-        module = module.to(dtype=dtype).to_empty(device=device)
-        cos, sin = module.rope_cache(device=device)
-        module.register_buffer("cos", cos.to(dtype), persistent=False)
-        module.register_buffer("sin", sin.to(dtype), persistent=False)
+        module = GPT(config).to(dtype=dtype)
+    module = module.to_empty(device=device)
+    cos, sin = module.rope_cache(device=device)
+    module.register_buffer("cos", cos.to(dtype), persistent=False)
+    module.register_buffer("sin", sin.to(dtype), persistent=False)
     init_from_seed(module, seed)
     return module.eval()
