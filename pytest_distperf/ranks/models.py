@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from distperf_model import Config, build_model
 from torch import nn
 
 from pytest_distperf.perfmodel.shape import ModelShape
 from pytest_distperf.ranks.hf import (
     HFCausalLM,
     Startup,
+    build_hf,
     decoder_layers,
     is_hf_causal_lm,
     version_and_sizes,
@@ -119,15 +121,10 @@ def build(
     `test_dir`: the test file's folder, where a relative `hf:<config>` is found."""
     name, startup = workload.model, None
     if workload.model_source == "preset":
-        from distperf_model.config import Config
-        from distperf_model.model import build_model
-
         module: Any = build_model(Config.from_name(name), workload.seed, device, dtype)
     elif workload.model_source == "litgpt":
         module = build_litgpt(name[len(LITGPT_PREFIX) :], workload.seed, device, dtype)
     elif workload.model_source == "hf":
-        from pytest_distperf.ranks.hf import build_hf
-
         module, startup = build_hf(name, test_dir, workload.seed, device, dtype)
     else:
         module = load_object(name, f"distperf(model={name!r})")(
@@ -292,14 +289,14 @@ def build_litgpt(
     """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
     materialised in `dtype`: its only buffers, the rope tables, are made again."""
     try:
-        from litgpt.config import Config
+        from litgpt.config import Config as LitConfig
         from litgpt.model import GPT
     except ImportError as error:
         raise ImportError(
             f"model {LITGPT_PREFIX}{config_name} needs LitGPT ({LITGPT_EXTRA}): {error}"
         ) from error
     try:
-        config = Config.from_name(config_name)
+        config = LitConfig.from_name(config_name)
     except ValueError as error:
         raise ValueError(
             f"model {LITGPT_PREFIX}{config_name}: {error} (litgpt.config.name_to_config)"
