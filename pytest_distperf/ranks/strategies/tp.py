@@ -22,6 +22,7 @@ from distperf_model.parallelize import (
 from torch import nn
 
 from pytest_distperf.ranks.fabric import fabric_module
+from pytest_distperf.ranks.models import load_object
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
 
 
@@ -105,8 +106,6 @@ def _patterns(plan: Mapping[str, str]) -> list[tuple[re.Pattern[str], str]]:
 
 def load_plan(plan: str) -> Any:
     """The function `plan` ("package.module:function") names, or an error that names it."""
-    from pytest_distperf.ranks.models import load_object
-
     found = load_object(plan, f"distperf(tp_plan={plan!r})")
     if not callable(found):
         raise ValueError(f"tp_plan={plan!r} is not a function (model, tp_mesh) -> model")
