@@ -126,6 +126,5 @@ def _with_figures(
     for (kind, (moved, _)), seconds in zip(measured.items(), times, strict=True):
         pairs = zip(moved, seconds, strict=True)
         figures[kind] = tuple(CollectiveFigure.from_time(kind, b, t, n) for b, t in pairs)
-    gathers = figures["all_gather"]
-    latency = min(f.time_s for f in gathers) if gathers else 0.0
+    latency = min((f.time_s for f in figures["all_gather"]), default=0.0)
     return dataclasses.replace(base, **figures, latency_s=latency)

@@ -17,13 +17,11 @@ from pytest_distperf.perfmodel.shape import hf_sizes
 from pytest_distperf.ranks.weights import init_from_seed
 from pytest_distperf.spec import HF_EXTRA
 
-HF_BASE = "PreTrainedModel"  # the class every transformers model derives from
-
 
 def is_hf_causal_lm(module: Any) -> bool:
     """A transformers model with an output head, told from its classes (importing nothing)."""
     if not any(
-        kind.__name__ == HF_BASE and kind.__module__.startswith("transformers.")
+        kind.__name__ == "PreTrainedModel" and kind.__module__.startswith("transformers.")
         for kind in type(module).__mro__
     ):
         return False

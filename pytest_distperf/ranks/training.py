@@ -60,10 +60,8 @@ def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) ->
     # Two warm-up calls (kernels chosen, clocks up); every repeat timed, however long.
     seconds = median_time(partial(torch.mm, a, b), alone, 2, platform.matmul_repeats, math.inf)
     threads = f", {torch.get_num_threads()} thread(s)" if platform.shares_cores else ""
-    how = (
-        f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
-        f"{environment.device_name(device)}{threads}"
-    )
+    kind = str(dtype).removeprefix("torch.")
+    how = f"measured: {n}x{n} {kind} matmul on {environment.device_name(device)}{threads}"
     return 2 * n**3 / seconds, how
 
 
