@@ -60,7 +60,7 @@ def calibrate(
         sync, partial(barrier_after_sync, device, sync), partial(slowest_rank_seconds, device)
     )
     asked = {"all_gather": sizes_all_gather, "all_reduce": sizes_all_reduce}
-    asked["p2p"] = sizes_p2p if n > 1 else ()
+    asked["p2p"] = sizes_p2p if n > 1 else ()  # no peer to send to
 
     def measure(group: Group) -> dict[str, tuple[list[int], list[float]]]:
         return {
@@ -80,9 +80,8 @@ def calibrate(
     # Where the host runs the compute, a collective between its layers also pays the ranks'
     # drift (probes.all_reduce_between_bursts); where kernels queue, their stream hides it.
     small = min(sizes_all_reduce, default=LATENCY_PROBE_BYTES)
-    in_step = 0.0
-    if not platform.queues_kernels:
-        in_step = all_reduce_between_bursts(small, device, dtype, timer)
+    queued = platform.queues_kernels
+    in_step = 0.0 if queued else all_reduce_between_bursts(small, device, dtype, timer)
     # One MAX all-reduce for all figures: every rank then holds the slowest rank's numbers.
     times = [t for _, t in (*measured.values(), *within.values())]
     *collective_times, (copy_time, fresh_copy_time), overlap, (in_step,) = slowest_of_all(
@@ -101,10 +100,8 @@ def calibrate(
         in_step_latency_s=in_step,
     )
     whole = _with_figures(base, measured, collective_times[: len(measured)])
-    inner = None
-    if within:
-        inner = dataclasses.replace(base, world_size=n // nodes)
-        inner = _with_figures(inner, within, collective_times[len(measured) :])
+    inner = dataclasses.replace(base, world_size=n // nodes)
+    inner = _with_figures(inner, within, collective_times[len(measured) :]) if within else None
     return dataclasses.replace(whole, nodes=nodes, within_node=inner)
 
 
@@ -129,6 +126,5 @@ def _with_figures(
     for (kind, (moved, _)), seconds in zip(measured.items(), times, strict=True):
         pairs = zip(moved, seconds, strict=True)
         figures[kind] = tuple(CollectiveFigure.from_time(kind, b, t, n) for b, t in pairs)
-    gathers = figures["all_gather"]
-    latency = min(f.time_s for f in gathers) if gathers else 0.0
+    latency = min((f.time_s for f in figures["all_gather"]), default=0.0)
     return dataclasses.replace(base, **figures, latency_s=latency)

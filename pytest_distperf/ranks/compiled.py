@@ -20,15 +20,10 @@ Step = Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor]
 # Calls that compile and settle the step: dynamo's trace, inductor, then CUDA graph warm-up and
 # recording (cudagraph trees record on a later call than the first).
 SETTLE_CALLS = 3
-
-
-# Not max-autotune: its decode rate moved from one session to the next far more than this
-# mode's, which a baseline gate cannot tell from a regression (h200-2026-12-01-gate2.md).
+# Whole graphs (decode and prefill) replay as CUDA graphs: the host paces neither. Not
+# max-autotune: its decode rate moved between sessions far more (h200-2026-12-01-gate2.md).
 WHOLE_GRAPH_CUDA = "reduce-overhead"
 AROUND_HOOKS_CUDA = "max-autotune-no-cudagraphs"
-# The prefill runs once per generation: CUDA graphs take the host out of it, while autotuning
-# its matrix products would cost more compile time than it saves.
-PREFILL_CUDA = "reduce-overhead"
 
 
 @dataclass(frozen=True)
@@ -66,29 +61,22 @@ def compile_bare_step(
     """A whole module's decode step and (`with_prefill`: where the wrapper's is) prefill,
     whole-graph: a replicated strategy's, or the bare model's the wrapper is measured against."""
     graphs = platform_of(device.type).queues_kernels
-    decode_mode, prefill_mode = (WHOLE_GRAPH_CUDA, PREFILL_CUDA) if graphs else (None, None)
+    mode = WHOLE_GRAPH_CUDA if graphs else None
 
-    def whole_graph(function: Step, mode: str | None) -> Step:
+    def whole_graph(function: Step) -> Step:
         compiled = torch.compile(function, mode=mode, fullgraph=True, dynamic=False)
-        return _graph_safe(lambda model, idx, pos: compiled(bare, idx, pos))
 
-    parts = f"decode ({decode_mode or 'default'})"
-    if with_prefill:
-        parts += f" and prefill ({prefill_mode or 'default'})"
-    first = whole_graph(prefill, prefill_mode) if with_prefill else None
-    how = f"torch.compile fullgraph, {parts}"
-    return CompiledStep(whole_graph(decode_one_token, decode_mode), how, first, graphs)
+        def call(model: Any, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+            # A new CUDA-graph step each call, its output copied: the next replay overwrites it.
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(bare, idx, pos).clone()
 
+        return call
 
-def _graph_safe(step: Step) -> Step:
-    """Each call a new CUDA-graph step, its token copied: the next replay overwrites the output
-    the next step reads (a no-op without CUDA graphs)."""
-
-    def call(model: Any, idx: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        torch.compiler.cudagraph_mark_step_begin()
-        return step(model, idx, pos).clone()
-
-    return call
+    first = whole_graph(prefill) if with_prefill else None
+    also = f" and prefill ({mode or 'default'})" if with_prefill else ""
+    how = f"torch.compile fullgraph, decode ({mode or 'default'}){also}"
+    return CompiledStep(whole_graph(decode_one_token), how, first, graphs)
 
 
 def compile_run(
@@ -117,7 +105,7 @@ def settle(
     compiled: CompiledStep, model: Any, prompt: torch.Tensor, sync: Callable[[], None]
 ) -> float:
     """Seconds compiling and warming `compiled`'s steps up on `model` (its KV cache set up)."""
-    batch, prompt_length = prompt.shape
+    prompt_length = prompt.shape[1]
     token = prompt[:, -1:]  # [B, 1]
     pos = torch.tensor([prompt_length], device=prompt.device)  # [1]
     positions = torch.arange(prompt_length, device=prompt.device)  # [T]

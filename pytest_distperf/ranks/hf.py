@@ -13,16 +13,15 @@ import torch
 from torch import nn
 
 from pytest_distperf.models import hf_config_path
+from pytest_distperf.perfmodel.shape import hf_sizes
 from pytest_distperf.ranks.weights import init_from_seed
 from pytest_distperf.spec import HF_EXTRA
-
-HF_BASE = "PreTrainedModel"  # the class every transformers model derives from
 
 
 def is_hf_causal_lm(module: Any) -> bool:
     """A transformers model with an output head, told from its classes (importing nothing)."""
     if not any(
-        kind.__name__ == HF_BASE and kind.__module__.startswith("transformers.")
+        kind.__name__ == "PreTrainedModel" and kind.__module__.startswith("transformers.")
         for kind in type(module).__mro__
     ):
         return False
@@ -60,12 +59,6 @@ def build_hf(
     return module.eval(), Startup(imported - began, time.perf_counter() - imported)
 
 
-def transformers_version() -> str:
-    import transformers
-
-    return str(transformers.__version__)
-
-
 class HFCausalLM(nn.Module):
     """An HF causal LM called as this project's models are: `forward(idx, input_pos)`,
     `setup_caches` / `clear_caches` (the model's own cache)."""
@@ -85,7 +78,7 @@ class HFCausalLM(nn.Module):
         self._ddp_params_and_buffers_to_ignore = [buffer for buffer, _ in self.named_buffers()]
 
     def forward(self, idx: torch.Tensor, input_pos: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits [B, T, V] of idx [B, T] at positions input_pos [T] (the cache's, if set up)."""
+        """Logits [B, T, V] of idx [B, T] at positions input_pos [T]."""
         if input_pos is None or self.cache is None:  # training: the whole sequence, no cache
             return self.model(input_ids=idx, use_cache=False).logits
         self._seek(input_pos, idx.shape[1])
@@ -108,9 +101,7 @@ class HFCausalLM(nn.Module):
 
     def _seek(self, input_pos: torch.Tensor, length: int) -> None:
         """Point the cache's writes at input_pos[0]: on the device for static layers (no host
-        sync; their own counter would append). A dynamic cache only appends: a prompt of several
-        tokens starts a new generation from an empty cache (a one-token prompt cannot be told
-        from a decode step without a host sync, so such a model needs prompts of 2 or more)."""
+        sync); a dynamic cache only appends, so a prompt of 2 or more tokens empties it."""
         if self.static:
             for layer in self.cache.layers:  # made on the device by setup_caches
                 layer.cumulative_length.copy_(input_pos[0])
@@ -135,14 +126,13 @@ class HFCausalLM(nn.Module):
         self.cache, self.static = transformers.DynamicCache(config=config), False
 
     def _make_layers(self, batch: int, device: torch.device, dtype: torch.dtype) -> None:
-        """Keys and values made now, not in the first forward (a compiled prefill cannot make
-        them), with this rank's key/value heads (`tp_ways` split them). A pipeline stage's
-        dropped layers get a position counter only: the model reads the query's offset from
-        the cache's first layer, whichever layers the stage kept."""
-        config = self.model.config
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads) // self.tp_ways
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        """Keys and values made now (a compiled prefill cannot make them) with this rank's heads;
+        a pipeline stage's dropped layers get a position counter only (the model reads the
+        query's offset from the cache's first layer)."""
+        config, heads = self.model.config, self.tp_heads()
+        kv_heads = heads["num_key_value_heads"] // self.tp_ways
+        width = config.hidden_size // heads["num_attention_heads"]
+        head_dim = int(getattr(config, "head_dim", None) or width)
         empty = torch.zeros((batch, kv_heads, 0, head_dim), dtype=dtype, device=device)
         kept = {
             m.layer_idx
@@ -175,14 +165,11 @@ class HFCausalLM(nn.Module):
         """The head counts a tensor-parallel split must divide."""
         config = self.model.config
         heads = int(config.num_attention_heads)
-        return {
-            "num_attention_heads": heads,
-            "num_key_value_heads": int(getattr(config, "num_key_value_heads", None) or heads),
-        }
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        return {"num_attention_heads": heads, "num_key_value_heads": kv_heads}
 
     def pipeline_parts(self) -> tuple[tuple[nn.Module, str], ...]:
-        """(owner, attribute) of the embedding, the layers' list, the final norm and the head:
-        what a pipeline stage keeps or drops."""
+        """(owner, attribute) of the embedding, layers, final norm and head: a stage's parts."""
         base = self.model.base_model
         found: dict[str, tuple[nn.Module, str]] = {}
         for attribute, child in base.named_children():
@@ -213,8 +200,8 @@ def decoder_layers(model: nn.Module) -> tuple[type[nn.Module], ...]:
     return tuple({type(m): None for m in model.modules() if type(m).__name__ in names})
 
 
-def config_sizes(config: Any) -> dict[str, int]:
-    """The HF config's sizes under the shape's names (perfmodel.shape.hf_sizes)."""
-    from pytest_distperf.perfmodel.shape import hf_sizes
+def version_and_sizes(model: nn.Module) -> tuple[str, dict[str, int]]:
+    """The transformers version and the model's config sizes under the shape's names."""
+    import transformers
 
-    return hf_sizes(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+    return str(transformers.__version__), hf_sizes(model.config.to_dict())

@@ -1,19 +1,9 @@
-"""Which single-process reference a run reports, and where it is timed: the bare model's
-generations beside the samples, the bare model timed after them, or the whole model timed before
-wrapping. Pure (no torch): decided from figures only.
+"""Which single-process reference a run reports, and where it is timed (pure: figures only).
 
-Where the relative speed is measured (StrategyRecord.measures_relative_speed), the bare model
-(no wrapper, no collectives) runs one generation right after every timed one: the host's own
-speed may switch between levels within seconds (docs/benchmarks/h200-2026-11-30.md), which moves
-the wrapped and the bare run alike, so their ratio stays put where tokens/sec does not. A
-replicated model is the bare one behind a forward wrapper: its reference is those generations,
-or without them its own module timed after the repeats (warm, the same caches), a few
-generations of at least `reference_steps` decode steps in all. A sharded model's reference is its
-whole copy beside the samples (copied before wrapping where memory is an RSS heap, built again
-after it where it fits); where no copy is expected to fit, the model is timed until steady
-before wrapping, and a copy dropped mid-run leaves the run without a reference (the threshold's
-compute term is then the roofline's). Compiled, the reference is the compiled bare model beside
-the samples, never the eager one timed before wrapping, unless no copy ran beside them.
+Where the relative speed is measured, the bare model runs one generation after every timed one:
+the host's speed moves both alike, so their ratio holds where tokens/sec does not
+(docs/benchmarks/h200-2026-11-30.md). Elsewhere a replicated model's own module is timed after
+the repeats, and a sharded model is timed until steady before wrapping.
 """
 
 from __future__ import annotations
@@ -44,32 +34,28 @@ BEFORE_WRAPPING = "the unwrapped model timed until steady before wrapping"
 def generations_after(
     sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int
 ) -> int:
-    """How many bare generations are timed after the repeats: a replicated model's reference
-    where none ran beside them, at least `reference_steps` tokens in all, as many as the
-    reference timed before wrapping generated (0: none; a generation of one token has no
-    decode step to time)."""
+    """Bare generations timed after the repeats (a replicated model's reference where none ran
+    beside them): `reference_steps` decode steps in all; 0 where a generation has none."""
     if sharded or beside or not reference_steps or max_new_tokens < 2:
         return 0
     return math.ceil(reference_steps / max_new_tokens)
 
 
 def tokens_after(max_new_tokens: int, reference_steps: int, own_loop: bool) -> int:
-    """New tokens of each generation timed after the repeats: the built-in loop's step reads
-    the whole static cache whatever its position, so `reference_steps` decode steps suffice;
-    a user's loop is timed whole, as the repeats ran it."""
+    """New tokens of each generation timed after the repeats: the built-in step reads the whole
+    static cache at any position, so `reference_steps` suffice; a user's loop is timed whole."""
     return max_new_tokens if own_loop else min(max_new_tokens, reference_steps + 1)
 
 
 def times_before_wrapping(
     sharded: bool, beside: bool, max_new_tokens: int, reference_steps: int, copied: bool = False
 ) -> bool:
-    """Whether the unwrapped model is timed until steady before wrapping: a sharded model's
-    reference, unless its whole copy runs beside the repeats (`copied`: taken before wrapping,
-    or built again after it where it is expected to fit), or a replicated one's whose
-    generation is too short to time after the repeats."""
+    """Whether the unwrapped model is timed before wrapping: a sharded one's reference unless
+    its whole copy runs beside the repeats (`copied`), or a replicated one's whose generation
+    has no decode step to time after them."""
     if not reference_steps or copied:
         return False
-    return sharded or (not beside and not generations_after(False, False, max_new_tokens, 1))
+    return sharded or (not beside and max_new_tokens < 2)
 
 
 def choose_reference(
@@ -81,24 +67,17 @@ def choose_reference(
     before_wrap: tuple[float, float | None] | None,
     after_tokens: int | None = None,
 ) -> ReferenceChoice:
-    """The reference of a run.
-
-    `compiled_loop`: the timed loop ran compiled steps; `bare_samples`: the bare generations
-    beside every timed one (empty when there were none, or fewer than the samples);
-    `after_samples`: the bare generations timed after the repeats, of `after_tokens` new tokens
-    each (default `max_new_tokens`); `before_wrap`: (seconds per step, prefill seconds) timed
-    before wrapping, or None.
-    """
+    """The reference of a run from the bare generations beside the timed ones, those timed
+    after them (of `after_tokens` new tokens each), or (step s, prefill s) before wrapping."""
     token_s, prefill_s = before_wrap if before_wrap is not None else (None, None)
     source = BEFORE_WRAPPING if before_wrap is not None else ""
     if bare_samples and (not sharded or compiled_loop or before_wrap is None):
         token_s, source = _median_step(bare_samples, max_new_tokens), BESIDE
     elif after_samples and not sharded:
         token_s, source = _median_step(after_samples, after_tokens or max_new_tokens), AFTER
-    # The bare runs' prefill; with none, the one timed before wrapping.
-    timed_bare = bare_samples or after_samples
-    if timed_bare:
-        prefill_s = median_prefill(timed_bare)
+    prefills = [s.ttft_s for s in bare_samples or after_samples if s.ttft_s is not None]
+    if bare_samples or after_samples:  # the bare runs' prefill, else the one before wrapping
+        prefill_s = statistics.median(prefills) if prefills else None
     eager = compiled_loop and source == BEFORE_WRAPPING
     return ReferenceChoice(token_s, prefill_s, eager, source)
 
@@ -108,13 +87,8 @@ def _median_step(samples: Sequence[Sample], max_new_tokens: int) -> float:
 
 
 def step_seconds(sample: Sample, steps: int) -> float:
-    """Seconds per decode step of one generation of `steps` new tokens: its decode time over
-    the decode steps, or for a user's loop (no split known) its whole time over its tokens."""
+    """Seconds per decode step of a generation of `steps` new tokens (a user's loop, with no
+    split known: its whole time over its tokens)."""
     if sample.decode_s is None:
         return sample.total_s / steps
     return sample.decode_s / max(steps - 1, 1)
-
-
-def median_prefill(samples: Sequence[Sample]) -> float | None:
-    prefills = [s.ttft_s for s in samples if s.ttft_s is not None]
-    return statistics.median(prefills) if prefills else None

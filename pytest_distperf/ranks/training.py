@@ -7,7 +7,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from typing import Any
 
@@ -26,26 +26,21 @@ from pytest_distperf.ranks.timing import Fences, HostTime, device_sync, fenced, 
 from pytest_distperf.spec import COMM_BYTES, PRECISION_BYTES
 from pytest_distperf.strategies import train_message_sizes_for
 
-# A small rate: the steps must run AdamW's real arithmetic without moving far from the seed's
-# weights, so that every repeat does the same work.
+# AdamW's real arithmetic, without moving far from the seed's weights: every repeat's work alike.
 LEARNING_RATE = 1e-4
 WHOLE_STEP = "the whole model's step timed until steady before wrapping"
 BESIDE_STEP = "the whole model's step beside each timed step"
-# A CPU warm-up goes on until no rank's heap grew in SETTLED_STEPS steps in a row, for at most
-# MAX_SETTLING steps beyond the warm-up asked for. A step that faulted in fewer than GROWN_PAGES
-# pages (a few MB: the interpreter's own, not a tensor's) did not grow it.
+# A CPU warm-up goes on until no rank's heap grew (by GROWN_PAGES: more than the interpreter's
+# own) in SETTLED_STEPS steps in a row, at most MAX_SETTLING steps beyond the warm-up asked for.
 SETTLED_STEPS = 2
 MAX_SETTLING = 20
 GROWN_PAGES = 1024
-# The whole model's step alone, after the first (the loss): timed until it stops improving,
-# at most REFERENCE_STEPS; a step is long enough to time once, and the reference stays a small
-# share of the timed steps.
+# The whole model's step alone after the first: timed until it stops improving, a small share.
 REFERENCE_PATIENCE = 1
 REFERENCE_STEPS = 3
-# Free heap a CPU rank adds before its timed steps, a quarter of what its warm-up steps grew
-# and at least MIN_HEAP_PAD: the steps' allocations land in another order from step to step.
+# Free heap a CPU rank adds before its timed steps (a quarter of what its warm-up grew, at least
+# this): the steps' allocations land in another order from step to step.
 MIN_HEAP_PAD = 64 << 20
-
 
 Step = Callable[[], torch.Tensor]
 
@@ -53,32 +48,6 @@ Step = Callable[[], torch.Tensor]
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of [B, T, V] logits against [B, T] next tokens, in float32."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-def make_step(
-    module: Any,
-    optimizer: Any,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    backward: Callable[[torch.Tensor], None],
-    autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
-) -> Step:
-    """One optimizer step of `module` on the batch; returns the loss (not synchronised). The
-    model's own loss where it has one (`next_token_loss`: a transformers model's)."""
-    # Read from the model itself: a method read through Fabric's wrapper is tracked each call.
-    own_loss = getattr(getattr(module, "module", module), "next_token_loss", None)
-    loss_of = own_loss if callable(own_loss) else next_token_loss
-
-    def step() -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        with autocast():
-            logits = module(inputs)  # [B, T, V]
-        loss = loss_of(logits, targets)
-        backward(loss)
-        optimizer.step()
-        return loss.detach()
-
-    return step
 
 
 def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) -> tuple[float, str]:
@@ -91,20 +60,18 @@ def matmul_rate(device: torch.device, platform: Platform, dtype: torch.dtype) ->
     # Two warm-up calls (kernels chosen, clocks up); every repeat timed, however long.
     seconds = median_time(partial(torch.mm, a, b), alone, 2, platform.matmul_repeats, math.inf)
     threads = f", {torch.get_num_threads()} thread(s)" if platform.shares_cores else ""
-    how = (
-        f"measured: {n}x{n} {str(dtype).removeprefix('torch.')} matmul on "
-        f"{environment.device_name(device)}{threads}"
-    )
+    kind = str(dtype).removeprefix("torch.")
+    how = f"measured: {n}x{n} {kind} matmul on {environment.device_name(device)}{threads}"
     return 2 * n**3 / seconds, how
 
 
 def calibrate(ctx: RankContext) -> None:
     """Collectives at the sizes a training step of this model moves, and the matmul rate."""
-    workload, shape = ctx.workload, ctx.model.shape
+    workload, spec = ctx.workload, ctx.spec
     sizes = train_message_sizes_for(
-        shape,
-        ctx.spec.strategy,
-        ctx.spec.devices,
+        ctx.model.shape,
+        spec.strategy,
+        spec.devices,
         PRECISION_BYTES[workload.precision],
         COMM_BYTES[workload.precision],
         workload.batch_size,
@@ -113,14 +80,13 @@ def calibrate(ctx: RankContext) -> None:
     # The matmuls run in bfloat16 under bf16-mixed's autocast.
     dtype = torch.bfloat16 if workload.precision == "bf16-mixed" else ctx.dtype
     # With the session's sizes, when this pool has none yet.
-    session = ctx.spec.calibration_sizes is not None
-    if ctx.spec.devices > 1 and (ctx.spec.calibrate_model or session):
+    if spec.devices > 1 and (spec.calibrate_model or spec.calibration_sizes is not None):
         if not ctx.platform.allocator_memory:  # the reference's reset gives it back
             allocator.fault_in_heap(allocator.CALIBRATION_PAD)
         ctx.calibration = phases.calibrated(ctx, sizes, dtype)
     rate, how = matmul_rate(ctx.device, ctx.platform, dtype)
     # This data-parallel rank's random tokens, drawn on the CPU: every device draws the same.
-    world = max(ctx.spec.devices, 1)
+    world = max(spec.devices, 1)
     dp_rank = environment.global_rank() // max(world // ctx.record.replicas(world), 1)
     generator = torch.Generator().manual_seed(workload.seed + dp_rank)
     shape = (workload.batch_size, (workload.seq_length or 0) + 1)
@@ -132,8 +98,8 @@ def calibrate(ctx: RankContext) -> None:
 
 
 def check(ctx: RankContext) -> None:
-    """What only a built model can refuse; a strategy that cannot train is refused at
-    collection already."""
+    """What only a built model can refuse (a strategy that cannot train was refused at
+    collection already)."""
     if ctx.record.train_refusal:
         raise ValueError(f"strategy {ctx.spec.strategy!r} cannot train: {ctx.record.train_refusal}")
     unfit = ctx.record.check(ctx.model.shape, ctx.spec.devices)
@@ -144,9 +110,8 @@ def check(ctx: RankContext) -> None:
 def steps_beside(ctx: RankContext) -> bool:
     """Whether a whole copy steps beside each timed step (its median: the compute term): on CPU
     ranks, whose host drifts between a step timed before wrapping and the timed ones; not
-    compiled (the copy is eager)."""
+    compiled (the copy is eager); after a warm-up (the copy is built once its peak was read)."""
     spec = ctx.spec
-    # After a warm-up: the copy is built once the steps' peak was read, so it is not in it.
     cpu = not ctx.platform.allocator_memory
     return cpu and not spec.compile and spec.devices > 1 and spec.warmup > 0
 
@@ -157,21 +122,14 @@ def reference(ctx: RankContext) -> None:
     it and its optimizer do not fit."""
     train = ctx.train
     step, optimizer = _step_alone(ctx, ctx.model.module)
-    alone = Fences(sync=device_sync(ctx.device), barrier=lambda: None)
-
-    def once() -> float:
-        _, start, end, _ = fenced(step, alone)
-        return end - start
-
     try:
         train.reference_loss = float(step())  # and the warm-up: AdamW's state, the allocator
         if steps_beside(ctx):
             return
+        all_done = environment.all_ranks_done(ctx.device)
+        once = partial(_seconds_alone, step, ctx.device)
         train.reference_step_s = steady_median(
-            once,
-            REFERENCE_PATIENCE,
-            REFERENCE_STEPS,
-            all_done=environment.all_ranks_done(ctx.device),
+            once, REFERENCE_PATIENCE, REFERENCE_STEPS, all_done=all_done
         )[0]
     except torch.OutOfMemoryError:
         train.reference_loss = train.reference_step_s = None  # the model's FLOPs stand in
@@ -198,47 +156,44 @@ def wrap(ctx: RankContext) -> None:
 def time_steps(ctx: RankContext) -> None:
     """Warm-up steps, then the timed ones, each fenced like a generation; the first step's loss
     and the host's own speed after each step, outside the timing."""
-    spec, fences, train = ctx.spec, ctx.fences, ctx.train
-    step = _wrapped_step(ctx)
+    spec, train = ctx.spec, ctx.train
+    step = _step(ctx, ctx.wrapped, train.optimizer)
     say = ctx.progress or (lambda text: None)
-    began = time.time()
-    resident = memory.resident()
-    whole, bare_s = None, 0.0
+    began, resident = time.time(), memory.resident()
+    whole, built_s = None, 0.0
     if _warm_up(ctx, step, say) and not ctx.platform.allocator_memory:
         # The steps' own peak; the whole copy after it (not in it); then a heap the steps will
         # not fault in again (ranks/allocator.py).
         ctx.peak_memory = memory.peak(ctx.device)
         built = time.time()
         whole = _whole_step(ctx) if steps_beside(ctx) else None
-        bare_s = time.time() - built
+        built_s = time.time() - built
         grown = ctx.peak_memory[0] - resident if resident is not None else 0
         allocator.fault_in_heap(max(MIN_HEAP_PAD, grown // 4))
-    alone = Fences(sync=device_sync(ctx.device), barrier=lambda: None)
     ctx.timed_from = time.time()
     host = HostTime(0.0, 0.0)
-    besides, beside_steps = [], []
+    loops, beside_steps = [], []
     for done in range(spec.repeats):
         before = host_times()
-        sample, loss = _timed(step, fences, ctx.workload.slowdown)
+        sample, loss = _timed(step, ctx.fences, ctx.workload.slowdown)
         host = host.plus(before, host_times())
         if train.loss is None:
             train.loss = float(loss)
         ctx.samples.append(sample)
         say(f"step {done + 1}/{spec.repeats}: {sample.total_s * 1e3:.1f} ms (rank 0)")
         if whole is not None:
-            _, start, end, _ = fenced(whole, alone)
-            beside_steps.append(end - start)
-        besides.append(interpreter_loop_times())
+            beside_steps.append(_seconds_alone(whole, ctx.device))
+        loops.append(interpreter_loop_times())
     if beside_steps:
         train.reference_step_s = statistics.median(beside_steps)
-    bare_s += sum(beside_steps)
+    beside_s = sum(beside_steps)
     ctx.loop_s = {
-        "warmup": ctx.timed_from - began - bare_s,
-        "timed": time.time() - ctx.timed_from - sum(beside_steps),
-        "bare": bare_s,
+        "warmup": ctx.timed_from - began - built_s,
+        "timed": time.time() - ctx.timed_from - beside_s,
+        "bare": built_s + beside_s,
     }
     tokens = spec.repeats * ctx.workload.batch_size * (ctx.workload.seq_length or 0)
-    ctx.note_host(besides, host, tokens)
+    ctx.note_host(loops, host, tokens)
 
 
 def _warm_up(ctx: RankContext, step: Step, say: Callable[[str], None]) -> int:
@@ -272,7 +227,7 @@ def memory_peak(ctx: RankContext) -> None:
 
 def count_step(ctx: RankContext) -> None:
     """One more step, untimed, with its work counted."""
-    step = _wrapped_step(ctx)
+    step = _step(ctx, ctx.wrapped, ctx.train.optimizer)
     phases.counted_by(ctx, lambda: counting.count_step(step, ctx.platform.queues_kernels))
 
 
@@ -280,6 +235,7 @@ def result(ctx: RankContext) -> None:
     """The rank's result: the fields every mode has, and a training run's own."""
     train, workload = ctx.train, ctx.workload
     flops = model_flops_per_step(ctx.model.shape, workload.batch_size, workload.seq_length or 0)
+    source = BESIDE_STEP if steps_beside(ctx) else WHOLE_STEP
     ctx.result = RankResult(
         **phases.common_result_fields(ctx),
         tokens=(),
@@ -287,46 +243,57 @@ def result(ctx: RankContext) -> None:
         loss=train.loss,
         reference_loss=train.reference_loss,
         reference_step_s=train.reference_step_s,
-        reference_source=_reference_source(ctx) if train.reference_step_s is not None else "",
+        reference_source=source if train.reference_step_s is not None else "",
         matmul_flops_per_s=train.matmul_flops_per_s,
         matmul_source=train.matmul_source,
         model_flops_per_step=flops,
     )
 
 
+def _step(ctx: RankContext, module: Any, optimizer: Any, wrapped: bool = True) -> Step:
+    """One optimizer step of `module` on this rank's batch, returning the loss (not synchronised):
+    the model's own loss where it has one (a transformers model's). A whole model alone runs
+    under Fabric's autocast; its wrapper runs its own, and Fabric's backward."""
+    train, fabric = ctx.train, ctx.fabric
+    # Read from the model itself: a method read through Fabric's wrapper is tracked each call.
+    own_loss = getattr(getattr(module, "module", module), "next_token_loss", None)
+    loss_of = own_loss if callable(own_loss) else next_token_loss
+    autocast = nullcontext if wrapped else fabric.autocast
+    backward = fabric.backward if wrapped else torch.Tensor.backward
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            logits = module(train.inputs)  # [B, T, V]
+        loss = loss_of(logits, train.targets)
+        backward(loss)
+        optimizer.step()
+        return loss.detach()
+
+    return step
+
+
 def _step_alone(ctx: RankContext, module: torch.nn.Module) -> tuple[Step, Any]:
-    """(step, its AdamW) of a whole, unwrapped `module` on this rank's batch at learning rate 0:
-    no collectives, the weights kept."""
+    """(step, its AdamW) of a whole, unwrapped `module` at learning rate 0: the weights kept."""
     module.train()
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.0)
-    step = make_step(
-        module,
-        optimizer,
-        ctx.train.inputs,
-        ctx.train.targets,
-        lambda loss: loss.backward(),
-        ctx.fabric.autocast,
-    )
-    return step, optimizer
+    return _step(ctx, module, optimizer, wrapped=False), optimizer
 
 
 def _whole_step(ctx: RankContext) -> Step:
     """The step of a whole copy built again from the seed, warmed once (its AdamW state and heap
     made before the timed steps)."""
-    step, _ = _step_alone(ctx, build(ctx.workload, ctx.device, ctx.dtype).module)
+    copy = build(ctx.workload, ctx.device, ctx.dtype, ctx.spec.test_dir)
+    step, _ = _step_alone(ctx, copy.module)
     step()
     return step
 
 
-def _wrapped_step(ctx: RankContext) -> Step:
-    train = ctx.train
-    return make_step(ctx.wrapped, train.optimizer, train.inputs, train.targets, ctx.fabric.backward)
+def _seconds_alone(step: Step, device: torch.device) -> float:
+    _, start, end, _ = fenced(step, Fences(sync=device_sync(device), barrier=lambda: None))
+    return end - start
 
 
 def _timed(step: Step, fences: Fences, slowdown: float) -> tuple[Sample, torch.Tensor]:
     loss, start, end, accounted = fenced(step, fences, slowdown)
     return Sample(total_s=end - start, ttft_s=None, decode_s=None, **accounted), loss
-
-
-def _reference_source(ctx: RankContext) -> str:
-    return BESIDE_STEP if steps_beside(ctx) else WHOLE_STEP

@@ -14,7 +14,6 @@ from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
 
 
 def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
-    # The blocks are the built model's shard units (its `block_class`, or found in it).
     shard = partial(
         fully_shard_blocks,
         reshard_after_forward=reshard_after_forward,
@@ -28,17 +27,10 @@ def _build_fsdp2(reshard_after_forward: bool, context: BuildContext) -> Any:
 def _build_fsdp(context: BuildContext) -> Any:
     if context.platform.fsdp != "FSDP1":
         return _build_fsdp2(True, context)
-    policy = partial(_wrap_blocks, context.wrap_units)
+    # A set of classes: Fabric makes it FSDP1's ModuleWrapPolicy, one unit per block.
     return fabric_module("strategies").FSDPStrategy(
-        auto_wrap_policy=policy, sharding_strategy="FULL_SHARD"
+        auto_wrap_policy=set(context.wrap_units), sharding_strategy="FULL_SHARD"
     )
-
-
-def _wrap_blocks(
-    units: tuple[type, ...], module: Any, recurse: bool, nonwrapped_numel: int
-) -> bool:
-    # FSDP1's policy protocol: descend everywhere, wrap each transformer block as one unit.
-    return True if recurse else isinstance(module, units)
 
 
 def _describe_sharding(fabric: Any, module: Any) -> str:
@@ -57,10 +49,11 @@ def _describe_sharding(fabric: Any, module: Any) -> str:
     return f"FSDP2 reshard_after_forward={reshards}"
 
 
-HALVES = (
-    RankStrategy("fsdp", build=_build_fsdp, describe_sharding=_describe_sharding),
-    RankStrategy("fsdp2", build=partial(_build_fsdp2, True), describe_sharding=_describe_sharding),
-    RankStrategy(
-        "fsdp-noreshard", build=partial(_build_fsdp2, False), describe_sharding=_describe_sharding
-    ),
+HALVES = tuple(
+    RankStrategy(name, build=build, describe_sharding=_describe_sharding)
+    for name, build in (
+        ("fsdp", _build_fsdp),
+        ("fsdp2", partial(_build_fsdp2, True)),
+        ("fsdp-noreshard", partial(_build_fsdp2, False)),
+    )
 )

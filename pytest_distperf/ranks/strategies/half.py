@@ -20,9 +20,7 @@ class BuildContext:
     wrap_units: tuple[type, ...] = ()  # module classes to wrap or shard as one unit (blocks)
     rank: int = 0  # this rank's global rank
     tp_plan: str | None = None  # "package.module:function" from the marker, (model, tp_mesh)
-    # Seconds added to every all-reduce or send the strategy itself issues: the self-check that
-    # a communication-only slow-down fails the threshold (Workload.comm_delay).
-    comm_delay_s: float = 0.0
+    comm_delay_s: float = 0.0  # added to each all-reduce or send it issues (Workload.comm_delay)
     training: bool = False  # distperf(mode="train"): gradients flow through the wrapper
 
 

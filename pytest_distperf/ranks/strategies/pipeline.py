@@ -3,23 +3,16 @@ stages (`distperf_model.parallelize.PipelineStage`) that decode across the ranks
 
 from __future__ import annotations
 
-from typing import Any
-
 from distperf_model.parallelize import PipelineStage
 
-from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
-
-
-def _wrap(model: Any, context: BuildContext) -> Any:
-    return PipelineStage(model, context.rank, context.devices, context.comm_delay_s)
-
+from pytest_distperf.ranks.strategies.half import RankStrategy
 
 HALVES = (
     RankStrategy(
         "pipeline",
         build=lambda context: "auto",  # launches the ranks, gives the barrier; sets nothing up
         describe_sharding=lambda fabric, module: module.describe(),
-        wrap=_wrap,
+        wrap=lambda model, c: PipelineStage(model, c.rank, c.devices, c.comm_delay_s),
         next_token=lambda module, idx, input_pos: module.next_token(idx, input_pos),
     ),
 )

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pytest_distperf.ranks.fabric import fabric_module
-from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
+from pytest_distperf.ranks.strategies.half import RankStrategy
 
-
-def _build_ddp(context: BuildContext) -> Any:
-    return fabric_module("strategies").DDPStrategy()
-
-
-def _sharding(fabric: Any, module: Any) -> str:
-    return "replicated"
-
-
-HALVES = (
-    # Fabric's own choice: DDP for several devices, single device for one.
-    RankStrategy("auto", build=lambda context: "auto", describe_sharding=_sharding),
-    RankStrategy("ddp", build=_build_ddp, describe_sharding=_sharding),
+HALVES = tuple(
+    RankStrategy(name, build=build, describe_sharding=lambda fabric, module: "replicated")
+    for name, build in (
+        ("auto", lambda context: "auto"),  # Fabric's choice: DDP for several devices, else one
+        ("ddp", lambda context: fabric_module("strategies").DDPStrategy()),
+    )
 )

@@ -22,22 +22,20 @@ from distperf_model.parallelize import (
 from torch import nn
 
 from pytest_distperf.ranks.fabric import fabric_module
+from pytest_distperf.ranks.models import load_object
 from pytest_distperf.ranks.strategies.half import BuildContext, RankStrategy
 
 
 def _build(context: BuildContext) -> Any:
     return fabric_module("strategies").ModelParallelStrategy(
-        parallelize_fn=partial(
-            _parallelize, context.tp_plan, context.comm_delay_s, context.training
-        ),
+        parallelize_fn=partial(_parallelize, context),
         data_parallel_size=1,
         tensor_parallel_size=context.devices,
     )
 
 
-def _parallelize(
-    plan: str | None, comm_delay_s: float, training: bool, model: Any, device_mesh: Any
-) -> Any:
+def _parallelize(context: BuildContext, model: Any, device_mesh: Any) -> Any:
+    plan, training, comm_delay_s = context.tp_plan, context.training, context.comm_delay_s
     if plan is None and callable(getattr(model, "tp_plan", None)):
         model = split_by_plan(model, model.tp_plan(), model.tp_heads(), device_mesh, training)
         model.tp_ways = tp_mesh(device_mesh).size()  # its cache holds this rank's heads only
@@ -63,10 +61,9 @@ def split_by_plan(
     device_mesh: Any,
     training: bool = False,
 ) -> nn.Module:
-    """Split `model`'s linears as `plan` names them ("layers.*.mlp.up_proj": "colwise", `*` one
-    name), by hand as `tensor_parallel` splits the reference GPT: each rank keeps its slice,
-    a row-wise linear sums its output over the group. The model's attention must infer its
-    local head count from the slices (transformers' do); `heads` must divide by the ranks."""
+    """Split `model`'s linears as `plan` names them ("layers.*.mlp.up_proj": "colwise"), by hand
+    as `tensor_parallel` splits the reference GPT; the model's attention must infer its local
+    head count from the slices (transformers' do), and `heads` must divide by the ranks."""
     mesh = tp_mesh(device_mesh)
     n = mesh.size()
     rank = mesh.get_local_rank() if n > 1 else 0
@@ -100,8 +97,7 @@ def split_by_plan(
 
 
 def _patterns(plan: Mapping[str, str]) -> list[tuple[re.Pattern[str], str]]:
-    """Each plan key as a regular expression (`*` stands for one module name, a layer's
-    index), with its style."""
+    """Each plan key as a regular expression (`*`: one module name, a layer's index)."""
     return [
         (re.compile(r"[^.]+".join(re.escape(part) for part in key.split("*"))), style)
         for key, style in plan.items()
@@ -110,8 +106,6 @@ def _patterns(plan: Mapping[str, str]) -> list[tuple[re.Pattern[str], str]]:
 
 def load_plan(plan: str) -> Any:
     """The function `plan` ("package.module:function") names, or an error that names it."""
-    from pytest_distperf.ranks.models import load_object
-
     found = load_object(plan, f"distperf(tp_plan={plan!r})")
     if not callable(found):
         raise ValueError(f"tp_plan={plan!r} is not a function (model, tp_mesh) -> model")
@@ -119,8 +113,7 @@ def load_plan(plan: str) -> Any:
 
 
 def collective_points(model: nn.Module) -> list[nn.Module]:
-    """The linears after whose output the split sums over the ranks (on the whole model): the
-    row-wise ones of the model's own plan, else those of the by-hand split."""
+    """The linears after whose output the split sums over the ranks (the row-wise ones)."""
     if not callable(getattr(model, "tp_plan", None)):
         return row_parallel_points(model)
     rowwise = [pattern for pattern, style in _patterns(model.tp_plan()) if style == "rowwise"]
@@ -131,15 +124,13 @@ def collective_points(model: nn.Module) -> list[nn.Module]:
     ]
 
 
-def _describe_sharding(fabric: Any, module: Any) -> str:
-    return describe_tensor_parallel(getattr(module, "module", module))
-
-
 HALVES = (
     RankStrategy(
         "tp",
         build=_build,
-        describe_sharding=_describe_sharding,
+        describe_sharding=lambda fabric, module: describe_tensor_parallel(
+            getattr(module, "module", module)
+        ),
         collective_points=collective_points,
     ),
 )
