@@ -16,21 +16,20 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
-    failed_headline,
+    failure_message,
     output_tail,
-    rank_section,
     start_timeout_headline,
     timeout_headline,
     where,
 )
 from pytest_distperf.launch.signals import stopping_signals
 from pytest_distperf.measured import RunResult
-from pytest_distperf.platform import platform_of
+from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RunSpec
+from pytest_distperf.topology.host import available_cpus
 
 # Variables that change how ranks talk to each other or what they run on: pools differ when
 # these do, even after a pool's first test (ranks read them once, at their start).
@@ -46,6 +45,12 @@ STOP_WAIT_S = 5.0
 OUTPUT_SECTION_LINES = 200  # of each rank's output shown with a failed test
 
 Replies = dict[int, tuple[str, Any]]
+
+
+def rank_threads(platform: Platform, ranks: int) -> int:
+    """Threads of each rank: where ranks share the host's cores an equal share (N x all cores
+    would make every rank slower), else one."""
+    return max(1, available_cpus() // ranks) if platform.shares_cores else 1
 
 
 @dataclass(frozen=True)
@@ -81,21 +86,13 @@ class RankPool:
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
+        parent, comm = os.getpid(), key.comm_environment
         try:
             for rank, log in enumerate(self.log_paths):
                 ours, theirs = context.Pipe()
-                place = RankPlace(
-                    rank,
-                    key.ranks,
-                    key.accelerator,
-                    str(log),
-                    threads,
-                    os.getpid(),
-                    key.comm_environment,
-                )
-                process = context.Process(
-                    target=serve, args=(place, theirs), name=f"distperf-{rank}"
-                )
+                place = RankPlace(rank, key.ranks, key.accelerator, str(log), threads, parent, comm)
+                name = f"distperf-{rank}"
+                process = context.Process(target=serve, args=(place, theirs), name=name)
                 self._connections.append(ours)
                 try:
                     process.start()
@@ -202,34 +199,23 @@ class RankPool:
         starting: bool = False,
     ) -> None:
         """RunFailed saying why, where a rank's reply is not `expect`. `past_timeout`: the ranks'
-        watchdogs were due, so every rank's stack matters; `starting`: the pool was starting."""
+        watchdogs were due; `starting`: the pool was starting."""
         failed = {rank: text for rank, (kind, text) in replies.items() if kind != expect}
         if not failed:
             return
         elapsed = time.perf_counter() - start
         self.stop(kill=True)
+        timeout = None
         if past_timeout or any(replies[rank][0] == "timeout" for rank in failed):
-            headline = timeout_headline(spec)
+            timeout = timeout_headline(spec)
             if starting:
-                headline = start_timeout_headline(spec, START_TIMEOUT_S)
-            sections = [
-                rank_section(rank, self._status(rank), failed.get(rank) or self._output(rank))
-                for rank in range(self.key.ranks)
-            ]
-            raise RunFailed("\n".join([headline, *sections]))
-        # The first rank to fail is the cause; the others failed because it was gone.
-        first, *after = failed
-        lines = [
-            failed_headline(spec, [first], elapsed),
-            rank_section(first, self._status(first), failed[first] or self._output(first)),
-        ]
-        for rank in after:
-            last = (failed[rank] or self._output(rank)).strip().splitlines()[-1:] or [""]
-            lines.append(f"\n(rank {rank} failed after it, {self._status(rank)}: {last[0]})")
-        raise RunFailed("\n".join(lines))
+                timeout = start_timeout_headline(spec, START_TIMEOUT_S)
 
-    def _output(self, rank: int) -> str:
-        return output_tail(self.log_paths[rank])
+        def output(rank: int) -> str:
+            return failed.get(rank) or output_tail(self.log_paths[rank])
+
+        # In order of arrival: the first rank to fail is the cause.
+        raise RunFailed(failure_message(spec, list(failed), self._status, output, elapsed, timeout))
 
     def _status(self, rank: int) -> str:
         process = self._processes[rank]
