@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -22,7 +21,7 @@ from pytest_distperf.launch.failures import (
     where,
 )
 from pytest_distperf.launch.pool import rank_threads
-from pytest_distperf.launch.signals import STOPPING_SIGNALS, SessionStopped, own_signals
+from pytest_distperf.launch.signals import HANDLED_SIGNALS, own_signals, session_stop
 from pytest_distperf.measured import RankResult, RunResult
 from pytest_distperf.spec import RunSpec
 
@@ -62,18 +61,13 @@ def launch(spec: RunSpec) -> RunResult:
     except ChildFailedError as error:
         # A terminal's Ctrl-C reaches the ranks too; when they stop before the agent's own
         # handler acts, the run ends as a rank failure, but it is still the user's interrupt.
-        if signal.SIGINT in signals:
-            raise KeyboardInterrupt from None
-        for stop in STOPPING_SIGNALS & signals:
-            raise SessionStopped(stop) from None
+        noted = [signum for signum in HANDLED_SIGNALS if signum in signals]  # SIGINT first
+        if noted:
+            raise session_stop(noted[0]) from None
         elapsed = time.perf_counter() - start
         raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
-    except SignalException as error:
-        # The elastic agent has already stopped the ranks; the signal must still stop the
-        # pytest session rather than fail one test and go on to the next.
-        if error.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise SessionStopped(error.sigval) from None
+    except SignalException as error:  # the agent stopped the ranks; the session stops too
+        raise session_stop(error.sigval) from None
     except Exception as error:  # rendezvous, store or spawn trouble: still this test's failure
         raise RunFailed(
             f"distperf: could not run the ranks {where(spec)}: {type(error).__name__}: {error}"

@@ -30,13 +30,6 @@ def timeout_headline(spec: RunSpec) -> str:
     )
 
 
-def start_timeout_headline(spec: RunSpec, seconds: float) -> str:
-    return (
-        f"distperf: the rank pool did not start within {seconds:g} s (process start, imports, "
-        f"process group) {where(spec)}; each rank's output follows."
-    )
-
-
 def failed_headline(spec: RunSpec, rank: int, elapsed: float) -> str:
     return f"distperf: rank {rank} of {spec.devices} failed after {elapsed:.1f} s {where(spec)}"
 

@@ -10,7 +10,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -20,7 +20,6 @@ from pytest_distperf.launch.failures import (
     RunFailed,
     failure_message,
     output_tail,
-    start_timeout_headline,
     timeout_headline,
     where,
 )
@@ -43,8 +42,16 @@ GRACE_S = 10.0  # past the timeout, for the ranks' own watchdogs to dump their s
 FAILED_GRACE_S = 3.0  # for the other ranks' replies once one rank has failed
 STOP_WAIT_S = 5.0
 OUTPUT_SECTION_LINES = 200  # of each rank's output shown with a failed test
+STREAM_POLL_S = 0.1
 
 Replies = dict[int, tuple[str, Any]]
+
+
+def start_timeout_headline(spec: RunSpec) -> str:
+    return (
+        f"distperf: the rank pool did not start within {START_TIMEOUT_S:g} s (process start, "
+        f"imports, process group) {where(spec)}; each rank's output follows."
+    )
 
 
 def rank_threads(platform: Platform, ranks: int) -> int:
@@ -123,19 +130,17 @@ class RankPool:
         """Run one test; `live`: where the ranks' output streams (pytest -s)."""
         launched_at, start = time.time(), time.perf_counter()
         offsets = [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
-        streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
-            if not self.ready:  # first use: every rank joins the process group
-                replies = self._collect(START_TIMEOUT_S, expect=READY)
-                self._raise_failed(spec, replies, READY, start, starting=True)
-                self.ready = True
-            running_from = time.perf_counter()  # the ranks' watchdogs count from here
-            for connection in self._connections:
-                connection.send((RUN, spec))
-            replies = self._collect(spec.timeout + GRACE_S, expect=DONE, progress=progress)
+            with _streamed(self.log_paths, offsets, live):
+                if not self.ready:  # first use: every rank joins the process group
+                    replies = self._collect(START_TIMEOUT_S, expect=READY)
+                    self._raise_failed(spec, replies, READY, start, start_timeout_headline(spec))
+                    self.ready = True
+                running_from = time.perf_counter()  # the ranks' watchdogs count from here
+                for connection in self._connections:
+                    connection.send((RUN, spec))
+                replies = self._collect(spec.timeout + GRACE_S, expect=DONE, progress=progress)
         finally:
-            if streamer is not None:
-                streamer.stop()
             # Read before a failure stops the pool and its logs go.
             self.last_output = {
                 rank: output_tail(path, lines=OUTPUT_SECTION_LINES, start=offset)
@@ -143,7 +148,7 @@ class RankPool:
             }
         self.tests_run += 1
         timed_out = time.perf_counter() - running_from >= spec.timeout
-        self._raise_failed(spec, replies, DONE, start, timed_out)
+        self._raise_failed(spec, replies, DONE, start, timeout_headline(spec), timed_out)
         ranks = tuple(replies[r][1] for r in sorted(replies))
         return RunResult(spec, ranks, time.perf_counter() - start, launched_at)
 
@@ -195,27 +200,26 @@ class RankPool:
         replies: Replies,
         expect: str,
         start: float,
-        past_timeout: bool = False,
-        starting: bool = False,
+        timeout: str,
+        late: bool = False,
     ) -> None:
-        """RunFailed saying why, where a rank's reply is not `expect`. `past_timeout`: the ranks'
-        watchdogs were due; `starting`: the pool was starting."""
+        """RunFailed where a rank's reply is not `expect`, headed `timeout` where one timed out or
+        the ranks' watchdogs were due (`late`)."""
         failed = {rank: text for rank, (kind, text) in replies.items() if kind != expect}
         if not failed:
             return
         elapsed = time.perf_counter() - start
         self.stop(kill=True)
-        timeout = None
-        if past_timeout or any(replies[rank][0] == "timeout" for rank in failed):
-            timeout = timeout_headline(spec)
-            if starting:
-                timeout = start_timeout_headline(spec, START_TIMEOUT_S)
+        late = late or any(replies[rank][0] == "timeout" for rank in failed)
 
         def output(rank: int) -> str:
             return failed.get(rank) or output_tail(self.log_paths[rank])
 
         # In order of arrival: the first rank to fail is the cause.
-        raise RunFailed(failure_message(spec, list(failed), self._status, output, elapsed, timeout))
+        headline = timeout if late else None
+        raise RunFailed(
+            failure_message(spec, list(failed), self._status, output, elapsed, headline)
+        )
 
     def _status(self, rank: int) -> str:
         process = self._processes[rank]
@@ -261,43 +265,43 @@ class RankPool:
             self._log_dir.rmdir()
 
 
-class OutputStreamer:
-    """Copies the ranks' logs onto `stream` while a test runs (pytest -s), rank prefixes but 0's."""
+@contextlib.contextmanager
+def _streamed(paths: Sequence[Path], offsets: Sequence[int], live: TextIO | None) -> Iterator[None]:
+    """Copies the ranks' new whole lines onto `live` while a test runs (pytest -s), every rank's
+    but rank 0's prefixed."""
+    if live is None:
+        yield
+        return
+    offsets, done = list(offsets), threading.Event()
 
-    POLL_S = 0.1
-
-    def __init__(self, paths: Sequence[Path], offsets: Sequence[int], stream: TextIO) -> None:
-        self._paths, self._offsets, self._stream = list(paths), list(offsets), stream
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="distperf-output", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.POLL_S):
-            self._copy()
-        self._copy()
-
-    def _copy(self) -> None:
-        for rank, path in enumerate(self._paths):
+    def copy() -> None:
+        for rank, path in enumerate(paths):
             try:
                 with path.open("rb") as f:
-                    f.seek(self._offsets[rank])
+                    f.seek(offsets[rank])
                     data = f.read()
             except OSError:
                 continue
-            end = data.rfind(b"\n") + 1  # whole lines only
-            if not end:
-                continue
-            self._offsets[rank] += end
+            end = data.rfind(b"\n") + 1
+            offsets[rank] += end
             text = data[:end].decode(errors="replace")
             if rank:
                 text = "".join(f"[rank {rank}] {line}" for line in text.splitlines(True))
-            self._stream.write(text)
-            self._stream.flush()
+            live.write(text)
+            live.flush()
 
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=5.0)
+    def loop() -> None:
+        while not done.wait(STREAM_POLL_S):
+            copy()
+        copy()
+
+    thread = threading.Thread(target=loop, name="distperf-output", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5.0)
 
 
 def _surroundings() -> tuple[str, tuple[tuple[str, str], ...]]:
