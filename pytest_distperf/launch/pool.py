@@ -272,18 +272,18 @@ def _streamed(paths: Sequence[Path], offsets: Sequence[int], live: TextIO | None
     if live is None:
         yield
         return
-    offsets, done = list(offsets), threading.Event()
+    read_to, done = list(offsets), threading.Event()
 
     def copy() -> None:
         for rank, path in enumerate(paths):
             try:
                 with path.open("rb") as f:
-                    f.seek(offsets[rank])
+                    f.seek(read_to[rank])
                     data = f.read()
             except OSError:
                 continue
-            end = data.rfind(b"\n") + 1
-            offsets[rank] += end
+            end = data.rfind(b"\n") + 1  # whole lines only
+            read_to[rank] += end
             text = data[:end].decode(errors="replace")
             if rank:
                 text = "".join(f"[rank {rank}] {line}" for line in text.splitlines(True))
