@@ -21,9 +21,9 @@ from pytest_distperf.strategies import STRATEGIES
 pytestmark = pytest.mark.slow  # every test here runs ranks
 
 NO_LITGPT = "LitGPT is an optional extra: pip install 'pytest-distperf[litgpt]'"
-# The families that run any GPT-like model as it is; tp and pipeline split only models whose
+# The strategies that run any GPT-like model as it is; tp and pipeline split only models whose
 # modules they know (LitGPT's and the reference GPT's) or a marker's tp_plan.
-ANY_MODEL_STRATEGIES = [r.name for r in STRATEGIES.values() if r.family in ("replicated", "fsdp")]
+ANY_MODEL_STRATEGIES = [r.name for r in STRATEGIES.values() if r.name not in ("tp", "pipeline")]
 
 BUILDERS = '''
 import os

@@ -40,7 +40,7 @@ HOOKS = ("wrap", "next_token")  # optional: None means Fabric's setup_module and
 @pytest.mark.parametrize("name", strategy_names())
 def test_every_record_is_complete(name: str) -> None:
     record = STRATEGIES[name]
-    assert record.name == name and record.description and record.family
+    assert record.name == name and record.description
     assert isinstance(record, StrategyModel)
     for part in ("cost", "replicas", "message_sizes", "check"):
         assert callable(getattr(record, part)), part
@@ -86,7 +86,6 @@ def _tensor_parallel(x: StepInput) -> StepCost:
 TP = StrategyRecord(
     name="toy-tp",
     description="tensor parallel (test only)",
-    family="toy",
     sharded=True,
     cost=_tensor_parallel,
     replicas=lambda devices: 1,  # one stream, split across the ranks

@@ -18,9 +18,8 @@ def start_first_pool(plugin: Any, config: Any, devices: int) -> None:
     body, ranks that are no pool's (job, fresh ranks, NUMA binding), an xdist worker (on first
     use) or too few GPUs (the test skips)."""
     settings = plugin.settings
-    if plugin.job or settings.fresh_ranks or settings.numa_binding or xdist.is_worker(config):
-        return
-    if any(getattr(config.option, name, False) for name in NO_TEST_BODY):
+    no_pool = plugin.job or settings.fresh_ranks or settings.numa_binding or xdist.is_worker(config)
+    if no_pool or any(getattr(config.option, name, False) for name in NO_TEST_BODY):
         return
     resolved = plugin.resolve()
     if resolved.lacks_gpus(devices):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import tempfile
 import time
 import uuid
@@ -14,16 +13,15 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
-    failed_headline,
+    failure_message,
     output_tail,
-    rank_section,
     timeout_headline,
     where,
 )
-from pytest_distperf.launch.signals import STOPPING_SIGNALS, SessionStopped, own_signals
+from pytest_distperf.launch.pool import rank_threads
+from pytest_distperf.launch.signals import HANDLED_SIGNALS, own_signals, session_stop
 from pytest_distperf.measured import RankResult, RunResult
 from pytest_distperf.spec import RunSpec
 
@@ -63,18 +61,13 @@ def launch(spec: RunSpec) -> RunResult:
     except ChildFailedError as error:
         # A terminal's Ctrl-C reaches the ranks too; when they stop before the agent's own
         # handler acts, the run ends as a rank failure, but it is still the user's interrupt.
-        if signal.SIGINT in signals:
-            raise KeyboardInterrupt from None
-        for stop in STOPPING_SIGNALS & signals:
-            raise SessionStopped(stop) from None
+        noted = [signum for signum in HANDLED_SIGNALS if signum in signals]  # SIGINT first
+        if noted:
+            raise session_stop(noted[0]) from None
         elapsed = time.perf_counter() - start
         raise RunFailed(_describe_failure(spec, error, log_dir, elapsed)) from None
-    except SignalException as error:
-        # The elastic agent has already stopped the ranks; the signal must still stop the
-        # pytest session rather than fail one test and go on to the next.
-        if error.sigval == signal.SIGINT:
-            raise KeyboardInterrupt from None
-        raise SessionStopped(error.sigval) from None
+    except SignalException as error:  # the agent stopped the ranks; the session stops too
+        raise session_stop(error.sigval) from None
     except Exception as error:  # rendezvous, store or spawn trouble: still this test's failure
         raise RunFailed(
             f"distperf: could not run the ranks {where(spec)}: {type(error).__name__}: {error}"
@@ -107,31 +100,28 @@ def numa_options(spec: RunSpec) -> Any:
     return NumaOptions(affinity_mode=AffinityMode(spec.numa_binding))
 
 
-def _describe_failure(spec: RunSpec, error: object, log_dir: Path, elapsed: float) -> str:
-    failures = getattr(error, "failures", {})
+def _describe_failure(spec: RunSpec, error: Any, log_dir: Path, elapsed: float) -> str:
+    failures = error.failures  # rank -> torch's ProcessFailure
     timed_out = elapsed >= spec.timeout
-    lines = [timeout_headline(spec) if timed_out else failed_headline(spec, failures, elapsed)]
-    # On a timeout every rank's stack matters (who waits for whom); otherwise the failed ones.
-    ranks_to_show = range(spec.devices) if timed_out else sorted(failures)
-    for rank in ranks_to_show:
+
+    def status(rank: int) -> str:
         failure = failures.get(rank)
-        status = "stopped by the launcher"
-        if failure is not None:
-            status = f"exit code {failure.exitcode}, pid {failure.pid}"
-        traceback = _traceback(failure) if failure is not None else ""
-        if not traceback or timed_out:
-            files = sorted(log_dir.glob(f"**/{rank}/stderr.log"))
-            traceback = output_tail(files[-1]) if files else ""
-        lines.append(rank_section(rank, status, traceback))
-    return "\n".join(lines)
+        if failure is None:
+            return "stopped by the launcher"
+        return f"exit code {failure.exitcode}, pid {failure.pid}"
+
+    def output(rank: int) -> str:
+        text = "" if timed_out or rank not in failures else _traceback(failures[rank].message)
+        files = sorted(log_dir.glob(f"**/{rank}/stderr.log"))
+        return text or (output_tail(files[-1]) if files else "")
+
+    first = sorted(failures, key=lambda rank: (failures[rank].timestamp, rank))
+    timeout = timeout_headline(spec) if timed_out else None
+    return failure_message(spec, first, status, output, elapsed, timeout)
 
 
-def _traceback(failure: object) -> str:
-    data = getattr(failure, "error_file_data", None) or {}
-    message = data.get("message") if isinstance(data, dict) else None
+def _traceback(message: object) -> str:
+    """A failed rank's traceback from its error file's message (a dict where torch recorded it)."""
     if isinstance(message, dict):
-        callstack = message.get("extraInfo", {}).get("py_callstack")
-        if callstack:
-            return str(callstack)
-        return str(message.get("message", ""))
-    return str(getattr(failure, "message", "") or "")
+        return str(message.get("extraInfo", {}).get("py_callstack") or message.get("message", ""))
+    return str(message or "")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pytest_distperf.spec import RunSpec
@@ -30,37 +30,36 @@ def timeout_headline(spec: RunSpec) -> str:
     )
 
 
-def job_timeout_headline(spec: RunSpec) -> str:
-    return (
-        f"distperf: still running after --distperf-timeout={spec.timeout:g} s {where(spec)}: "
-        "the job stops here; each rank wrote the stacks of its threads to its stderr (in its "
-        "report of this test: captured stderr)"
-    )
-
-
-def job_stop_line(spec: RunSpec, rank: int | None = None) -> str:
-    """Why a launched job ends at this test: its timeout, or rank `rank`'s session stopped."""
-    if rank is None:
-        why = f"ran past --distperf-timeout={spec.timeout:g} s"
-    else:
-        why = f"was stopped in rank {rank} (Ctrl-C or a signal)"
-    return f"distperf: the job stops: {spec.test_id} {why}"
-
-
-def start_timeout_headline(spec: RunSpec, seconds: float) -> str:
-    return (
-        f"distperf: the rank pool did not start within {seconds:g} s (process start, imports, "
-        f"process group) {where(spec)}; each rank's output follows."
-    )
-
-
-def failed_headline(spec: RunSpec, ranks: Iterable[int], elapsed: float) -> str:
-    listed = ", ".join(str(r) for r in sorted(ranks))
-    return f"distperf: rank {listed} of {spec.devices} failed after {elapsed:.1f} s {where(spec)}"
+def failed_headline(spec: RunSpec, rank: int, elapsed: float) -> str:
+    return f"distperf: rank {rank} of {spec.devices} failed after {elapsed:.1f} s {where(spec)}"
 
 
 def rank_section(rank: int, status: str, body: str) -> str:
     return f"\n--- rank {rank} ({status}) ---\n{body.rstrip() or '(no output captured)'}"
+
+
+def failure_message(
+    spec: RunSpec,
+    failed: Sequence[int],
+    status: Callable[[int], str],
+    output: Callable[[int], str],
+    elapsed: float,
+    timeout: str | None = None,
+) -> str:
+    """What a run whose ranks `failed` (in order: the first is the cause) says; past a timeout
+    (`timeout`: its headline) every rank's stack matters, who waits for whom."""
+    if timeout is not None:
+        sections = [rank_section(rank, status(rank), output(rank)) for rank in range(spec.devices)]
+        return "\n".join([timeout, *sections])
+    first, *after = failed
+    lines = [
+        failed_headline(spec, first, elapsed),
+        rank_section(first, status(first), output(first)),
+    ]
+    for rank in after:  # these failed because the first was gone: their last line is enough
+        last = output(rank).strip().splitlines()[-1:] or [""]
+        lines.append(f"\n(rank {rank} failed after it, {status(rank)}: {last[0]})")
+    return "\n".join(lines)
 
 
 def output_tail(path: Path, lines: int = OUTPUT_TAIL_LINES, start: int = 0) -> str:

@@ -11,18 +11,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from pytest_distperf.launch.failures import (
-    RunFailed,
-    failed_headline,
-    job_stop_line,
-    job_timeout_headline,
-    rank_section,
-)
+from pytest_distperf.launch.failures import RunFailed, failed_headline, rank_section, where
 from pytest_distperf.measured import RunResult
 from pytest_distperf.spec import RunSpec
 
 if TYPE_CHECKING:
     from pytest_distperf.topology import Topology
+
+
+# Each launcher's variables for (rank, world size, ranks per node, local rank).
+VARIABLES = {
+    "torchrun": ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"),
+    "srun": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_LOCALID"),
+}
+# MASTER_ADDR/PORT too: an interactive salloc shell has SLURM_PROCID but is not a job.
+SRUN_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,21 @@ class LaunchedJob:
     local_rank: int = 0
     launcher: str = "torchrun"  # or "srun"
 
+    def __post_init__(self) -> None:
+        rank, world, local_world, local_rank = VARIABLES[self.launcher]
+        problems = []
+        if self.world_size < 1:
+            problems.append(f"{world}={self.world_size} must be >= 1")
+        elif not 0 <= self.rank < self.world_size:
+            problems.append(f"{rank}={self.rank} must be in [0, {world}={self.world_size})")
+        if not 1 <= self.local_world_size <= max(self.world_size, 1):
+            problems.append(f"{local_world}={self.local_world_size} must be in [1, {world}]")
+        elif not 0 <= self.local_rank < self.local_world_size:
+            bound = f"{local_world}={self.local_world_size}"
+            problems.append(f"{local_rank}={self.local_rank} must be in [0, {bound})")
+        if problems:
+            raise ValueError("; ".join(problems) + " (from the environment)")
+
     @property
     def nodes(self) -> int:
         return max(1, self.world_size // self.local_world_size)
@@ -47,35 +65,26 @@ class LaunchedJob:
 
     def environment(self) -> dict[str, str]:
         """torchrun's variables, which env:// reads (under srun derived from SLURM's)."""
-        return {
-            "RANK": str(self.rank),
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(self.local_rank),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size),
-        }
-
-
-SRUN_VARIABLES = ("SLURM_PROCID", "SLURM_NTASKS", "MASTER_ADDR", "MASTER_PORT")
+        values = (self.rank, self.world_size, self.local_world_size, self.local_rank)
+        return {name: str(value) for name, value in zip(VARIABLES["torchrun"], values, strict=True)}
 
 
 def launched_job(environ: Mapping[str, str] = os.environ) -> LaunchedJob | None:
-    """The job this process belongs to, from torchrun's variables, or from srun's (with
-    MASTER_ADDR and MASTER_PORT, which a SLURM script exports); None when there is none."""
+    """The job this process belongs to, from torchrun's variables or srun's; None if none."""
     if "RANK" in environ and "WORLD_SIZE" in environ:
-        names = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
+        names = VARIABLES["torchrun"]
         rank, world = _integers(environ, names[:2])
         local_world = _integers(environ, names[2:3], default=world)[0]
         local_rank = _integers(environ, names[3:], default=rank % max(local_world, 1))[0]
-        return _checked(LaunchedJob(rank, world, local_world, local_rank), names)
-    # MASTER_ADDR/PORT too: an interactive salloc shell has SLURM_PROCID but is not a job.
-    if all(environ.get(name) for name in SRUN_VARIABLES):
-        rank, world = _integers(environ, ("SLURM_PROCID", "SLURM_NTASKS"))
-        local_rank = _integers(environ, ("SLURM_LOCALID",), default=0)[0]
-        local_world = world
-        for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-            per_node = environ.get(name)
-            if not per_node:
-                continue
+        return LaunchedJob(rank, world, local_world, local_rank)
+    if not all(environ.get(name) for name in SRUN_VARIABLES):
+        return None
+    rank, world = _integers(environ, SRUN_VARIABLES[:2])
+    local_rank = _integers(environ, ("SLURM_LOCALID",), default=0)[0]
+    local_world = world
+    for name in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        per_node = environ.get(name)
+        if per_node:
             # SLURM writes e.g. "2(x3)": 2 tasks on each of 3 nodes; "2,1" is an uneven layout
             if not re.fullmatch(r"\d+(\(x\d+\))?", per_node):
                 raise ValueError(
@@ -84,45 +93,17 @@ def launched_job(environ: Mapping[str, str] = os.environ) -> LaunchedJob | None:
                 )
             local_world = int(per_node.split("(")[0])
             break
-        names = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE", "SLURM_LOCALID")
-        return _checked(LaunchedJob(rank, world, local_world, local_rank, "srun"), names)
-    return None
-
-
-def _checked(job: LaunchedJob, names: tuple[str, str, str, str]) -> LaunchedJob:
-    """`job`, once its numbers agree; `names`: its variables as the launcher spells them."""
-    rank, world, local_world, local_rank = names
-    problems = []
-    if job.world_size < 1:
-        problems.append(f"{world}={job.world_size} must be >= 1")
-    elif not 0 <= job.rank < job.world_size:
-        problems.append(f"{rank}={job.rank} must be in [0, {world}={job.world_size})")
-    if not 1 <= job.local_world_size <= max(job.world_size, 1):
-        problems.append(f"{local_world}={job.local_world_size} must be in [1, {world}]")
-    elif not 0 <= job.local_rank < job.local_world_size:
-        problems.append(
-            f"{local_rank}={job.local_rank} must be in [0, {local_world}={job.local_world_size})"
-        )
-    if problems:
-        raise ValueError("; ".join(problems) + " (from the environment)")
-    return job
+    return LaunchedJob(rank, world, local_world, local_rank, "srun")
 
 
 def _integers(
     environ: Mapping[str, str], names: tuple[str, ...], default: int | None = None
 ) -> list[int]:
-    values = []
-    for name in names:
-        raw = environ.get(name)
-        if raw in (None, "") and default is not None:
-            values.append(default)
-            continue
-        try:
-            values.append(int(str(raw)))
-        except ValueError:
-            shown = " / ".join(f"{n}={environ.get(n)!r}" for n in names)
-            raise ValueError(f"{shown} in the environment: not integers") from None
-    return values
+    try:  # a variable unset or empty takes `default`: int(None) raises TypeError
+        return [int(environ.get(name) or default) for name in names]  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        shown = " / ".join(f"{n}={environ.get(n)!r}" for n in names)
+        raise ValueError(f"{shown} in the environment: not integers") from None
 
 
 def run_in_job(spec: RunSpec, notice: Callable[[str], None] | None = None) -> RunResult:
@@ -145,13 +126,26 @@ def _run_failed(spec: RunSpec, failed: Any) -> RunFailed:
 
     first = failed.first
     if first.kind == TIMEOUT:
-        lines = [job_timeout_headline(spec)]
+        lines = [
+            f"distperf: still running after --distperf-timeout={spec.timeout:g} s {where(spec)}: "
+            "the job stops here; each rank wrote the stacks of its threads to its stderr (in its "
+            "report of this test: captured stderr)"
+        ]
         lines += [rank_section(f.rank, "where the timeout found it", f.text) for f in failed.hung]
         return RunFailed("\n".join(lines), stops=job_stop_line(spec))
     section = rank_section(first.rank, first.kind, first.text)
     if first.kind == STOPPED:
         return RunFailed(job_stop_line(spec, first.rank) + section, job_stop_line(spec, first.rank))
-    return RunFailed(failed_headline(spec, [first.rank], first.elapsed_s) + section)
+    return RunFailed(failed_headline(spec, first.rank, first.elapsed_s) + section)
+
+
+def job_stop_line(spec: RunSpec, rank: int | None = None) -> str:
+    """Why a launched job ends at this test: its timeout, or rank `rank`'s session stopped."""
+    if rank is None:
+        why = f"ran past --distperf-timeout={spec.timeout:g} s"
+    else:
+        why = f"was stopped in rank {rank} (Ctrl-C or a signal)"
+    return f"distperf: the job stops: {spec.test_id} {why}"
 
 
 def notice_writer(config: Any) -> Callable[[str], None] | None:

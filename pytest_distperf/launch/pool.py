@@ -10,27 +10,25 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TextIO
 
-from pytest_distperf.launch.cpus import rank_threads
 from pytest_distperf.launch.failures import (
     RunFailed,
-    failed_headline,
+    failure_message,
     output_tail,
-    rank_section,
-    start_timeout_headline,
     timeout_headline,
     where,
 )
 from pytest_distperf.launch.signals import stopping_signals
 from pytest_distperf.measured import RunResult
-from pytest_distperf.platform import platform_of
+from pytest_distperf.platform import Platform, platform_of
 from pytest_distperf.ranks.serve import DONE, PROGRESS, READY, RUN, STOP, STORE, RankPlace
 from pytest_distperf.spec import RunSpec
+from pytest_distperf.topology.host import available_cpus
 
 # Variables that change how ranks talk to each other or what they run on: pools differ when
 # these do, even after a pool's first test (ranks read them once, at their start).
@@ -44,8 +42,22 @@ GRACE_S = 10.0  # past the timeout, for the ranks' own watchdogs to dump their s
 FAILED_GRACE_S = 3.0  # for the other ranks' replies once one rank has failed
 STOP_WAIT_S = 5.0
 OUTPUT_SECTION_LINES = 200  # of each rank's output shown with a failed test
+STREAM_POLL_S = 0.1
 
 Replies = dict[int, tuple[str, Any]]
+
+
+def start_timeout_headline(spec: RunSpec) -> str:
+    return (
+        f"distperf: the rank pool did not start within {START_TIMEOUT_S:g} s (process start, "
+        f"imports, process group) {where(spec)}; each rank's output follows."
+    )
+
+
+def rank_threads(platform: Platform, ranks: int) -> int:
+    """Threads of each rank: where ranks share the host's cores an equal share (N x all cores
+    would make every rank slower), else one."""
+    return max(1, available_cpus() // ranks) if platform.shares_cores else 1
 
 
 @dataclass(frozen=True)
@@ -81,21 +93,13 @@ class RankPool:
         self._processes: list[Any] = []
         self._connections: list[Connection] = []
         self.log_paths = [self._log_dir / f"rank-{rank}.log" for rank in range(key.ranks)]
+        parent, comm = os.getpid(), key.comm_environment
         try:
             for rank, log in enumerate(self.log_paths):
                 ours, theirs = context.Pipe()
-                place = RankPlace(
-                    rank,
-                    key.ranks,
-                    key.accelerator,
-                    str(log),
-                    threads,
-                    os.getpid(),
-                    key.comm_environment,
-                )
-                process = context.Process(
-                    target=serve, args=(place, theirs), name=f"distperf-{rank}"
-                )
+                place = RankPlace(rank, key.ranks, key.accelerator, str(log), threads, parent, comm)
+                name = f"distperf-{rank}"
+                process = context.Process(target=serve, args=(place, theirs), name=name)
                 self._connections.append(ours)
                 try:
                     process.start()
@@ -126,19 +130,17 @@ class RankPool:
         """Run one test; `live`: where the ranks' output streams (pytest -s)."""
         launched_at, start = time.time(), time.perf_counter()
         offsets = [p.stat().st_size if p.exists() else 0 for p in self.log_paths]
-        streamer = OutputStreamer(self.log_paths, offsets, live) if live else None
         try:
-            if not self.ready:  # first use: every rank joins the process group
-                replies = self._collect(START_TIMEOUT_S, expect=READY)
-                self._raise_failed(spec, replies, READY, start, starting=True)
-                self.ready = True
-            running_from = time.perf_counter()  # the ranks' watchdogs count from here
-            for connection in self._connections:
-                connection.send((RUN, spec))
-            replies = self._collect(spec.timeout + GRACE_S, expect=DONE, progress=progress)
+            with _streamed(self.log_paths, offsets, live):
+                if not self.ready:  # first use: every rank joins the process group
+                    replies = self._collect(START_TIMEOUT_S, expect=READY)
+                    self._raise_failed(spec, replies, READY, start, start_timeout_headline(spec))
+                    self.ready = True
+                running_from = time.perf_counter()  # the ranks' watchdogs count from here
+                for connection in self._connections:
+                    connection.send((RUN, spec))
+                replies = self._collect(spec.timeout + GRACE_S, expect=DONE, progress=progress)
         finally:
-            if streamer is not None:
-                streamer.stop()
             # Read before a failure stops the pool and its logs go.
             self.last_output = {
                 rank: output_tail(path, lines=OUTPUT_SECTION_LINES, start=offset)
@@ -146,7 +148,7 @@ class RankPool:
             }
         self.tests_run += 1
         timed_out = time.perf_counter() - running_from >= spec.timeout
-        self._raise_failed(spec, replies, DONE, start, timed_out)
+        self._raise_failed(spec, replies, DONE, start, timeout_headline(spec), timed_out)
         ranks = tuple(replies[r][1] for r in sorted(replies))
         return RunResult(spec, ranks, time.perf_counter() - start, launched_at)
 
@@ -198,38 +200,26 @@ class RankPool:
         replies: Replies,
         expect: str,
         start: float,
-        past_timeout: bool = False,
-        starting: bool = False,
+        timeout: str,
+        late: bool = False,
     ) -> None:
-        """RunFailed saying why, where a rank's reply is not `expect`. `past_timeout`: the ranks'
-        watchdogs were due, so every rank's stack matters; `starting`: the pool was starting."""
+        """RunFailed where a rank's reply is not `expect`, headed `timeout` where one timed out or
+        the ranks' watchdogs were due (`late`)."""
         failed = {rank: text for rank, (kind, text) in replies.items() if kind != expect}
         if not failed:
             return
         elapsed = time.perf_counter() - start
         self.stop(kill=True)
-        if past_timeout or any(replies[rank][0] == "timeout" for rank in failed):
-            headline = timeout_headline(spec)
-            if starting:
-                headline = start_timeout_headline(spec, START_TIMEOUT_S)
-            sections = [
-                rank_section(rank, self._status(rank), failed.get(rank) or self._output(rank))
-                for rank in range(self.key.ranks)
-            ]
-            raise RunFailed("\n".join([headline, *sections]))
-        # The first rank to fail is the cause; the others failed because it was gone.
-        first, *after = failed
-        lines = [
-            failed_headline(spec, [first], elapsed),
-            rank_section(first, self._status(first), failed[first] or self._output(first)),
-        ]
-        for rank in after:
-            last = (failed[rank] or self._output(rank)).strip().splitlines()[-1:] or [""]
-            lines.append(f"\n(rank {rank} failed after it, {self._status(rank)}: {last[0]})")
-        raise RunFailed("\n".join(lines))
+        late = late or any(replies[rank][0] == "timeout" for rank in failed)
 
-    def _output(self, rank: int) -> str:
-        return output_tail(self.log_paths[rank])
+        def output(rank: int) -> str:
+            return failed.get(rank) or output_tail(self.log_paths[rank])
+
+        # In order of arrival: the first rank to fail is the cause.
+        headline = timeout if late else None
+        raise RunFailed(
+            failure_message(spec, list(failed), self._status, output, elapsed, headline)
+        )
 
     def _status(self, rank: int) -> str:
         process = self._processes[rank]
@@ -275,43 +265,43 @@ class RankPool:
             self._log_dir.rmdir()
 
 
-class OutputStreamer:
-    """Copies the ranks' logs onto `stream` while a test runs (pytest -s), rank prefixes but 0's."""
+@contextlib.contextmanager
+def _streamed(paths: Sequence[Path], offsets: Sequence[int], live: TextIO | None) -> Iterator[None]:
+    """Copies the ranks' new whole lines onto `live` while a test runs (pytest -s), every rank's
+    but rank 0's prefixed."""
+    if live is None:
+        yield
+        return
+    read_to, done = list(offsets), threading.Event()
 
-    POLL_S = 0.1
-
-    def __init__(self, paths: Sequence[Path], offsets: Sequence[int], stream: TextIO) -> None:
-        self._paths, self._offsets, self._stream = list(paths), list(offsets), stream
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="distperf-output", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._done.wait(self.POLL_S):
-            self._copy()
-        self._copy()
-
-    def _copy(self) -> None:
-        for rank, path in enumerate(self._paths):
+    def copy() -> None:
+        for rank, path in enumerate(paths):
             try:
                 with path.open("rb") as f:
-                    f.seek(self._offsets[rank])
+                    f.seek(read_to[rank])
                     data = f.read()
             except OSError:
                 continue
             end = data.rfind(b"\n") + 1  # whole lines only
-            if not end:
-                continue
-            self._offsets[rank] += end
+            read_to[rank] += end
             text = data[:end].decode(errors="replace")
             if rank:
                 text = "".join(f"[rank {rank}] {line}" for line in text.splitlines(True))
-            self._stream.write(text)
-            self._stream.flush()
+            live.write(text)
+            live.flush()
 
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=5.0)
+    def loop() -> None:
+        while not done.wait(STREAM_POLL_S):
+            copy()
+        copy()
+
+    thread = threading.Thread(target=loop, name="distperf-output", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5.0)
 
 
 def _surroundings() -> tuple[str, tuple[tuple[str, str], ...]]:

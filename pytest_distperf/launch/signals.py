@@ -8,10 +8,13 @@ import signal
 import socket
 from collections.abc import Iterator
 
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+STOPPING_SIGNALS = frozenset(HANDLED_SIGNALS) - {signal.SIGINT}  # SIGINT: KeyboardInterrupt
+
 
 class SessionStopped(BaseException):
-    """A signal (SIGTERM, SIGHUP, SIGQUIT) asked the whole session to stop: a BaseException, which
-    nothing on the way takes for one test's failure."""
+    """A stopping signal asked the whole session to stop: a BaseException, which nothing on the
+    way takes for one test's failure."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -19,15 +22,15 @@ class SessionStopped(BaseException):
         self.name = signal.Signals(signum).name
 
 
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-STOPPING_SIGNALS = frozenset(HANDLED_SIGNALS) - {signal.SIGINT}  # SIGINT: KeyboardInterrupt
+def session_stop(signum: int) -> BaseException:
+    """What a signal raises once the ranks are stopped: Ctrl-C pytest's own, others ours."""
+    return KeyboardInterrupt() if signum == signal.SIGINT else SessionStopped(signum)
 
 
 @contextlib.contextmanager
-def own_signals(signals: set[int] | None = None) -> Iterator[None]:
-    """Give pytest its signal handlers back (the elastic agent leaves its own: a Ctrl-C would
-    only fail the next test); note in `signals` each one that arrives meanwhile, through the
-    wakeup fd, written whichever handler is installed."""
+def own_signals(signals: set[int]) -> Iterator[None]:
+    """Give pytest its signal handlers back afterwards (the elastic agent leaves its own) and note
+    in `signals` each one that arrives meanwhile, whichever handler is installed (wakeup fd)."""
     saved = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     reader, writer = socket.socketpair()
     reader.setblocking(False)
@@ -41,9 +44,8 @@ def own_signals(signals: set[int] | None = None) -> Iterator[None]:
     finally:
         if previous_fd is not None:
             signal.set_wakeup_fd(previous_fd)
-            if signals is not None:
-                with contextlib.suppress(BlockingIOError):
-                    signals.update(reader.recv(4096))
+            with contextlib.suppress(BlockingIOError):
+                signals.update(reader.recv(4096))
         reader.close()
         writer.close()
         for sig, handler in saved.items():
@@ -53,8 +55,7 @@ def own_signals(signals: set[int] | None = None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def stopping_signals() -> Iterator[None]:
-    """While a test's ranks run, SIGTERM, SIGHUP and SIGQUIT end the session (SessionStopped);
-    SIGINT keeps pytest's KeyboardInterrupt."""
+    """While a test's ranks run, the stopping signals end the session (SessionStopped)."""
 
     def stop(signum: int, frame: object) -> None:
         raise SessionStopped(signum)

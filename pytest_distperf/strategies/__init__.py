@@ -1,6 +1,5 @@
-"""The strategy registry: name -> pure `StrategyRecord`, one module per family, and the
-performance model's functions by strategy name. Torch-free, not even lazily; the rank halves
-are registered under the same names in `pytest_distperf.ranks.strategies`."""
+"""The strategy registry: name -> pure `StrategyRecord` (no torch, not even lazily), and the
+performance model's functions by strategy name."""
 
 from __future__ import annotations
 
@@ -48,14 +47,12 @@ def message_sizes_for(
 def predict_for(
     shape: ModelShape, name: str, devices: int, links: Links, **kwargs: Any
 ) -> Prediction:
-    """`perfmodel.predict` for the strategy named `name`; the keywords are predict's."""
     return predict(shape, get_strategy(name), devices, links, **kwargs)
 
 
 def predict_all_for(
     shape: ModelShape, devices: int, links: Links, names: Iterable[str] | None = None, **kwargs: Any
 ) -> list[Prediction]:
-    """`perfmodel.predict` for every registered strategy (or the ones named), in order."""
     records = _records(strategy_names() if names is None else names)
     return [predict(shape, record, devices, links, **kwargs) for record in records]
 
@@ -63,7 +60,6 @@ def predict_all_for(
 def predict_train_for(
     shape: ModelShape, name: str, devices: int, links: Links, **kwargs: Any
 ) -> Prediction:
-    """`perfmodel.predict_train` for the strategy named `name`; the keywords are its."""
     return predict_train(shape, get_strategy(name), devices, links, **kwargs)
 
 
@@ -76,7 +72,5 @@ def train_message_sizes_for(
     batch_size: int,
     seq_length: int,
 ) -> MessageSizes:
-    """`perfmodel.train_message_sizes` for the strategies named (those that cannot train add
-    nothing)."""
     args = (devices, param_bytes, comm_bytes, batch_size, seq_length)
     return train_message_sizes(shape, _records(names), *args)

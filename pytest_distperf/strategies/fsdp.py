@@ -11,7 +11,7 @@ from pytest_distperf import platform
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.terms import MB
-from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
+from pytest_distperf.strategies.record import StrategyRecord
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.shape import ModelShape
@@ -118,7 +118,7 @@ def _fsdp2(reshard: bool, x: StepInput) -> StepCost:
 
 
 def fsdp_is_fsdp1(accelerator: str) -> bool:
-    """What `fsdp` runs, decided by the Platform record: FSDP1 on CUDA, FSDP2 elsewhere."""
+    """Whether `fsdp` runs FSDP1 there (CUDA) rather than FSDP2, as the Platform record says."""
     return platform.fsdp_runs(accelerator) == "FSDP1"
 
 
@@ -127,14 +127,7 @@ def _fsdp_cost(x: StepInput) -> StepCost:
 
 
 _fsdp = partial(
-    StrategyRecord,
-    family="fsdp",
-    sharded=True,
-    changes_what_runs=True,
-    replicas=data_parallel,
-    message_sizes=_gathered_weights,
-    runs_on=CPU_AND_CUDA,
-    min_ranks=1,
+    StrategyRecord, sharded=True, changes_what_runs=True, message_sizes=_gathered_weights
 )
 
 RECORDS = (

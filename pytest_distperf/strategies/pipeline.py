@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.terms import GB
-from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
+from pytest_distperf.strategies.record import StrategyRecord, model_parallel
 from pytest_distperf.strategies.tp import activation_bytes
 
 if TYPE_CHECKING:
@@ -87,14 +87,11 @@ RECORDS = (
         name="pipeline",
         description="pipeline over all ranks: contiguous blocks per rank, activations "
         "sent rank to rank",
-        family="pipeline",
         sharded=True,
         changes_what_runs=True,
         cost=cost,
         replicas=model_parallel,
         message_sizes=_message_sizes,
-        runs_on=CPU_AND_CUDA,
-        min_ranks=1,  # one rank is the whole model, as every strategy on one device
         check=check,
         decodes_across_ranks=True,
         train_refusal=TRAIN_REFUSAL,

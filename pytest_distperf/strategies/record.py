@@ -1,5 +1,4 @@
-"""One strategy, one pure record: what a step costs it, what it calibrates, where it runs. No
-torch, not even lazily; it implements `perfmodel.step.StrategyModel`, and its rank half is
+"""One strategy, one pure record implementing `perfmodel.step.StrategyModel`; its rank half is
 registered under the same name in `pytest_distperf.ranks.strategies` (docs/extending.md)."""
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ CPU_AND_CUDA = frozenset({"cpu", "cuda"})
 
 
 def data_parallel(devices: int) -> int:
-    """Every rank decodes its own stream: as many independent streams as devices."""
+    """Every rank decodes its own stream."""
     return devices
 
 
 def model_parallel(devices: int) -> int:
-    """All ranks decode one stream together (tensor or pipeline parallel over every rank)."""
+    """All ranks decode one stream together."""
     return 1
 
 
@@ -32,33 +31,27 @@ def fits_any(config: ModelShape, devices: int) -> str | None:
 
 @dataclass(frozen=True)
 class StrategyRecord:
-    """Everything the plugin and the performance model need to know of a strategy; each field's
-    role: docs/extending.md ("Pure record").
-
-    `check(config, devices)`: why the model cannot be split over `devices` ranks, or None.
-    `decodes_across_ranks`: no rank holds the logits to sample from, so the rank half steps the
-    decode itself (pipeline) and no user `generate=` loop or compiled step can run.
-    `changes_what_runs`: the wrapped model runs other work than the bare one (sharded storage, a
-    split model), so its relative speed is measured by default, elsewhere on request only.
-    """
+    """What the plugin and the performance model know of a strategy (docs/extending.md, "Pure
+    record"). `decodes_across_ranks`: no rank holds the logits, so the rank half steps the
+    decode (no user `generate=` loop, no compiled step); `changes_what_runs`: the wrapped model
+    runs other work than the bare one, so its relative speed is measured by default."""
 
     name: str
     description: str
-    family: str  # the module that defines it: "replicated", "fsdp", ...
     sharded: bool  # parameters sharded across ranks: the whole model exists only before wrapping
     cost: Callable[[StepInput], StepCost]  # its share of a decode or training step
-    replicas: Callable[[int], int]  # independent decode streams on `devices` ranks
     message_sizes: Callable[[ModelShape, int, int], MessageSizes]  # (config, dtype_bytes, batch)
-    runs_on: frozenset[str]  # accelerators it can be built on
-    min_ranks: int
-    check: Callable[[ModelShape, int], str | None] = fits_any
+    replicas: Callable[[int], int] = data_parallel  # independent decode streams on N ranks
+    runs_on: frozenset[str] = CPU_AND_CUDA  # accelerators it can be built on
+    min_ranks: int = 1  # one rank is the whole model, as every strategy on one device
+    check: Callable[[ModelShape, int], str | None] = fits_any  # why N ranks cannot split it
     decodes_across_ranks: bool = False
     train_refusal: str = ""  # why it cannot train ("": it can)
     changes_what_runs: bool = False
 
     def measures_relative_speed(self, asked: bool, devices: int) -> bool:
-        """Whether a run times the bare model beside its repeats (`asked`: option or marker): by
-        default where it changes what runs over two or more ranks (one rank splits nothing)."""
+        """Whether a run times the bare model beside its repeats: on request (`asked`), or where
+        it changes what runs over two or more ranks."""
         return asked or (self.changes_what_runs and devices > 1)
 
     def unsupported(self, accelerator: str, devices: int) -> str | None:

@@ -11,22 +11,20 @@ from pytest_distperf.perfmodel.calibration import NO_MESSAGES
 from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.terms import MB
 from pytest_distperf.perfmodel.train import BACKWARD_SHARE
-from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, data_parallel
+from pytest_distperf.strategies.record import StrategyRecord
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.step import StepInput
 
 MIB = 1024 * 1024
 # DDP's default bucket_cap_mb=25 (MiB), and the smaller first bucket its reducer rebuilds with
-# after the first step (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), so that the all-reduce
-# of the last layers' gradients starts early.
+# after the first step (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 
 
 def ddp_buckets(total_bytes: int) -> list[int]:
-    """DDP's gradient buckets in the order backward fills them: the first, then full ones, then
-    the rest; cut at the caps exactly (the shape has no parameter list)."""
+    """DDP's gradient buckets in the order backward fills them, cut at the caps exactly."""
     first = min(total_bytes, DDP_FIRST_BUCKET_BYTES)
     sizes = [first] if first else []
     rest = total_bytes - first
@@ -70,19 +68,14 @@ def cost(x: StepInput) -> StepCost:
 
 _replicated = partial(
     StrategyRecord,
-    family="replicated",
     sharded=False,
     cost=cost,
-    replicas=data_parallel,
     message_sizes=lambda config, dtype_bytes, batch: NO_MESSAGES,
-    runs_on=CPU_AND_CUDA,
-    min_ranks=1,
 )
 
 RECORDS = (
     _replicated(
-        name="auto",
-        description="Fabric's default: DDP for N > 1, every rank holds the model",
+        name="auto", description="Fabric's default: DDP for N > 1, every rank holds the model"
     ),
     _replicated(name="ddp", description="explicit DDP: every rank holds the whole model"),
 )

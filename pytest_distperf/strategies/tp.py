@@ -10,7 +10,7 @@ from pytest_distperf.perfmodel.calibration import MessageSizes
 from pytest_distperf.perfmodel.shape import kv_cache_bytes
 from pytest_distperf.perfmodel.step import Collective, StepCost
 from pytest_distperf.perfmodel.train import flops_split
-from pytest_distperf.strategies.record import CPU_AND_CUDA, StrategyRecord, model_parallel
+from pytest_distperf.strategies.record import StrategyRecord, model_parallel
 
 if TYPE_CHECKING:
     from pytest_distperf.perfmodel.shape import ModelShape
@@ -91,14 +91,11 @@ RECORDS = (
         name="tp",
         description="tensor parallel over all ranks: heads and MLP split, 2 all-reduces "
         "per block (by hand, as LitGPT)",
-        family="tp",
         sharded=True,
         changes_what_runs=True,
         cost=cost,
         replicas=model_parallel,
         message_sizes=_message_sizes,
-        runs_on=CPU_AND_CUDA,
-        min_ranks=1,  # one rank is the whole model, as every strategy on one device
         check=check,
     ),
 )
