@@ -402,3 +402,33 @@ def test_a_sequence_longer_than_the_model_and_pipeline_are_refused_at_collection
     reason = strategy_unfit("pipeline", _workload(model="tiny", mode="train"), 2)
     assert reason is not None and reason.startswith("strategy 'pipeline' cannot train: ")
     assert strategy_unfit("tp", _workload(model="tiny", mode="train"), 2) is None
+
+
+@pytest.mark.parametrize("beside", [True, False], ids=["copy-beside", "timed-alone"])
+def test_the_reference_steps_peak_is_left_out_of_the_runs(
+    monkeypatch: pytest.MonkeyPatch, beside: bool
+) -> None:
+    """Whether or not a copy steps beside the timed steps, the peak starts again after the
+    whole model's reference step: the run's peak is the wrapped model's."""
+    import torch
+
+    from pytest_distperf.ranks import memory, training
+
+    events: list[str] = []
+    optimizer = SimpleNamespace(zero_grad=lambda set_to_none: events.append("zero_grad"))
+    monkeypatch.setattr(
+        training, "_step_alone", lambda ctx, module: (lambda: torch.tensor(2.0), optimizer)
+    )
+    monkeypatch.setattr(training, "steps_beside", lambda ctx: beside)
+    monkeypatch.setattr(training, "steady_median", lambda *args, **kwargs: (0.5,))
+    monkeypatch.setattr(memory, "reset_peak", lambda device: events.append("reset_peak"))
+    ctx = SimpleNamespace(
+        train=SimpleNamespace(reference_loss=None, reference_step_s=None),
+        model=SimpleNamespace(module=None),
+        device=torch.device("cpu"),
+        platform=CPU,
+    )
+    training.reference(ctx)  # type: ignore[arg-type]
+    assert ctx.train.reference_loss == 2.0
+    assert ctx.train.reference_step_s == (None if beside else 0.5)
+    assert events == ["zero_grad", "reset_peak"]

@@ -138,7 +138,7 @@ def reference(ctx: RankContext) -> None:
         del optimizer
         if ctx.platform.allocator_memory:
             torch.cuda.empty_cache()
-    memory.reset_peak(ctx.device)  # the run's peak is the wrapped model's, not this one's
+        memory.reset_peak(ctx.device)  # the run's peak is the wrapped model's, not this one's
 
 
 def wrap(ctx: RankContext) -> None:
