@@ -142,12 +142,15 @@ def _load_topology(args: argparse.Namespace, devices: int | None) -> Topology:
     from pytest_distperf.topology.gpus import visible_gpus
 
     accelerator = args.accelerator
-    visible = visible_gpus() if accelerator != "cpu" else 0  # as pytest's `auto` counts them
-    if accelerator == "auto":
-        accelerator = "cuda" if visible else "cpu"
+    if accelerator == "auto":  # as pytest's `auto` counts them
+        accelerator = "cuda" if visible_gpus() else "cpu"
     if accelerator == "cpu":
         return topology.probe_cpu(devices or 2)
-    devices = devices or max(visible, 1)
+    if devices is None:  # every GPU NVML sees, whatever torch was built for
+        try:
+            return topology.probe_nvml(None)
+        except Exception:  # noqa: BLE001 - probe() below says what failed
+            devices = 1
     found = topology.probe(accelerator, devices)
     if found.device_count < devices:
         raise UsageError(

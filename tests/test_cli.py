@@ -157,6 +157,22 @@ def test_topology_of_cpu_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     assert [p["link_class"] for p in data["pairs"]] == ["LOOPBACK"] * 3
 
 
+def test_topology_of_cuda_without_devices_is_every_gpu_nvml_sees(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An explicit `--accelerator cuda` asks NVML, not torch's build, how many GPUs there are."""
+    from pytest_distperf import topology
+    from pytest_distperf.topology import gpus
+
+    two = topology.load_nvidia_smi_topo(str(H200), None)
+    asked: list[object] = []
+    monkeypatch.setattr(topology, "probe_nvml", lambda indices: asked.append(indices) or two)
+    monkeypatch.setattr(gpus, "visible_gpus", lambda: pytest.fail("torch's count was asked"))
+    data = _json(capsys, "topology", "--accelerator", "cuda")
+    assert asked == [None]
+    assert data["devices"] == 2
+
+
 # --------------------------------------------------------------------------- bad input
 
 
