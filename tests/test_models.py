@@ -178,6 +178,29 @@ def test_litgpt_shape_from_its_config_matches_the_same_preset() -> None:
     assert shape.n_layer * shape.block_params + shape.non_block_params == 6_738_415_616
 
 
+@pytest.mark.usefixtures("litgpt")
+def test_a_litgpt_model_with_buffers_of_its_own_is_built_for_real(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Built on meta, a buffer beside the rope tables would hold whatever memory it got."""
+    import litgpt.model
+
+    from pytest_distperf.ranks.models import build_litgpt
+
+    class WithState(litgpt.model.GPT):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.register_buffer("state", torch.arange(4.0), persistent=False)
+
+    monkeypatch.setattr(litgpt.model, "GPT", WithState)
+    module = build_litgpt("pythia-14m", 0, torch.device("cpu"), torch.float32)
+    assert torch.equal(module.state, torch.arange(4.0))
+    again = build_litgpt("pythia-14m", 0, torch.device("cpu"), torch.float32)
+    assert all(
+        torch.equal(a, b) for a, b in zip(module.parameters(), again.parameters(), strict=True)
+    )
+
+
 # One of each thing the count must know: GQA and LLaMA's MLP, RMSNorm with qk norms, OLMo's
 # LayerNorm without parameters, OLMo-2's wide qk norms, Gemma-2's extra norms, a mixture of
 # experts; "deepseek-like" (built below) has latent attention, a grouped router, shared experts

@@ -287,7 +287,7 @@ def build_litgpt(
     config_name: str, seed: int, device: torch.device, dtype: torch.dtype
 ) -> nn.Module:
     """LitGPT's own GPT for `config_name`, weights from `seed` alone, built on meta and
-    materialised in `dtype`: its only buffers, the rope tables, are made again."""
+    materialised in `dtype` (eagerly where its modules keep buffers beside the rope tables)."""
     try:
         from litgpt.config import Config as LitConfig
         from litgpt.model import GPT
@@ -303,7 +303,12 @@ def build_litgpt(
         ) from None
     with torch.device("meta"):
         module = GPT(config).to(dtype=dtype)
-    module = module.to_empty(device=device)
+    if any(name not in ("cos", "sin") for name, _ in module.named_buffers()):
+        torch.manual_seed(seed)  # state init_from_seed does not set: LitGPT's own init, seeded
+        with torch.device(device):
+            module = GPT(config).to(dtype=dtype)
+    else:
+        module = module.to_empty(device=device)
     cos, sin = module.rope_cache(device=device)
     module.register_buffer("cos", cos.to(dtype), persistent=False)
     module.register_buffer("sin", sin.to(dtype), persistent=False)
