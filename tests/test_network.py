@@ -128,6 +128,9 @@ def test_a_bad_network_in_a_file_is_refused() -> None:
         Topology.from_dict(data)
     with pytest.raises(ValueError, match="busbw must be >= 0"):
         Network(busbw=-1.0)
+    negative = {**_node().to_dict(), "network": {"busbw": -1.0}}
+    with pytest.raises(ValueError, match=r"^network: busbw must be >= 0, got -1.0$"):
+        Topology.from_dict(negative)
 
 
 # --------------------------------------------------------------------------- links

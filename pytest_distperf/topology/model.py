@@ -291,8 +291,9 @@ def _record(cls: type[Any], raw: Any, where: str) -> Any:
             values[f.name] = get_field(data, f.name, kind, where, default=f.default)
     try:
         return cls(**values)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
+    except ValueError as exc:  # a Network's own message already says "network:"
+        message = str(exc)
+        raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
 
 
 def _slug(text: str) -> str:
