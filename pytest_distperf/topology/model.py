@@ -116,7 +116,7 @@ class Network:
         for name in ("busbw", "latency_s"):
             value = getattr(self, name)
             if value is not None and not value >= 0:
-                raise ValueError(f"network: {name} must be >= 0, got {value!r}")
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
 
     def describe(self, nodes: int) -> str:
         where = f"network between {nodes} nodes"
@@ -291,9 +291,8 @@ def _record(cls: type[Any], raw: Any, where: str) -> Any:
             values[f.name] = get_field(data, f.name, kind, where, default=f.default)
     try:
         return cls(**values)
-    except ValueError as exc:  # a Network's own message already says "network:"
-        message = str(exc)
-        raise ValueError(message if message.startswith(where) else f"{where}: {message}") from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def _slug(text: str) -> str:
